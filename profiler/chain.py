@@ -1,0 +1,79 @@
+"""Chains: every model is presented as a list of stages ``x_i = s_i(x_{i-1})``.
+
+Nested ``nn.Sequential`` containers are flattened; any other module (a residual block, a transformer
+block) is one stage. Convolutions inside a stage still get their own algorithm choice, found by
+``conv_modules``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from torch import nn
+
+__all__ = ["ModelChain", "Stage", "conv_modules", "flatten"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One element of the chain: a display name, a kind (``conv2d``, ``relu``, ``residual`` …) and the module."""
+
+    name: str
+    kind: str
+    module: nn.Module
+
+
+@dataclass
+class ModelChain:
+    """A model as a chain of stages, plus what is needed to feed it.
+
+    Attributes:
+        name: zoo name or ``spec:<hash>``.
+        stages: the chain, in forward order.
+        input_shape: one sample's shape, without the batch dimension.
+        input_kind: ``image`` (float tensor) or ``tokens`` (int64 token ids).
+        vocab_size: for ``tokens`` inputs, the id range.
+        params: the parameters it was built with (for display and storage).
+    """
+
+    name: str
+    stages: list[Stage]
+    input_shape: tuple[int, ...]
+    input_kind: str = "image"
+    vocab_size: int = 0
+    params: dict[str, int | float | str | bool] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def as_sequential(self) -> nn.Sequential:
+        """The chain as one ``nn.Sequential`` (shares the stage modules, no copy)."""
+        return nn.Sequential(*(s.module for s in self.stages))
+
+
+def _kind(m: nn.Module) -> str:
+    explicit = getattr(m, "stage_kind", None)
+    if isinstance(explicit, str):
+        return explicit
+    return type(m).__name__.lower()
+
+
+def flatten(module: nn.Module, prefix: str = "") -> list[Stage]:
+    """Flatten nested ``nn.Sequential`` containers into stages; other modules stay whole."""
+    if isinstance(module, nn.Sequential):
+        out: list[Stage] = []
+        for name, child in module.named_children():
+            out.extend(flatten(child, f"{prefix}{name}."))
+        return out
+    return [Stage(name=prefix.rstrip(".") or type(module).__name__.lower(), kind=_kind(module), module=module)]
+
+
+def conv_modules(stage: Stage) -> Iterator[tuple[str, nn.Conv2d]]:
+    """Yield ``(name inside the stage, module)`` for every ``nn.Conv2d`` in a stage, in order."""
+    if isinstance(stage.module, nn.Conv2d):
+        yield "", stage.module
+        return
+    for name, m in stage.module.named_modules():
+        if isinstance(m, nn.Conv2d):
+            yield name, m

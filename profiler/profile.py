@@ -1,0 +1,212 @@
+"""Profile value types: what one training step of a chain costs, stage by stage.
+
+A profile is the input of the tuner. It is a frozen, versioned, JSON-serialisable record of, per stage,
+forward and backward milliseconds, output and saved bytes, parameter bytes, and the time to copy the
+saved bytes to pinned host memory and back; per convolution the cuDNN algorithms; plus the device
+identity and where each number came from (``measured`` on that device or ``modeled`` from a roofline).
+
+# NOTE [ Saved storages ]
+Autograd keeps tensors for the backward pass. Several stages may hold the same storage: a conv's output
+is saved by the in-place ReLU that follows it (as its output) and by the next conv (as its input). To
+count every byte once and to give a plan one meaning in the simulator and in the runtime, a profile
+lists each saved storage once (``SavedStorage``) with the stages whose saved set holds it
+(``saved_by``). A stage's ``saved_bytes`` S_i is the total of the storages it is the *first* to save.
+A storage stays on the GPU while any stage holding it keeps it (see ``tuner.plan`` for the rules).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "PROFILE_SCHEMA_VERSION",
+    "ConvAlgo",
+    "ConvProfile",
+    "DeviceIdentity",
+    "Profile",
+    "SavedStorage",
+    "StageProfile",
+]
+
+PROFILE_SCHEMA_VERSION = 1
+
+Source = Literal["measured", "modeled"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DeviceIdentity(_Frozen):
+    """Structured identity of the GPU a profile describes (never only a product string).
+
+    Bandwidths are GB/s (1e9 bytes per second) of pinned host copies at 64 MiB.
+    """
+
+    name: str
+    key: str = Field(description="stable short name, e.g. 'h200'")
+    compute_capability: str | None = None
+    sm_count: int | None = None
+    memory_bytes: int
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    d2h_gbps: float
+    h2d_gbps: float
+    driver: str | None = None
+    torch_version: str | None = None
+    cudnn_version: str | None = None
+
+
+class ConvAlgo(_Frozen):
+    """One cuDNN algorithm for one convolution pass, as measured (or recorded as failed)."""
+
+    pass_: Literal["fwd", "bwd_data", "bwd_filter"] = Field(alias="pass")
+    algo: int
+    name: str
+    ms: float | None = Field(default=None, description="median run time, ms; None when it failed")
+    workspace_bytes: int = 0
+    math_type: int = 0
+    deterministic: bool = False
+    status: Literal["ok", "failed", "unsupported"] = "ok"
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class ConvProfile(_Frozen):
+    """The convolutions of a stage: name inside the stage, shapes, and the cuDNN algorithm table."""
+
+    name: str
+    in_channels: int
+    out_channels: int
+    kernel_size: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    input_hw: tuple[int, int]
+    default_ms: float | None = Field(default=None, description="forward ms with the framework's own choice")
+    algos: tuple[ConvAlgo, ...] = ()
+
+
+class SavedStorage(_Frozen):
+    """One storage autograd keeps for backward, counted once. See NOTE [ Saved storages ]."""
+
+    bytes: int = Field(ge=0)
+    saved_by: tuple[int, ...] = Field(min_length=1, description="stage indices whose saved set holds it")
+    producer: int = Field(ge=-1, description="stage that allocated it; -1 for the model input")
+
+
+class StageProfile(_Frozen):
+    """Costs of one stage of the chain for one training step. Times are milliseconds, sizes bytes."""
+
+    index: int = Field(ge=0)
+    name: str
+    kind: str
+    forward_ms: float = Field(ge=0)
+    backward_ms: float = Field(ge=0)
+    output_bytes: int = Field(ge=0)
+    inplace: bool = Field(default=False, description="output shares the input's storage")
+    output_storage: int | None = Field(default=None, description="index into Profile.storages, if saved")
+    saved_bytes: int = Field(ge=0, description="S_i: bytes of the storages this stage is first to save")
+    param_bytes: int = Field(ge=0)
+    d2h_ms: float = Field(ge=0, description="copy of S_i to pinned host memory")
+    h2d_ms: float = Field(ge=0, description="copy of S_i back from pinned host memory")
+    forward_workspace_bytes: int = Field(default=0, ge=0, description="transient peak above in+out")
+    backward_workspace_bytes: int = Field(default=0, ge=0, description="transient peak above grads")
+    flops: float = Field(default=0.0, ge=0, description="forward floating-point operations")
+    convs: tuple[ConvProfile, ...] = ()
+
+
+class Profile(_Frozen):
+    """A whole chain's profile on one device. Serialises to versioned JSON (``to_json``/``from_json``)."""
+
+    schema_version: int = PROFILE_SCHEMA_VERSION
+    model: str
+    model_params: dict[str, int | float | str | bool] = Field(default_factory=dict)
+    batch: int = Field(ge=1)
+    dtype: Literal["float32", "bfloat16", "float16"]
+    input_shape: tuple[int, ...] = Field(description="one sample's shape, without the batch")
+    input_bytes: int = Field(ge=0, description="the batch's input tensor")
+    device: DeviceIdentity
+    source: Source
+    compute_source: str = Field(description="where forward/backward ms came from")
+    transfer_source: str = Field(description="where D2H/H2D ms came from")
+    created_at: str | None = None
+    stages: tuple[StageProfile, ...] = Field(min_length=1)
+    storages: tuple[SavedStorage, ...] = ()
+
+    @model_validator(mode="after")
+    def _check(self) -> Profile:
+        if self.schema_version != PROFILE_SCHEMA_VERSION:
+            raise ValueError(
+                f"profile schema_version {self.schema_version} is not supported "
+                f"(this memtune reads {PROFILE_SCHEMA_VERSION}); re-run `memtune profile`"
+            )
+        n = len(self.stages)
+        for i, st in enumerate(self.stages):
+            if st.index != i:
+                raise ValueError(f"stages[{i}].index is {st.index}; stages must be numbered 0..{n - 1}")
+            if st.output_storage is not None and not 0 <= st.output_storage < len(self.storages):
+                raise ValueError(f"stages[{i}].output_storage {st.output_storage} is out of range")
+        for k, s in enumerate(self.storages):
+            if any(not 0 <= j < n for j in s.saved_by):
+                raise ValueError(f"storages[{k}].saved_by {s.saved_by} names a stage outside 0..{n - 1}")
+            if s.producer >= n:
+                raise ValueError(f"storages[{k}].producer {s.producer} is outside -1..{n - 1}")
+        return self
+
+    # ---- derived numbers -------------------------------------------------------------------------
+    @property
+    def n_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def param_bytes(self) -> int:
+        """Total parameter bytes of the model."""
+        return sum(s.param_bytes for s in self.stages)
+
+    @property
+    def saved_bytes(self) -> int:
+        """Total bytes autograd keeps for backward without a plan (each storage once)."""
+        return sum(s.bytes for s in self.storages)
+
+    @property
+    def forward_ms(self) -> float:
+        return sum(s.forward_ms for s in self.stages)
+
+    @property
+    def backward_ms(self) -> float:
+        return sum(s.backward_ms for s in self.stages)
+
+    # ---- serialisation ---------------------------------------------------------------------------
+    def to_json(self, *, indent: int | None = None) -> str:
+        return self.model_dump_json(indent=indent, by_alias=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Profile:
+        return cls.model_validate_json(text)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        return cls.from_json(Path(path).read_bytes())
+
+    def summary(self) -> dict[str, object]:
+        """A short dict for tables and logs."""
+        return {
+            "model": self.model,
+            "batch": self.batch,
+            "dtype": self.dtype,
+            "gpu": self.device.key,
+            "source": self.source,
+            "stages": self.n_stages,
+            "forward_ms": round(self.forward_ms, 3),
+            "backward_ms": round(self.backward_ms, 3),
+            "saved_bytes": self.saved_bytes,
+            "param_bytes": self.param_bytes,
+        }
+
+

@@ -1,0 +1,223 @@
+"""The plan schema: one action per stage plus global knobs, and what it means for every saved storage.
+
+# NOTE [ Plan semantics ]
+This is DESIGN.md's "Plan" section made exact; the simulator (``tuner.simulator``) and the runtime
+(``tuner.runtime``) both follow it.
+
+* ``keep``: the stage's saved tensors stay on the GPU until its backward.
+* ``offload``: the stage's saved tensors are copied to pinned host memory on a copy stream as soon as
+  they exist; the GPU copy is freed once the copy completes and the forward no longer reads it. With
+  ``sync="layer"`` (vDNN) compute waits for the copy at the end of the last forward use; with
+  ``sync="deferred"`` (HMMS) it never waits, and the memory is released when the copy completes. The
+  copy comes back ``prefetch_lookahead`` stages before the backward that first needs it. With
+  ``sync="points"`` (HMMS Algorithm 1) compute waits for every outstanding copy at the end of each stage
+  in ``sync_points`` and the copies finished by then are freed there. With ``sync="inline"`` (PyTorch's
+  ``save_on_cpu``) copies run on the compute stream, blocking it, and come back only when needed.
+* ``recompute``: a maximal run of recompute stages i..j is one checkpointed segment: the stages save
+  nothing; only the segment input x_{i-1} is saved, offloaded when stage i-1 is ``offload``, else kept.
+  In backward, when stage j's backward is due, the segment's forward is re-run from x_{i-1}.
+
+A storage (NOTE [ Saved storages ] in ``profiler.profile``) is referenced by every non-recompute stage
+that saves it and by every segment whose input it is (with stage i-1's action). Then:
+
+* no reference: it is not kept (transient in forward, re-made by recompute in backward);
+* any ``keep`` reference: it stays on the GPU;
+* otherwise (only ``offload`` references): it is offloaded.
+
+A storage that has both an ``offload`` and a ``keep`` reference is still copied (the offloading stage
+cannot know the future) but stays on the GPU: a wasted copy, which the search learns to avoid.
+
+Convolution algorithms: ``conv_rule`` applies to every convolution (``default`` = the framework's
+choice, ``fastest``, ``memory_optimal``, ``fastest_within`` a workspace cap), ``conv_algos`` overrides
+single convolutions by key ``"<stage index>.<conv name>"`` (``"3."`` for a stage that is a conv).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tuner.errors import PlanError
+
+if TYPE_CHECKING:
+    from profiler.profile import Profile
+
+__all__ = [
+    "PLAN_SCHEMA_VERSION",
+    "Action",
+    "ConvChoice",
+    "Plan",
+    "StorageFate",
+    "resolve_storages",
+    "segments",
+]
+
+PLAN_SCHEMA_VERSION = 1
+
+
+class Action(str, Enum):
+    """What happens to a stage's saved tensors. See NOTE [ Plan semantics ]."""
+
+    KEEP = "keep"
+    OFFLOAD = "offload"
+    RECOMPUTE = "recompute"
+
+
+class ConvChoice(BaseModel):
+    """An explicit cuDNN algorithm triple for one convolution (ids as in cudnnConvolution*Algo_t)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fwd: int = Field(ge=0)
+    bwd_data: int = Field(ge=0)
+    bwd_filter: int = Field(ge=0)
+
+
+ConvRule = Literal["default", "fastest", "memory_optimal", "fastest_within"]
+SyncMode = Literal["layer", "deferred", "points", "inline"]
+
+
+class Plan(BaseModel):
+    """A memory plan for one chain: an action per stage plus global knobs. Versioned JSON."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = PLAN_SCHEMA_VERSION
+    actions: tuple[Action, ...] = Field(min_length=1)
+    prefetch_lookahead: int = Field(default=2, ge=0, le=1024, description="stages")
+    sync: SyncMode = "deferred"
+    sync_points: tuple[int, ...] = Field(default=(), description="stage indices, for sync='points'")
+    conv_rule: ConvRule = "default"
+    conv_workspace_limit_bytes: int | None = Field(default=None, ge=0)
+    conv_algos: dict[str, ConvChoice] = Field(default_factory=dict)
+    label: str | None = Field(default=None, description="which policy or search made it")
+
+    @model_validator(mode="after")
+    def _check(self) -> Plan:
+        if self.schema_version != PLAN_SCHEMA_VERSION:
+            raise ValueError(f"plan schema_version {self.schema_version} is not supported (expected 1)")
+        if self.sync == "points" and not self.sync_points:
+            raise ValueError("sync 'points' needs sync_points (stage indices where compute waits for copies)")
+        if any(b <= a for a, b in zip(self.sync_points, self.sync_points[1:])):
+            raise ValueError("sync_points must be strictly increasing stage indices")
+        if self.conv_rule == "fastest_within" and self.conv_workspace_limit_bytes is None:
+            raise ValueError("conv_rule 'fastest_within' needs conv_workspace_limit_bytes")
+        return self
+
+    # ---- constructors ----------------------------------------------------------------------------
+    @classmethod
+    def uniform(cls, n: int, action: Action = Action.KEEP, **knobs: object) -> Plan:
+        """A plan giving every one of ``n`` stages the same action."""
+        return cls(actions=(action,) * n, **knobs)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_actions(cls, actions: Sequence[Action | str], **knobs: object) -> Plan:
+        """Build from actions or their letters (``"kkor"``, ``["keep", "offload"]``)."""
+        letters = {a.value[0]: a for a in Action}
+        return cls(
+            actions=tuple(letters[a] if isinstance(a, str) and a in letters else Action(a) for a in actions),
+            **knobs,  # type: ignore[arg-type]
+        )
+
+    def with_(self, **changes: object) -> Plan:
+        """A copy with some fields changed (validated)."""
+        data = self.model_dump()
+        data.update(changes)
+        return Plan.model_validate(data)
+
+    # ---- checks ----------------------------------------------------------------------------------
+    def check(self, profile: Profile) -> None:
+        """Raise ``PlanError`` if this plan does not fit ``profile`` (stage count, conv keys)."""
+        n = profile.n_stages
+        if len(self.actions) != n:
+            raise PlanError(
+                f"plan has {len(self.actions)} actions but {profile.model!r} has {n} stages; "
+                "a plan is made for one chain"
+            )
+        bad = [p for p in self.sync_points if not 0 <= p < n]
+        if bad:
+            raise PlanError(f"sync_points {bad} are outside the stage range 0..{n - 1}")
+        for key in self.conv_algos:
+            stage_s, _, conv = key.partition(".")
+            if not stage_s.isdigit() or not 0 <= int(stage_s) < n:
+                raise PlanError(f"conv_algos key {key!r}: stage must be an index in 0..{n - 1}")
+            names = {c.name for c in profile.stages[int(stage_s)].convs}
+            if conv not in names:
+                raise PlanError(
+                    f"conv_algos key {key!r}: stage {stage_s} ({profile.stages[int(stage_s)].name}) "
+                    f"has no convolution named {conv!r} (has {sorted(names) or 'none'})"
+                )
+
+    def counts(self) -> dict[str, int]:
+        """How many stages take each action."""
+        return {a.value: sum(1 for x in self.actions if x is a) for a in Action}
+
+    def compact(self) -> str:
+        """One letter per stage (k, o, r): a short human-readable form."""
+        return "".join(a.value[0] for a in self.actions)
+
+
+def segments(actions: Sequence[Action]) -> list[tuple[int, int]]:
+    """Maximal runs of ``recompute`` as inclusive ``(first, last)`` stage indices."""
+    out: list[tuple[int, int]] = []
+    start: int | None = None
+    for k, a in enumerate(actions):
+        if a is Action.RECOMPUTE:
+            if start is None:
+                start = k
+        elif start is not None:
+            out.append((start, k - 1))
+            start = None
+    if start is not None:
+        out.append((start, len(actions) - 1))
+    return out
+
+
+@dataclass(frozen=True)
+class StorageFate:
+    """What a plan does with one saved storage (indices into the profile's stages).
+
+    Attributes:
+        fate: ``none`` (not kept), ``keep`` or ``offload``.
+        copied: a D2H copy is made (offload, or a wasted copy next to a keep reference).
+        copy_stage: the stage during whose forward the copy is issued.
+        need: first backward position that reads it (a segment counts at its last stage).
+        release: backward position after which it is freed.
+    """
+
+    fate: Literal["none", "keep", "offload"]
+    copied: bool
+    copy_stage: int
+    need: int
+    release: int
+
+
+def resolve_storages(profile: Profile, actions: Sequence[Action]) -> list[StorageFate]:
+    """Apply NOTE [ Plan semantics ] to every storage of ``profile``; one entry per storage."""
+    n = profile.n_stages
+    # a reference is (need, release, pack_stage, action); see StorageFate
+    seg_refs: dict[int, list[tuple[int, int, int, Action]]] = {}
+    for i, j in segments(actions):
+        if i == 0:
+            continue  # the model input is always resident
+        s = profile.stages[i - 1].output_storage
+        if s is not None:
+            seg_refs.setdefault(s, []).append((j, i, i, actions[i - 1]))
+    fates: list[StorageFate] = []
+    for sid, st in enumerate(profile.storages):
+        refs = [(r, r, r, actions[r]) for r in st.saved_by if actions[r] is not Action.RECOMPUTE]
+        refs.extend(seg_refs.get(sid, ()))
+        if not refs or st.producer < 0:
+            fates.append(StorageFate("none", False, 0, -1, n))
+            continue
+        kinds = {ref[3] for ref in refs}
+        packers = [ref[2] for ref in refs if ref[3] is Action.OFFLOAD]
+        need = max(ref[0] for ref in refs)
+        release = min(ref[1] for ref in refs)
+        fate: Literal["keep", "offload"] = "keep" if Action.KEEP in kinds else "offload"
+        fates.append(StorageFate(fate, bool(packers), min(packers) if packers else 0, need, release))
+    return fates
