@@ -93,7 +93,7 @@ class SavedStorage(_Frozen):
     """One storage autograd keeps for backward, counted once. See NOTE [ Saved storages ]."""
 
     bytes: int = Field(ge=0)
-    saved_by: tuple[int, ...] = Field(min_length=1, description="stage indices whose saved set holds it")
+    saved_by: tuple[int, ...] = Field(description="stage indices whose saved set holds it")
     producer: int = Field(ge=-1, description="stage that allocated it; -1 for the model input")
 
 

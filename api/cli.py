@@ -1,0 +1,352 @@
+"""The ``memtune`` command line: profile, simulate, tune (engine), plus the service commands.
+
+Every command prints a readable table by default and one JSON object with ``--json``; long work shows
+rich progress bars on standard error, so standard output stays clean for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from profiler.chain import ModelChain
+from profiler.errors import ProfilerError
+from profiler.profile import Profile
+from tuner.budget import format_bytes, parse_budget
+from tuner.errors import TunerError
+from tuner.plan import Plan
+
+__all__ = ["app", "load_chain", "resolve_profile"]
+
+app = typer.Typer(
+    name="memtune",
+    help="Find how to train a network on a GPU within a memory budget, as fast as possible.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+GiB = float(1 << 30)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def _parse_params(items: list[str] | None) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"--param {item!r}: write KEY=VALUE, e.g. --param image_size=224")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
+def load_chain(model: str, params: dict[str, Any] | None = None, spec: Path | None = None) -> ModelChain:
+    """Build a zoo model by name, or a JSON spec file's model."""
+    if spec is not None:
+        from profiler.spec import from_spec
+
+        try:
+            data = json.loads(spec.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise _fail(f"cannot read the spec {spec}: {exc}") from exc
+        return from_spec(data)
+    from profiler.zoo import build
+
+    return build(model, params or {})
+
+
+def resolve_profile(
+    chain: ModelChain,
+    batch: int,
+    dtype: str,
+    gpu: str,
+    profile_file: Path | None = None,
+    allow_measured: bool = True,
+) -> Profile:
+    """The profile to tune with: a given file, a committed measured one, else a modeled one."""
+    if profile_file is not None:
+        return Profile.load(profile_file)
+    if allow_measured and not chain.name.startswith("spec:"):
+        from profiler.library import find_profile
+
+        found = find_profile(chain.name, batch, dtype, gpu, params=chain.params)
+        if found is not None:
+            return found
+    from profiler.modeled import modeled_profile
+
+    return modeled_profile(chain, batch, dtype, gpu)
+
+
+ModelArg = Annotated[str, typer.Argument(help="zoo model name (see `memtune models`), or 'spec' with --spec")]
+BatchOpt = Annotated[int, typer.Option("--batch", "-b", min=1, help="batch size")]
+DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16 or float16 (autocast)")]
+GpuOpt = Annotated[str, typer.Option(help="GPU type, e.g. h200, a100-80gb, k40 (see `memtune gpus`)")]
+ParamOpt = Annotated[list[str] | None, typer.Option("--param", "-p", help="model parameter KEY=VALUE")]
+SpecOpt = Annotated[Path | None, typer.Option(help="JSON model spec file (model argument: spec)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
+OptimizerOpt = Annotated[str, typer.Option(help="sgd (momentum), adam or none: optimizer state bytes")]
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise _fail(f"--dtype {dtype!r}: use float32, bfloat16 or float16")
+
+
+@app.command()
+def models() -> None:
+    """List the model zoo and its parameters."""
+    from profiler.zoo import ZOO_NAMES, zoo_params
+
+    table = Table("model", "parameters (defaults)")
+    for name in ZOO_NAMES:
+        table.add_row(name, ", ".join(f"{k}={v}" for k, v in zoo_params(name).items()))
+    out.print(table)
+
+
+@app.command()
+def gpus() -> None:
+    """List the GPU types memtune knows (roofline specs), and which have measured profiles."""
+    from profiler.devices import GPUS
+
+    table = Table("key", "name", "memory", "fp32 TFLOP/s", "bf16 TFLOP/s", "HBM GB/s", "PCIe D2H GB/s")
+    for spec in GPUS.values():
+        table.add_row(
+            spec.key,
+            spec.name,
+            format_bytes(spec.memory_bytes),
+            f"{spec.peak_flops['float32'] / 1e12:.1f}",
+            f"{spec.peak_flops['bfloat16'] / 1e12:.1f}",
+            f"{spec.memory_bandwidth / 1e9:.0f}",
+            f"{spec.pcie_d2h / 1e9:.1f}",
+        )
+    out.print(table)
+
+
+@app.command()
+def profile(
+    model: ModelArg,
+    batch: BatchOpt = 32,
+    dtype: DtypeOpt = "float32",
+    gpu: GpuOpt = "h200",
+    param: ParamOpt = None,
+    spec: SpecOpt = None,
+    device: Annotated[str, typer.Option(help="'cuda' to measure on this GPU, 'cpu' to measure compute on the CPU, 'model' for a roofline profile")] = "model",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write the profile JSON here")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Profile a model: per stage forward/backward ms, saved bytes, copy ms."""
+    _check_dtype(dtype)
+    try:
+        chain = load_chain(model, _parse_params(param), spec)
+        if device == "model":
+            from profiler.modeled import modeled_profile
+
+            prof = modeled_profile(chain, batch, dtype, gpu)
+        elif device in ("cpu", "cuda"):
+            from profiler.measure import profile as measure
+
+            with Progress(
+                TextColumn("[bold]profiling[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), console=err, transient=True,
+            ) as bar:
+                task = bar.add_task(chain.name, total=len(chain))
+
+                def tick(name: str, i: int, n: int) -> None:
+                    bar.update(task, completed=i, total=n, description=name)
+
+                prof = measure(chain, batch, dtype, device=device, gpu=gpu, progress=tick)
+        else:
+            raise _fail(f"--device {device!r}: use cuda, cpu or model")
+    except (ProfilerError, TunerError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+    if output is not None:
+        prof.save(output)
+        err.print(f"wrote {output}")
+    if as_json:
+        sys.stdout.write(prof.to_json() + "\n")
+        return
+    table = Table("#", "stage", "kind", "fwd ms", "bwd ms", "saved MiB", "D2H ms", "D2H/fwd", title=(
+        f"{prof.model} batch {prof.batch} {prof.dtype} on {prof.device.name} ({prof.source}: "
+        f"compute {prof.compute_source}, transfers {prof.transfer_source})"))
+    for s in prof.stages:
+        ratio = f"{s.d2h_ms / s.forward_ms:.1f}" if s.forward_ms > 0 and s.saved_bytes else "-"
+        table.add_row(str(s.index), s.name, s.kind, f"{s.forward_ms:.3f}", f"{s.backward_ms:.3f}",
+                      f"{s.saved_bytes / 2**20:.1f}", f"{s.d2h_ms:.3f}", ratio)
+    out.print(table)
+    out.print(f"saved {format_bytes(prof.saved_bytes)}, parameters {format_bytes(prof.param_bytes)}")
+
+
+@app.command()
+def simulate(
+    model: ModelArg,
+    batch: BatchOpt = 32,
+    dtype: DtypeOpt = "float32",
+    gpu: GpuOpt = "h200",
+    budget: Annotated[str, typer.Option(help="memory budget: 12GiB, 12GB or a fraction like 0.6")] = "1.0",
+    policy: Annotated[str | None, typer.Option(help="baseline policy name (see tuner.policies)")] = None,
+    plan_file: Annotated[Path | None, typer.Option("--plan", help="a plan JSON file")] = None,
+    param: ParamOpt = None,
+    spec: SpecOpt = None,
+    profile_file: Annotated[Path | None, typer.Option("--profile", help="a profile JSON file")] = None,
+    optimizer: OptimizerOpt = "sgd",
+    as_json: JsonOpt = False,
+) -> None:
+    """Simulate one training step under a policy's plan or a plan file."""
+    from tuner.policies import POLICIES
+    from tuner.simulator import simulate as run_sim
+
+    _check_dtype(dtype)
+    try:
+        chain = load_chain(model, _parse_params(param), spec)
+        prof = resolve_profile(chain, batch, dtype, gpu, profile_file)
+        budget_bytes = parse_budget(budget, prof.device.memory_bytes)
+        if plan_file is not None:
+            plan = Plan.model_validate_json(plan_file.read_text())
+        else:
+            name = policy or "none"
+            if name not in POLICIES:
+                raise _fail(f"--policy {name!r} is not known; choose one of {', '.join(POLICIES)}")
+            plan = POLICIES[name](prof, budget_bytes)
+        base = run_sim(prof, Plan.uniform(prof.n_stages), optimizer=optimizer)
+        r = run_sim(prof, plan, optimizer=optimizer)
+    except (ProfilerError, TunerError, ValueError, OSError) as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        sys.stdout.write(json.dumps({
+            "model": prof.model, "batch": prof.batch, "gpu": prof.device.key, "budget_bytes": budget_bytes,
+            "profile_source": prof.source, "plan": plan.model_dump(mode="json"), "step_ms": r.step_ms,
+            "peak_bytes": r.peak_bytes, "stall_ms": r.stall_ms, "recompute_ms": r.recompute_ms,
+            "feasible": r.fits(budget_bytes), "unconstrained": {"step_ms": base.step_ms, "peak_bytes": base.peak_bytes},
+        }) + "\n")
+        return
+    out.print(f"[bold]{plan.label or 'plan'}[/] on {prof.model} batch {prof.batch} ({prof.device.key}, {prof.source})")
+    out.print(f"  step {r.step_ms:.2f} ms ({r.step_ms / base.step_ms:.2f}x), peak {r.peak_bytes / GiB:.2f} GiB "
+              f"({'fits' if r.fits(budget_bytes) else 'does not fit'} {format_bytes(budget_bytes)}), "
+              f"stalls {r.stall_ms:.2f} ms, recompute {r.recompute_ms:.2f} ms")
+    out.print(f"  actions {plan.compact()}  (k keep, o offload, r recompute)")
+
+
+def _policy_table(result: Any) -> Table:
+    base = result.unconstrained.step_ms
+    table = Table("policy", "step ms", "slowdown", "peak GiB", "feasible",
+                  title=f"budget {format_bytes(result.budget_bytes)}, unconstrained {base:.1f} ms / "
+                        f"{result.unconstrained.peak_bytes / GiB:.2f} GiB")
+    rows = sorted(result.policies, key=lambda c: (not c.feasible, c.step_ms))
+    best = result.best
+    if best is not None and best.name == "optuna":
+        rows = [best, *rows]
+    for c in rows:
+        style = "bold green" if best is not None and c is best else ("" if c.feasible else "dim")
+        table.add_row(c.name, f"{c.step_ms:.2f}", f"{c.step_ms / base:.2f}x", f"{c.peak_bytes / GiB:.2f}",
+                      "yes" if c.feasible else "no", style=style)
+    return table
+
+
+def _plan_table(prof: Profile, plan: Plan) -> Table:
+    table = Table("#", "stage", "kind", "action", "saved MiB", "fwd ms", "D2H ms",
+                  title=f"best plan: lookahead {plan.prefetch_lookahead}, sync {plan.sync}")
+    colors = {"keep": "white", "offload": "cyan", "recompute": "magenta"}
+    for s, a in zip(prof.stages, plan.actions):
+        table.add_row(str(s.index), s.name, s.kind, f"[{colors[a.value]}]{a.value}[/]",
+                      f"{s.saved_bytes / 2**20:.1f}", f"{s.forward_ms:.3f}", f"{s.d2h_ms:.3f}")
+    return table
+
+
+@app.command()
+def tune(
+    model: ModelArg,
+    batch: BatchOpt = 32,
+    dtype: DtypeOpt = "float32",
+    gpu: GpuOpt = "h200",
+    budget: Annotated[str, typer.Option(help="memory budget: 12GiB, 12GB or a fraction like 0.6")] = "0.6",
+    trials: Annotated[int, typer.Option(min=1, help="Optuna trials (baselines included)")] = 300,
+    pareto: Annotated[bool, typer.Option("--pareto", help="search the time–memory Pareto front")] = False,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    param: ParamOpt = None,
+    spec: SpecOpt = None,
+    profile_file: Annotated[Path | None, typer.Option("--profile", help="a profile JSON file")] = None,
+    optimizer: OptimizerOpt = "sgd",
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL to keep the study in")] = None,
+    study: Annotated[str | None, typer.Option(help="study name (with --storage)")] = None,
+    plan_out: Annotated[Path | None, typer.Option("--plan-out", help="write the best plan JSON here")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Search the fastest plan within a budget (or the Pareto front) and compare every baseline."""
+    import optuna
+
+    from tuner.search import tune as run_tune
+
+    _check_dtype(dtype)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        chain = load_chain(model, _parse_params(param), spec)
+        prof = resolve_profile(chain, batch, dtype, gpu, profile_file)
+        budget_bytes = parse_budget(budget, prof.device.memory_bytes)
+        with Progress(
+            TextColumn("[bold]tuning[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[best]}"), TimeElapsedColumn(), console=err, transient=True,
+            disable=not err.is_terminal and as_json,
+        ) as bar:
+            task = bar.add_task(f"{prof.model} b{prof.batch}", total=trials, best="")
+
+            def tick(done: int, total: int, best: Any) -> None:
+                shown = f"best {best.step_ms:.2f} ms" if best is not None else "no feasible plan yet"
+                bar.update(task, completed=done, total=total, best=shown)
+
+            result = run_tune(
+                prof, budget_bytes, trials=trials, mode="pareto" if pareto else "fastest", seed=seed,
+                storage=storage, study_name=study, optimizer=optimizer, progress=tick,
+            )
+    except (ProfilerError, TunerError, ValueError, OSError) as exc:
+        raise _fail(str(exc)) from exc
+    if plan_out is not None and result.best is not None:
+        plan_out.write_text(result.best.plan.model_dump_json(indent=1) + "\n")
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict()) + "\n")
+        return
+    out.print(f"[bold]{prof.model}[/] batch {prof.batch} {prof.dtype} on {prof.device.name} "
+              f"— profile {prof.source} ({prof.compute_source}); {result.n_trials} trials")
+    out.print(_policy_table(result))
+    if result.best is None:
+        out.print(f"[bold red]no plan fits {format_bytes(budget_bytes)}[/]: the smallest peak found is "
+                  f"{min(c.peak_bytes for c in result.pareto) / GiB:.2f} GiB")
+        raise typer.Exit(1)
+    best = result.best
+    out.print(_plan_table(prof, best.plan))
+    out.print(f"[bold green]best: {best.name}[/] {best.step_ms:.2f} ms "
+              f"({best.step_ms / result.unconstrained.step_ms:.2f}x unconstrained), "
+              f"peak {best.peak_bytes / GiB:.2f} GiB  [dim]{best.plan.compact()}[/]")
+    if pareto:
+        table = Table("step ms", "peak GiB", "plan", title="Pareto front (time vs memory)")
+        for c in result.pareto:
+            table.add_row(f"{c.step_ms:.2f}", f"{c.peak_bytes / GiB:.2f}", c.name)
+        out.print(table)
+
+
+def _attach_service_commands() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("api.cli_service") is None:
+        return
+    from api.cli_service import register
+
+    register(app)
+
+
+_attach_service_commands()

@@ -1,0 +1,296 @@
+"""Jobs: create (idempotently), claim atomically, heartbeat, report progress, finish, cancel.
+
+# NOTE [ Job claims ]
+A worker claims the oldest job it can serve that is ``queued``, or ``running`` with a heartbeat older
+than ``stale_after_s`` (its worker died). The claim is atomic:
+
+* PostgreSQL: ``SELECT … FOR UPDATE SKIP LOCKED`` picks and locks one candidate row; concurrent
+  claimers skip it and take the next one.
+* SQLite: one ``UPDATE … WHERE id = (SELECT … LIMIT 1) AND <claimable> RETURNING`` statement; SQLite
+  runs it under its single writer lock, so two claimers can never both match the same row.
+
+Either way ``attempts`` is incremented and a ``mt_job_claims`` row ``(job_id, attempt)`` is written in
+the same transaction; that pair is unique, so an attempt can never be claimed twice. Every later write
+of the worker (heartbeat, progress, finish) is conditional on ``worker_id`` and ``attempts`` still being
+its own: a worker whose job was reclaimed learns it (``JobLease.lost``) and stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from uuid import uuid4
+
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from storage.errors import ConflictError, NotFoundError
+from storage.records import TERMINAL_STATES, Claim, Job
+from storage.repositories._convert import to_claim, to_job
+from storage.rows import JobClaimRow, JobRow, utcnow
+
+__all__ = ["JobLease", "JobRepository", "LeaseStatus"]
+
+
+@dataclass(frozen=True)
+class JobLease:
+    """A worker's hold on one attempt of a job."""
+
+    job_id: str
+    worker_id: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class LeaseStatus:
+    """Answer to a heartbeat or progress write: ``lost`` (reclaimed by another worker) or ``cancel``."""
+
+    lost: bool
+    cancel: bool
+
+
+class JobRepository:
+    """Jobs in ``mt_jobs`` and their claims in ``mt_job_claims``. See NOTE [ Job claims ]."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    # ---- create / read -----------------------------------------------------------------------------
+    def create(
+        self,
+        *,
+        model_id: str,
+        gpu_key: str,
+        batch: int,
+        dtype: str,
+        budget_text: str,
+        budget_bytes: int,
+        trials: int,
+        mode: str,
+        optimizer: str,
+        owner: str,
+        request_hash: str,
+        idempotency_key: str | None = None,
+    ) -> tuple[Job, bool]:
+        """Queue a job; ``(job, created)``. With an ``idempotency_key`` already used by ``owner``, the
+        earlier job is returned (``created`` False) when the request is the same, else ``ConflictError``."""
+        if idempotency_key is not None:
+            existing = self.find_by_idempotency_key(owner, idempotency_key)
+            if existing is not None:
+                if existing.request_hash != request_hash:
+                    raise ConflictError(
+                        f"Idempotency-Key {idempotency_key!r} was used for a different request "
+                        f"(job {existing.id}); use a new key for a new job"
+                    )
+                return existing, False
+        job_id = uuid4().hex
+        now = utcnow()
+        row = JobRow(
+            id=job_id,
+            model_id=model_id,
+            gpu_key=gpu_key,
+            batch=batch,
+            dtype=dtype,
+            budget_text=budget_text,
+            budget_bytes=budget_bytes,
+            trials=trials,
+            mode=mode,
+            optimizer=optimizer,
+            state="queued",
+            trials_done=0,
+            owner=owner,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            study_name=f"memtune-job-{job_id}",
+            attempts=0,
+            cancel_requested=False,
+            created_at=now,
+            updated_at=now,
+        )
+        self.s.add(row)
+        self.s.flush()
+        return to_job(row), True
+
+    def find_by_idempotency_key(self, owner: str, key: str) -> Job | None:
+        row = self.s.scalar(select(JobRow).where(JobRow.owner == owner, JobRow.idempotency_key == key))
+        return None if row is None else to_job(row)
+
+    def get(self, job_id: str) -> Job:
+        row = self.s.get(JobRow, job_id)
+        if row is None:
+            raise NotFoundError(f"job {job_id!r} does not exist")
+        return to_job(row)
+
+    def list(self, *, state: str | None = None, limit: int = 100) -> list[Job]:
+        q = select(JobRow).order_by(JobRow.created_at.desc()).limit(limit)
+        if state is not None:
+            q = q.where(JobRow.state == state)
+        return [to_job(r) for r in self.s.scalars(q)]
+
+    def claims(self, job_id: str) -> list[Claim]:
+        q = select(JobClaimRow).where(JobClaimRow.job_id == job_id).order_by(JobClaimRow.attempt)
+        return [to_claim(r) for r in self.s.scalars(q)]
+
+    # ---- claim -------------------------------------------------------------------------------------
+    def claim(
+        self, worker_id: str, *, gpu_keys: Sequence[str] | None = None, stale_after_s: float = 30.0
+    ) -> tuple[Job, JobLease] | None:
+        """Atomically claim the oldest claimable job (see NOTE [ Job claims ]); None when there is none.
+
+        Args:
+            worker_id: the claiming worker's id (recorded on the job and in the claim row).
+            gpu_keys: GPU types this worker serves; None for any.
+            stale_after_s: seconds without a heartbeat after which a running job is reclaimed.
+        """
+        now = utcnow()
+        cutoff = now - timedelta(seconds=stale_after_s)
+        claimable = or_(
+            JobRow.state == "queued",
+            and_(JobRow.state == "running", JobRow.heartbeat_at < cutoff),
+        )
+        conds: list[Any] = [claimable]
+        if gpu_keys is not None:
+            conds.append(JobRow.gpu_key.in_(list(gpu_keys)))
+        values: dict[str, Any] = {
+            "state": "running",
+            "worker_id": worker_id,
+            "attempts": JobRow.attempts + 1,
+            "heartbeat_at": now,
+            "started_at": func.coalesce(JobRow.started_at, now),
+            "updated_at": now,
+        }
+        if self.s.get_bind().dialect.name == "postgresql":
+            q = (
+                select(JobRow.id)
+                .where(*conds)
+                .order_by(JobRow.created_at, JobRow.id)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            )
+            job_id = self.s.scalar(q)
+            if job_id is None:
+                return None
+            self.s.execute(update(JobRow).where(JobRow.id == job_id).values(**values))
+        else:
+            pick = select(JobRow.id).where(*conds).order_by(JobRow.created_at, JobRow.id).limit(1)
+            stmt = (
+                update(JobRow)
+                .where(JobRow.id == pick.scalar_subquery(), *conds)
+                .values(**values)
+                .returning(JobRow.id)
+                .execution_options(synchronize_session=False)
+            )
+            job_id = self.s.scalar(stmt)
+            if job_id is None:
+                return None
+        row = self.s.get(JobRow, job_id, populate_existing=True)
+        assert row is not None
+        previous = self.s.scalar(
+            select(JobClaimRow.worker_id).where(
+                JobClaimRow.job_id == job_id, JobClaimRow.attempt == row.attempts - 1
+            )
+        )
+        self.s.add(JobClaimRow(job_id=job_id, worker_id=worker_id, attempt=row.attempts, reclaimed_from=previous))
+        self.s.flush()
+        return to_job(row), JobLease(job_id=job_id, worker_id=worker_id, attempt=row.attempts)
+
+    # ---- worker writes (conditional on the lease) --------------------------------------------------
+    def _held(self, lease: JobLease) -> Any:
+        return and_(
+            JobRow.id == lease.job_id,
+            JobRow.worker_id == lease.worker_id,
+            JobRow.attempts == lease.attempt,
+            JobRow.state == "running",
+        )
+
+    def _lease_write(self, lease: JobLease, values: dict[str, Any]) -> LeaseStatus:
+        values = {**values, "heartbeat_at": utcnow(), "updated_at": utcnow()}
+        res = self.s.execute(
+            update(JobRow)
+            .where(self._held(lease))
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        if res.rowcount != 1:  # type: ignore[attr-defined]
+            return LeaseStatus(lost=True, cancel=False)
+        cancel = self.s.scalar(select(JobRow.cancel_requested).where(JobRow.id == lease.job_id))
+        return LeaseStatus(lost=False, cancel=bool(cancel))
+
+    def heartbeat(self, lease: JobLease) -> LeaseStatus:
+        """Record that the worker is alive; says whether the lease was lost or a cancel was asked."""
+        return self._lease_write(lease, {})
+
+    def progress(
+        self,
+        lease: JobLease,
+        *,
+        trials_done: int,
+        best_name: str | None = None,
+        best_step_ms: float | None = None,
+        best_peak_bytes: int | None = None,
+    ) -> LeaseStatus:
+        """Record trials done and the best feasible plan so far (ms, bytes); also a heartbeat."""
+        values: dict[str, Any] = {"trials_done": trials_done}
+        if best_step_ms is not None:
+            values.update(best_name=best_name, best_step_ms=best_step_ms, best_peak_bytes=best_peak_bytes)
+        return self._lease_write(lease, values)
+
+    def set_profile(self, lease: JobLease, profile_id: int) -> LeaseStatus:
+        return self._lease_write(lease, {"profile_id": profile_id})
+
+    def finish(
+        self,
+        lease: JobLease,
+        state: str,
+        *,
+        error: str | None = None,
+        trials_done: int | None = None,
+        best_name: str | None = None,
+        best_step_ms: float | None = None,
+        best_peak_bytes: int | None = None,
+        unconstrained_step_ms: float | None = None,
+        unconstrained_peak_bytes: int | None = None,
+    ) -> bool:
+        """Move the job to a terminal ``state``; False when the lease was lost (nothing written)."""
+        if state not in TERMINAL_STATES:
+            raise ValueError(f"finish() needs a terminal state {sorted(TERMINAL_STATES)}, got {state!r}")
+        now = utcnow()
+        values: dict[str, Any] = {"state": state, "error": error, "finished_at": now, "updated_at": now}
+        if trials_done is not None:
+            values["trials_done"] = trials_done
+        if best_step_ms is not None:
+            values.update(best_name=best_name, best_step_ms=best_step_ms, best_peak_bytes=best_peak_bytes)
+        if unconstrained_step_ms is not None:
+            values.update(
+                unconstrained_step_ms=unconstrained_step_ms, unconstrained_peak_bytes=unconstrained_peak_bytes
+            )
+        res = self.s.execute(
+            update(JobRow).where(self._held(lease)).values(**values).execution_options(synchronize_session=False)
+        )
+        return res.rowcount == 1  # type: ignore[attr-defined, no-any-return]
+
+    # ---- cancel ------------------------------------------------------------------------------------
+    def request_cancel(self, job_id: str) -> Job:
+        """Cancel a queued job at once; ask a running job's worker to stop. Finished jobs: ``ConflictError``."""
+        now = utcnow()
+        res = self.s.execute(
+            update(JobRow)
+            .where(JobRow.id == job_id, JobRow.state == "queued")
+            .values(state="cancelled", cancel_requested=True, finished_at=now, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        if res.rowcount != 1:  # type: ignore[attr-defined]
+            res = self.s.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.state == "running")
+                .values(cancel_requested=True, updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+            if res.rowcount != 1:  # type: ignore[attr-defined]
+                job = self.get(job_id)
+                raise ConflictError(f"job {job_id} is already {job.state}; only queued or running jobs cancel")
+        row = self.s.get(JobRow, job_id, populate_existing=True)
+        assert row is not None
+        return to_job(row)

@@ -1,0 +1,71 @@
+"""Models: zoo names with parameters or JSON specs, deduplicated by content hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from storage.errors import NotFoundError
+from storage.records import ModelRecord
+from storage.repositories._convert import to_model
+from storage.rows import ModelRow
+
+__all__ = ["ModelRepository", "content_hash"]
+
+
+def content_hash(definition: dict[str, Any]) -> str:
+    """SHA-256 (hex) of a canonical JSON form of a model definition (key order does not matter)."""
+    return hashlib.sha256(json.dumps(definition, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class ModelRepository:
+    """Models in ``mt_models``. The id is ``m_`` plus the first 24 hex digits of the content hash."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def get_or_create(
+        self,
+        *,
+        name: str,
+        kind: Literal["zoo", "spec"],
+        digest: str,
+        definition: dict[str, Any],
+        n_stages: int | None,
+    ) -> tuple[ModelRecord, bool]:
+        """Return the model with this content hash, creating it when new; ``(model, created)``.
+
+        Two racing creators: the loser's commit raises ``ConflictError``; calling again returns the row.
+        """
+        row = self.s.scalar(select(ModelRow).where(ModelRow.content_hash == digest))
+        if row is not None:
+            return to_model(row), False
+        row = ModelRow(
+            id="m_" + digest[:24],
+            name=name,
+            kind=kind,
+            content_hash=digest,
+            definition=definition,
+            n_stages=n_stages,
+        )
+        self.s.add(row)
+        self.s.flush()
+        return to_model(row), True
+
+    def get(self, model_id: str) -> ModelRecord:
+        row = self.s.get(ModelRow, model_id)
+        if row is None:
+            raise NotFoundError(f"model {model_id!r} does not exist; create it with POST /v1/models")
+        return to_model(row)
+
+    def find(self, id_or_name: str) -> list[ModelRecord]:
+        """Models whose id is ``id_or_name`` or whose name is (newest first)."""
+        row = self.s.get(ModelRow, id_or_name)
+        if row is not None:
+            return [to_model(row)]
+        q = select(ModelRow).where(ModelRow.name == id_or_name).order_by(ModelRow.created_at.desc())
+        return [to_model(r) for r in self.s.scalars(q)]

@@ -1,0 +1,213 @@
+"""SQLAlchemy 2 typed ORM rows. Table names carry the ``mt_`` prefix: Optuna's tables share the database.
+
+Rows never leave the storage package: repositories turn them into the frozen records of
+``storage.records``. Schema changes go through Alembic (``storage/migrations``); a unit test checks that
+these rows and the migrated schema agree.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = [
+    "ApiKeyRow",
+    "Base",
+    "GpuTypeRow",
+    "JobClaimRow",
+    "JobRow",
+    "ModelRow",
+    "ProfileRow",
+    "ResultRow",
+    "UTCDateTime",
+    "utcnow",
+]
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware timestamp that always reads back as UTC (SQLite stores it without a zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTCDateTime column; use storage.rows.utcnow()")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """The declarative base of memtune's own tables."""
+
+
+class GpuTypeRow(Base):
+    """A GPU type: structured identity (never only a product string) and a stable short key."""
+
+    __tablename__ = "mt_gpu_types"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    compute_capability: Mapped[str | None] = mapped_column(String(16))
+    sm_count: Mapped[int | None] = mapped_column(Integer)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    pcie_gen: Mapped[int | None] = mapped_column(Integer)
+    pcie_width: Mapped[int | None] = mapped_column(Integer)
+    driver: Mapped[str | None] = mapped_column(String(64))
+    cudnn_version: Mapped[str | None] = mapped_column(String(64))
+    identity_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ModelRow(Base):
+    """A network to tune: a zoo name with parameters or a JSON spec, deduplicated by content hash."""
+
+    __tablename__ = "mt_models"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    content_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    definition: Mapped[dict[str, Any]] = mapped_column(JSON)
+    n_stages: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ProfileRow(Base):
+    """A stored profile (``profiler.profile.Profile`` JSON) of one model on one GPU type."""
+
+    __tablename__ = "mt_profiles"
+    __table_args__ = (
+        UniqueConstraint("model_id", "gpu_key", "batch", "dtype", "source", name="uq_mt_profiles_lookup"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("mt_models.id", ondelete="CASCADE"))
+    gpu_key: Mapped[str] = mapped_column(ForeignKey("mt_gpu_types.key", ondelete="RESTRICT"))
+    batch: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(16))
+    source: Mapped[str] = mapped_column(String(16))
+    profile_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class JobRow(Base):
+    """A tuning job: queued -> running -> succeeded | failed | cancelled, with progress and ownership."""
+
+    __tablename__ = "mt_jobs"
+    __table_args__ = (
+        UniqueConstraint("owner", "idempotency_key", name="uq_mt_jobs_idempotency"),
+        Index("ix_mt_jobs_claim", "state", "gpu_key", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("mt_models.id", ondelete="CASCADE"))
+    gpu_key: Mapped[str] = mapped_column(String(64))
+    batch: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(16))
+    budget_text: Mapped[str] = mapped_column(String(64))
+    budget_bytes: Mapped[int] = mapped_column(BigInteger)
+    trials: Mapped[int] = mapped_column(Integer)
+    mode: Mapped[str] = mapped_column(String(16))
+    optimizer: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))
+    trials_done: Mapped[int] = mapped_column(Integer, default=0)
+    best_name: Mapped[str | None] = mapped_column(String(100))
+    best_step_ms: Mapped[float | None] = mapped_column(Float)
+    best_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    unconstrained_step_ms: Mapped[float | None] = mapped_column(Float)
+    unconstrained_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text)
+    owner: Mapped[str] = mapped_column(String(100))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    study_name: Mapped[str] = mapped_column(String(100))
+    profile_id: Mapped[int | None] = mapped_column(ForeignKey("mt_profiles.id", ondelete="SET NULL"))
+    worker_id: Mapped[str | None] = mapped_column(String(100))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class JobClaimRow(Base):
+    """One claim of a job by a worker. ``(job_id, attempt)`` is unique: no attempt is claimed twice."""
+
+    __tablename__ = "mt_job_claims"
+    __table_args__ = (UniqueConstraint("job_id", "attempt", name="uq_mt_job_claims_attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("mt_jobs.id", ondelete="CASCADE"), index=True)
+    worker_id: Mapped[str] = mapped_column(String(100))
+    attempt: Mapped[int] = mapped_column(Integer)
+    reclaimed_from: Mapped[str | None] = mapped_column(String(100))
+    claimed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ResultRow(Base):
+    """One plan found for a job: a baseline policy, the Optuna best, or a Pareto point."""
+
+    __tablename__ = "mt_results"
+    __table_args__ = (Index("ix_mt_results_lookup", "gpu_key", "model_id", "batch", "budget_bytes"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("mt_jobs.id", ondelete="CASCADE"), index=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("mt_models.id", ondelete="CASCADE"))
+    gpu_key: Mapped[str] = mapped_column(String(64))
+    batch: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(16))
+    budget_bytes: Mapped[int] = mapped_column(BigInteger)
+    name: Mapped[str] = mapped_column(String(100))
+    kind: Mapped[str] = mapped_column(String(16))
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON)
+    step_ms: Mapped[float] = mapped_column(Float)
+    peak_bytes: Mapped[int] = mapped_column(BigInteger)
+    feasible: Mapped[bool] = mapped_column(Boolean)
+    pareto_optimal: Mapped[bool] = mapped_column(Boolean, default=False)
+    source: Mapped[str] = mapped_column(String(16))
+    profile_id: Mapped[int | None] = mapped_column(ForeignKey("mt_profiles.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ApiKeyRow(Base):
+    """An API key for write requests. Only the SHA-256 of the key is stored; revocation is a timestamp."""
+
+    __tablename__ = "mt_api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

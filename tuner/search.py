@@ -1,0 +1,352 @@
+"""Plan search with Optuna: the fastest plan within a budget, or the time–memory Pareto front.
+
+# NOTE [ Search space ]
+A trial chooses a cumulative-threshold value ``threshold`` (Layup's rule, ``tuner.policies.layup_cumulative``,
+gives every stage a default action), an override per stage ``aNNN`` in {auto, keep, offload, recompute},
+``lookahead`` (prefetch stages) and ``sync`` (deferred or layer). ``auto`` takes the threshold rule's action,
+so the search starts from the published policy and edits it stage by stage.
+
+Every baseline policy is evaluated and enqueued as one of the first trials, so the result is never worse than
+the best feasible baseline (a baseline whose knobs the space cannot express, e.g. HMMS sync points, is also
+kept as it is and wins if nothing beats it). After the baselines and a few TPE trials, most trials are local
+edits of the incumbent (1–3 stage overrides, a knob), enqueued into the same study; the rest come from TPE.
+Infeasible plans are reported to the sampler through ``constraints_func`` (peak − budget ≤ 0).
+
+With ``storage`` and ``study_name`` the study lives in a database (Optuna ``RDBStorage``): it is created or
+resumed, finished trials count toward ``trials``, stale running trials of dead workers are failed (Optuna
+heartbeat), and several processes may work on one study.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from profiler.profile import Profile
+from tuner.errors import SearchError
+from tuner.plan import Action, Plan
+from tuner.simulator import SimResult, Simulator
+
+__all__ = ["Candidate", "TuneResult", "decode_params", "pareto_front", "tune"]
+
+Mode = Literal["fastest", "pareto"]
+_CHOICES = ("auto", "keep", "offload", "recompute")
+_SYNCS = ("deferred", "layer")
+_MAX_LOOKAHEAD = 8
+_THRESHOLD_RANGE = (0.05, 20.0)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated plan. ``source`` says whether its numbers were ``simulated`` or ``measured``."""
+
+    name: str
+    plan: Plan
+    step_ms: float
+    peak_bytes: int
+    feasible: bool
+    source: Literal["simulated", "measured"] = "simulated"
+
+    def to_dict(self, *, with_plan: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "step_ms": round(self.step_ms, 4),
+            "peak_bytes": self.peak_bytes,
+            "feasible": self.feasible,
+            "source": self.source,
+        }
+        if with_plan:
+            out["plan"] = self.plan.model_dump(mode="json")
+        return out
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What ``tune`` found. ``best`` is None only when no plan at all fits the budget."""
+
+    profile: Profile
+    budget_bytes: int
+    mode: Mode
+    unconstrained: Candidate
+    policies: list[Candidate]
+    best: Candidate | None
+    pareto: list[Candidate]
+    n_trials: int
+    study_name: str | None
+    seed: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The object ``memtune tune --json`` prints (documented in the README)."""
+        p = self.profile
+        return {
+            "model": p.model,
+            "batch": p.batch,
+            "dtype": p.dtype,
+            "gpu": p.device.key,
+            "profile_source": p.source,
+            "budget_bytes": self.budget_bytes,
+            "mode": self.mode,
+            "trials": self.n_trials,
+            "seed": self.seed,
+            "unconstrained": {"step_ms": round(self.unconstrained.step_ms, 4), "peak_bytes": self.unconstrained.peak_bytes},
+            "policies": [c.to_dict() for c in self.policies],
+            "best": self.best.to_dict(with_plan=True) if self.best else None,
+            "pareto": [c.to_dict() for c in self.pareto],
+        }
+
+
+def decode_params(params: dict[str, Any], n: int, threshold_actions: Callable[[float], Sequence[Action]]) -> Plan:
+    """Turn one trial's parameters into a plan. See NOTE [ Search space ]."""
+    base = threshold_actions(float(params.get("threshold", 1.0)))
+    actions = []
+    for k in range(n):
+        choice = params.get(f"a{k:03d}", "auto")
+        actions.append(base[k] if choice == "auto" else Action(choice))
+    return Plan(
+        actions=tuple(actions),
+        prefetch_lookahead=int(params.get("lookahead", 2)),
+        sync=params.get("sync", "deferred"),
+        label="optuna",
+    )
+
+
+def pareto_front(cands: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates no other candidate beats in both step ms and peak bytes, by increasing step ms."""
+    front: list[Candidate] = []
+    best_peak = math.inf
+    for c in sorted(cands, key=lambda c: (c.step_ms, c.peak_bytes)):
+        if c.peak_bytes < best_peak:
+            front.append(c)
+            best_peak = c.peak_bytes
+    return front
+
+
+class _Search:
+    """The state of one ``tune`` call: the simulator, the incumbent, the mutation stream."""
+
+    def __init__(self, profile: Profile, budget: int, mode: Mode, seed: int, optimizer: str) -> None:
+        from tuner.policies.layup_cumulative import layup_cumulative
+
+        self.profile = profile
+        self.n = profile.n_stages
+        self.budget = budget
+        self.mode = mode
+        self.sim = Simulator(profile, optimizer)
+        self.rng = random.Random(seed)
+        self._threshold_cache: dict[float, tuple[Action, ...]] = {}
+        self._layup = layup_cumulative
+        # stages whose action can matter: they save bytes, or they can join a recompute segment
+        self.movable = [k for k in range(self.n)]
+
+    def threshold_actions(self, threshold: float) -> tuple[Action, ...]:
+        key = round(threshold, 6)
+        if key not in self._threshold_cache:
+            plan = self._layup(self.profile, self.budget, threshold=key)
+            self._threshold_cache[key] = plan.actions
+        return self._threshold_cache[key]
+
+    def evaluate(self, plan: Plan) -> SimResult:
+        return self.sim.run(plan, check=False)
+
+    # ---- Optuna objective ------------------------------------------------------------------------
+    def suggest(self, trial: optuna.Trial) -> Plan:
+        params: dict[str, Any] = {"threshold": trial.suggest_float("threshold", *_THRESHOLD_RANGE, log=True)}
+        for k in range(self.n):
+            params[f"a{k:03d}"] = trial.suggest_categorical(f"a{k:03d}", _CHOICES)
+        params["lookahead"] = trial.suggest_int("lookahead", 0, _MAX_LOOKAHEAD)
+        params["sync"] = trial.suggest_categorical("sync", _SYNCS)
+        return decode_params(params, self.n, self.threshold_actions)
+
+    def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        plan = self.suggest(trial)
+        r = self.evaluate(plan)
+        trial.set_user_attr("step_ms", r.step_ms)
+        trial.set_user_attr("peak_bytes", r.peak_bytes)
+        trial.set_user_attr("actions", plan.compact())
+        trial.set_user_attr("constraint", float(r.peak_bytes - self.budget))
+        if self.mode == "pareto":
+            return r.step_ms, float(r.peak_bytes)
+        return r.step_ms
+
+    # ---- incumbent and local edits ---------------------------------------------------------------
+    def incumbent(self, trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
+        done = [t for t in trials if t.state is TrialState.COMPLETE and "peak_bytes" in t.user_attrs]
+        if not done:
+            return None
+        feasible = [t for t in done if t.user_attrs["peak_bytes"] <= self.budget]
+        if self.mode == "pareto" and feasible and self.rng.random() < 0.5:
+            cands = [self._candidate(t) for t in done]
+            front = {c.name for c in pareto_front(cands)}
+            pool = [t for t in done if f"trial {t.number}" in front]
+            return self.rng.choice(pool)
+        if feasible:
+            return min(feasible, key=lambda t: (t.user_attrs["step_ms"], t.user_attrs["peak_bytes"]))
+        return min(done, key=lambda t: (t.user_attrs["peak_bytes"], t.user_attrs["step_ms"]))
+
+    def mutate(self, params: dict[str, Any]) -> dict[str, Any]:
+        p = dict(params)
+        rng = self.rng
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            k = rng.randrange(self.n)
+            key = f"a{k:03d}"
+            p[key] = rng.choice([c for c in _CHOICES if c != p.get(key, "auto")])
+        if rng.random() < 0.2:  # a run of recompute: the shape checkpointing wants
+            i = rng.randrange(self.n)
+            for k in range(i, min(self.n, i + rng.randint(2, 4))):
+                p[f"a{k:03d}"] = "recompute"
+        if rng.random() < 0.15:
+            p["lookahead"] = min(_MAX_LOOKAHEAD, max(0, int(p.get("lookahead", 2)) + rng.choice((-2, -1, 1, 2))))
+        if rng.random() < 0.08:
+            p["sync"] = "layer" if p.get("sync") == "deferred" else "deferred"
+        if rng.random() < 0.1:
+            t = float(p.get("threshold", 1.0)) * math.exp(rng.gauss(0.0, 0.7))
+            p["threshold"] = min(_THRESHOLD_RANGE[1], max(_THRESHOLD_RANGE[0], t))
+        return p
+
+    def _candidate(self, t: FrozenTrial) -> Candidate:
+        plan = decode_params(t.params, self.n, self.threshold_actions)
+        peak = int(t.user_attrs["peak_bytes"])
+        return Candidate(f"trial {t.number}", plan, float(t.user_attrs["step_ms"]), peak, peak <= self.budget)
+
+
+def _params_for(plan: Plan) -> dict[str, Any]:
+    """Express a baseline plan in the search space (explicit per-stage actions)."""
+    params: dict[str, Any] = {"threshold": 1.0}
+    for k, a in enumerate(plan.actions):
+        params[f"a{k:03d}"] = a.value
+    params["lookahead"] = min(_MAX_LOOKAHEAD, plan.prefetch_lookahead)
+    params["sync"] = plan.sync if plan.sync in _SYNCS else "layer"
+    return params
+
+
+def evaluate_policies(profile: Profile, budget_bytes: int, sim: Simulator) -> list[Candidate]:
+    """Run every baseline policy and simulate its plan."""
+    from tuner.policies import POLICIES
+
+    out = []
+    for name, fn in POLICIES.items():
+        plan = fn(profile, budget_bytes)
+        r = sim.run(plan)
+        out.append(Candidate(name, plan, r.step_ms, r.peak_bytes, r.peak_bytes <= budget_bytes))
+    return out
+
+
+def tune(
+    profile: Profile,
+    budget_bytes: int,
+    *,
+    trials: int = 300,
+    mode: Mode = "fastest",
+    seed: int = 0,
+    storage: str | optuna.storages.BaseStorage | None = None,
+    study_name: str | None = None,
+    optimizer: str = "sgd",
+    progress: Callable[[int, int, Candidate | None], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> TuneResult:
+    """Search plans for ``profile`` within ``budget_bytes``. See NOTE [ Search space ].
+
+    Args:
+        profile: the chain's profile (measured or modeled).
+        budget_bytes: GPU memory one training step may use, bytes.
+        trials: total Optuna trials for the study (baselines included; earlier trials of a resumed study count).
+        mode: ``fastest`` (min step ms subject to peak ≤ budget) or ``pareto`` (min step ms and peak bytes).
+        seed: seeds the TPE sampler and the local edits; same seed, same in-memory result.
+        storage: an Optuna storage or database URL; with ``study_name``, the study is created or resumed.
+        study_name: the study's name in ``storage``.
+        optimizer: ``sgd`` (momentum), ``adam`` or ``none`` (optimizer state bytes).
+        progress: called after each trial with ``(trials finished, trials, best candidate so far)``.
+        should_stop: polled after each trial; returning True stops the search early (e.g. job cancelled).
+
+    Returns:
+        A ``TuneResult``: unconstrained step, every baseline, the best plan and the Pareto front.
+
+    Raises:
+        SearchError: bad settings (trials < 1, unknown mode, budget not positive).
+    """
+    if trials < 1:
+        raise SearchError(f"trials must be at least 1, not {trials}")
+    if mode not in ("fastest", "pareto"):
+        raise SearchError(f"mode must be 'fastest' or 'pareto', not {mode!r}")
+    if budget_bytes <= 0:
+        raise SearchError(f"budget must be positive, not {budget_bytes} bytes")
+    if storage is not None and study_name is None:
+        raise SearchError("a study in a storage needs a study_name")
+
+    search = _Search(profile, budget_bytes, mode, seed, optimizer)
+    policies = evaluate_policies(profile, budget_bytes, search.sim)
+    unconstrained = next(c for c in policies if c.name == "none")
+
+    sampler = optuna.samplers.TPESampler(
+        seed=seed,
+        n_startup_trials=10,
+        multivariate=True,
+        constraints_func=lambda t: (t.user_attrs.get("constraint", 0.0),),
+    )
+    directions = ["minimize", "minimize"] if mode == "pareto" else ["minimize"]
+    study = optuna.create_study(
+        storage=storage, study_name=study_name, sampler=sampler, directions=directions, load_if_exists=True
+    )
+    optuna.storages.fail_stale_trials(study)
+    existing = study.get_trials(deepcopy=False)
+    if not existing:
+        seen: set[str] = set()
+        for c in policies:
+            params = _params_for(c.plan)
+            key = repr(sorted(params.items()))
+            if key not in seen:
+                seen.add(key)
+                study.enqueue_trial(params, user_attrs={"policy": c.name})
+
+    finished = sum(1 for t in existing if t.state is TrialState.COMPLETE)
+    remaining = max(0, trials - finished)
+    n_baselines = len(policies)
+    best_so_far: list[Candidate | None] = [None]
+
+    def callback(st: optuna.Study, trial: FrozenTrial) -> None:
+        all_trials = st.get_trials(deepcopy=False)
+        done = sum(1 for t in all_trials if t.state is TrialState.COMPLETE)
+        inc = search.incumbent(all_trials)
+        if inc is not None and inc.user_attrs["peak_bytes"] <= budget_bytes:
+            best_so_far[0] = search._candidate(inc)
+        if progress is not None:
+            progress(min(done, trials), trials, best_so_far[0])
+        if done >= trials or (should_stop is not None and should_stop()):
+            st.stop()
+            return
+        waiting = any(t.state is TrialState.WAITING for t in all_trials)
+        if inc is not None and not waiting and done >= n_baselines + 10 and search.rng.random() < 0.8:
+            st.enqueue_trial(search.mutate(inc.params))
+
+    if remaining > 0 and not (should_stop is not None and should_stop()):
+        study.optimize(search.objective, n_trials=remaining, callbacks=[callback], gc_after_trial=False)
+
+    all_trials = study.get_trials(deepcopy=False)
+    done_trials = [t for t in all_trials if t.state is TrialState.COMPLETE and "peak_bytes" in t.user_attrs]
+    cands = [search._candidate(t) for t in done_trials]
+    feasible = [c for c in cands if c.feasible] + [c for c in policies if c.feasible]
+    best: Candidate | None = None
+    if feasible:
+        best = min(feasible, key=lambda c: (c.step_ms, c.peak_bytes))
+        if best.name.startswith("trial "):
+            best = Candidate("optuna", best.plan, best.step_ms, best.peak_bytes, True)
+    front = pareto_front(cands + policies)
+    return TuneResult(
+        profile=profile,
+        budget_bytes=budget_bytes,
+        mode=mode,
+        unconstrained=unconstrained,
+        policies=policies,
+        best=best,
+        pareto=front,
+        n_trials=len(done_trials),
+        study_name=study.study_name,
+        seed=seed,
+    )

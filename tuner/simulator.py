@@ -1,0 +1,348 @@
+"""The cost model: simulate one training step of a chain under a plan.
+
+Three engines run side by side: compute, device-to-host copy (D2H) and host-to-device copy (H2D). The
+forward pass runs the stages in order and issues offload copies; the backward pass runs them in reverse,
+re-running recompute segments and issuing prefetches per the plan. Memory is a timeline of allocations
+and frees; its maximum is the peak. The rules for every storage are NOTE [ Plan semantics ] in
+``tuner.plan``, which the runtime follows too.
+
+# NOTE [ Simulator memory accounting ]
+Resident for the whole step (``base``): parameters, optimizer state (SGD momentum: 1x parameters, Adam:
+2x) and the batch input. In forward, stage k allocates the storages it produces at its start together
+with its transient workspace, frees the workspace at its end, and frees every storage nobody keeps once
+its last forward reader (the next stage, or a later stage that saves it) has run. Offloaded storages are
+freed when their copy is done (and the forward no longer reads them): at once with ``deferred`` sync,
+with compute waiting at the last reader under ``layer`` sync, at the next sync point under ``points``.
+In backward, stage k allocates the gradient of its input, its parameters' gradients (kept to the end of
+the step) and its workspace; it frees its output's gradient and its workspace at its end, and the saved
+storages whose last reader it is. Prefetch buffers are allocated when the prefetch is issued.
+
+The simulator is deterministic and pure Python. ``Simulator(profile)`` precomputes the per-profile
+tables once, so that ``run(plan)`` costs a few hundred microseconds for a 40-stage chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from profiler.profile import Profile
+from tuner.plan import Action, Plan, resolve_storages, segments
+
+__all__ = ["OPTIMIZERS", "SimResult", "Simulator", "simulate"]
+
+Optimizer = Literal["sgd", "adam", "none"]
+#: optimizer state bytes per parameter byte
+OPTIMIZERS: dict[str, float] = {"sgd": 1.0, "adam": 2.0, "none": 0.0}
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What one simulated training step costs.
+
+    Attributes:
+        step_ms: wall time of forward + backward, ms.
+        peak_bytes: maximum of the memory timeline, bytes.
+        forward_ms / backward_ms: compute-stream end of each phase, ms (backward_ms is its duration).
+        recompute_ms: extra forward time spent re-running recompute segments, ms.
+        stall_ms: total time compute waited for copies, ms.
+        forward_stalls_ms / backward_stalls_ms: per stage, ms.
+        d2h_bytes / h2d_bytes: bytes copied each way.
+        timeline: ``(time ms, live bytes, label)`` after each event, when asked for.
+    """
+
+    step_ms: float
+    peak_bytes: int
+    forward_ms: float
+    backward_ms: float
+    recompute_ms: float
+    stall_ms: float
+    forward_stalls_ms: tuple[float, ...]
+    backward_stalls_ms: tuple[float, ...]
+    d2h_bytes: int
+    h2d_bytes: int
+    base_bytes: int
+    timeline: tuple[tuple[float, int, str], ...] = field(default=(), repr=False)
+
+    def fits(self, budget_bytes: int) -> bool:
+        """True when the simulated peak is within ``budget_bytes``."""
+        return self.peak_bytes <= budget_bytes
+
+
+class Simulator:
+    """Simulates plans for one profile; precomputes what does not depend on the plan.
+
+    Args:
+        profile: the chain's profile.
+        optimizer: ``sgd`` (with momentum), ``adam`` or ``none``; sets the optimizer state bytes.
+    """
+
+    def __init__(self, profile: Profile, optimizer: str = "sgd") -> None:
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, not {optimizer!r}")
+        self.profile = profile
+        self.optimizer = optimizer
+        st = profile.stages
+        self.n = n = len(st)
+        self.fwd = [s.forward_ms for s in st]
+        self.bwd = [s.backward_ms for s in st]
+        self.out = [s.output_bytes for s in st]
+        self.ws_f = [s.forward_workspace_bytes for s in st]
+        self.ws_b = [s.backward_workspace_bytes for s in st]
+        self.pgrad = [s.param_bytes for s in st]
+        self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
+
+        storages = profile.storages
+        self.s_bytes = [s.bytes for s in storages]
+        self.s_producer = [s.producer for s in storages]
+        # last forward reader of each storage: who saves it, and the stage after any stage whose output it is
+        last = [max((*s.saved_by, s.producer, 0)) for s in storages]
+        for k, s in enumerate(st):
+            if s.output_storage is not None:
+                last[s.output_storage] = max(last[s.output_storage], min(k + 1, n - 1))
+        self.s_last_use = last
+        # copy times: the stage's measured ms for S_i, shared by bytes; else the device bandwidth
+        d2h_bw = profile.device.d2h_gbps * 1e6  # bytes per ms
+        h2d_bw = profile.device.h2d_gbps * 1e6
+        self.s_d2h: list[float] = []
+        self.s_h2d: list[float] = []
+        for s in storages:
+            first = min(s.saved_by) if s.saved_by else -1
+            owner = st[first] if first >= 0 else None
+            if owner is not None and owner.saved_bytes > 0 and owner.d2h_ms > 0:
+                self.s_d2h.append(owner.d2h_ms * s.bytes / owner.saved_bytes)
+                self.s_h2d.append(owner.h2d_ms * s.bytes / owner.saved_bytes)
+            else:
+                self.s_d2h.append(s.bytes / d2h_bw)
+                self.s_h2d.append(s.bytes / h2d_bw)
+        # storages produced by each stage (allocated at its forward start)
+        self.produced: list[list[int]] = [[] for _ in range(n)]
+        for sid, p in enumerate(self.s_producer):
+            if p >= 0:
+                self.produced[p].append(sid)
+        self.input_storage = [s.output_storage for s in st]
+
+    # ------------------------------------------------------------------------------------------------
+    def run(self, plan: Plan, *, timeline: bool = False, check: bool = True) -> SimResult:
+        """Simulate one step under ``plan``. ``check=False`` skips validating it against the profile."""
+        if check:
+            plan.check(self.profile)
+        return self._run(plan.actions, plan, timeline)
+
+    def run_actions(self, actions: Sequence[Action], plan: Plan) -> SimResult:
+        """Simulate ``actions`` with the other knobs of ``plan`` (a fast path for search loops)."""
+        return self._run(actions, plan, False)
+
+    def _run(self, actions: Sequence[Action], plan: Plan, want_timeline: bool) -> SimResult:
+        n = self.n
+        fwd, bwd, out, ws_f, ws_b = self.fwd, self.bwd, self.out, self.ws_f, self.ws_b
+        s_bytes, s_last, s_d2h, s_h2d = self.s_bytes, self.s_last_use, self.s_d2h, self.s_h2d
+        sync = plan.sync
+        inline = sync == "inline"
+        lookahead = 0 if inline else plan.prefetch_lookahead
+        fates = resolve_storages(self.profile, actions)
+
+        events: list[tuple[float, int, str]] = []  # (time, delta bytes, label), in program order
+
+        def ev(at: float, delta: int, label: str) -> None:
+            events.append((at, delta, label))
+
+        # ---- plan-dependent tables --------------------------------------------------------------
+        # storages to copy, by the stage at whose forward end the copy is issued
+        copy_at: list[list[int]] = [[] for _ in range(n)]
+        # offloaded storages to free, by the stage whose end frees them (layer/points/inline sync)
+        free_at_sync: list[list[int]] = [[] for _ in range(n)]
+        # storages no one keeps: freed at the end of their last forward reader
+        drop_at: list[list[int]] = [[] for _ in range(n)]
+        sync_points = sorted(plan.sync_points) if sync == "points" else []
+        for sid, f in enumerate(fates):
+            p = self.s_producer[sid]
+            if p < 0:
+                continue
+            if f.copied:
+                copy_at[max(p, f.copy_stage - 1)].append(sid)
+            if f.fate == "none":
+                drop_at[s_last[sid]].append(sid)
+            elif f.fate == "offload" and sync != "deferred":
+                at = s_last[sid]
+                if sync == "points":
+                    at = next((q for q in sync_points if q >= at), n - 1)
+                elif inline:
+                    at = max(at, max(p, f.copy_stage - 1))
+                free_at_sync[at].append(sid)
+
+        # ---- forward ----------------------------------------------------------------------------
+        t = 0.0
+        d2h_free = 0.0
+        copy_done = [0.0] * len(s_bytes)
+        fstall = [0.0] * n
+        d2h_bytes = 0
+        # NOTE [ Deferred frees ]: with deferred sync an offloaded storage is freed at the first stage
+        # boundary at which its copy is complete and its last forward reader has run (the runtime polls the
+        # copy's event there). If backward wants it before that, the GPU copy is used and no prefetch runs.
+        # So an offloaded storage is resident in a subset of the program points where a kept one is.
+        pending: list[int] = []
+        freed = [False] * len(s_bytes)
+
+        def poll(k_next: int, label: str) -> None:
+            if not pending:
+                return
+            gone = [sid for sid in pending if s_last[sid] < k_next and copy_done[sid] <= t]
+            if gone:
+                for sid in gone:
+                    pending.remove(sid)
+                    freed[sid] = True
+                ev(t, -sum(s_bytes[sid] for sid in gone), label)
+
+        for k in range(n):
+            poll(k, f"fwd {k} offloads done")
+            alloc = ws_f[k]
+            for sid in self.produced[k]:
+                alloc += s_bytes[sid]
+            ev(t, alloc, f"fwd {k} start")
+            t += fwd[k]
+            ev(t, -ws_f[k], f"fwd {k} end")
+            for sid in copy_at[k]:
+                d2h_bytes += s_bytes[sid]
+                if inline:
+                    fstall[k] += s_d2h[sid]
+                    t += s_d2h[sid]
+                    copy_done[sid] = t
+                else:
+                    d2h_free = max(d2h_free, t) + s_d2h[sid]
+                    copy_done[sid] = d2h_free
+                    if sync == "deferred" and fates[sid].fate == "offload":
+                        pending.append(sid)
+            if free_at_sync[k]:
+                wait = max(copy_done[sid] for sid in free_at_sync[k])
+                if sync == "points":  # HMMS waits for every copy issued so far
+                    wait = max(wait, d2h_free)
+                if wait > t:
+                    fstall[k] += wait - t
+                    t = wait
+                for sid in free_at_sync[k]:
+                    freed[sid] = True
+                ev(t, -sum(s_bytes[sid] for sid in free_at_sync[k]), f"fwd {k} offloaded")
+            if drop_at[k]:
+                ev(t, -sum(s_bytes[sid] for sid in drop_at[k]), f"fwd {k} drop")
+        forward_ms = t
+
+        # ---- backward ---------------------------------------------------------------------------
+        bstall = [0.0] * n
+        seg_end = {j: i for i, j in segments(actions)}
+        prefetch_at: list[list[int]] = [[] for _ in range(n)]
+        release_at: list[list[int]] = [[] for _ in range(n)]
+        need_at: list[list[int]] = [[] for _ in range(n)]
+        remat_at: dict[int, list[int]] = {}
+        for sid, f in enumerate(fates):
+            if self.s_producer[sid] < 0:
+                continue
+            if f.fate == "offload":
+                prefetch_at[min(n - 1, f.need + lookahead)].append(sid)
+                need_at[f.need].append(sid)
+                release_at[f.release].append(sid)
+            elif f.fate == "keep":
+                release_at[f.release].append(sid)
+        # storages nobody keeps are re-made by the recompute of the segment holding their savers
+        for j, i in seg_end.items():
+            for sid, f in enumerate(fates):
+                if f.fate != "none" or self.s_producer[sid] < 0:
+                    continue
+                savers = [r for r in self.profile.storages[sid].saved_by if i <= r <= j]
+                if savers:
+                    remat_at.setdefault(j, []).append(sid)
+                    release_at[min(savers)].append(sid)
+
+        recompute_ms = 0.0
+        h2d_free = 0.0
+        h2d_bytes = 0
+        ready = [0.0] * len(s_bytes)
+        ev(t, out[n - 1], "loss grad")
+        bwd_start = t
+        for k in range(n - 1, -1, -1):
+            poll(n, f"bwd {k} offloads done")
+            for sid in prefetch_at[k]:
+                if not freed[sid]:  # still on the GPU: use it, cancel the pending free
+                    if sid in pending:
+                        pending.remove(sid)
+                    ready[sid] = t
+                    continue
+                h2d_bytes += s_bytes[sid]
+                ev(t, s_bytes[sid], f"prefetch {sid}")
+                if inline:
+                    t = max(t, copy_done[sid]) + s_h2d[sid]
+                    bstall[k] += s_h2d[sid]
+                    ready[sid] = t
+                else:
+                    h2d_free = max(t, h2d_free, copy_done[sid]) + s_h2d[sid]
+                    ready[sid] = h2d_free
+            if k in seg_end:
+                i = seg_end[k]
+                src = self.input_storage[i - 1] if i > 0 else None
+                if src is not None and fates[src].fate == "offload" and ready[src] > t:
+                    bstall[k] += ready[src] - t
+                    t = ready[src]
+                remat = remat_at.get(k, ())
+                transient = max(out[i : k + 1])
+                ev(t, sum(s_bytes[sid] for sid in remat) + transient, f"recompute {i}..{k}")
+                seg_ms = sum(fwd[i : k + 1])
+                t += seg_ms
+                recompute_ms += seg_ms
+                ev(t, -transient, f"recompute {i}..{k} end")
+            for sid in need_at[k]:
+                if ready[sid] > t:
+                    bstall[k] += ready[sid] - t
+                    t = ready[sid]
+            grad_in = out[k - 1] if k > 0 else 0
+            ev(t, grad_in + self.pgrad[k] + ws_b[k], f"bwd {k} start")
+            t += bwd[k]
+            freed_now = ws_b[k] + out[k] + sum(s_bytes[sid] for sid in release_at[k])
+            ev(t, -freed_now, f"bwd {k} end")
+
+        # ---- peak -------------------------------------------------------------------------------
+        live = self.base
+        peak = live
+        tl: list[tuple[float, int, str]] = []
+        for et, delta, label in events:
+            live += delta
+            if live > peak:
+                peak = live
+            if want_timeline:
+                tl.append((et, live, label))
+        fs = sum(fstall)
+        bs = sum(bstall)
+        return SimResult(
+            step_ms=t,
+            peak_bytes=peak,
+            forward_ms=forward_ms,
+            backward_ms=t - bwd_start,
+            recompute_ms=recompute_ms,
+            stall_ms=fs + bs,
+            forward_stalls_ms=tuple(fstall),
+            backward_stalls_ms=tuple(bstall),
+            d2h_bytes=d2h_bytes,
+            h2d_bytes=h2d_bytes,
+            base_bytes=self.base,
+            timeline=tuple(tl),
+        )
+
+
+def simulate(profile: Profile, plan: Plan, *, optimizer: str = "sgd", timeline: bool = False) -> SimResult:
+    """Simulate one training step of ``profile`` under ``plan``.
+
+    Args:
+        profile: the chain's profile.
+        plan: the plan; it must have one action per stage.
+        optimizer: ``sgd`` (momentum), ``adam`` or ``none``.
+        timeline: also return the memory timeline (slower).
+
+    Returns:
+        A ``SimResult`` with step ms, peak bytes, stalls and (optionally) the timeline.
+
+    Example::
+
+        >>> result = simulate(profile, Plan.uniform(profile.n_stages))
+        >>> result.step_ms, result.peak_bytes
+    """
+    return Simulator(profile, optimizer).run(plan, timeline=timeline)
