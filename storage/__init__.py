@@ -1,0 +1,22 @@
+"""memtune storage: SQLAlchemy 2 rows, sessions, repositories and Alembic migrations.
+
+Layers above get frozen records (``storage.records``), never ORM rows, and ``StorageError``s, never
+SQLAlchemy errors. Optuna's tables live in the same database (``RDBStorage`` on the same URL).
+"""
+
+from __future__ import annotations
+
+from storage.database import Database, default_url, normalize_url
+from storage.errors import ConflictError, NotFoundError, StorageError, UnavailableError
+from storage.migrate import upgrade
+
+__all__ = [
+    "ConflictError",
+    "Database",
+    "NotFoundError",
+    "StorageError",
+    "UnavailableError",
+    "default_url",
+    "normalize_url",
+    "upgrade",
+]

@@ -37,7 +37,7 @@ def default_url(data_dir: str | Path) -> str:
 
 def normalize_url(url: str) -> str:
     """Use psycopg 3 for plain ``postgresql://`` URLs (SQLAlchemy would pick psycopg2)."""
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
+    if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     return url
 
@@ -53,7 +53,12 @@ def is_postgres(url: str) -> bool:
 def engine_kwargs(url: str) -> dict[str, Any]:
     """Engine options for ``url``; also handed to Optuna's ``RDBStorage`` so both behave alike."""
     if is_sqlite(url):
-        return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}}
+        return {
+            "connect_args": {
+                "timeout": SQLITE_BUSY_TIMEOUT_S,
+                "check_same_thread": False,
+            }
+        }
     return {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 20}
 
 
@@ -112,7 +117,9 @@ class Database:
             raise NotFoundError(str(e)) from e
         except OperationalError as e:
             s.rollback()
-            raise UnavailableError(f"database unavailable ({self.dialect}): {e.orig}; retry later") from e
+            raise UnavailableError(
+                f"database unavailable ({self.dialect}): {e.orig}; retry later"
+            ) from e
         except (DBAPIError, SQLAlchemyError) as e:
             s.rollback()
             raise StorageError(f"database error ({self.dialect}): {e}") from e

@@ -22,7 +22,13 @@ from sqlalchemy.engine import make_url
 from storage.database import Database, engine_kwargs
 from storage.errors import StorageError
 
-__all__ = ["MIGRATIONS_DIR", "alembic_config", "current_revision", "head_revision", "upgrade"]
+__all__ = [
+    "MIGRATIONS_DIR",
+    "alembic_config",
+    "current_revision",
+    "head_revision",
+    "upgrade",
+]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "mt_alembic_version"
@@ -48,7 +54,9 @@ def head_revision() -> str:
 def current_revision(db: Database) -> str | None:
     """The revision the database is at, or None when memtune's tables were never created."""
     with db.engine.connect() as conn:
-        return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        return MigrationContext.configure(
+            conn, opts={"version_table": VERSION_TABLE}
+        ).get_current_revision()
 
 
 @contextmanager
@@ -92,7 +100,9 @@ def upgrade(db: Database, revision: str = "head", *, optuna_tables: bool = True)
     except StorageError:
         raise
     except Exception as e:  # alembic / driver errors: one boundary, one error type
-        raise StorageError(f"database migration to {revision!r} failed on {db.dialect}: {e}") from e
+        raise StorageError(
+            f"database migration to {revision!r} failed on {db.dialect}: {e}"
+        ) from e
     rev = current_revision(db)
     return rev or ""
 

@@ -121,7 +121,7 @@ class Simulator:
         for sid, p in enumerate(self.s_producer):
             if p >= 0:
                 self.produced[p].append(sid)
-        self.input_storage = [s.output_storage for s in st]
+        self.output_storage = [s.output_storage for s in st]
 
     # ------------------------------------------------------------------------------------------------
     def run(self, plan: Plan, *, timeline: bool = False, check: bool = True) -> SimResult:
@@ -156,13 +156,15 @@ class Simulator:
         # storages no one keeps: freed at the end of their last forward reader
         drop_at: list[list[int]] = [[] for _ in range(n)]
         sync_points = sorted(plan.sync_points) if sync == "points" else []
+        # the model's output is read by the loss and held by the caller until backward has used it
+        final_out = self.output_storage[n - 1]
         for sid, f in enumerate(fates):
             p = self.s_producer[sid]
             if p < 0:
                 continue
             if f.copied:
                 copy_at[max(p, f.copy_stage - 1)].append(sid)
-            if f.fate == "none":
+            if f.fate == "none" and sid != final_out:
                 drop_at[s_last[sid]].append(sid)
             elif f.fate == "offload" and sync != "deferred":
                 at = s_last[sid]
@@ -244,6 +246,8 @@ class Simulator:
                 release_at[f.release].append(sid)
             elif f.fate == "keep":
                 release_at[f.release].append(sid)
+        if final_out is not None and fates[final_out].fate == "none":
+            release_at[n - 1].append(final_out)
         # storages nobody keeps are re-made by the recompute of the segment holding their savers
         for j, i in seg_end.items():
             for sid, f in enumerate(fates):
@@ -279,7 +283,7 @@ class Simulator:
                     ready[sid] = h2d_free
             if k in seg_end:
                 i = seg_end[k]
-                src = self.input_storage[i - 1] if i > 0 else None
+                src = self.output_storage[i - 1] if i > 0 else None
                 if src is not None and fates[src].fate == "offload" and ready[src] > t:
                     bstall[k] += ready[src] - t
                     t = ready[src]

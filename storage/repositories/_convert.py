@@ -2,16 +2,41 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, cast
 
-from storage.records import ApiKey, Claim, GpuType, Job, ModelRecord, ProfileRecord, Result
-from storage.rows import ApiKeyRow, GpuTypeRow, JobClaimRow, JobRow, ModelRow, ProfileRow, ResultRow
+from storage.records import (
+    ApiKey,
+    Claim,
+    GpuType,
+    Job,
+    ModelRecord,
+    ProfileRecord,
+    Result,
+)
+from storage.rows import (
+    ApiKeyRow,
+    GpuTypeRow,
+    JobClaimRow,
+    JobRow,
+    ModelRow,
+    ProfileRow,
+    ResultRow,
+)
 
-__all__ = ["to_api_key", "to_claim", "to_gpu", "to_job", "to_model", "to_profile", "to_result"]
+__all__ = [
+    "to_api_key",
+    "to_claim",
+    "to_gpu",
+    "to_job",
+    "to_model",
+    "to_profile",
+    "to_result",
+]
 
 
-def _fields(row: Any, cls: type) -> dict[str, Any]:
-    return {name: getattr(row, name) for name in cls.__dataclass_fields__}
+def _fields(row: Any, cls: Any) -> dict[str, Any]:
+    return {f.name: getattr(row, f.name) for f in dataclasses.fields(cls)}
 
 
 def to_gpu(row: GpuTypeRow) -> GpuType:

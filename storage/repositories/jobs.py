@@ -114,7 +114,9 @@ class JobRepository:
         return to_job(row), True
 
     def find_by_idempotency_key(self, owner: str, key: str) -> Job | None:
-        row = self.s.scalar(select(JobRow).where(JobRow.owner == owner, JobRow.idempotency_key == key))
+        row = self.s.scalar(
+            select(JobRow).where(JobRow.owner == owner, JobRow.idempotency_key == key)
+        )
         return None if row is None else to_job(row)
 
     def get(self, job_id: str) -> Job:
@@ -123,19 +125,27 @@ class JobRepository:
             raise NotFoundError(f"job {job_id!r} does not exist")
         return to_job(row)
 
-    def list(self, *, state: str | None = None, limit: int = 100) -> list[Job]:
+    def list_all(self, *, state: str | None = None, limit: int = 100) -> list[Job]:
         q = select(JobRow).order_by(JobRow.created_at.desc()).limit(limit)
         if state is not None:
             q = q.where(JobRow.state == state)
         return [to_job(r) for r in self.s.scalars(q)]
 
     def claims(self, job_id: str) -> list[Claim]:
-        q = select(JobClaimRow).where(JobClaimRow.job_id == job_id).order_by(JobClaimRow.attempt)
+        q = (
+            select(JobClaimRow)
+            .where(JobClaimRow.job_id == job_id)
+            .order_by(JobClaimRow.attempt)
+        )
         return [to_claim(r) for r in self.s.scalars(q)]
 
     # ---- claim -------------------------------------------------------------------------------------
     def claim(
-        self, worker_id: str, *, gpu_keys: Sequence[str] | None = None, stale_after_s: float = 30.0
+        self,
+        worker_id: str,
+        *,
+        gpu_keys: Sequence[str] | None = None,
+        stale_after_s: float = 30.0,
     ) -> tuple[Job, JobLease] | None:
         """Atomically claim the oldest claimable job (see NOTE [ Job claims ]); None when there is none.
 
@@ -174,7 +184,12 @@ class JobRepository:
                 return None
             self.s.execute(update(JobRow).where(JobRow.id == job_id).values(**values))
         else:
-            pick = select(JobRow.id).where(*conds).order_by(JobRow.created_at, JobRow.id).limit(1)
+            pick = (
+                select(JobRow.id)
+                .where(*conds)
+                .order_by(JobRow.created_at, JobRow.id)
+                .limit(1)
+            )
             stmt = (
                 update(JobRow)
                 .where(JobRow.id == pick.scalar_subquery(), *conds)
@@ -192,9 +207,18 @@ class JobRepository:
                 JobClaimRow.job_id == job_id, JobClaimRow.attempt == row.attempts - 1
             )
         )
-        self.s.add(JobClaimRow(job_id=job_id, worker_id=worker_id, attempt=row.attempts, reclaimed_from=previous))
+        self.s.add(
+            JobClaimRow(
+                job_id=job_id,
+                worker_id=worker_id,
+                attempt=row.attempts,
+                reclaimed_from=previous,
+            )
+        )
         self.s.flush()
-        return to_job(row), JobLease(job_id=job_id, worker_id=worker_id, attempt=row.attempts)
+        return to_job(row), JobLease(
+            job_id=job_id, worker_id=worker_id, attempt=row.attempts
+        )
 
     # ---- worker writes (conditional on the lease) --------------------------------------------------
     def _held(self, lease: JobLease) -> Any:
@@ -215,7 +239,9 @@ class JobRepository:
         )
         if res.rowcount != 1:  # type: ignore[attr-defined]
             return LeaseStatus(lost=True, cancel=False)
-        cancel = self.s.scalar(select(JobRow.cancel_requested).where(JobRow.id == lease.job_id))
+        cancel = self.s.scalar(
+            select(JobRow.cancel_requested).where(JobRow.id == lease.job_id)
+        )
         return LeaseStatus(lost=False, cancel=bool(cancel))
 
     def heartbeat(self, lease: JobLease) -> LeaseStatus:
@@ -234,7 +260,11 @@ class JobRepository:
         """Record trials done and the best feasible plan so far (ms, bytes); also a heartbeat."""
         values: dict[str, Any] = {"trials_done": trials_done}
         if best_step_ms is not None:
-            values.update(best_name=best_name, best_step_ms=best_step_ms, best_peak_bytes=best_peak_bytes)
+            values.update(
+                best_name=best_name,
+                best_step_ms=best_step_ms,
+                best_peak_bytes=best_peak_bytes,
+            )
         return self._lease_write(lease, values)
 
     def set_profile(self, lease: JobLease, profile_id: int) -> LeaseStatus:
@@ -255,19 +285,34 @@ class JobRepository:
     ) -> bool:
         """Move the job to a terminal ``state``; False when the lease was lost (nothing written)."""
         if state not in TERMINAL_STATES:
-            raise ValueError(f"finish() needs a terminal state {sorted(TERMINAL_STATES)}, got {state!r}")
+            raise ValueError(
+                f"finish() needs a terminal state {sorted(TERMINAL_STATES)}, got {state!r}"
+            )
         now = utcnow()
-        values: dict[str, Any] = {"state": state, "error": error, "finished_at": now, "updated_at": now}
+        values: dict[str, Any] = {
+            "state": state,
+            "error": error,
+            "finished_at": now,
+            "updated_at": now,
+        }
         if trials_done is not None:
             values["trials_done"] = trials_done
         if best_step_ms is not None:
-            values.update(best_name=best_name, best_step_ms=best_step_ms, best_peak_bytes=best_peak_bytes)
+            values.update(
+                best_name=best_name,
+                best_step_ms=best_step_ms,
+                best_peak_bytes=best_peak_bytes,
+            )
         if unconstrained_step_ms is not None:
             values.update(
-                unconstrained_step_ms=unconstrained_step_ms, unconstrained_peak_bytes=unconstrained_peak_bytes
+                unconstrained_step_ms=unconstrained_step_ms,
+                unconstrained_peak_bytes=unconstrained_peak_bytes,
             )
         res = self.s.execute(
-            update(JobRow).where(self._held(lease)).values(**values).execution_options(synchronize_session=False)
+            update(JobRow)
+            .where(self._held(lease))
+            .values(**values)
+            .execution_options(synchronize_session=False)
         )
         return res.rowcount == 1  # type: ignore[attr-defined, no-any-return]
 
@@ -278,7 +323,12 @@ class JobRepository:
         res = self.s.execute(
             update(JobRow)
             .where(JobRow.id == job_id, JobRow.state == "queued")
-            .values(state="cancelled", cancel_requested=True, finished_at=now, updated_at=now)
+            .values(
+                state="cancelled",
+                cancel_requested=True,
+                finished_at=now,
+                updated_at=now,
+            )
             .execution_options(synchronize_session=False)
         )
         if res.rowcount != 1:  # type: ignore[attr-defined]
@@ -290,7 +340,9 @@ class JobRepository:
             )
             if res.rowcount != 1:  # type: ignore[attr-defined]
                 job = self.get(job_id)
-                raise ConflictError(f"job {job_id} is already {job.state}; only queued or running jobs cancel")
+                raise ConflictError(
+                    f"job {job_id} is already {job.state}; only queued or running jobs cancel"
+                )
         row = self.s.get(JobRow, job_id, populate_existing=True)
         assert row is not None
         return to_job(row)

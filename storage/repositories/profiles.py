@@ -45,7 +45,9 @@ class ProfileRepository:
         self.s.flush()
         return to_profile(row)
 
-    def find(self, model_id: str, gpu_key: str, batch: int, dtype: str) -> ProfileRecord | None:
+    def find(
+        self, model_id: str, gpu_key: str, batch: int, dtype: str
+    ) -> ProfileRecord | None:
         """The stored profile for this key, ``measured`` preferred over ``modeled``; None when absent."""
         q = (
             select(ProfileRow)
@@ -55,7 +57,10 @@ class ProfileRepository:
                 ProfileRow.batch == batch,
                 ProfileRow.dtype == dtype,
             )
-            .order_by(case((ProfileRow.source == "measured", 0), else_=1), ProfileRow.id.desc())
+            .order_by(
+                case((ProfileRow.source == "measured", 0), else_=1),
+                ProfileRow.id.desc(),
+            )
             .limit(1)
         )
         row = self.s.scalar(q)

@@ -47,21 +47,41 @@ def upgrade() -> None:
     op.create_table(
         "mt_profiles",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
-        sa.Column("model_id", sa.String(32), sa.ForeignKey("mt_models.id", ondelete="CASCADE"), nullable=False),
         sa.Column(
-            "gpu_key", sa.String(64), sa.ForeignKey("mt_gpu_types.key", ondelete="RESTRICT"), nullable=False
+            "model_id",
+            sa.String(32),
+            sa.ForeignKey("mt_models.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        sa.Column(
+            "gpu_key",
+            sa.String(64),
+            sa.ForeignKey("mt_gpu_types.key", ondelete="RESTRICT"),
+            nullable=False,
         ),
         sa.Column("batch", sa.Integer(), nullable=False),
         sa.Column("dtype", sa.String(16), nullable=False),
         sa.Column("source", sa.String(16), nullable=False),
         sa.Column("profile_json", sa.Text(), nullable=False),
         sa.Column("created_at", UTCDateTime(), nullable=False),
-        sa.UniqueConstraint("model_id", "gpu_key", "batch", "dtype", "source", name="uq_mt_profiles_lookup"),
+        sa.UniqueConstraint(
+            "model_id",
+            "gpu_key",
+            "batch",
+            "dtype",
+            "source",
+            name="uq_mt_profiles_lookup",
+        ),
     )
     op.create_table(
         "mt_jobs",
         sa.Column("id", sa.String(32), primary_key=True),
-        sa.Column("model_id", sa.String(32), sa.ForeignKey("mt_models.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "model_id",
+            sa.String(32),
+            sa.ForeignKey("mt_models.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
         sa.Column("gpu_key", sa.String(64), nullable=False),
         sa.Column("batch", sa.Integer(), nullable=False),
         sa.Column("dtype", sa.String(16), nullable=False),
@@ -83,7 +103,10 @@ def upgrade() -> None:
         sa.Column("request_hash", sa.String(64), nullable=False),
         sa.Column("study_name", sa.String(100), nullable=False),
         sa.Column(
-            "profile_id", sa.Integer(), sa.ForeignKey("mt_profiles.id", ondelete="SET NULL"), nullable=True
+            "profile_id",
+            sa.Integer(),
+            sa.ForeignKey("mt_profiles.id", ondelete="SET NULL"),
+            nullable=True,
         ),
         sa.Column("worker_id", sa.String(100), nullable=True),
         sa.Column("attempts", sa.Integer(), nullable=False),
@@ -99,7 +122,12 @@ def upgrade() -> None:
     op.create_table(
         "mt_job_claims",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
-        sa.Column("job_id", sa.String(32), sa.ForeignKey("mt_jobs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "job_id",
+            sa.String(32),
+            sa.ForeignKey("mt_jobs.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
         sa.Column("worker_id", sa.String(100), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("reclaimed_from", sa.String(100), nullable=True),
@@ -110,8 +138,18 @@ def upgrade() -> None:
     op.create_table(
         "mt_results",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
-        sa.Column("job_id", sa.String(32), sa.ForeignKey("mt_jobs.id", ondelete="CASCADE"), nullable=False),
-        sa.Column("model_id", sa.String(32), sa.ForeignKey("mt_models.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "job_id",
+            sa.String(32),
+            sa.ForeignKey("mt_jobs.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        sa.Column(
+            "model_id",
+            sa.String(32),
+            sa.ForeignKey("mt_models.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
         sa.Column("gpu_key", sa.String(64), nullable=False),
         sa.Column("batch", sa.Integer(), nullable=False),
         sa.Column("dtype", sa.String(16), nullable=False),
@@ -125,12 +163,19 @@ def upgrade() -> None:
         sa.Column("pareto_optimal", sa.Boolean(), nullable=False),
         sa.Column("source", sa.String(16), nullable=False),
         sa.Column(
-            "profile_id", sa.Integer(), sa.ForeignKey("mt_profiles.id", ondelete="SET NULL"), nullable=True
+            "profile_id",
+            sa.Integer(),
+            sa.ForeignKey("mt_profiles.id", ondelete="SET NULL"),
+            nullable=True,
         ),
         sa.Column("created_at", UTCDateTime(), nullable=False),
     )
     op.create_index("ix_mt_results_job_id", "mt_results", ["job_id"])
-    op.create_index("ix_mt_results_lookup", "mt_results", ["gpu_key", "model_id", "batch", "budget_bytes"])
+    op.create_index(
+        "ix_mt_results_lookup",
+        "mt_results",
+        ["gpu_key", "model_id", "batch", "budget_bytes"],
+    )
     op.create_table(
         "mt_api_keys",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
@@ -143,6 +188,13 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in ("mt_api_keys", "mt_results", "mt_job_claims", "mt_jobs", "mt_profiles", "mt_models"):
+    for table in (
+        "mt_api_keys",
+        "mt_results",
+        "mt_job_claims",
+        "mt_jobs",
+        "mt_profiles",
+        "mt_models",
+    ):
         op.drop_table(table)
     op.drop_table("mt_gpu_types")

@@ -1,0 +1,309 @@
+"""Request and response bodies of the HTTP API (``…Create`` in, ``…Public`` out, ``…sPublic(data, count)``).
+
+Request models reject unknown fields (``extra="forbid"``). Times are UTC ISO 8601, sizes bytes,
+durations milliseconds.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "BestPlanPublic",
+    "BestSoFar",
+    "GpuPublic",
+    "GpusPublic",
+    "HealthPublic",
+    "JobCreate",
+    "JobEvent",
+    "JobProgress",
+    "JobPublic",
+    "JobsPublic",
+    "LeaderboardPublic",
+    "LeaderboardRow",
+    "ModelCreate",
+    "ModelPublic",
+    "ModelRef",
+    "ProfilePublic",
+    "ResultPublic",
+    "ResultsPublic",
+    "Unconstrained",
+]
+
+ParamValue = int | float | str | bool
+JobStateName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+_SPEC_EXAMPLE: dict[str, Any] = {
+    "name": "small-cnn",
+    "input_shape": [3, 32, 32],
+    "layers": [
+        {"type": "conv2d", "out_channels": 16, "kernel_size": 3, "padding": 1},
+        {"type": "relu", "inplace": True},
+        {"type": "maxpool2d", "kernel_size": 2},
+        {"type": "flatten"},
+        {"type": "linear", "out_features": 10},
+    ],
+}
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelCreate(_Request):
+    """A model to store: a zoo name with parameters, or a JSON spec (exactly one of ``zoo``, ``spec``)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"zoo": "vgg16", "params": {}}, {"spec": _SPEC_EXAMPLE}]},
+    )
+
+    zoo: str | None = Field(default=None, max_length=100, description="a name from the model zoo")
+    params: dict[str, ParamValue] | None = Field(default=None, description="zoo parameters")
+    spec: dict[str, Any] | None = Field(default=None, description="a JSON model spec (profiler.spec)")
+
+    @model_validator(mode="after")
+    def _one(self) -> ModelCreate:
+        if (self.zoo is None) == (self.spec is None):
+            raise ValueError("give exactly one of 'zoo' (with optional 'params') or 'spec'")
+        if self.spec is not None and self.params is not None:
+            raise ValueError("'params' goes with 'zoo'; a spec carries its sizes in its layers")
+        return self
+
+
+class ModelRef(_Request):
+    """The model of a job: ``{"zoo", "params"}``, ``{"spec"}`` or ``{"id"}`` of a stored model."""
+
+    zoo: str | None = Field(default=None, max_length=100)
+    params: dict[str, ParamValue] | None = None
+    spec: dict[str, Any] | None = None
+    id: str | None = Field(default=None, max_length=64)
+
+    @model_validator(mode="after")
+    def _one(self) -> ModelRef:
+        given = [k for k in ("zoo", "spec", "id") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of 'zoo' (with optional 'params'), 'spec' or 'id'")
+        if self.params is not None and self.zoo is None:
+            raise ValueError("'params' goes with 'zoo'")
+        return self
+
+
+class ModelPublic(BaseModel):
+    """A stored model. ``id`` is derived from the content hash: identical definitions share it."""
+
+    id: str
+    name: str
+    kind: Literal["zoo", "spec"]
+    content_hash: str
+    definition: dict[str, Any]
+    n_stages: int | None
+    created_at: datetime
+
+
+class JobCreate(_Request):
+    """A tuning job: search plans for ``model`` at ``batch`` on GPU type ``gpu`` within ``budget``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": {"zoo": "vgg16", "params": {}},
+                    "batch": 256,
+                    "dtype": "float32",
+                    "gpu": "h200",
+                    "budget": "12GiB",
+                    "trials": 300,
+                    "mode": "fastest",
+                }
+            ]
+        },
+    )
+
+    model: ModelRef
+    batch: int = Field(ge=1, le=1 << 20, description="samples per training step")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    gpu: str = Field(min_length=1, max_length=100, description="GPU type key or name (GET /v1/gpus)")
+    budget: str | int | float = Field(
+        description="bytes, a size ('12GiB', '12GB'), or a fraction of the GPU's memory ('0.6')"
+    )
+    trials: int = Field(default=300, ge=1, le=100_000, description="Optuna trials, baselines included")
+    mode: Literal["fastest", "pareto"] = "fastest"
+    optimizer: Literal["sgd", "adam", "none"] = "sgd"
+
+
+class BestSoFar(BaseModel):
+    """The best feasible plan found so far (ms, bytes)."""
+
+    name: str | None
+    step_ms: float
+    peak_bytes: int
+
+
+class JobProgress(BaseModel):
+    """Trials finished out of the target, and the best so far."""
+
+    trials_done: int
+    trials_total: int
+    fraction: float = Field(ge=0, le=1)
+    best: BestSoFar | None
+
+
+class Unconstrained(BaseModel):
+    """The step with no plan (PyTorch default): ms and peak bytes."""
+
+    step_ms: float
+    peak_bytes: int
+
+
+class JobPublic(BaseModel):
+    """A job, its state and progress."""
+
+    id: str
+    state: JobStateName
+    model_id: str
+    gpu: str
+    batch: int
+    dtype: str
+    budget: str
+    budget_bytes: int
+    trials: int
+    mode: str
+    optimizer: str
+    progress: JobProgress
+    unconstrained: Unconstrained | None
+    error: str | None
+    owner: str
+    attempts: int
+    cancel_requested: bool
+    profile_id: int | None
+    study_name: str
+    created_at: datetime
+    started_at: datetime | None
+    heartbeat_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    count: int
+
+
+class JobEvent(BaseModel):
+    """One server-sent event of ``GET /v1/jobs/{id}/events`` (``event: progress`` or ``event: end``)."""
+
+    event: Literal["progress", "end"]
+    job: JobPublic
+
+
+class ResultPublic(BaseModel):
+    """One plan found by a job: a baseline policy, the Optuna best, or a Pareto point."""
+
+    id: int
+    job_id: str
+    model_id: str
+    gpu: str
+    batch: int
+    dtype: str
+    budget_bytes: int
+    name: str
+    kind: Literal["baseline", "optuna", "pareto"]
+    baseline: bool
+    pareto_optimal: bool
+    step_ms: float
+    peak_bytes: int
+    feasible: bool
+    source: Literal["simulated", "measured"]
+    profile_id: int | None
+    created_at: datetime
+    plan: dict[str, Any] | None = None
+
+
+class ResultsPublic(BaseModel):
+    data: list[ResultPublic]
+    count: int
+
+
+class LeaderboardRow(ResultPublic):
+    """A ranked result (rank 1 is the first in the requested order)."""
+
+    rank: int
+
+
+class LeaderboardPublic(BaseModel):
+    data: list[LeaderboardRow]
+    count: int = Field(description="rows matching the filters, over all pages")
+    next_page_token: str | None = Field(description="pass as page_token for the next page; null on the last")
+
+
+class GpuPublic(BaseModel):
+    """A GPU type: structured identity; ``sources`` says whether a roofline spec and/or stored profiles exist."""
+
+    key: str
+    name: str
+    compute_capability: str | None
+    sm_count: int | None
+    memory_bytes: int
+    pcie_gen: int | None
+    pcie_width: int | None
+    driver: str | None
+    cudnn_version: str | None
+    modeled: bool = Field(description="a roofline spec exists: jobs for it run on any worker")
+    stored: bool = Field(description="profiles for it are stored")
+
+
+class GpusPublic(BaseModel):
+    data: list[GpuPublic]
+    count: int
+
+
+class BestPlanPublic(BaseModel):
+    """The best stored plan for a GPU type, model, batch and budget, and how it was found.
+
+    ``fallback``: ``exact`` (this budget on this GPU type), ``smaller_budget`` (the largest stored budget
+    below the one asked), ``same_architecture`` (another GPU type with the same compute capability).
+    """
+
+    gpu: str = Field(description="the GPU type asked for")
+    answered_by_gpu: str = Field(description="the GPU type whose result answers")
+    model_id: str
+    batch: int
+    dtype: str
+    budget_bytes: int = Field(description="the budget asked for")
+    plan_budget_bytes: int = Field(description="the budget the plan was tuned for")
+    fallback: Literal["exact", "smaller_budget", "same_architecture"]
+    note: str
+    name: str
+    kind: str
+    step_ms: float
+    peak_bytes: int
+    source: Literal["simulated", "measured"]
+    job_id: str
+    profile_id: int | None
+    plan: dict[str, Any]
+
+
+class ProfilePublic(BaseModel):
+    """A stored profile (``profile`` is ``profiler.profile.Profile`` JSON)."""
+
+    id: int
+    model_id: str
+    gpu: str
+    batch: int
+    dtype: str
+    source: str
+    created_at: datetime
+    profile: dict[str, Any]
+
+
+class HealthPublic(BaseModel):
+    """Service health: 200 once migrations ran and the worker (if embedded) is up."""
+
+    status: Literal["ok", "starting", "degraded"]
+    database: str
+    revision: str | None
+    worker: Literal["up", "down", "external"]

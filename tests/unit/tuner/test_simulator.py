@@ -1,0 +1,143 @@
+"""Simulator invariants on hand-made chains (numbers chosen so they can be checked by hand)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from chains import MiB, linear_chain
+from tuner.plan import Action, Plan
+from tuner.simulator import Simulator, simulate
+
+
+def unplanned_peak(profile, optimizer_factor: float = 1.0) -> int:
+    """Independent accounting of the plain PyTorch step for a linear chain (NOTE [ Simulator memory accounting ]).
+
+    At the end of forward every saved storage is live, plus the last output; backward starts by allocating the
+    loss gradient; the peak is the larger of that moment and each backward step's extra gradients.
+    """
+    base = int(profile.param_bytes * (1 + optimizer_factor)) + profile.input_bytes
+    saved = sum(s.bytes for s in profile.storages if s.saved_by)
+    last_out = profile.stages[-1].output_bytes
+    peak = base + saved + last_out  # end of forward (last output alive until backward)
+    live = base + saved + last_out + last_out  # + loss grad
+    peak = max(peak, live)
+    grads = 0
+    for k in range(profile.n_stages - 1, -1, -1):
+        st = profile.stages[k]
+        grad_in = profile.stages[k - 1].output_bytes if k > 0 else 0
+        grads += st.param_bytes
+        peak = max(peak, live + grad_in + st.param_bytes)
+        live += grad_in + st.param_bytes - st.output_bytes
+        # stage k frees the storage it was the last reader of: x_{k-1}
+        if k >= 1:
+            live -= profile.storages[k - 1].bytes
+    return peak
+
+
+def test_all_keep_peak_equals_unplanned_accounting() -> None:
+    p = linear_chain(6)
+    r = simulate(p, Plan.uniform(6))
+    assert r.peak_bytes == unplanned_peak(p)
+    assert r.step_ms == pytest.approx(sum(s.forward_ms + s.backward_ms for s in p.stages))
+    assert r.stall_ms == 0 and r.d2h_bytes == 0 and r.recompute_ms == 0
+
+
+def test_offloading_never_raises_peak() -> None:
+    """Offloading any set of stages, in any sync mode and lookahead, never raises the peak over keeping them."""
+    rng = random.Random(0)
+    for fwd in (0.5, 5.0, 50.0):
+        p = linear_chain(7, forward_ms=fwd)
+        sim = Simulator(p)
+        for _ in range(60):
+            base = [rng.choice([Action.KEEP, Action.RECOMPUTE]) for _ in range(7)]
+            keep_plan = Plan(actions=tuple(base))
+            kept = sim.run(keep_plan).peak_bytes
+            for k in range(7):
+                if base[k] is Action.KEEP:
+                    trial = list(base)
+                    trial[k] = Action.OFFLOAD
+                    for sync, la in itertools.product(("deferred", "layer", "inline"), (0, 1, 3)):
+                        r = sim.run(Plan(actions=tuple(trial), sync=sync, prefetch_lookahead=la))
+                        assert r.peak_bytes <= kept, (base, k, sync, la)
+
+
+def test_offload_lowers_peak_when_copies_hide() -> None:
+    p = linear_chain(6, forward_ms=50.0)  # 100 MiB copies take 10.5 ms: they hide behind 50 ms stages
+    keep = simulate(p, Plan.uniform(6))
+    off = simulate(p, Plan.from_actions("kooook"))
+    assert off.peak_bytes < keep.peak_bytes
+    assert off.stall_ms == 0
+    assert off.step_ms == pytest.approx(keep.step_ms)
+    assert off.d2h_bytes == off.h2d_bytes == 4 * 100 * MiB
+
+
+def test_stalls_appear_when_copies_cannot_hide() -> None:
+    p = linear_chain(6, forward_ms=1.0)  # 10.5 ms copies behind 1 ms stages
+    keep = simulate(p, Plan.uniform(6))
+    layer = simulate(p, Plan.from_actions("kooook", sync="layer"))
+    assert layer.stall_ms > 0
+    assert sum(layer.forward_stalls_ms) > 0 and sum(layer.backward_stalls_ms) > 0
+    assert layer.step_ms == pytest.approx(keep.step_ms + layer.stall_ms)
+    # prefetching later stalls more
+    late = simulate(p, Plan.from_actions("kooook", sync="layer", prefetch_lookahead=0))
+    assert late.stall_ms > layer.stall_ms
+
+
+def test_inline_copies_block_compute() -> None:
+    p = linear_chain(4, forward_ms=50.0, copy_ms=7.0)
+    r = simulate(p, Plan.from_actions("kooo", sync="inline"))
+    keep = simulate(p, Plan.uniform(4))
+    # three storages x_1..x_3 (x_0 stays with stage 0's keep... stage 1 saves x_0), each copied out and back
+    assert r.step_ms == pytest.approx(keep.step_ms + 3 * 2 * 7.0)
+
+
+def test_recompute_costs_forward_time_and_saves_memory() -> None:
+    p = linear_chain(8, forward_ms=2.0)
+    keep = simulate(p, Plan.uniform(8))
+    r = simulate(p, Plan.from_actions("krrrkrrr"))
+    assert r.recompute_ms == pytest.approx(2.0 * 6)
+    assert r.step_ms == pytest.approx(keep.step_ms + r.recompute_ms)
+    assert r.peak_bytes < keep.peak_bytes
+
+
+def test_one_segment_over_everything_saves_little() -> None:
+    """Checkpointing the whole chain as one segment re-materialises everything at once in backward."""
+    p = linear_chain(8)
+    keep = simulate(p, Plan.uniform(8)).peak_bytes
+    one = simulate(p, Plan.from_actions("krrrrrrr")).peak_bytes
+    sqrt = simulate(p, Plan.from_actions("krrkrrkr")).peak_bytes
+    assert sqrt < one <= keep
+
+
+def test_optimizer_state_counts() -> None:
+    p = linear_chain(4)
+    sgd = simulate(p, Plan.uniform(4), optimizer="sgd").peak_bytes
+    adam = simulate(p, Plan.uniform(4), optimizer="adam").peak_bytes
+    none = simulate(p, Plan.uniform(4), optimizer="none").peak_bytes
+    assert adam - sgd == sgd - none == p.param_bytes
+    with pytest.raises(ValueError, match="optimizer"):
+        simulate(p, Plan.uniform(4), optimizer="lamb")
+
+
+def test_timeline_ends_at_base_plus_gradients_and_peak_matches() -> None:
+    p = linear_chain(5)
+    r = simulate(p, Plan.from_actions("korko"), timeline=True)
+    assert max(live for _, live, _ in r.timeline) == r.peak_bytes
+    times = [t for t, _, _ in r.timeline]
+    assert times == sorted(times)
+    assert r.timeline[-1][1] == r.base_bytes + p.param_bytes  # parameter gradients stay for the optimizer
+
+
+def test_plan_must_match_profile() -> None:
+    p = linear_chain(5)
+    with pytest.raises(ValueError, match="5 stages"):
+        simulate(p, Plan.uniform(4))
+
+
+def test_simulator_is_deterministic() -> None:
+    p = linear_chain(9, forward_ms=0.7)
+    plan = Plan.from_actions("kororkoro", sync="layer")
+    assert simulate(p, plan) == simulate(p, plan)

@@ -1,0 +1,66 @@
+"""Errors raised while a plan runs on a live model.
+
+Hierarchy (under ``tuner.errors.TunerError``)::
+
+    TunerError
+    └── PlanOutOfMemoryError   the GPU ran out of memory during a planned step (names plan and stage)
+
+Malformed plans, or plans that do not match the model, raise ``tuner.errors.PlanError``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from tuner.errors import TunerError
+
+__all__ = ["PlanOutOfMemoryError"]
+
+Phase = Literal["forward", "backward"]
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+class PlanOutOfMemoryError(TunerError):
+    """A planned training step ran out of GPU memory.
+
+    The runtime has already dropped its in-flight copies and emptied the CUDA cache when this is
+    raised, so the process can run another step (with another plan or a larger budget).
+
+    Args:
+        label: the plan's label (which policy or search made it), or None.
+        stage: index of the stage that was running, or None when unknown.
+        stage_name: that stage's name in the chain.
+        phase: ``forward`` or ``backward``.
+        budget_bytes: the budget the step ran under, if a ``budget_guard`` was active.
+        detail: the allocator's own message.
+    """
+
+    def __init__(
+        self,
+        *,
+        label: str | None,
+        stage: int | None,
+        stage_name: str | None,
+        phase: Phase,
+        budget_bytes: int | None = None,
+        detail: str = "",
+    ) -> None:
+        plan = f"plan {label!r}" if label else "an unlabeled plan"
+        where = f"stage {stage} ({stage_name})" if stage is not None else "an unknown stage"
+        budget = f" under a budget of {_gib(budget_bytes)} ({budget_bytes} bytes)" if budget_bytes else ""
+        first_line = detail.strip().splitlines()[0] if detail.strip() else ""
+        super().__init__(
+            f"{plan} ran out of GPU memory in the {phase} of {where}{budget}. "
+            "Pick a plan simulated for a smaller budget (more offload/recompute), lower the batch, "
+            "or raise the budget."
+            + (f" Allocator said: {first_line}" if first_line else "")
+        )
+        self.label = label
+        self.stage = stage
+        self.stage_name = stage_name
+        self.phase = phase
+        self.budget_bytes = budget_bytes
+        self.detail = detail
