@@ -67,7 +67,8 @@ class BasicBlock(nn.Module):
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         out += identity
-        return self.relu(out)
+        result: torch.Tensor = self.relu(out)
+        return result
 
 
 class Bottleneck(nn.Module):
@@ -99,7 +100,8 @@ class Bottleneck(nn.Module):
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
         out += identity
-        return self.relu(out)
+        result: torch.Tensor = self.relu(out)
+        return result
 
 
 class TransformerBlock(nn.Module):
@@ -137,11 +139,13 @@ class TransformerBlock(nn.Module):
         head_dim = width // self.heads
         q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        return self.proj(out.transpose(1, 2).reshape(batch, seq, width))
+        merged: torch.Tensor = self.proj(out.transpose(1, 2).reshape(batch, seq, width))
+        return merged
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self._attention(self.ln1(x))
-        return x + self.fc2(self.act(self.fc1(self.ln2(x))))
+        mlp: torch.Tensor = self.fc2(self.act(self.fc1(self.ln2(x))))
+        return x + mlp
 
 
 class TokenPositionEmbedding(nn.Module):
@@ -168,4 +172,5 @@ class TokenPositionEmbedding(nn.Module):
                 "build the model with a larger seq_len"
             )
         positions = torch.arange(seq, device=ids.device)
-        return self.token(ids) + self.position(positions)
+        embedded: torch.Tensor = self.token(ids) + self.position(positions)
+        return embedded

@@ -148,7 +148,7 @@ def _pair_check(minimum: int) -> Any:
 
 def _bool_check(v: object) -> bool:
     if not isinstance(v, bool):
-        raise ValueError(f"must be true or false, got {v!r}")
+        raise ValueError(f"must be true or false, got {v!r}")  # noqa: TRY004 (pydantic reports ValueError only)
     return v
 
 
@@ -450,8 +450,8 @@ def _infer_layer(i: int, layer: _Layer, shape: tuple[int, ...]) -> tuple[tuple[i
                 field="type",
             )
         params = shape[-1] * layer.out_features + (layer.out_features if layer.bias else 0)
-        out = (*shape[:-1], layer.out_features)
-        return out, params, math.prod(out) * f
+        flat = (*shape[:-1], layer.out_features)
+        return flat, params, math.prod(flat) * f
     if isinstance(layer, DropoutLayer):
         return shape, 0, math.prod(shape) * (f + _MASK_BYTES)
     if isinstance(layer, ResidualLayer):
@@ -539,7 +539,7 @@ def _infer(spec: ModelSpec, limits: SpecLimits) -> tuple[LayerInfo, ...]:
                 f"the model reaches {total_params:,} parameters at this layer, above the limit of "
                 f"{limits.max_params:,} (SpecLimits.max_params); make the layer smaller or pass larger limits",
                 layer=i,
-                field=_SIZE_FIELD.get(layer.type),  # type: ignore[attr-defined]
+                field=_SIZE_FIELD.get(layer.type),
             )
         if total_bytes > limits.max_activation_bytes:
             raise SpecError(
@@ -547,12 +547,12 @@ def _infer(spec: ModelSpec, limits: SpecLimits) -> tuple[LayerInfo, ...]:
                 f"{limits.max_activation_bytes:,} (SpecLimits.max_activation_bytes); reduce input_shape or "
                 "downsample earlier, or pass larger limits",
                 layer=i,
-                field=_SIZE_FIELD.get(layer.type),  # type: ignore[attr-defined]
+                field=_SIZE_FIELD.get(layer.type),
             )
         infos.append(
             LayerInfo(
                 index=i,
-                type=layer.type,  # type: ignore[attr-defined]
+                type=layer.type,
                 name=name,
                 input_shape=shape,
                 output_shape=out,

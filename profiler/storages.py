@@ -43,6 +43,7 @@ class ChainTrace:
         output_shapes: per stage, its output's shape.
         stage_results: per stage, what ``stage_context(i)`` yielded (e.g. a FLOP count), else None.
         conv_inputs: per stage, ``{conv name: (H, W)}`` of each ``nn.Conv2d``'s input.
+        output_requires_grad: per stage, whether its output needs a gradient.
     """
 
     storages: list[SavedStorage]
@@ -52,6 +53,7 @@ class ChainTrace:
     output_shapes: list[tuple[int, ...]]
     stage_results: list[Any] = field(default_factory=list)
     conv_inputs: list[dict[str, tuple[int, int]]] = field(default_factory=list)
+    output_requires_grad: list[bool] = field(default_factory=list)
 
 
 def _storage_key(t: torch.Tensor) -> int | tuple[str, int]:
@@ -154,6 +156,7 @@ def trace_chain(
     output_shapes: list[tuple[int, ...]] = []
     results: list[Any] = []
     conv_inputs: list[dict[str, tuple[int, int]]] = []
+    out_grad: list[bool] = []
     with torch.autograd.graph.saved_tensors_hooks(table.pack, lambda t: t), _semantics(x, autocast_dtype):
         cur = x
         for i, stage in enumerate(chain.stages):
@@ -183,6 +186,7 @@ def trace_chain(
             output_shapes.append(tuple(out.shape))
             results.append(result)
             conv_inputs.append(shapes)
+            out_grad.append(out.requires_grad)
             cur = out
     return ChainTrace(
         storages=table.storages(),
@@ -192,6 +196,7 @@ def trace_chain(
         output_shapes=output_shapes,
         stage_results=results,
         conv_inputs=conv_inputs,
+        output_requires_grad=out_grad,
     )
 
 

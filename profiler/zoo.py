@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from torch import nn
@@ -193,7 +194,7 @@ def _vgg_layers(groups: tuple[int, ...], num_classes: int) -> list[Layer]:
     features: list[Callable[[str], Layer]] = []
     for width, depth in zip(VGG_WIDTHS, groups, strict=True):
         for _ in range(depth):
-            features += [lambda n, w=width: _conv(n, w, 3, padding=1), _relu]
+            features += [partial(_conv, out=width, kernel=3, padding=1), _relu]
         features.append(lambda n: _maxpool(n, 2, 2))
     classifier: list[Callable[[str], Layer]] = [
         lambda n: _linear(n, 4096),
@@ -340,12 +341,13 @@ def _init_torchvision(model: nn.Module) -> None:
 
 def _validate_image(name: str, params: dict[str, int]) -> ValidatedSpec:
     size = params["image_size"]
-    spec = {"name": name, "input_shape": [3, size, size], "layers": _image_layers(name, params["num_classes"])}
+    layers = _image_layers(name, params["num_classes"])
+    spec = {"name": name, "input_shape": [3, size, size], "layers": layers}
     unbounded = SpecLimits(max_layers=ZOO_LIMITS.max_layers, max_params=2**62, max_activation_bytes=2**62)
     try:
         validated = validate_spec(spec, unbounded)
     except SpecError as err:
-        where = "" if err.layer is None else f"at stage {spec['layers'][err.layer]['name']}: "
+        where = "" if err.layer is None else f"at stage {layers[err.layer]['name']}: "
         raise SpecError(
             f"{size} is too small for {name} ({where}{err.detail}); use a larger image_size",
             field="image_size",
@@ -446,7 +448,7 @@ def _image_params(default_size: int, minimum_size: int) -> tuple[ParamSpec, ...]
 
 
 # Smallest image_size each architecture admits (the feature maps must not collapse); tests re-derive them.
-_MIN_IMAGE_SIZE = {"vgg": 32, "alexnet": 63, "overfeat": 55, "resnet": 1}
+_MIN_IMAGE_SIZE = {"vgg": 32, "alexnet": 63, "overfeat": 71, "resnet": 1}
 
 _SUMMARIES = {
     "vgg16": "VGG-16 (torchvision layout): 13 3x3 convs in 5 groups, 3 FC layers",

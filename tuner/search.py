@@ -10,7 +10,7 @@ Every baseline policy is evaluated and enqueued as one of the first trials, so t
 the best feasible baseline (a baseline whose knobs the space cannot express, e.g. HMMS sync points, is also
 kept as it is and wins if nothing beats it). After the baselines and a few TPE trials, most trials are local
 edits of the incumbent (1–3 stage overrides, a knob), enqueued into the same study; the rest come from TPE.
-Infeasible plans are reported to the sampler through ``constraints_func`` (peak − budget ≤ 0).
+Infeasible plans are reported to the sampler as a trial constraint (peak − budget ≤ 0).
 
 With ``storage`` and ``study_name`` the study lives in a database (Optuna ``RDBStorage``): it is created or
 resumed, finished trials count toward ``trials``, stale running trials of dead workers are failed (Optuna
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -170,7 +171,7 @@ class _Search:
         trial.set_user_attr("step_ms", r.step_ms)
         trial.set_user_attr("peak_bytes", r.peak_bytes)
         trial.set_user_attr("actions", plan.compact())
-        trial.set_user_attr("constraint", float(r.peak_bytes - self.budget))
+        trial.set_constraint("peak_over_budget_bytes", float(r.peak_bytes - self.budget))
         if self.mode == "pareto":
             return r.step_ms, float(r.peak_bytes)
         return r.step_ms
@@ -288,13 +289,14 @@ def tune(
         seed=seed,
         n_startup_trials=10,
         multivariate=True,
-        constraints_func=lambda t: (t.user_attrs.get("constraint", 0.0),),
     )
     directions = ["minimize", "minimize"] if mode == "pareto" else ["minimize"]
     study = optuna.create_study(
         storage=storage, study_name=study_name, sampler=sampler, directions=directions, load_if_exists=True
     )
-    optuna.storages.fail_stale_trials(study)
+    with warnings.catch_warnings():  # heartbeat handling is marked experimental in Optuna
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
     existing = study.get_trials(deepcopy=False)
     if not existing:
         seen: set[str] = set()

@@ -102,7 +102,7 @@ def hmms_schedule(profile: Profile) -> HmmsSchedule:
         sync_points=tuple(points),
         balances=tuple(balances),
         prefetch_starts=tuple(starts),
-        prefetch_lookahead=max(1, lookahead),
+        prefetch_lookahead=min(1024, max(1, lookahead)),
     )
 
 

@@ -99,6 +99,6 @@ def layup_cumulative(profile: Profile, budget_bytes: int, *, threshold: float = 
     return Plan(
         actions=actions,
         sync="deferred",
-        prefetch_lookahead=max(1, gap),
+        prefetch_lookahead=min(1024, max(1, gap)),
         label="layup_cumulative",
     )

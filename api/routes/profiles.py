@@ -1,0 +1,21 @@
+"""``/v1/profiles/{id}``: a stored profile."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.deps import DbDep, ReadAccess
+from api.schemas import ProfilePublic
+from api.views import profile_public
+from storage.repositories import ProfileRepository
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
+
+
+@router.get("/{profile_id}", response_model=ProfilePublic)
+def get_profile(profile_id: int, db: DbDep, _read: ReadAccess) -> ProfilePublic:
+    """A stored profile (per-stage forward/backward ms, saved bytes, transfer ms; measured or modeled)."""
+    with db.session() as s:
+        return profile_public(ProfileRepository(s).get(profile_id))

@@ -1,0 +1,127 @@
+"""Records (``storage.records``) to response bodies (``api.schemas``)."""
+
+from __future__ import annotations
+
+import json
+
+from api.schemas import (
+    BestSoFar,
+    GpuPublic,
+    JobProgress,
+    JobPublic,
+    LeaderboardRow,
+    ModelPublic,
+    ProfilePublic,
+    ResultPublic,
+    Unconstrained,
+)
+from storage.records import GpuType, Job, ModelRecord, ProfileRecord, Result
+
+__all__ = ["gpu_public", "job_public", "model_public", "profile_public", "result_public", "row_public"]
+
+
+def model_public(m: ModelRecord) -> ModelPublic:
+    return ModelPublic(
+        id=m.id,
+        name=m.name,
+        kind=m.kind,
+        content_hash=m.content_hash,
+        definition=m.definition,
+        n_stages=m.n_stages,
+        created_at=m.created_at,
+    )
+
+
+def job_public(j: Job) -> JobPublic:
+    best = None
+    if j.best_step_ms is not None and j.best_peak_bytes is not None:
+        best = BestSoFar(name=j.best_name, step_ms=j.best_step_ms, peak_bytes=j.best_peak_bytes)
+    unconstrained = None
+    if j.unconstrained_step_ms is not None and j.unconstrained_peak_bytes is not None:
+        unconstrained = Unconstrained(step_ms=j.unconstrained_step_ms, peak_bytes=j.unconstrained_peak_bytes)
+    return JobPublic(
+        id=j.id,
+        state=j.state,
+        model_id=j.model_id,
+        gpu=j.gpu_key,
+        batch=j.batch,
+        dtype=j.dtype,
+        budget=j.budget_text,
+        budget_bytes=j.budget_bytes,
+        trials=j.trials,
+        mode=j.mode,
+        optimizer=j.optimizer,
+        progress=JobProgress(
+            trials_done=j.trials_done,
+            trials_total=j.trials,
+            fraction=min(1.0, j.trials_done / j.trials) if j.trials else 0.0,
+            best=best,
+        ),
+        unconstrained=unconstrained,
+        error=j.error,
+        owner=j.owner,
+        attempts=j.attempts,
+        cancel_requested=j.cancel_requested,
+        profile_id=j.profile_id,
+        study_name=j.study_name,
+        created_at=j.created_at,
+        started_at=j.started_at,
+        heartbeat_at=j.heartbeat_at,
+        finished_at=j.finished_at,
+    )
+
+
+def result_public(r: Result, *, with_plan: bool = False) -> ResultPublic:
+    return ResultPublic(
+        id=r.id,
+        job_id=r.job_id,
+        model_id=r.model_id,
+        gpu=r.gpu_key,
+        batch=r.batch,
+        dtype=r.dtype,
+        budget_bytes=r.budget_bytes,
+        name=r.name,
+        kind=r.kind,  # type: ignore[arg-type]
+        baseline=r.kind == "baseline",
+        pareto_optimal=r.pareto_optimal,
+        step_ms=r.step_ms,
+        peak_bytes=r.peak_bytes,
+        feasible=r.feasible,
+        source=r.source,  # type: ignore[arg-type]
+        profile_id=r.profile_id,
+        created_at=r.created_at,
+        plan=r.plan if with_plan else None,
+    )
+
+
+def row_public(r: Result, rank: int, *, with_plan: bool = False) -> LeaderboardRow:
+    return LeaderboardRow(rank=rank, **result_public(r, with_plan=with_plan).model_dump())
+
+
+def gpu_public(g: GpuType, *, modeled: bool, stored: bool) -> GpuPublic:
+    return GpuPublic(
+        key=g.key,
+        name=g.name,
+        compute_capability=g.compute_capability,
+        sm_count=g.sm_count,
+        memory_bytes=g.memory_bytes,
+        pcie_gen=g.pcie_gen,
+        pcie_width=g.pcie_width,
+        driver=g.driver,
+        cudnn_version=g.cudnn_version,
+        modeled=modeled,
+        stored=stored,
+    )
+
+
+def profile_public(p: ProfileRecord) -> ProfilePublic:
+    return ProfilePublic(
+        id=p.id,
+        model_id=p.model_id,
+        gpu=p.gpu_key,
+        batch=p.batch,
+        dtype=p.dtype,
+        source=p.source,
+        created_at=p.created_at,
+        profile=json.loads(p.profile_json),
+    )

@@ -1,0 +1,124 @@
+"""The Optuna search: never worse than the baselines, reproducible, resumable, near the exact optimum."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from chains import linear_chain
+from tuner.errors import SearchError
+from tuner.exact import exact_optimum
+from tuner.plan import Plan
+from tuner.search import pareto_front, tune
+from tuner.simulator import simulate
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _budget(profile, fraction: float) -> int:
+    return int(simulate(profile, Plan.uniform(profile.n_stages)).peak_bytes * fraction)
+
+
+@pytest.mark.parametrize(("fwd", "fraction"), [(0.5, 0.8), (3.0, 0.75), (20.0, 0.6), (3.0, 0.55)])
+def test_search_is_never_worse_than_the_best_feasible_baseline(fwd: float, fraction: float) -> None:
+    p = linear_chain(8, forward_ms=fwd)
+    budget = _budget(p, fraction)
+    r = tune(p, budget, trials=120, seed=1)
+    feasible = [c for c in r.policies if c.feasible]
+    assert feasible, "the test chain should leave some baseline feasible"
+    assert r.best is not None and r.best.feasible
+    assert r.best.peak_bytes <= budget
+    assert r.best.step_ms <= min(c.step_ms for c in feasible) + 1e-9
+    # the reported numbers are the simulator's for that plan
+    again = simulate(p, r.best.plan)
+    assert again.step_ms == pytest.approx(r.best.step_ms) and again.peak_bytes == r.best.peak_bytes
+
+
+def test_search_matches_the_exact_optimum_on_a_small_chain() -> None:
+    p = linear_chain(6, forward_ms=3.0)
+    budget = _budget(p, 0.7)
+    exact = exact_optimum(p, budget)
+    r = tune(p, budget, trials=150, seed=0)
+    assert exact.plan is not None and r.best is not None
+    assert r.best.step_ms <= exact.step_ms * 1.02
+    assert r.best.step_ms >= exact.step_ms - 1e-9  # nothing beats the exact optimum
+    assert exact.evaluated == 3**6 * 18
+
+
+def test_same_seed_same_result() -> None:
+    p = linear_chain(8, forward_ms=2.0)
+    budget = _budget(p, 0.7)
+    a = tune(p, budget, trials=60, seed=7)
+    b = tune(p, budget, trials=60, seed=7)
+    assert a.best == b.best and a.to_dict() == b.to_dict()
+
+
+def test_pareto_front_is_non_dominated_and_contains_the_extremes() -> None:
+    p = linear_chain(7, forward_ms=3.0)
+    r = tune(p, _budget(p, 0.7), trials=80, mode="pareto", seed=0)
+    front = r.pareto
+    assert len(front) >= 2
+    for a in front:
+        for b in front:
+            assert not (b.step_ms < a.step_ms and b.peak_bytes < a.peak_bytes)
+    steps = [c.step_ms for c in front]
+    assert steps == sorted(steps)
+    assert front[0].step_ms <= r.unconstrained.step_ms + 1e-9
+
+
+def test_pareto_front_helper() -> None:
+    from tuner.search import Candidate
+
+    plan = Plan.uniform(1)
+    cs = [Candidate(n, plan, t, m, True) for n, t, m in [("a", 1, 9), ("b", 2, 5), ("c", 3, 6), ("d", 4, 1)]]
+    assert [c.name for c in pareto_front(cs)] == ["a", "b", "d"]
+
+
+def test_study_resumes_in_a_database_keeping_finished_trials(tmp_path: Path) -> None:
+    p = linear_chain(6, forward_ms=3.0)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    budget = _budget(p, 0.7)
+    first = tune(p, budget, trials=30, storage=url, study_name="s1")
+    assert first.n_trials == 30
+    second = tune(p, budget, trials=50, storage=url, study_name="s1")
+    assert second.n_trials == 50  # 30 kept + 20 new
+    study = optuna.load_study(study_name="s1", storage=url)
+    assert len([t for t in study.trials if t.state.is_finished()]) == 50
+    assert second.best is not None and first.best is not None
+    assert second.best.step_ms <= first.best.step_ms
+
+
+def test_progress_and_stop() -> None:
+    p = linear_chain(6)
+    seen: list[int] = []
+    r = tune(p, _budget(p, 0.8), trials=100, progress=lambda d, t, b: seen.append(d), should_stop=lambda: len(seen) >= 25)
+    assert seen[:3] == [1, 2, 3] and len(seen) == 25
+    assert r.n_trials == 25
+
+
+def test_no_feasible_plan_gives_none() -> None:
+    p = linear_chain(5)
+    r = tune(p, 1 << 20, trials=20)
+    assert r.best is None
+    assert r.to_dict()["best"] is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"trials": 0}, "trials"), ({"mode": "slowest"}, "mode"), ({"storage": "sqlite://"}, "study_name")],
+)
+def test_bad_settings(kwargs: dict, message: str) -> None:
+    with pytest.raises(SearchError, match=message):
+        tune(linear_chain(4), 1 << 30, **kwargs)
+
+
+def test_json_object_has_the_documented_keys() -> None:
+    p = linear_chain(6)
+    d = tune(p, _budget(p, 0.8), trials=20).to_dict()
+    assert {"model", "batch", "gpu", "budget_bytes", "unconstrained", "policies", "best"} <= d.keys()
+    assert {"step_ms", "peak_bytes"} <= d["unconstrained"].keys()
+    assert all({"name", "step_ms", "peak_bytes", "feasible"} <= c.keys() for c in d["policies"])
+    assert {"name", "step_ms", "peak_bytes", "feasible", "plan"} <= d["best"].keys()
+    assert Plan.model_validate(d["best"]["plan"]).actions

@@ -1,0 +1,118 @@
+"""Recompute segments: a maximal run of ``recompute`` stages run under non-reentrant checkpointing.
+
+# NOTE [ In-place at segment boundaries ]
+``torch.utils.checkpoint`` saves a segment's input x_{i-1} for the re-run. When the segment's first
+stage modifies its input in place (VGG's ``ReLU(inplace=True)`` right after a conv), the saved input is
+overwritten during the forward: ``checkpoint_sequential`` then fails in backward ("modified by an
+inplace operation"), and with an offloaded input the asynchronous copy could even read half-written
+data. We *clone the segment input inside the checkpointed function* when the first stage may write
+its input: the clone is what the stage mutates, x_{i-1} stays intact, and the re-run clones again.
+The clone is transient (nothing keeps it: the stages inside a segment save nothing), so the cost is
+one activation of extra memory at that moment and one device copy. We prefer this to running the
+module out of place because it works for any stage (a block that calls ``x.relu_()``), not only for
+modules with an ``inplace`` flag. "May write its input" is decided before the forward: the stage
+module (or, for a container stage, its first leaf module) has ``inplace=True``, or the caller forces
+``clone_inputs=True``. A stage that mutates its input without saying so is caught by the input's
+version counter after the segment's forward, with a ``PlanError`` that says to pass
+``clone_segment_inputs=True``.
+
+# NOTE [ Buffers during recompute ]
+Re-running a segment would update BatchNorm running statistics (and any other buffer a module writes
+in forward) a second time, so a checkpointed model would drift from the unplanned one. The re-run
+snapshots the segment's floating-point and integer buffers and restores them afterwards (also when
+checkpoint stops the re-run early), so buffers see exactly one update per step, as without a plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from tuner.errors import PlanError
+
+__all__ = ["Segment", "may_write_input"]
+
+StageHook = Callable[[int, torch.Tensor], None]
+
+
+def _first_leaf(module: nn.Module) -> nn.Module:
+    while True:
+        children = list(module.children())
+        if not children:
+            return module
+        module = children[0]
+
+
+def may_write_input(module: nn.Module) -> bool:
+    """True when ``module`` declares it writes its input in place (``inplace=True`` on it or its first leaf)."""
+    return bool(getattr(module, "inplace", False)) or bool(getattr(_first_leaf(module), "inplace", False))
+
+
+class Segment:
+    """Stages ``first..last`` (inclusive) of a chain, run as one checkpointed segment.
+
+    Args:
+        first, last: stage indices (inclusive).
+        modules: the chain's stage modules (all of them; the segment uses ``first..last``).
+        names: the chain's stage names, for error messages.
+        clone_input: clone the input inside the segment (None: decide by ``may_write_input``).
+    """
+
+    def __init__(
+        self,
+        first: int,
+        last: int,
+        modules: Sequence[nn.Module],
+        names: Sequence[str],
+        clone_input: bool | None = None,
+    ) -> None:
+        self.first = first
+        self.last = last
+        self.modules = list(modules[first : last + 1])
+        self.name = names[first]
+        self.clone_input = may_write_input(self.modules[0]) if clone_input is None else clone_input
+        self._buffers = [b for m in self.modules for b in m.buffers()]
+
+    def __call__(self, x: torch.Tensor, on_stage_output: StageHook | None = None) -> torch.Tensor:
+        """Run the segment on ``x`` under checkpointing.
+
+        ``on_stage_output(k, y)`` is called with each stage's output during the original forward only
+        (the runtime hangs its backward pre-hooks there); the re-run in backward does not call it.
+        """
+        calls = 0
+
+        def run(inp: torch.Tensor) -> torch.Tensor:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                return self._run(inp, on_stage_output)
+            snapshot = [(b, b.clone()) for b in self._buffers]  # NOTE [ Buffers during recompute ]
+            try:
+                return self._run(inp, None)
+            finally:
+                with torch.no_grad():
+                    for b, saved in snapshot:
+                        b.copy_(saved)
+
+        version = x._version
+        out = checkpoint(run, x, use_reentrant=False, preserve_rng_state=True)
+        if x._version != version:
+            raise PlanError(
+                f"stage {self.first} ({self.name}) starts a recompute segment and modified its input in "
+                "place, which corrupts the input saved for the re-run (NOTE [ In-place at segment "
+                "boundaries ]); pass clone_segment_inputs=True to planned(), or set inplace=False on it"
+            )
+        assert isinstance(out, torch.Tensor)
+        return out
+
+    def _run(self, x: torch.Tensor, on_stage_output: StageHook | None) -> torch.Tensor:
+        if self.clone_input:
+            x = x.clone()  # NOTE [ In-place at segment boundaries ]
+        for k, m in enumerate(self.modules, start=self.first):
+            x = m(x)
+            if on_stage_output is not None:
+                on_stage_output(k, x)
+        return x
