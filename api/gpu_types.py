@@ -45,9 +45,7 @@ def known_gpus(session: Session) -> list[KnownGpu]:
     """Every GPU type: stored identities (measured ones carry driver/cuDNN) and roofline specs, by key."""
     stored = {g.key: g for g in GpuRepository(session).list_all()}
     keys = sorted(set(stored) | set(GPUS))
-    return [
-        KnownGpu(stored.get(k) or _from_spec(k), modeled=k in GPUS, stored=k in stored) for k in keys
-    ]
+    return [KnownGpu(stored.get(k) or _from_spec(k), modeled=k in GPUS, stored=k in stored) for k in keys]
 
 
 def resolve_gpu(session: Session, name: str) -> KnownGpu:

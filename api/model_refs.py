@@ -21,9 +21,7 @@ from storage.repositories import ModelRepository, content_hash
 __all__ = ["store_spec_model", "store_zoo_model"]
 
 
-def store_zoo_model(
-    session: Session, name: str, params: Mapping[str, Any] | None
-) -> tuple[ModelRecord, bool]:
+def store_zoo_model(session: Session, name: str, params: Mapping[str, Any] | None) -> tuple[ModelRecord, bool]:
     """Store (or find) a zoo model; ``(model, created)``. Raises ``SpecError`` for a bad name or parameter."""
     zoo_params(name)  # raises SpecError(field="model") naming the known models
     entry = ZOO[normalize_name(name)]

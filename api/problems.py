@@ -143,9 +143,7 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(SpecError)
     async def _spec(_: Request, exc: SpecError) -> JSONResponse:
-        return problem_response(
-            422, "invalid_spec", "Invalid model spec", str(exc), layer=exc.layer, field=exc.field
-        )
+        return problem_response(422, "invalid_spec", "Invalid model spec", str(exc), layer=exc.layer, field=exc.field)
 
     @app.exception_handler(UnknownGPUError)
     async def _gpu(_: Request, exc: UnknownGPUError) -> JSONResponse:

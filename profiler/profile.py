@@ -179,6 +179,22 @@ class Profile(_Frozen):
     def backward_ms(self) -> float:
         return sum(s.backward_ms for s in self.stages)
 
+    def prefix(self, m: int) -> Profile:
+        """The profile of the chain's first ``m`` stages (a truncated network whose last stage feeds the loss)."""
+        if not 1 <= m <= self.n_stages:
+            raise ValueError(f"prefix length must be in 1..{self.n_stages}, not {m}")
+        keep = [
+            s.model_copy(update={"saved_by": tuple(r for r in s.saved_by if r < m)})
+            for s in self.storages
+            if s.producer < m
+        ]
+        index = {old: new for new, old in enumerate(k for k, s in enumerate(self.storages) if s.producer < m)}
+        stages = tuple(
+            st.model_copy(update={"output_storage": index.get(st.output_storage) if st.output_storage is not None else None})
+            for st in self.stages[:m]
+        )
+        return self.model_copy(update={"stages": stages, "storages": tuple(keep), "model": f"{self.model}[:{m}]"})
+
     # ---- serialisation ---------------------------------------------------------------------------
     def to_json(self, *, indent: int | None = None) -> str:
         return self.model_dump_json(indent=indent, by_alias=True)

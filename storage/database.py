@@ -117,9 +117,7 @@ class Database:
             raise NotFoundError(str(e)) from e
         except OperationalError as e:
             s.rollback()
-            raise UnavailableError(
-                f"database unavailable ({self.dialect}): {e.orig}; retry later"
-            ) from e
+            raise UnavailableError(f"database unavailable ({self.dialect}): {e.orig}; retry later") from e
         except (DBAPIError, SQLAlchemyError) as e:
             s.rollback()
             raise StorageError(f"database error ({self.dialect}): {e}") from e

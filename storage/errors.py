@@ -8,12 +8,13 @@ Hierarchy::
     StorageError
     ├── NotFoundError      a row asked for by id or key does not exist
     ├── ConflictError      a write broke a uniqueness rule or a state rule (e.g. cancelling a finished job)
+    │   └── IdempotencyConflictError  an Idempotency-Key was reused for a different request
     └── UnavailableError   the database could not be reached or answered with an operational error
 """
 
 from __future__ import annotations
 
-__all__ = ["ConflictError", "NotFoundError", "StorageError", "UnavailableError"]
+__all__ = ["ConflictError", "IdempotencyConflictError", "NotFoundError", "StorageError", "UnavailableError"]
 
 
 class StorageError(Exception):
@@ -26,6 +27,10 @@ class NotFoundError(StorageError, LookupError):
 
 class ConflictError(StorageError):
     """A write conflicts with stored state (unique key taken, job already finished …)."""
+
+
+class IdempotencyConflictError(ConflictError):
+    """An idempotency key was used before for a different request."""
 
 
 class UnavailableError(StorageError):

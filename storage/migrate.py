@@ -54,9 +54,7 @@ def head_revision() -> str:
 def current_revision(db: Database) -> str | None:
     """The revision the database is at, or None when memtune's tables were never created."""
     with db.engine.connect() as conn:
-        return MigrationContext.configure(
-            conn, opts={"version_table": VERSION_TABLE}
-        ).get_current_revision()
+        return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
 
 
 @contextmanager
@@ -100,9 +98,7 @@ def upgrade(db: Database, revision: str = "head", *, optuna_tables: bool = True)
     except StorageError:
         raise
     except Exception as e:  # alembic / driver errors: one boundary, one error type
-        raise StorageError(
-            f"database migration to {revision!r} failed on {db.dialect}: {e}"
-        ) from e
+        raise StorageError(f"database migration to {revision!r} failed on {db.dialect}: {e}") from e
     rev = current_revision(db)
     return rev or ""
 

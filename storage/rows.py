@@ -52,25 +52,17 @@ class UTCDateTime(TypeDecorator[datetime]):
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(
-        self, value: datetime | None, dialect: Dialect
-    ) -> datetime | None:
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
-            raise ValueError(
-                "naive datetime given to a UTCDateTime column; use storage.rows.utcnow()"
-            )
+            raise ValueError("naive datetime given to a UTCDateTime column; use storage.rows.utcnow()")
         return value.astimezone(UTC)
 
-    def process_result_value(
-        self, value: datetime | None, dialect: Dialect
-    ) -> datetime | None:
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        return (
-            value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-        )
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class Base(DeclarativeBase):
@@ -125,12 +117,8 @@ class ProfileRow(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    model_id: Mapped[str] = mapped_column(
-        ForeignKey("mt_models.id", ondelete="CASCADE")
-    )
-    gpu_key: Mapped[str] = mapped_column(
-        ForeignKey("mt_gpu_types.key", ondelete="RESTRICT")
-    )
+    model_id: Mapped[str] = mapped_column(ForeignKey("mt_models.id", ondelete="CASCADE"))
+    gpu_key: Mapped[str] = mapped_column(ForeignKey("mt_gpu_types.key", ondelete="RESTRICT"))
     batch: Mapped[int] = mapped_column(Integer)
     dtype: Mapped[str] = mapped_column(String(16))
     source: Mapped[str] = mapped_column(String(16))
@@ -148,9 +136,7 @@ class JobRow(Base):
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    model_id: Mapped[str] = mapped_column(
-        ForeignKey("mt_models.id", ondelete="CASCADE")
-    )
+    model_id: Mapped[str] = mapped_column(ForeignKey("mt_models.id", ondelete="CASCADE"))
     gpu_key: Mapped[str] = mapped_column(String(64))
     batch: Mapped[int] = mapped_column(Integer)
     dtype: Mapped[str] = mapped_column(String(16))
@@ -171,9 +157,7 @@ class JobRow(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     request_hash: Mapped[str] = mapped_column(String(64))
     study_name: Mapped[str] = mapped_column(String(100))
-    profile_id: Mapped[int | None] = mapped_column(
-        ForeignKey("mt_profiles.id", ondelete="SET NULL")
-    )
+    profile_id: Mapped[int | None] = mapped_column(ForeignKey("mt_profiles.id", ondelete="SET NULL"))
     worker_id: Mapped[str | None] = mapped_column(String(100))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -188,14 +172,10 @@ class JobClaimRow(Base):
     """One claim of a job by a worker. ``(job_id, attempt)`` is unique: no attempt is claimed twice."""
 
     __tablename__ = "mt_job_claims"
-    __table_args__ = (
-        UniqueConstraint("job_id", "attempt", name="uq_mt_job_claims_attempt"),
-    )
+    __table_args__ = (UniqueConstraint("job_id", "attempt", name="uq_mt_job_claims_attempt"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(
-        ForeignKey("mt_jobs.id", ondelete="CASCADE"), index=True
-    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("mt_jobs.id", ondelete="CASCADE"), index=True)
     worker_id: Mapped[str] = mapped_column(String(100))
     attempt: Mapped[int] = mapped_column(Integer)
     reclaimed_from: Mapped[str | None] = mapped_column(String(100))
@@ -206,17 +186,11 @@ class ResultRow(Base):
     """One plan found for a job: a baseline policy, the Optuna best, or a Pareto point."""
 
     __tablename__ = "mt_results"
-    __table_args__ = (
-        Index("ix_mt_results_lookup", "gpu_key", "model_id", "batch", "budget_bytes"),
-    )
+    __table_args__ = (Index("ix_mt_results_lookup", "gpu_key", "model_id", "batch", "budget_bytes"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(
-        ForeignKey("mt_jobs.id", ondelete="CASCADE"), index=True
-    )
-    model_id: Mapped[str] = mapped_column(
-        ForeignKey("mt_models.id", ondelete="CASCADE")
-    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("mt_jobs.id", ondelete="CASCADE"), index=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("mt_models.id", ondelete="CASCADE"))
     gpu_key: Mapped[str] = mapped_column(String(64))
     batch: Mapped[int] = mapped_column(Integer)
     dtype: Mapped[str] = mapped_column(String(16))
@@ -229,9 +203,7 @@ class ResultRow(Base):
     feasible: Mapped[bool] = mapped_column(Boolean)
     pareto_optimal: Mapped[bool] = mapped_column(Boolean, default=False)
     source: Mapped[str] = mapped_column(String(16))
-    profile_id: Mapped[int | None] = mapped_column(
-        ForeignKey("mt_profiles.id", ondelete="SET NULL")
-    )
+    profile_id: Mapped[int | None] = mapped_column(ForeignKey("mt_profiles.id", ondelete="SET NULL"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

@@ -17,7 +17,7 @@ from tuner.plan import Action, Plan
 from tuner.search import _MAX_LOOKAHEAD, _SYNCS
 from tuner.simulator import Simulator
 
-__all__ = ["MAX_EXACT_STAGES", "ExactOptimum", "exact_optimum"]
+__all__ = ["MAX_EXACT_STAGES", "ExactFront", "ExactOptimum", "exact_front", "exact_optimum"]
 
 MAX_EXACT_STAGES = 10
 
@@ -32,14 +32,25 @@ class ExactOptimum:
     evaluated: int
 
 
-def exact_optimum(
-    profile: Profile,
-    budget_bytes: int,
-    *,
-    optimizer: str = "sgd",
-    progress: Callable[[int, int], None] | None = None,
-) -> ExactOptimum:
-    """Simulate every plan of the search space and return the fastest one with peak ≤ ``budget_bytes``.
+@dataclass(frozen=True)
+class ExactFront:
+    """The time–memory Pareto front of every plan in the space: ``(step ms, peak bytes, plan)`` by step ms."""
+
+    points: tuple[tuple[float, int, Plan], ...]
+    evaluated: int
+
+    def best_within(self, budget_bytes: int) -> ExactOptimum:
+        """The exact optimum for one budget, read off the front."""
+        for step, peak, plan in self.points:
+            if peak <= budget_bytes:
+                return ExactOptimum(plan, step, peak, self.evaluated)
+        return ExactOptimum(None, float("inf"), 0, self.evaluated)
+
+
+def exact_front(
+    profile: Profile, *, optimizer: str = "sgd", progress: Callable[[int, int], None] | None = None
+) -> ExactFront:
+    """Simulate every plan of the search space once and keep the non-dominated ones.
 
     Raises:
         SearchError: the chain has more than ``MAX_EXACT_STAGES`` stages (too many plans to enumerate).
@@ -48,22 +59,38 @@ def exact_optimum(
     if n > MAX_EXACT_STAGES:
         raise SearchError(
             f"the exact optimum enumerates 3^n plans; {profile.model!r} has {n} stages, the limit is "
-            f"{MAX_EXACT_STAGES} (use a prefix of the chain)"
+            f"{MAX_EXACT_STAGES} (use Profile.prefix to take the first stages)"
         )
     sim = Simulator(profile, optimizer)
     knobs = [(la, s) for s in _SYNCS for la in range(_MAX_LOOKAHEAD + 1)]
     total = 3**n * len(knobs)
-    best: tuple[float, int, Plan] | None = None
+    points: list[tuple[float, int, tuple[Action, ...], int, str]] = []
     count = 0
     for la, sync in knobs:
         template = Plan(actions=(Action.KEEP,) * n, prefetch_lookahead=la, sync=sync, label="exact")  # type: ignore[arg-type]
         for actions in itertools.product(tuple(Action), repeat=n):
             r = sim.run_actions(actions, template)
+            points.append((r.step_ms, r.peak_bytes, actions, la, sync))
             count += 1
-            if r.peak_bytes <= budget_bytes and (best is None or (r.step_ms, r.peak_bytes) < best[:2]):
-                best = (r.step_ms, r.peak_bytes, template.with_(actions=actions))
         if progress is not None:
             progress(count, total)
-    if best is None:
-        return ExactOptimum(None, float("inf"), 0, count)
-    return ExactOptimum(best[2], best[0], best[1], count)
+    points.sort(key=lambda p: (p[0], p[1]))
+    front: list[tuple[float, int, Plan]] = []
+    lowest = None
+    for step, peak, actions, la, sync in points:
+        if lowest is None or peak < lowest:
+            lowest = peak
+            plan = Plan(actions=actions, prefetch_lookahead=la, sync=sync, label="exact")  # type: ignore[arg-type]
+            front.append((step, peak, plan))
+    return ExactFront(tuple(front), count)
+
+
+def exact_optimum(
+    profile: Profile,
+    budget_bytes: int,
+    *,
+    optimizer: str = "sgd",
+    progress: Callable[[int, int], None] | None = None,
+) -> ExactOptimum:
+    """The fastest plan of the search space with peak ≤ ``budget_bytes``, by enumerating every plan."""
+    return exact_front(profile, optimizer=optimizer, progress=progress).best_within(budget_bytes)

@@ -290,7 +290,7 @@ def tune(
         n_startup_trials=10,
         multivariate=True,
     )
-    directions = ["minimize", "minimize"] if mode == "pareto" else ["minimize"]
+    directions: list[Literal["minimize", "maximize"]] = ["minimize", "minimize"] if mode == "pareto" else ["minimize"]
     study = optuna.create_study(
         storage=storage, study_name=study_name, sampler=sampler, directions=directions, load_if_exists=True
     )

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from profiler.profile import Profile
-from tuner.plan import Action, Plan, resolve_storages, segments
+from tuner.plan import Action, Plan, resolve_storages, segments, storage_copy_ms
 
 __all__ = ["OPTIMIZERS", "SimResult", "Simulator", "simulate"]
 
@@ -98,24 +98,12 @@ class Simulator:
         self.s_producer = [s.producer for s in storages]
         # last forward reader of each storage: who saves it, and the stage after any stage whose output it is
         last = [max((*s.saved_by, s.producer, 0)) for s in storages]
-        for k, s in enumerate(st):
-            if s.output_storage is not None:
-                last[s.output_storage] = max(last[s.output_storage], min(k + 1, n - 1))
+        for k, stage in enumerate(st):
+            if stage.output_storage is not None:
+                last[stage.output_storage] = max(last[stage.output_storage], min(k + 1, n - 1))
         self.s_last_use = last
-        # copy times: the stage's measured ms for S_i, shared by bytes; else the device bandwidth
-        d2h_bw = profile.device.d2h_gbps * 1e6  # bytes per ms
-        h2d_bw = profile.device.h2d_gbps * 1e6
-        self.s_d2h: list[float] = []
-        self.s_h2d: list[float] = []
-        for s in storages:
-            first = min(s.saved_by) if s.saved_by else -1
-            owner = st[first] if first >= 0 else None
-            if owner is not None and owner.saved_bytes > 0 and owner.d2h_ms > 0:
-                self.s_d2h.append(owner.d2h_ms * s.bytes / owner.saved_bytes)
-                self.s_h2d.append(owner.h2d_ms * s.bytes / owner.saved_bytes)
-            else:
-                self.s_d2h.append(s.bytes / d2h_bw)
-                self.s_h2d.append(s.bytes / h2d_bw)
+        # copy times: the first saver's measured ms, shared by bytes; else the device bandwidth
+        self.s_d2h, self.s_h2d = storage_copy_ms(profile)
         # storages produced by each stage (allocated at its forward start)
         self.produced: list[list[int]] = [[] for _ in range(n)]
         for sid, p in enumerate(self.s_producer):

@@ -21,9 +21,7 @@ config = context.config
 target_metadata = Base.metadata
 
 
-def include_object(
-    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
-) -> bool:
+def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
     if type_ == "table":
         return bool(name and name.startswith("mt_")) and name != VERSION_TABLE
     return True
@@ -43,13 +41,9 @@ def _configure(connection: Any) -> None:
 
 
 def _url() -> str:
-    url = context.get_x_argument(as_dictionary=True).get(
-        "url"
-    ) or config.get_main_option("sqlalchemy.url")
+    url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
     if not url:
-        raise SystemExit(
-            "no database URL: pass -x url=<sqlalchemy url> or use storage.migrate.upgrade(url)"
-        )
+        raise SystemExit("no database URL: pass -x url=<sqlalchemy url> or use storage.migrate.upgrade(url)")
     return normalize_url(url)
 
 

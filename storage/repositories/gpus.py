@@ -55,9 +55,7 @@ class GpuRepository:
     def get(self, key: str) -> GpuType:
         row = self.s.get(GpuTypeRow, key)
         if row is None:
-            raise NotFoundError(
-                f"GPU type {key!r} is not stored; GET /v1/gpus lists the known ones"
-            )
+            raise NotFoundError(f"GPU type {key!r} is not stored; GET /v1/gpus lists the known ones")
         return to_gpu(row)
 
     def find(self, key: str) -> GpuType | None:
@@ -65,14 +63,9 @@ class GpuRepository:
         return None if row is None else to_gpu(row)
 
     def list_all(self) -> list[GpuType]:
-        return [
-            to_gpu(r)
-            for r in self.s.scalars(select(GpuTypeRow).order_by(GpuTypeRow.key))
-        ]
+        return [to_gpu(r) for r in self.s.scalars(select(GpuTypeRow).order_by(GpuTypeRow.key))]
 
     def same_architecture(self, compute_capability: str) -> list[GpuType]:
         """GPU types with this compute capability (e.g. ``9.0``), by key."""
-        q = select(GpuTypeRow).where(
-            GpuTypeRow.compute_capability == compute_capability
-        )
+        q = select(GpuTypeRow).where(GpuTypeRow.compute_capability == compute_capability)
         return [to_gpu(r) for r in self.s.scalars(q.order_by(GpuTypeRow.key))]

@@ -26,7 +26,7 @@ from uuid import uuid4
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from storage.errors import ConflictError, NotFoundError
+from storage.errors import ConflictError, IdempotencyConflictError, NotFoundError
 from storage.records import TERMINAL_STATES, Claim, Job
 from storage.repositories._convert import to_claim, to_job
 from storage.rows import JobClaimRow, JobRow, utcnow
@@ -80,7 +80,7 @@ class JobRepository:
             existing = self.find_by_idempotency_key(owner, idempotency_key)
             if existing is not None:
                 if existing.request_hash != request_hash:
-                    raise ConflictError(
+                    raise IdempotencyConflictError(
                         f"Idempotency-Key {idempotency_key!r} was used for a different request "
                         f"(job {existing.id}); use a new key for a new job"
                     )
@@ -114,9 +114,7 @@ class JobRepository:
         return to_job(row), True
 
     def find_by_idempotency_key(self, owner: str, key: str) -> Job | None:
-        row = self.s.scalar(
-            select(JobRow).where(JobRow.owner == owner, JobRow.idempotency_key == key)
-        )
+        row = self.s.scalar(select(JobRow).where(JobRow.owner == owner, JobRow.idempotency_key == key))
         return None if row is None else to_job(row)
 
     def get(self, job_id: str) -> Job:
@@ -132,11 +130,7 @@ class JobRepository:
         return [to_job(r) for r in self.s.scalars(q)]
 
     def claims(self, job_id: str) -> list[Claim]:
-        q = (
-            select(JobClaimRow)
-            .where(JobClaimRow.job_id == job_id)
-            .order_by(JobClaimRow.attempt)
-        )
+        q = select(JobClaimRow).where(JobClaimRow.job_id == job_id).order_by(JobClaimRow.attempt)
         return [to_claim(r) for r in self.s.scalars(q)]
 
     # ---- claim -------------------------------------------------------------------------------------
@@ -184,12 +178,7 @@ class JobRepository:
                 return None
             self.s.execute(update(JobRow).where(JobRow.id == job_id).values(**values))
         else:
-            pick = (
-                select(JobRow.id)
-                .where(*conds)
-                .order_by(JobRow.created_at, JobRow.id)
-                .limit(1)
-            )
+            pick = select(JobRow.id).where(*conds).order_by(JobRow.created_at, JobRow.id).limit(1)
             stmt = (
                 update(JobRow)
                 .where(JobRow.id == pick.scalar_subquery(), *conds)
@@ -203,9 +192,7 @@ class JobRepository:
         row = self.s.get(JobRow, job_id, populate_existing=True)
         assert row is not None
         previous = self.s.scalar(
-            select(JobClaimRow.worker_id).where(
-                JobClaimRow.job_id == job_id, JobClaimRow.attempt == row.attempts - 1
-            )
+            select(JobClaimRow.worker_id).where(JobClaimRow.job_id == job_id, JobClaimRow.attempt == row.attempts - 1)
         )
         self.s.add(
             JobClaimRow(
@@ -216,9 +203,7 @@ class JobRepository:
             )
         )
         self.s.flush()
-        return to_job(row), JobLease(
-            job_id=job_id, worker_id=worker_id, attempt=row.attempts
-        )
+        return to_job(row), JobLease(job_id=job_id, worker_id=worker_id, attempt=row.attempts)
 
     # ---- worker writes (conditional on the lease) --------------------------------------------------
     def _held(self, lease: JobLease) -> Any:
@@ -232,16 +217,11 @@ class JobRepository:
     def _lease_write(self, lease: JobLease, values: dict[str, Any]) -> LeaseStatus:
         values = {**values, "heartbeat_at": utcnow(), "updated_at": utcnow()}
         res = self.s.execute(
-            update(JobRow)
-            .where(self._held(lease))
-            .values(**values)
-            .execution_options(synchronize_session=False)
+            update(JobRow).where(self._held(lease)).values(**values).execution_options(synchronize_session=False)
         )
         if res.rowcount != 1:  # type: ignore[attr-defined]
             return LeaseStatus(lost=True, cancel=False)
-        cancel = self.s.scalar(
-            select(JobRow.cancel_requested).where(JobRow.id == lease.job_id)
-        )
+        cancel = self.s.scalar(select(JobRow.cancel_requested).where(JobRow.id == lease.job_id))
         return LeaseStatus(lost=False, cancel=bool(cancel))
 
     def heartbeat(self, lease: JobLease) -> LeaseStatus:
@@ -285,9 +265,7 @@ class JobRepository:
     ) -> bool:
         """Move the job to a terminal ``state``; False when the lease was lost (nothing written)."""
         if state not in TERMINAL_STATES:
-            raise ValueError(
-                f"finish() needs a terminal state {sorted(TERMINAL_STATES)}, got {state!r}"
-            )
+            raise ValueError(f"finish() needs a terminal state {sorted(TERMINAL_STATES)}, got {state!r}")
         now = utcnow()
         values: dict[str, Any] = {
             "state": state,
@@ -309,10 +287,7 @@ class JobRepository:
                 unconstrained_peak_bytes=unconstrained_peak_bytes,
             )
         res = self.s.execute(
-            update(JobRow)
-            .where(self._held(lease))
-            .values(**values)
-            .execution_options(synchronize_session=False)
+            update(JobRow).where(self._held(lease)).values(**values).execution_options(synchronize_session=False)
         )
         return res.rowcount == 1  # type: ignore[attr-defined, no-any-return]
 
@@ -340,9 +315,7 @@ class JobRepository:
             )
             if res.rowcount != 1:  # type: ignore[attr-defined]
                 job = self.get(job_id)
-                raise ConflictError(
-                    f"job {job_id} is already {job.state}; only queued or running jobs cancel"
-                )
+                raise ConflictError(f"job {job_id} is already {job.state}; only queued or running jobs cancel")
         row = self.s.get(JobRow, job_id, populate_existing=True)
         assert row is not None
         return to_job(row)

@@ -34,39 +34,28 @@ class KeyRepository:
         if not name or len(name) > 100:
             raise ConflictError("key name must be 1..100 characters")
         if self.s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name)) is not None:
-            raise ConflictError(
-                f"an API key named {name!r} exists; revoke it or choose another name"
-            )
+            raise ConflictError(f"an API key named {name!r} exists; revoke it or choose another name")
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
-        row = ApiKeyRow(
-            name=name, key_hash=hash_key(secret), prefix=secret[: len(KEY_PREFIX) + 4]
-        )
+        row = ApiKeyRow(name=name, key_hash=hash_key(secret), prefix=secret[: len(KEY_PREFIX) + 4])
         self.s.add(row)
         self.s.flush()
         return to_api_key(row), secret
 
     def authenticate(self, secret: str) -> ApiKey | None:
         """The active key with this secret, or None (unknown or revoked)."""
-        row = self.s.scalar(
-            select(ApiKeyRow).where(ApiKeyRow.key_hash == hash_key(secret))
-        )
+        row = self.s.scalar(select(ApiKeyRow).where(ApiKeyRow.key_hash == hash_key(secret)))
         if row is None or row.revoked_at is not None:
             return None
         return to_api_key(row)
 
     def list_all(self) -> list[ApiKey]:
-        return [
-            to_api_key(r)
-            for r in self.s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.id))
-        ]
+        return [to_api_key(r) for r in self.s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.id))]
 
     def revoke(self, name: str) -> ApiKey:
         """Revoke the key named ``name`` (idempotent). Raises ``NotFoundError`` for an unknown name."""
         row = self.s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name))
         if row is None:
-            raise NotFoundError(
-                f"no API key named {name!r}; `memtune keys list` shows them"
-            )
+            raise NotFoundError(f"no API key named {name!r}; `memtune keys list` shows them")
         if row.revoked_at is None:
             row.revoked_at = utcnow()
             self.s.flush()

@@ -19,9 +19,7 @@ __all__ = ["ModelRepository", "content_hash"]
 
 def content_hash(definition: dict[str, Any]) -> str:
     """SHA-256 (hex) of a canonical JSON form of a model definition (key order does not matter)."""
-    return hashlib.sha256(
-        json.dumps(definition, sort_keys=True, separators=(",", ":")).encode()
-    ).hexdigest()
+    return hashlib.sha256(json.dumps(definition, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 class ModelRepository:
@@ -61,9 +59,7 @@ class ModelRepository:
     def get(self, model_id: str) -> ModelRecord:
         row = self.s.get(ModelRow, model_id)
         if row is None:
-            raise NotFoundError(
-                f"model {model_id!r} does not exist; create it with POST /v1/models"
-            )
+            raise NotFoundError(f"model {model_id!r} does not exist; create it with POST /v1/models")
         return to_model(row)
 
     def find(self, id_or_name: str) -> list[ModelRecord]:
@@ -71,9 +67,5 @@ class ModelRepository:
         row = self.s.get(ModelRow, id_or_name)
         if row is not None:
             return [to_model(row)]
-        q = (
-            select(ModelRow)
-            .where(ModelRow.name == id_or_name)
-            .order_by(ModelRow.created_at.desc())
-        )
+        q = select(ModelRow).where(ModelRow.name == id_or_name).order_by(ModelRow.created_at.desc())
         return [to_model(r) for r in self.s.scalars(q)]

@@ -45,9 +45,7 @@ class ProfileRepository:
         self.s.flush()
         return to_profile(row)
 
-    def find(
-        self, model_id: str, gpu_key: str, batch: int, dtype: str
-    ) -> ProfileRecord | None:
+    def find(self, model_id: str, gpu_key: str, batch: int, dtype: str) -> ProfileRecord | None:
         """The stored profile for this key, ``measured`` preferred over ``modeled``; None when absent."""
         q = (
             select(ProfileRow)

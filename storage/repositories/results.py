@@ -43,9 +43,7 @@ def pareto_flags(points: Sequence[tuple[float, int, bool]]) -> list[bool]:
             out.append(False)
             continue
         dominated = any(
-            ok2 and t2 <= t and m2 <= m and (t2 < t or m2 < m)
-            for j, (t2, m2, ok2) in enumerate(points)
-            if j != i
+            ok2 and t2 <= t and m2 <= m and (t2 < t or m2 < m) for j, (t2, m2, ok2) in enumerate(points) if j != i
         )
         out.append(not dominated)
     return out
@@ -70,11 +68,7 @@ class LeaderboardPage:
 
 
 def _encode_token(data: dict[str, Any]) -> str:
-    return (
-        base64.urlsafe_b64encode(json.dumps(data, separators=(",", ":")).encode())
-        .decode()
-        .rstrip("=")
-    )
+    return base64.urlsafe_b64encode(json.dumps(data, separators=(",", ":")).encode()).decode().rstrip("=")
 
 
 def decode_page_token(token: str) -> dict[str, Any]:
@@ -83,17 +77,11 @@ def decode_page_token(token: str) -> dict[str, Any]:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(
-            "page_token is not valid; pass the next_page_token of a previous page"
-        ) from e
+        raise ValueError("page_token is not valid; pass the next_page_token of a previous page") from e
     if not isinstance(data, dict) or not {"v", "id", "n", "o"} <= data.keys():
-        raise ValueError(
-            "page_token is not valid; pass the next_page_token of a previous page"
-        )
+        raise ValueError("page_token is not valid; pass the next_page_token of a previous page")
     if not isinstance(data["id"], int) or not isinstance(data["n"], int):
-        raise ValueError(  # noqa: TRY004 - a bad token is a bad value, reported as 422
-            "page_token is not valid; pass the next_page_token of a previous page"
-        )
+        raise ValueError("page_token is not valid; pass the next_page_token of a previous page")
     return data
 
 
@@ -103,9 +91,7 @@ class ResultRepository:
     def __init__(self, session: Session) -> None:
         self.s = session
 
-    def add_for_job(
-        self, job: Job, results: Sequence[ResultIn], *, profile_id: int | None
-    ) -> list[Result]:
+    def add_for_job(self, job: Job, results: Sequence[ResultIn], *, profile_id: int | None) -> list[Result]:
         """Store a job's results (replacing earlier ones of the job) with Pareto flags over the set."""
         for old in self.s.scalars(select(ResultRow).where(ResultRow.job_id == job.id)):
             self.s.delete(old)
@@ -135,11 +121,7 @@ class ResultRepository:
         return [to_result(r) for r in rows]
 
     def for_job(self, job_id: str) -> list[Result]:
-        q = (
-            select(ResultRow)
-            .where(ResultRow.job_id == job_id)
-            .order_by(ResultRow.step_ms, ResultRow.id)
-        )
+        q = select(ResultRow).where(ResultRow.job_id == job_id).order_by(ResultRow.step_ms, ResultRow.id)
         return [to_result(r) for r in self.s.scalars(q)]
 
     # ---- best --------------------------------------------------------------------------------------
@@ -166,17 +148,11 @@ class ResultRepository:
             target: Any = budget
         else:
             target = self.s.scalar(
-                select(func.max(ResultRow.budget_bytes)).where(
-                    *base, ResultRow.budget_bytes < budget
-                )
+                select(func.max(ResultRow.budget_bytes)).where(*base, ResultRow.budget_bytes < budget)
             )
             if target is None:
                 return None
-        q = (
-            select(ResultRow)
-            .where(*base, ResultRow.budget_bytes == target)
-            .order_by(ResultRow.step_ms, ResultRow.id)
-        )
+        q = select(ResultRow).where(*base, ResultRow.budget_bytes == target).order_by(ResultRow.step_ms, ResultRow.id)
         row = self.s.scalars(q.limit(1)).first()
         return None if row is None else to_result(row)
 
@@ -204,9 +180,7 @@ class ResultRepository:
         for other in same_architecture:
             if other == gpu_key:
                 continue
-            hit = self._fastest(
-                other, model_ids, batch, budget_bytes, dtype, exact=True
-            ) or self._fastest(
+            hit = self._fastest(other, model_ids, batch, budget_bytes, dtype, exact=True) or self._fastest(
                 other, model_ids, batch, budget_bytes, dtype, exact=False
             )
             if hit is not None:
@@ -244,18 +218,13 @@ class ResultRepository:
             filters.append(ResultRow.batch == batch)
         if budget_bytes is not None:
             filters.append(ResultRow.budget_bytes == budget_bytes)
-        count = (
-            self.s.scalar(select(func.count()).select_from(ResultRow).where(*filters))
-            or 0
-        )
+        count = self.s.scalar(select(func.count()).select_from(ResultRow).where(*filters)) or 0
         q = select(ResultRow).where(*filters)
         offset = 0
         if page_token is not None:
             tok = decode_page_token(page_token)
             if tok["o"] != order_by:
-                raise ValueError(
-                    f"page_token was made for order_by={tok['o']!r}, not {order_by!r}"
-                )
+                raise ValueError(f"page_token was made for order_by={tok['o']!r}, not {order_by!r}")
             v, last_id, offset = tok["v"], tok["id"], tok["n"]
             q = q.where(or_(col > v, (col == v) & (ResultRow.id > last_id)))
         rows = list(self.s.scalars(q.order_by(col, ResultRow.id).limit(page_size + 1)))
@@ -269,9 +238,7 @@ class ResultRepository:
                 "peak_bytes": last.peak_bytes,
                 "created_at": last.id,
             }[order_by]
-            token = _encode_token(
-                {"o": order_by, "v": value, "id": last.id, "n": offset + len(rows)}
-            )
+            token = _encode_token({"o": order_by, "v": value, "id": last.id, "n": offset + len(rows)})
         return LeaderboardPage(
             results=[to_result(r) for r in rows],
             ranks=list(range(offset + 1, offset + len(rows) + 1)),

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from profiler.profile import Profile, StageProfile
+from tuner.plan import storage_copy_ms
 
 __all__ = ["StorageMap", "is_conv"]
 
@@ -51,19 +52,8 @@ class StorageMap:
         n = profile.n_stages
         saved: list[list[int]] = [[] for _ in range(n)]
         first: list[list[int]] = [[] for _ in range(n)]
-        d2h_bw = profile.device.d2h_gbps * 1e6  # bytes per ms
-        h2d_bw = profile.device.h2d_gbps * 1e6
-        d2h: list[float] = []
-        h2d: list[float] = []
+        d2h, h2d = storage_copy_ms(profile)
         for sid, s in enumerate(profile.storages):
-            owner = profile.stages[min(s.saved_by)] if s.saved_by else None
-            if owner is not None and owner.saved_bytes > 0 and owner.d2h_ms > 0:
-                share = s.bytes / owner.saved_bytes
-                d2h.append(owner.d2h_ms * share)
-                h2d.append(owner.h2d_ms * share)
-            else:
-                d2h.append(s.bytes / d2h_bw if d2h_bw > 0 else 0.0)
-                h2d.append(s.bytes / h2d_bw if h2d_bw > 0 else 0.0)
             if s.producer < 0:
                 continue  # the model input is always resident: nothing to offload
             for k in sorted(set(s.saved_by)):

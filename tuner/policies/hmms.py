@@ -77,7 +77,7 @@ def hmms_schedule(profile: Profile) -> HmmsSchedule:
 
     # ---- start of the prefetch: backward order, analysed from its last operation to its first --------
     need_bytes = [0] * n
-    for sid, s in enumerate(profile.storages):
+    for s in profile.storages:
         if s.producer >= 0 and s.saved_by:
             need_bytes[max(s.saved_by)] += s.bytes  # first backward reader
     starts = [-1] * n

@@ -61,7 +61,5 @@ def layup(profile: Profile, budget_bytes: int, *, watershed: float = WATERSHED) 
     del budget_bytes
     if not watershed > 0:
         raise ValueError(f"layup watershed must be a positive number, not {watershed!r}")
-    actions = tuple(
-        Action.OFFLOAD if t < watershed else Action.RECOMPUTE for t in layup_thresholds(profile)
-    )
+    actions = tuple(Action.OFFLOAD if t < watershed else Action.RECOMPUTE for t in layup_thresholds(profile))
     return Plan(actions=actions, sync="deferred", label="layup")

@@ -16,6 +16,7 @@ plan copies for it: its saved storages and its output, each once.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -23,7 +24,12 @@ from profiler.profile import Profile
 from tuner.plan import Action, Plan
 from tuner.policies._storage import StorageMap
 
-__all__ = ["CumulativeStep", "checkpoint_transfer_ms", "cumulative_steps", "layup_cumulative"]
+__all__ = [
+    "CumulativeStep",
+    "checkpoint_transfer_ms",
+    "cumulative_steps",
+    "layup_cumulative",
+]
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ def layup_cumulative(profile: Profile, budget_bytes: int, *, threshold: float = 
     steps = cumulative_steps(profile, threshold=threshold)
     actions = tuple(Action.OFFLOAD if s.checkpoint else Action.RECOMPUTE for s in steps)
     ckpts = [-1] + [s.stage for s in steps if s.checkpoint]
-    gap = max((b - a for a, b in zip(ckpts, ckpts[1:])), default=1)
+    gap = max((b - a for a, b in itertools.pairwise(ckpts)), default=1)
     return Plan(
         actions=actions,
         sync="deferred",

@@ -76,7 +76,13 @@ def conv_ladder(conv: ConvProfile) -> tuple[ConvChoice, ...]:
     if any(not lad for lad in ladders):
         return ()
     pos = [0, 0, 0]
-    out = [ConvChoice(fwd=ladders[0][0].algo, bwd_data=ladders[1][0].algo, bwd_filter=ladders[2][0].algo)]
+    out = [
+        ConvChoice(
+            fwd=ladders[0][0].algo,
+            bwd_data=ladders[1][0].algo,
+            bwd_filter=ladders[2][0].algo,
+        )
+    ]
     while True:
         movable = [p for p in range(3) if pos[p] + 1 < len(ladders[p])]
         if not movable:
@@ -105,13 +111,9 @@ def _conv_key(stage: int, conv: ConvProfile) -> str:
     return f"{stage}.{conv.name}"
 
 
-def _greedy(
-    base: Plan, profile: Profile, budget_bytes: int, peak: PeakFn
-) -> tuple[Plan, int]:
+def _greedy(base: Plan, profile: Profile, budget_bytes: int, peak: PeakFn) -> tuple[Plan, int]:
     """vDNN's greedy phase on ``base``: visit convolutions in order, downgrade while the pass overflows."""
-    ladders = [
-        (_conv_key(st.index, c), conv_ladder(c)) for st in profile.stages for c in st.convs
-    ]
+    ladders = [(_conv_key(st.index, c), conv_ladder(c)) for st in profile.stages for c in st.convs]
     ladders = [(key, lad) for key, lad in ladders if lad]
     algos = {key: lad[0] for key, lad in ladders}
     plan = base.with_(conv_algos=algos)
@@ -170,7 +172,12 @@ def vdnn_dyn_passes(
         if attempt(name, plan):
             return done(plan)
     for name, make in (("greedy_conv", vdnn_conv), ("greedy_all", vdnn_all)):
-        plan, used = _greedy(make(profile, budget_bytes, conv_rule="fastest"), profile, budget_bytes, measure)
+        plan, used = _greedy(
+            make(profile, budget_bytes, conv_rule="fastest"),
+            profile,
+            budget_bytes,
+            measure,
+        )
         if attempt(name, plan, used):
             return done(plan)
     records.append(PassRecord("fallback_all_m", records[1].peak_bytes, records[1].fits))

@@ -1,0 +1,25 @@
+"""Apply a memory plan to a live model (the only part of ``tuner`` that imports torch).
+
+``planned(model, plan)`` wraps a chain so that each training step offloads, recomputes and keeps
+saved activations as the plan says (NOTE [ Plan semantics ] in ``tuner.plan``); ``load_plan`` reads a
+plan file or ``tune --json`` output; ``budget_guard`` caps CUDA memory and reports out-of-memory as
+``PlanOutOfMemoryError`` naming the plan and stage.
+"""
+
+from __future__ import annotations
+
+from tuner.runtime.errors import PlanOutOfMemoryError
+from tuner.runtime.guard import budget_guard
+from tuner.runtime.offload import OffloadStats
+from tuner.runtime.planned import PlannedModel, load_plan, planned
+from tuner.runtime.pool import HostPool
+
+__all__ = [
+    "HostPool",
+    "OffloadStats",
+    "PlanOutOfMemoryError",
+    "PlannedModel",
+    "budget_guard",
+    "load_plan",
+    "planned",
+]

@@ -55,8 +55,7 @@ class PlanOutOfMemoryError(TunerError):
         super().__init__(
             f"{plan} ran out of GPU memory in the {phase} of {where}{budget}. "
             "Pick a plan simulated for a smaller budget (more offload/recompute), lower the batch, "
-            "or raise the budget."
-            + (f" Allocator said: {first_line}" if first_line else "")
+            "or raise the budget." + (f" Allocator said: {first_line}" if first_line else "")
         )
         self.label = label
         self.stage = stage

@@ -39,6 +39,7 @@ Assumption, as autograd's own: a storage's content does not change between its p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import weakref
@@ -122,10 +123,8 @@ class _Handle:
         entry.pending += 1
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # at interpreter shutdown there is nothing to release
             self.runtime._handle_dead(self)
-        except Exception:  # interpreter shutdown: nothing left to release
-            pass
 
 
 def _bytes_view(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:

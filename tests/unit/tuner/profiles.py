@@ -48,9 +48,7 @@ DEVICE = DeviceIdentity(
 )
 
 
-def _algo(
-    pass_: str, algo: int, ms: float | None, ws_mib: int, status: str = "ok"
-) -> ConvAlgo:
+def _algo(pass_: str, algo: int, ms: float | None, ws_mib: int, status: str = "ok") -> ConvAlgo:
     return ConvAlgo.model_validate(
         {
             "pass": pass_,
@@ -113,9 +111,7 @@ class Layer:
     convs: tuple[ConvProfile, ...] = ()
 
 
-def chain_profile(
-    layers: list[Layer], *, input_mib: int = 12, model: str = "conv-chain"
-) -> Profile:
+def chain_profile(layers: list[Layer], *, input_mib: int = 12, model: str = "conv-chain") -> Profile:
     """Build a profile from layers: storages, saved_by, S_i and copy times follow from the flags."""
     sizes = [input_mib]
     producers = [-1]
@@ -141,10 +137,10 @@ def chain_profile(
         cur = out
     storages = tuple(
         SavedStorage(bytes=b * MiB, saved_by=tuple(sorted(set(by))), producer=p)
-        for b, by, p in zip(sizes, savers, producers)
+        for b, by, p in zip(sizes, savers, producers, strict=True)
     )
     first_mib = [0] * len(layers)
-    for b, by in zip(sizes, savers):
+    for b, by in zip(sizes, savers, strict=True):
         if by:
             first_mib[min(by)] += b
     stages = tuple(

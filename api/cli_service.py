@@ -1,0 +1,171 @@
+"""Service commands for the ``memtune`` CLI: ``serve``, ``worker`` and ``keys create|list|revoke``.
+
+The lead's ``api/cli.py`` attaches them with ``register(app)``. ``python -m api.cli_service …`` runs
+them standalone (same commands, same options).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from api.settings import Settings
+from storage.database import Database
+from storage.errors import StorageError
+from storage.migrate import upgrade
+from storage.repositories import KeyRepository
+
+__all__ = ["register"]
+
+DataDir = Annotated[
+    Path | None, typer.Option("--data-dir", help="directory of the default SQLite database [MEMTUNE_DATA_DIR]")
+]
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option("--database-url", help="SQLAlchemy URL, e.g. postgresql://user@host/db [MEMTUNE_DATABASE_URL]"),
+]
+
+
+def _settings(data_dir: Path | None, database_url: str | None, **more: object) -> Settings:
+    overrides: dict[str, object] = {k: v for k, v in more.items() if v is not None}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    if database_url is not None:
+        overrides["database_url"] = database_url
+    return Settings(**overrides)  # type: ignore[arg-type]
+
+
+def _database(settings: Settings) -> Database:
+    db = Database(settings.url())
+    try:
+        upgrade(db)
+    except StorageError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    return db
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    worker: Annotated[bool, typer.Option("--worker/--no-worker", help="run one in-process worker")] = True,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+) -> None:
+    """Run the HTTP API (uvicorn) with one in-process worker; migrations run on start."""
+    import uvicorn
+
+    from api.main import create_app
+
+    settings = _settings(data_dir, database_url, embedded_worker=worker)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+
+
+def worker(
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    gpu: Annotated[list[str] | None, typer.Option("--gpu", help="GPU type key to serve (repeat); default: all")] = None,
+    worker_id: Annotated[str | None, typer.Option(help="id recorded on claimed jobs")] = None,
+    heartbeat_interval: Annotated[float | None, typer.Option(help="seconds between heartbeats")] = None,
+    stale_after: Annotated[float | None, typer.Option(help="seconds before a silent job is reclaimed")] = None,
+    poll_interval: Annotated[float | None, typer.Option(help="idle seconds between claims")] = None,
+    once: Annotated[bool, typer.Option("--once", help="run at most one job, then exit")] = False,
+) -> None:
+    """Claim and run tuning jobs from the database until interrupted (SIGINT/SIGTERM)."""
+    from api.worker import Worker
+
+    settings = _settings(
+        data_dir,
+        database_url,
+        worker_gpus=gpu or None,
+        heartbeat_interval_s=heartbeat_interval,
+        stale_after_s=stale_after,
+        poll_interval_s=poll_interval,
+    )
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    w = Worker.from_settings(_database(settings), settings, worker_id=worker_id)
+    typer.echo(f"worker {w.worker_id} on {settings.url().split('@')[-1]}")
+    if once:
+        w.run_once()
+        return
+    done = threading.Event()
+
+    def _graceful(*_: object) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, _graceful)
+    signal.signal(signal.SIGINT, _graceful)
+    w.start()
+    while not done.wait(0.5):
+        if not w.alive:
+            raise typer.Exit(1)
+    w.stop()
+
+
+keys_app = typer.Typer(help="API keys for write requests (stored hashed; shown once).", no_args_is_help=True)
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str, typer.Option("--name", help="who the key is for (unique)")],
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Create an API key; the key is printed as the last line (it is not stored and cannot be shown again)."""
+    db = _database(_settings(data_dir, database_url))
+    try:
+        with db.session() as s:
+            key, secret = KeyRepository(s).create(name)
+    except StorageError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    typer.echo(f"created API key {key.name!r} ({key.prefix}…); store it now, it is not shown again:")
+    typer.echo(secret)
+
+
+@keys_app.command("list")
+def keys_list(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> None:
+    """List API keys (name, prefix, created, revoked)."""
+    db = _database(_settings(data_dir, database_url))
+    with db.session() as s:
+        keys = KeyRepository(s).list_all()
+    for k in keys:
+        revoked = k.revoked_at.isoformat(timespec="seconds") if k.revoked_at else "-"
+        typer.echo(f"{k.name}\t{k.prefix}…\tcreated {k.created_at.isoformat(timespec='seconds')}\trevoked {revoked}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    name: Annotated[str, typer.Argument(help="the key's name")],
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Revoke an API key by name; requests with it get 401 from then on."""
+    db = _database(_settings(data_dir, database_url))
+    try:
+        with db.session() as s:
+            key = KeyRepository(s).revoke(name)
+    except StorageError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    typer.echo(f"revoked API key {key.name!r}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve``, ``worker`` and the ``keys`` group to the ``memtune`` Typer app."""
+    app.command("serve")(serve)
+    app.command("worker")(worker)
+    app.add_typer(keys_app, name="keys")
+
+
+if __name__ == "__main__":
+    _app = typer.Typer(help="memtune service commands", no_args_is_help=True)
+    register(_app)
+    _app()

@@ -1,0 +1,331 @@
+"""The job worker: claims queued jobs, gets a profile, runs the Optuna search, stores plans and progress.
+
+A worker claims jobs atomically (NOTE [ Job claims ] in ``storage.repositories.jobs``) for the GPU types
+it serves, heartbeats while it works, and writes progress (trials done / total, best so far) at most every
+``progress_interval_s``. A job whose worker died (no heartbeat for ``stale_after_s``) is claimed again by
+another worker; its Optuna study lives in the same database (``RDBStorage``) under the job's
+``study_name``, so ``tuner.search.tune`` resumes it with every finished trial kept and fails the dead
+worker's stale RUNNING trial (Optuna heartbeat, ``grace_period`` shorter than ``stale_after_s``).
+
+Profiles: a stored profile for (model, GPU type, batch, dtype) is reused; else a committed measured
+profile from ``profiler.library`` (zoo models at their default parameters); else a roofline profile
+(``profiler.modeled``), built on the ``meta`` device so no memory is allocated. Every result is labeled
+``simulated`` (the numbers come from the simulator, whatever the profile's source).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+from uuid import uuid4
+
+import optuna
+
+from storage.database import Database, engine_kwargs
+from storage.records import Job, ModelRecord, ResultIn
+from storage.repositories import JobLease, JobRepository, ModelRepository, ProfileRepository, ResultRepository
+
+if TYPE_CHECKING:
+    from api.settings import Settings
+    from profiler.profile import Profile
+    from tuner.search import Candidate, TuneResult
+
+__all__ = ["Worker", "default_worker_id"]
+
+log = logging.getLogger("memtune.worker")
+
+
+def default_worker_id() -> str:
+    """``host:pid:random``: unique per process, readable in the claims table."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:6]}"
+
+
+class _LeaseLost(Exception):
+    """The job was reclaimed by another worker: stop without writing."""
+
+
+class _Watch:
+    """Heartbeats one lease on a thread and remembers whether it was lost or a cancel was asked."""
+
+    def __init__(self, db: Database, lease: JobLease, interval_s: float) -> None:
+        self.db = db
+        self.lease = lease
+        self.interval_s = interval_s
+        self.lost = False
+        self.cancel = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{lease.job_id[:8]}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def note(self, lost: bool, cancel: bool) -> None:
+        self.lost = self.lost or lost
+        self.cancel = self.cancel or cancel
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                with self.db.session() as s:
+                    st = JobRepository(s).heartbeat(self.lease)
+                self.note(st.lost, st.cancel)
+            except Exception as e:  # a missed heartbeat is retried; the job is reclaimed only after many
+                log.warning("heartbeat of job %s failed: %s", self.lease.job_id, e)
+            if self.lost:
+                return
+
+    def should_stop(self) -> bool:
+        return self.lost or self.cancel
+
+
+class Worker:
+    """Claims and runs tuning jobs against one database.
+
+    Thread safety: ``start`` runs the loop on one background thread; ``run_once`` may be called directly
+    (tests, ``memtune worker --once``) but not concurrently with a started loop.
+
+    Args:
+        db: the database (the same URL holds the Optuna studies).
+        worker_id: recorded on claimed jobs; ``host:pid:random`` by default.
+        gpu_keys: GPU types served; None for every GPU type (profiles are modeled when none is stored).
+        heartbeat_interval_s: seconds between job heartbeats.
+        stale_after_s: a running job with no heartbeat for this long is reclaimed.
+        poll_interval_s: idle wait between claim attempts, seconds.
+        progress_interval_s: least seconds between two progress writes.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        worker_id: str | None = None,
+        gpu_keys: Sequence[str] | None = None,
+        heartbeat_interval_s: float = 2.0,
+        stale_after_s: float = 30.0,
+        poll_interval_s: float = 0.5,
+        progress_interval_s: float = 0.5,
+    ) -> None:
+        if heartbeat_interval_s >= stale_after_s:
+            raise ValueError(
+                f"heartbeat_interval_s ({heartbeat_interval_s}) must be below stale_after_s ({stale_after_s}), "
+                "or live jobs would be reclaimed"
+            )
+        self.db = db
+        self.worker_id = worker_id or default_worker_id()
+        self.gpu_keys = list(gpu_keys) if gpu_keys else None
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.stale_after_s = stale_after_s
+        self.poll_interval_s = poll_interval_s
+        self.progress_interval_s = progress_interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._optuna: optuna.storages.RDBStorage | None = None
+
+    @classmethod
+    def from_settings(cls, db: Database, settings: Settings, *, worker_id: str | None = None) -> Worker:
+        return cls(
+            db,
+            worker_id=worker_id,
+            gpu_keys=settings.worker_gpus or None,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            stale_after_s=settings.stale_after_s,
+            poll_interval_s=settings.poll_interval_s,
+            progress_interval_s=settings.progress_interval_s,
+        )
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the claim loop on a daemon thread."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, name=f"memtune-worker-{self.worker_id}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask the loop to stop (a running job stops at its next trial and is left to be reclaimed)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def run(self) -> None:
+        """Claim and run jobs until ``stop``; waits ``poll_interval_s`` when there is none."""
+        log.info("worker %s serving %s", self.worker_id, self.gpu_keys or "every GPU type")
+        while not self._stop.is_set():
+            try:
+                job_id = self.run_once()
+            except Exception:  # the database went away: keep the worker alive and retry
+                log.exception("worker %s: claim failed", self.worker_id)
+                job_id = None
+            if job_id is None:
+                self._stop.wait(self.poll_interval_s)
+
+    def run_once(self) -> str | None:
+        """Claim one job and run it to a terminal state; the job id, or None when nothing was claimable."""
+        with self.db.session() as s:
+            claimed = JobRepository(s).claim(self.worker_id, gpu_keys=self.gpu_keys, stale_after_s=self.stale_after_s)
+        if claimed is None:
+            return None
+        job, lease = claimed
+        log.info("worker %s claimed job %s (attempt %d)", self.worker_id, job.id, lease.attempt)
+        self._process(job, lease)
+        return job.id
+
+    # ---- one job -----------------------------------------------------------------------------------
+    def _optuna_storage(self) -> optuna.storages.RDBStorage:
+        if self._optuna is None:
+            hb = max(1, round(self.heartbeat_interval_s))
+            grace = max(hb + 1, int(self.stale_after_s / 2))
+            self._optuna = optuna.storages.RDBStorage(
+                self.db.url,
+                engine_kwargs=engine_kwargs(self.db.url),
+                heartbeat_interval=hb,
+                grace_period=grace,
+            )
+        return self._optuna
+
+    def _process(self, job: Job, lease: JobLease) -> None:
+        watch = _Watch(self.db, lease, self.heartbeat_interval_s)
+        watch.start()
+        try:
+            profile, profile_id = self._profile_for(job, lease)
+            result = self._tune(job, lease, profile, watch)
+            if watch.lost:
+                raise _LeaseLost
+            self._store(job, lease, result, profile_id, cancelled=watch.cancel)
+        except _LeaseLost:
+            log.warning("worker %s lost job %s to another worker; dropping it", self.worker_id, job.id)
+        except Exception as e:
+            log.exception("job %s failed", job.id)
+            with self.db.session() as s:
+                JobRepository(s).finish(lease, "failed", error=f"{type(e).__name__}: {e}"[:4000])
+        finally:
+            watch.stop()
+
+    def _profile_for(self, job: Job, lease: JobLease) -> tuple[Profile, int]:
+        with self.db.session() as s:
+            model = ModelRepository(s).get(job.model_id)
+            stored = ProfileRepository(s).find(model.id, job.gpu_key, job.batch, job.dtype)
+        if stored is not None:
+            profile = stored.profile()
+            profile_id = stored.id
+        else:
+            profile = _committed_profile(model, job) or _modeled_profile(model, job)
+            with self.db.session() as s:
+                profile_id = ProfileRepository(s).store(model.id, profile).id
+        with self.db.session() as s:
+            if JobRepository(s).set_profile(lease, profile_id).lost:
+                raise _LeaseLost
+        return profile, profile_id
+
+    def _tune(self, job: Job, lease: JobLease, profile: Profile, watch: _Watch) -> TuneResult:
+        from tuner.search import tune
+
+        last_write = [0.0]
+
+        def progress(done: int, total: int, best: Candidate | None) -> None:
+            now = time.monotonic()
+            if done < total and now - last_write[0] < self.progress_interval_s:
+                return
+            last_write[0] = now
+            with self.db.session() as s:
+                st = JobRepository(s).progress(
+                    lease,
+                    trials_done=done,
+                    best_name=best.name if best else None,
+                    best_step_ms=best.step_ms if best else None,
+                    best_peak_bytes=best.peak_bytes if best else None,
+                )
+            watch.note(st.lost, st.cancel)
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        return tune(
+            profile,
+            job.budget_bytes,
+            trials=job.trials,
+            mode=job.mode,  # type: ignore[arg-type]
+            seed=int(job.id[:8], 16),
+            storage=self._optuna_storage(),
+            study_name=job.study_name,
+            optimizer=job.optimizer,
+            progress=progress,
+            should_stop=watch.should_stop,
+        )
+
+    def _store(self, job: Job, lease: JobLease, result: TuneResult, profile_id: int, *, cancelled: bool) -> None:
+        rows = [_result_in(c, "baseline") for c in result.policies]
+        if result.best is not None:
+            rows.append(_result_in(result.best, "optuna", name="optuna"))
+        if job.mode == "pareto":
+            baseline_names = {c.name for c in result.policies}
+            rows.extend(_result_in(c, "pareto") for c in result.pareto if c.name not in baseline_names)
+        best = result.best
+        with self.db.session() as s:
+            ok = JobRepository(s).finish(
+                lease,
+                "cancelled" if cancelled else "succeeded",
+                trials_done=min(result.n_trials, job.trials),
+                best_name=best.name if best else None,
+                best_step_ms=best.step_ms if best else None,
+                best_peak_bytes=best.peak_bytes if best else None,
+                unconstrained_step_ms=result.unconstrained.step_ms,
+                unconstrained_peak_bytes=result.unconstrained.peak_bytes,
+                error=None if best is not None else "no plan fits the budget; try a larger budget or a smaller batch",
+            )
+            if not ok:
+                raise _LeaseLost
+            ResultRepository(s).add_for_job(job, rows, profile_id=profile_id)
+
+
+def _result_in(c: Candidate, kind: Any, *, name: str | None = None) -> ResultIn:
+    return ResultIn(
+        name=name or c.name,
+        kind=kind,
+        plan=c.plan.model_dump(mode="json"),
+        step_ms=float(c.step_ms),
+        peak_bytes=int(c.peak_bytes),
+        feasible=bool(c.feasible),
+        source=c.source,
+    )
+
+
+def _committed_profile(model: ModelRecord, job: Job) -> Profile | None:
+    """A committed measured profile for this zoo model, parameters, batch, dtype and GPU type, if one exists."""
+    if model.kind != "zoo":
+        return None
+    from profiler.library import find_profile
+
+    params = model.definition.get("params") or {}
+    profile = find_profile(str(model.definition["zoo"]), job.batch, job.dtype, job.gpu_key, params=params)
+    if profile is not None and profile.device.key != job.gpu_key:
+        return None
+    return profile
+
+
+def _modeled_profile(model: ModelRecord, job: Job) -> Profile:
+    """A roofline profile of the model on the job's GPU type, built on the meta device."""
+    import torch
+
+    from profiler.modeled import modeled_profile
+    from profiler.spec import from_spec
+    from profiler.zoo import build
+
+    with torch.device("meta"):
+        if model.kind == "zoo":
+            chain = build(str(model.definition["zoo"]), model.definition.get("params"))
+        else:
+            chain = from_spec(model.definition["spec"])
+    return modeled_profile(chain, job.batch, job.dtype, job.gpu_key)

@@ -1,0 +1,374 @@
+"""Measured profiles: time every stage of a chain on this machine, forward and backward, in isolation.
+
+On CUDA every number is measured on the GPU: stage times with CUDA events, transient workspaces from
+the caching allocator's peak, the saved-storage table from a real forward, and the D2H/H2D time of
+each S_i through pinned memory on a side stream. The profile is ``source="measured"``.
+
+On the CPU the stage times are measured on the CPU (``compute_source="measured:cpu <model>"``) while
+everything that describes the GPU comes from its spec: the saved-storage table and FLOPs from a meta
+forward with CUDA semantics (``profiler.meta``), transfers from the spec's host link
+(``transfer_source="modeled:<key>"``). Since not every number was measured on that GPU the profile is
+``source="modeled"`` and its device is the spec's identity. This path exists for tests and for
+development without a GPU; its times are the CPU's, not the GPU's.
+
+# NOTE [ Stage timing ]
+Each stage is timed alone on the input the chain really feeds it. Its input is detached and, unless it
+is the model input, made to require grad; every repeat runs on a fresh clone (untimed) so in-place
+stages never see their own output. Forward is timed under autocast when ``dtype`` is bf16/fp16
+(parameters stay fp32, as in DESIGN's bf16 numbers); backward is ``torch.autograd.grad`` of the output
+with a random output gradient, with respect to the input and the stage's parameters. ``warmup`` untimed
+rounds, then the median of ``repeats``.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from profiler.chain import ModelChain, Stage
+from profiler.devices import get_gpu
+from profiler.errors import ProfilerError
+from profiler.identity import cuda_identity, spec_identity
+from profiler.modeled import meta_facts
+from profiler.profile import DeviceIdentity, Profile, StageProfile
+from profiler.stagefacts import ChainFacts, chain_facts, torch_dtype
+
+__all__ = ["ProgressFn", "StageTiming", "cpu_model_name", "model_input", "profile", "time_stage", "transfer_ms"]
+
+_R = TypeVar("_R")
+
+ProgressFn = Callable[[str, int, int], None]
+"""``progress(stage_name, done, total)``: called after each stage with the number of stages done."""
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name (from ``/proc/cpuinfo`` where present)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def model_input(chain: ModelChain, batch: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The batch's input: random float images, or random int64 token ids in ``[0, vocab_size)``."""
+    shape = (batch, *chain.input_shape)
+    if chain.input_kind == "tokens":
+        if chain.vocab_size <= 0:
+            raise ProfilerError(f"model {chain.name!r} takes tokens but has vocab_size {chain.vocab_size}; set it")
+        return torch.randint(0, chain.vocab_size, shape, dtype=torch.int64, device=device)
+    return torch.randn(shape, device=device)
+
+
+class _Timer:
+    """Milliseconds of a region: CUDA events on the current stream, else ``perf_counter``."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def run(self, fn: Callable[..., _R], *args: Any) -> tuple[_R, float]:
+        """``(fn(*args), milliseconds it took)``; on CUDA waits for the work to finish."""
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn(*args)
+            end.record()
+            end.synchronize()
+            return out, float(start.elapsed_time(end))
+        t0 = time.perf_counter()
+        out = fn(*args)
+        return out, (time.perf_counter() - t0) * 1e3
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """Measured costs of one stage: medians in ms, transient workspaces in bytes (CUDA only, else 0)."""
+
+    forward_ms: float
+    backward_ms: float
+    forward_workspace_bytes: int = 0
+    backward_workspace_bytes: int = 0
+
+
+def _autocast(device: torch.device, dtype: str) -> AbstractContextManager[Any]:
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch_dtype(dtype))
+
+
+def time_stage(
+    stage: Stage,
+    x: torch.Tensor,
+    *,
+    input_needs_grad: bool,
+    dtype: str = "float32",
+    warmup: int = 2,
+    repeats: int = 5,
+) -> StageTiming:
+    """Time one stage's forward and backward on input ``x`` by NOTE [ Stage timing ].
+
+    On CUDA also measures the transient workspace of forward and backward: the allocator's peak during
+    the pass minus the larger of what was allocated before and after it (bytes).
+    """
+    device = x.device
+    timer = _Timer(device)
+    leaf = x.detach()
+    needs_grad = input_needs_grad and leaf.is_floating_point()
+    if needs_grad:
+        leaf.requires_grad_(True)
+    params = [p for p in stage.module.parameters() if p.requires_grad]
+
+    def fresh_input() -> torch.Tensor:
+        return leaf.clone()  # a non-leaf when needs_grad: in-place stages may modify it
+
+    def forward(inp: torch.Tensor) -> torch.Tensor:
+        with _autocast(device, dtype):
+            out = stage.module(inp)
+        if not isinstance(out, torch.Tensor):
+            raise ProfilerError(f"stage {stage.name} returned {type(out).__name__}, not a tensor")
+        return out
+
+    def grad_inputs() -> list[torch.Tensor]:
+        return ([leaf] if needs_grad else []) + params
+
+    fwd_times: list[float] = []
+    bwd_times: list[float] = []
+    for k in range(warmup + repeats):
+        inp = fresh_input()
+        y, f_ms = timer.run(forward, inp)
+        b_ms = 0.0
+        wrt = grad_inputs()
+        if y.requires_grad and y.is_floating_point() and wrt:
+            g = torch.randn_like(y)
+            _, b_ms = timer.run(_backward, y, wrt, g)
+        del y, inp
+        if k >= warmup:
+            fwd_times.append(f_ms)
+            bwd_times.append(b_ms)
+    fwd_ws = bwd_ws = 0
+    if device.type == "cuda":
+        fwd_ws, bwd_ws = _workspaces(forward, fresh_input, grad_inputs(), device)
+    return StageTiming(statistics.median(fwd_times), statistics.median(bwd_times), fwd_ws, bwd_ws)
+
+
+def _backward(y: torch.Tensor, wrt: list[torch.Tensor], g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    return torch.autograd.grad(y, wrt, g, allow_unused=True)
+
+
+def _workspaces(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    fresh_input: Callable[[], torch.Tensor],
+    wrt: list[torch.Tensor],
+    device: torch.device,
+) -> tuple[int, int]:
+    """Transient bytes above what is live before/after one forward and one backward (CUDA only)."""
+    inp = fresh_input()
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    y = forward(inp)
+    torch.cuda.synchronize(device)
+    fwd_ws = torch.cuda.max_memory_allocated(device) - max(before, torch.cuda.memory_allocated(device))
+    bwd_ws = 0
+    if y.requires_grad and y.is_floating_point() and wrt:
+        g = torch.randn_like(y)
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        grads = _backward(y, wrt, g)
+        torch.cuda.synchronize(device)
+        bwd_ws = torch.cuda.max_memory_allocated(device) - max(before, torch.cuda.memory_allocated(device))
+        del grads, g
+    del y, inp
+    return max(0, fwd_ws), max(0, bwd_ws)
+
+
+def transfer_ms(
+    sizes: list[int], device: torch.device, *, warmup: int = 2, repeats: int = 5
+) -> dict[int, tuple[float, float]]:
+    """Measured ``{bytes: (d2h_ms, h2d_ms)}`` of pinned copies of each distinct size (CUDA only).
+
+    One device buffer and one pinned host buffer of the largest size are allocated once; each size
+    copies a prefix of them with ``non_blocking=True`` on a side stream, timed with CUDA events on that
+    stream: ``warmup`` untimed copies, then the median of ``repeats``.
+    """
+    distinct = sorted({s for s in sizes if s > 0})
+    if not distinct:
+        return {}
+    biggest = distinct[-1]
+    gpu_buf = torch.empty(biggest, dtype=torch.uint8, device=device)
+    host_buf = torch.empty(biggest, dtype=torch.uint8, pin_memory=True)
+    stream = torch.cuda.Stream(device=device)
+    torch.cuda.synchronize(device)
+
+    def median(dst: torch.Tensor, src: torch.Tensor) -> float:
+        times: list[float] = []
+        for k in range(warmup + repeats):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(stream):
+                start.record(stream)
+                dst.copy_(src, non_blocking=True)
+                end.record(stream)
+            end.synchronize()
+            if k >= warmup:
+                times.append(float(start.elapsed_time(end)))
+        return statistics.median(times)
+
+    out = {n: (median(host_buf[:n], gpu_buf[:n]), median(gpu_buf[:n], host_buf[:n])) for n in distinct}
+    del gpu_buf, host_buf
+    return out
+
+
+def profile(
+    chain: ModelChain,
+    batch: int,
+    dtype: str = "float32",
+    device: str = "cpu",
+    gpu: str | None = None,
+    warmup: int = 2,
+    repeats: int = 5,
+    progress: ProgressFn | None = None,
+) -> Profile:
+    """Measure a profile of ``chain`` at ``batch`` on this machine.
+
+    Args:
+        chain: the model. Its modules are moved to ``device`` and put in training mode (batch-norm
+            running statistics are updated by the measurement).
+        batch: samples per step.
+        dtype: ``float32``, or ``bfloat16``/``float16`` for autocast (parameters stay fp32).
+        device: ``cuda`` / ``cuda:N`` (everything measured) or ``cpu`` (compute measured on the CPU,
+            the rest from the spec of ``gpu``).
+        gpu: on the CPU, the GPU the profile describes (default ``h200``); on CUDA, None or the present
+            GPU's key (a check against mislabeled profiles).
+        warmup: untimed rounds per stage.
+        repeats: timed rounds per stage; the median is kept.
+        progress: ``progress(stage_name, done, total)`` after each stage.
+
+    Returns:
+        The ``Profile``; ``source`` is ``measured`` only on CUDA (see the module docstring).
+
+    Raises:
+        ProfilerError: no CUDA device, an unsupported device, or ``gpu`` does not match the device.
+        UnknownGPUError: ``gpu`` is not a known GPU (CPU path).
+        ValueError: ``dtype``, ``batch``, ``warmup`` or ``repeats`` is not valid.
+    """
+    torch_dtype(dtype)
+    if batch < 1 or repeats < 1 or warmup < 0:
+        raise ValueError(f"need batch >= 1, repeats >= 1, warmup >= 0; got {batch}, {repeats}, {warmup}")
+    dev = torch.device(device)
+    identity: DeviceIdentity
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ProfilerError("device 'cuda' asked for but CUDA is not available; use device='cpu' or 'model'")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(dev)
+        identity = cuda_identity(dev.index or 0)
+        if gpu is not None and get_gpu(gpu).key != identity.key:
+            raise ProfilerError(
+                f"gpu {gpu!r} was given but this device is {identity.name!r} ({identity.key}); "
+                "leave gpu unset when measuring on CUDA"
+            )
+        for stage in chain.stages:
+            stage.module.to(dev)
+        facts = chain_facts(chain, model_input(chain, batch, dev), dtype)
+        torch.cuda.empty_cache()
+        compute_source = transfer_source = f"measured:{identity.key}"
+        source = "measured"
+        spec = None
+    elif dev.type == "cpu":
+        spec = get_gpu(gpu or "h200")
+        identity = spec_identity(spec)
+        for stage in chain.stages:
+            stage.module.to(dev)
+        facts = meta_facts(chain, batch, dtype)
+        compute_source = f"measured:cpu {cpu_model_name()}"
+        transfer_source = f"modeled:{spec.key}"
+        source = "modeled"
+    else:
+        raise ProfilerError(f"device {device!r} is not supported; use 'cuda', 'cuda:N' or 'cpu'")
+
+    timings = _time_chain(chain, batch, dtype, dev, facts, warmup, repeats, progress)
+    saved = [f.saved_bytes for f in facts.stages]
+    if spec is None:
+        measured = transfer_ms(saved, dev, warmup=warmup, repeats=repeats)
+        copies = [measured.get(s, (0.0, 0.0)) for s in saved]
+    else:
+        copies = [(spec.transfer_ms(s, "d2h"), spec.transfer_ms(s, "h2d")) for s in saved]
+
+    stages = tuple(
+        StageProfile(
+            index=i,
+            name=stage.name,
+            kind=stage.kind,
+            forward_ms=t.forward_ms,
+            backward_ms=t.backward_ms,
+            output_bytes=f.output_bytes,
+            inplace=facts.inplace[i],
+            output_storage=facts.output_storage[i],
+            saved_bytes=f.saved_bytes,
+            param_bytes=f.param_bytes,
+            d2h_ms=copies[i][0],
+            h2d_ms=copies[i][1],
+            forward_workspace_bytes=t.forward_workspace_bytes,
+            backward_workspace_bytes=t.backward_workspace_bytes,
+            flops=f.count.flops,
+            convs=f.convs,
+        )
+        for i, (stage, f, t) in enumerate(zip(chain.stages, facts.stages, timings, strict=True))
+    )
+    return Profile(
+        model=chain.name,
+        model_params=dict(chain.params),
+        batch=batch,
+        dtype=dtype,  # type: ignore[arg-type]
+        input_shape=tuple(chain.input_shape),
+        input_bytes=facts.input_bytes,
+        device=identity,
+        source=source,  # type: ignore[arg-type]
+        compute_source=compute_source,
+        transfer_source=transfer_source,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        stages=stages,
+        storages=facts.storages,
+    )
+
+
+def _time_chain(
+    chain: ModelChain,
+    batch: int,
+    dtype: str,
+    dev: torch.device,
+    facts: ChainFacts,
+    warmup: int,
+    repeats: int,
+    progress: ProgressFn | None,
+) -> list[StageTiming]:
+    """Time every stage on the input the chain feeds it, one stage's activations live at a time."""
+    n = len(chain)
+    x = model_input(chain, batch, dev)
+    out: list[StageTiming] = []
+    for i, stage in enumerate(chain.stages):
+        out.append(
+            time_stage(
+                stage, x, input_needs_grad=facts.stages[i].input_needs_grad, dtype=dtype, warmup=warmup, repeats=repeats
+            )
+        )
+        with torch.no_grad(), _autocast(dev, dtype):
+            x = stage.module(x)
+        if progress is not None:
+            progress(stage.name, i + 1, n)
+    return out

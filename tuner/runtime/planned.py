@@ -1,0 +1,291 @@
+"""``planned(model, plan)``: run a chain stage by stage with a memory plan applied.
+
+Two lines in a training loop::
+
+    plan = load_plan("plan.json")
+    model = planned(model, plan)      # same parameters, no copy
+    for x, y in loader:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step(); opt.zero_grad()
+
+Each stage runs as NOTE [ Plan semantics ] (``tuner.plan``) says: ``keep`` stages run as usual,
+``offload`` stages run under the offload hooks of NOTE [ Offload runtime ] (``tuner.runtime.offload``),
+and each maximal run of ``recompute`` stages is one non-reentrant checkpoint
+(``tuner.runtime.segments``), called under the offload hooks when the stage before it is ``offload``
+so that its input is offloaded too. The plan never changes the math: loss, gradients and buffers are
+those of the unplanned model (tests check it for every zoo model and policy).
+
+Convolution algorithm choices (``conv_rule``, ``conv_algos``) are not applied by this runtime: the
+framework picks algorithms (``default``); a plan asking for more gets a warning once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import traceback
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from torch import nn
+
+from profiler.chain import ModelChain, flatten
+from tuner.errors import PlanError
+from tuner.plan import Action, Plan, segments
+from tuner.runtime.errors import Phase, PlanOutOfMemoryError
+from tuner.runtime.offload import OffloadRuntime, OffloadStats, StepState
+from tuner.runtime.pool import HostPool
+from tuner.runtime.segments import Segment
+
+__all__ = ["PlannedModel", "load_plan", "planned"]
+
+
+def load_plan(source: Plan | Mapping[str, Any] | str | Path) -> Plan:
+    """Read a plan from a file path, a JSON string, a dict, or ``tune --json`` output.
+
+    Args:
+        source: a ``Plan``; a path to a JSON file; JSON text; or a mapping. A ``tune --json`` object
+            (``{"best": {"plan": {...}}}``) or a candidate (``{"plan": {...}}``) gives its plan.
+
+    Raises:
+        PlanError: the file is missing, the JSON is invalid, or it is not a plan (names the field).
+    """
+    if isinstance(source, Plan):
+        return source
+    data: Any
+    if isinstance(source, Mapping):
+        data = source
+    else:
+        text = str(source)
+        if not text.lstrip().startswith("{"):
+            path = Path(text)
+            if not path.is_file():
+                raise PlanError(f"plan file {str(path)!r} does not exist; pass a path, JSON text or a dict")
+            text = path.read_text()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"plan is not valid JSON: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise PlanError(f"a plan is a JSON object, got {type(data).__name__}")
+    if "actions" not in data:
+        best = data.get("best")
+        if isinstance(best, Mapping) and isinstance(best.get("plan"), Mapping):
+            data = best["plan"]
+        elif isinstance(data.get("plan"), Mapping):
+            data = data["plan"]
+        elif "best" in data and best is None:
+            raise PlanError("this tune result has no feasible plan ('best' is null); tune with a larger budget")
+    try:
+        return Plan.model_validate(dict(data))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "plan"
+        raise PlanError(f"plan field {field!r}: {first['msg']}") from exc
+
+
+def _stages_of(model: ModelChain | nn.Module) -> tuple[nn.Module, list[str], list[nn.Module]]:
+    if isinstance(model, ModelChain):
+        return model.as_sequential(), [s.name for s in model.stages], [s.module for s in model.stages]
+    if isinstance(model, PlannedModel):
+        raise PlanError("this model is already planned; pass the original model (PlannedModel.model)")
+    if not isinstance(model, nn.Module):
+        raise PlanError(f"planned() takes a ModelChain or an nn.Module, got {type(model).__name__}")
+    stages = flatten(model)
+    return model, [s.name for s in stages], [s.module for s in stages]
+
+
+class PlannedModel(nn.Module):
+    """An ``nn.Module`` that runs a chain stage by stage with a plan applied (see module docstring).
+
+    Shares the wrapped model's parameters and buffers (``self.model``); ``train()``/``eval()``, ``to()``
+    and optimizers work as usual. Without grad (``torch.no_grad()``) it runs the chain plainly.
+
+    Args:
+        model: the chain, or an ``nn.Sequential`` (flattened into stages like ``profiler.chain``).
+        plan: one action per stage.
+        clone_segment_inputs: NOTE [ In-place at segment boundaries ]; None decides per segment.
+        pool_bytes: host bytes to reserve up front for offloaded storages (0: grow in the first step).
+    """
+
+    def __init__(
+        self,
+        model: ModelChain | nn.Module,
+        plan: Plan,
+        *,
+        clone_segment_inputs: bool | None = None,
+        pool_bytes: int = 0,
+    ) -> None:
+        super().__init__()
+        module, names, modules = _stages_of(model)
+        if len(plan.actions) != len(modules):
+            raise PlanError(
+                f"plan {plan.label or ''!r} has {len(plan.actions)} actions but the model has "
+                f"{len(modules)} stages (nested nn.Sequential flattened); a plan is made for one chain"
+            )
+        bad = [p for p in plan.sync_points if not 0 <= p < len(modules)]
+        if bad:
+            raise PlanError(f"sync_points {bad} are outside the stage range 0..{len(modules) - 1}")
+        if plan.conv_rule != "default" or plan.conv_algos:
+            warnings.warn(
+                f"plan {plan.label!r}: conv_rule {plan.conv_rule!r}/conv_algos are not applied by the "
+                "runtime; convolutions use the framework's own algorithm choice",
+                stacklevel=2,
+            )
+        self.model = module
+        self.plan = plan
+        self.stage_names: tuple[str, ...] = tuple(names)
+        self._modules_list = modules
+        self._runtime = OffloadRuntime(reserve_bytes=pool_bytes)
+        self._step: StepState | None = None
+        self._budget_bytes: int | None = None  # set by oom_guard, for error messages
+        # the forward as a program: ("stage", k, k) or ("segment", i, j)
+        segs = {i: Segment(i, j, modules, names, clone_segment_inputs) for i, j in segments(plan.actions)}
+        self._segments = segs
+        self._program: list[tuple[str, int, int]] = []
+        k = 0
+        while k < len(modules):
+            if k in segs:
+                self._program.append(("segment", k, segs[k].last))
+                k = segs[k].last + 1
+            else:
+                self._program.append(("stage", k, k))
+                k += 1
+
+    # ---- inspection ------------------------------------------------------------------------------
+    @property
+    def stats(self) -> OffloadStats:
+        """Offload counters since construction (copies, bytes, prefetches, dedupes)."""
+        return self._runtime.stats
+
+    @property
+    def pool(self) -> HostPool | None:
+        """The host pool offloaded storages go to (None before the first offload)."""
+        return self._runtime.pool
+
+    @property
+    def running(self) -> tuple[Phase, int | None]:
+        """Where the current or last step is: (phase, stage index)."""
+        step = self._step
+        if step is None:
+            return "forward", None
+        if step.forward_stage is not None:
+            return "forward", step.forward_stage
+        return "backward", step.backward_stage
+
+    # ---- forward ---------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            for m in self._modules_list:
+                x = m(x)
+            return x
+        exclude = {t.untyped_storage().data_ptr() for t in (*self.model.parameters(), *self.model.buffers())}
+        exclude.add(x.untyped_storage().data_ptr())  # the model input is always resident
+        plan = self.plan
+        step = self._runtime.begin_step(
+            x.device,
+            sync=plan.sync,
+            sync_points=plan.sync_points,
+            lookahead=plan.prefetch_lookahead,
+            exclude_ptrs=exclude,
+        )
+        self._step = step
+        actions = plan.actions
+
+        def mark(k: int, y: torch.Tensor) -> None:
+            node = y.grad_fn if isinstance(y, torch.Tensor) else None
+            if node is not None:
+                node.register_prehook(lambda _grads, k=k: step.on_backward(k))  # type: ignore[misc]
+
+        try:
+            for kind, i, j in self._program:
+                step.forward_stage = i
+                if kind == "segment":  # the segment input x_{i-1} follows stage i-1's action
+                    offloading = i > 0 and actions[i - 1] is Action.OFFLOAD
+                else:
+                    offloading = actions[i] is Action.OFFLOAD
+                # what is packed here is first needed by the backward of stage j
+                with step.hooks(j) if offloading else contextlib.nullcontext():
+                    if kind == "segment":
+                        x = self._segments[i](x, mark)
+                    else:
+                        x = self._modules_list[i](x)
+                        mark(i, x)
+                for k in range(i, j + 1):
+                    step.forward_stage = k
+                    step.end_stage(k, offloading=offloading and k == i)
+        except torch.OutOfMemoryError as exc:
+            del x
+            raise self._oom(exc, "forward", step.forward_stage) from exc
+        finally:
+            step.end_forward()
+        return x
+
+    # ---- out of memory ---------------------------------------------------------------------------
+    def _oom(self, exc: BaseException, phase: Phase, stage: int | None) -> PlanOutOfMemoryError:
+        """Free what the failed step holds and build the error that names plan and stage."""
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)  # frames keep activations alive
+        self._runtime.abandon(self._step)
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        return PlanOutOfMemoryError(
+            label=self.plan.label,
+            stage=stage,
+            stage_name=self.stage_names[stage] if stage is not None else None,
+            phase=phase,
+            budget_bytes=self._budget_bytes,
+            detail=str(exc),
+        )
+
+    @contextlib.contextmanager
+    def oom_guard(self, budget_bytes: int | None = None) -> Iterator[None]:
+        """Turn an out-of-memory error inside the block (forward or backward) into ``PlanOutOfMemoryError``.
+
+        The error names the plan label and the stage that was running; the runtime's in-flight state
+        is dropped and the CUDA cache emptied first, so the next step can run. ``budget_guard`` uses it.
+        """
+        previous = self._budget_bytes
+        self._budget_bytes = budget_bytes
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            phase, stage = self.running
+            raise self._oom(exc, phase, stage) from exc
+        finally:
+            self._budget_bytes = previous
+
+
+def planned(
+    model: ModelChain | nn.Module,
+    plan: Plan | Mapping[str, Any] | str | Path,
+    *,
+    clone_segment_inputs: bool | None = None,
+    pool_bytes: int = 0,
+) -> PlannedModel:
+    """Wrap ``model`` so that every training step follows ``plan``.
+
+    Args:
+        model: a ``ModelChain`` or an ``nn.Module`` (nested ``nn.Sequential`` are flattened into stages).
+        plan: a ``Plan`` or anything ``load_plan`` reads.
+        clone_segment_inputs: see NOTE [ In-place at segment boundaries ]; None decides per segment.
+        pool_bytes: host bytes to reserve for offloaded storages up front (0: grow during step one).
+
+    Returns:
+        A ``PlannedModel`` sharing ``model``'s parameters.
+
+    Raises:
+        PlanError: the plan's length or sync points do not match the model's stages.
+
+    Example::
+
+        model = planned(model, load_plan("plan.json"))
+    """
+    return PlannedModel(model, load_plan(plan), clone_segment_inputs=clone_segment_inputs, pool_bytes=pool_bytes)
