@@ -231,9 +231,15 @@ class MemtuneClient:
         page_size: int = 50,
         page_token: str | None = None,
         plans: bool = False,
+        include_infeasible: bool = False,
     ) -> LeaderboardPublic:
-        """One page of ``GET /v1/leaderboard``."""
-        params: dict[str, Any] = {"order_by": order_by, "page_size": page_size, "plans": plans}
+        """One page of ``GET /v1/leaderboard`` (feasible plans unless ``include_infeasible``)."""
+        params: dict[str, Any] = {
+            "order_by": order_by,
+            "page_size": page_size,
+            "plans": plans,
+            "include_infeasible": include_infeasible,
+        }
         for k, v in (("model", model), ("gpu", gpu), ("batch", batch), ("budget", budget), ("page_token", page_token)):
             if v is not None:
                 params[k] = v

@@ -19,7 +19,9 @@ from profiler.profile import Profile
 
 __all__ = ["LibraryEntry", "data_dir", "find_profile", "list_profiles", "profile_filename"]
 
-_NAME = re.compile(r"^(?P<model>.+)-b(?P<batch>\d+)-(?P<dtype>float32|bfloat16|float16)-(?P<gpu>[a-z0-9][a-z0-9-]*)\.json$")
+_NAME = re.compile(
+    r"^(?P<model>.+)-b(?P<batch>\d+)-(?P<dtype>float32|bfloat16|float16)-(?P<gpu>[a-z0-9][a-z0-9-]*)\.json$"
+)
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,9 @@ def find_profile(
     try:
         prof = Profile.load(path)
     except ValueError as exc:
-        raise ProfilerError(f"committed profile {path} cannot be read ({exc}); re-make it with scripts/profile_zoo.py") from exc
+        raise ProfilerError(
+            f"committed profile {path} cannot be read ({exc}); re-make it with scripts/profile_zoo.py"
+        ) from exc
     if (prof.model, prof.batch, prof.dtype, prof.device.key) != (model, batch, dtype, _gpu_key(gpu)):
         raise ProfilerError(
             f"committed profile {path.name} holds {prof.model} b{prof.batch} {prof.dtype} on {prof.device.key}; "

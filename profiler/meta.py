@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
@@ -157,7 +157,9 @@ class CudaSemantics(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _bind(names: tuple[str, ...], defaults: tuple[Any, ...], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Any]:
+def _bind(
+    names: tuple[str, ...], defaults: tuple[Any, ...], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> list[Any]:
     values = list(defaults)
     for k, a in enumerate(args):
         values[k] = a

@@ -115,6 +115,8 @@ class SpecLimits:
 
 # ---------------------------------------------------------------------------------------------------
 # Field types. Integers must be JSON integers (not 3.0, not "3", not true); sizes accept n or [h, w].
+# The checks raise ValueError even for a wrong type: pydantic turns ValueError (not TypeError) into a
+# validation error that names the field.
 
 
 def _is_int(v: object) -> bool:
@@ -148,7 +150,7 @@ def _pair_check(minimum: int) -> Any:
 
 def _bool_check(v: object) -> bool:
     if not isinstance(v, bool):
-        raise ValueError(f"must be true or false, got {v!r}")  # noqa: TRY004 (pydantic reports ValueError only)
+        raise ValueError(f"must be true or false, got {v!r}")
     return v
 
 
@@ -163,6 +165,12 @@ def _probability_check(v: object) -> float:
 def _name_check(v: object) -> str:
     if not isinstance(v, str) or not 1 <= len(v) <= 64 or not all(c.isalnum() or c in "._-" for c in v):
         raise ValueError(f"must be 1 to 64 characters of letters, digits, '.', '_' or '-', got {v!r}")
+    return v
+
+
+def _label_check(v: object) -> str:
+    if not isinstance(v, str) or not 1 <= len(v) <= 200 or not v.isprintable():
+        raise ValueError(f"must be 1 to 200 printable characters, got {v!r}")
     return v
 
 
@@ -331,7 +339,7 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: Annotated[str, BeforeValidator(_name_check)] | None = None
+    name: Annotated[str, BeforeValidator(_label_check)] | None = None
     input_shape: Annotated[tuple[int, ...], BeforeValidator(_shape_check)]
     layers: list[LayerSpec] = Field(min_length=1)
 

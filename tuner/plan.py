@@ -35,9 +35,8 @@ single convolutions by key ``"<stage index>.<conv name>"`` (``"3."`` for a stage
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -178,8 +177,7 @@ def segments(actions: Sequence[Action]) -> list[tuple[int, int]]:
     return out
 
 
-@dataclass(frozen=True)
-class StorageFate:
+class StorageFate(NamedTuple):
     """What a plan does with one saved storage (indices into the profile's stages).
 
     Attributes:

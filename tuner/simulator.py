@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from profiler.profile import Profile
+from profiler.profile import Profile, SavedStorage
 from tuner.plan import Action, Plan, resolve_storages, segments, storage_copy_ms
 
-__all__ = ["OPTIMIZERS", "SimResult", "Simulator", "simulate"]
+__all__ = ["OPTIMIZERS", "SimResult", "Simulator", "merge_storages", "simulate"]
 
 Optimizer = Literal["sgd", "adam", "none"]
 #: optimizer state bytes per parameter byte
@@ -76,12 +76,14 @@ class Simulator:
     Args:
         profile: the chain's profile.
         optimizer: ``sgd`` (with momentum), ``adam`` or ``none``; sets the optimizer state bytes.
+        merge: merge storages that always share a fate (``merge_storages``); exact, only faster.
     """
 
-    def __init__(self, profile: Profile, optimizer: str = "sgd") -> None:
+    def __init__(self, profile: Profile, optimizer: str = "sgd", *, merge: bool = True) -> None:
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, not {optimizer!r}")
-        self.profile = profile
+        self.source_profile = profile
+        self.profile = profile = merge_storages(profile) if merge else profile
         self.optimizer = optimizer
         st = profile.stages
         self.n = n = len(st)
@@ -96,6 +98,7 @@ class Simulator:
         storages = profile.storages
         self.s_bytes = [s.bytes for s in storages]
         self.s_producer = [s.producer for s in storages]
+        self.s_saved_by = [s.saved_by for s in storages]
         # last forward reader of each storage: who saves it, and the stage after any stage whose output it is
         last = [max((*s.saved_by, s.producer, 0)) for s in storages]
         for k, stage in enumerate(st):
@@ -132,9 +135,7 @@ class Simulator:
         fates = resolve_storages(self.profile, actions)
 
         events: list[tuple[float, int, str]] = []  # (time, delta bytes, label), in program order
-
-        def ev(at: float, delta: int, label: str) -> None:
-            events.append((at, delta, label))
+        ev = events.append
 
         # ---- plan-dependent tables --------------------------------------------------------------
         # storages to copy, by the stage at whose forward end the copy is issued
@@ -172,6 +173,8 @@ class Simulator:
         # boundary at which its copy is complete and its last forward reader has run (the runtime polls the
         # copy's event there). If backward wants it before that, the GPU copy is used and no prefetch runs.
         # So an offloaded storage is resident in a subset of the program points where a kept one is.
+        # Storages merged by ``merge_storages`` (same producer, same savers) are freed together, when the
+        # last of their copies completes: the runtime records one event per such group.
         pending: list[int] = []
         freed = [False] * len(s_bytes)
 
@@ -183,16 +186,16 @@ class Simulator:
                 for sid in gone:
                     pending.remove(sid)
                     freed[sid] = True
-                ev(t, -sum(s_bytes[sid] for sid in gone), label)
+                ev((t, -sum(s_bytes[sid] for sid in gone), label))
 
         for k in range(n):
             poll(k, f"fwd {k} offloads done")
             alloc = ws_f[k]
             for sid in self.produced[k]:
                 alloc += s_bytes[sid]
-            ev(t, alloc, f"fwd {k} start")
+            ev((t, alloc, f"fwd {k} start"))
             t += fwd[k]
-            ev(t, -ws_f[k], f"fwd {k} end")
+            ev((t, -ws_f[k], f"fwd {k} end"))
             for sid in copy_at[k]:
                 d2h_bytes += s_bytes[sid]
                 if inline:
@@ -213,9 +216,9 @@ class Simulator:
                     t = wait
                 for sid in free_at_sync[k]:
                     freed[sid] = True
-                ev(t, -sum(s_bytes[sid] for sid in free_at_sync[k]), f"fwd {k} offloaded")
+                ev((t, -sum(s_bytes[sid] for sid in free_at_sync[k]), f"fwd {k} offloaded"))
             if drop_at[k]:
-                ev(t, -sum(s_bytes[sid] for sid in drop_at[k]), f"fwd {k} drop")
+                ev((t, -sum(s_bytes[sid] for sid in drop_at[k]), f"fwd {k} drop"))
         forward_ms = t
 
         # ---- backward ---------------------------------------------------------------------------
@@ -237,20 +240,24 @@ class Simulator:
         if final_out is not None and fates[final_out].fate == "none":
             release_at[n - 1].append(final_out)
         # storages nobody keeps are re-made by the recompute of the segment holding their savers
-        for j, i in seg_end.items():
+        if seg_end:
+            seg_of = [-1] * n
+            for j, i in seg_end.items():
+                for r in range(i, j + 1):
+                    seg_of[r] = j
             for sid, f in enumerate(fates):
                 if f.fate != "none" or self.s_producer[sid] < 0:
                     continue
-                savers = [r for r in self.profile.storages[sid].saved_by if i <= r <= j]
+                savers = [r for r in self.s_saved_by[sid] if seg_of[r] >= 0]
                 if savers:
-                    remat_at.setdefault(j, []).append(sid)
+                    remat_at.setdefault(max(seg_of[r] for r in savers), []).append(sid)
                     release_at[min(savers)].append(sid)
 
         recompute_ms = 0.0
         h2d_free = 0.0
         h2d_bytes = 0
         ready = [0.0] * len(s_bytes)
-        ev(t, out[n - 1], "loss grad")
+        ev((t, out[n - 1], "loss grad"))
         bwd_start = t
         for k in range(n - 1, -1, -1):
             poll(n, f"bwd {k} offloads done")
@@ -261,7 +268,7 @@ class Simulator:
                     ready[sid] = t
                     continue
                 h2d_bytes += s_bytes[sid]
-                ev(t, s_bytes[sid], f"prefetch {sid}")
+                ev((t, s_bytes[sid], f"prefetch {sid}"))
                 if inline:
                     t = max(t, copy_done[sid]) + s_h2d[sid]
                     bstall[k] += s_h2d[sid]
@@ -277,20 +284,20 @@ class Simulator:
                     t = ready[src]
                 remat = remat_at.get(k, ())
                 transient = max(out[i : k + 1])
-                ev(t, sum(s_bytes[sid] for sid in remat) + transient, f"recompute {i}..{k}")
+                ev((t, sum(s_bytes[sid] for sid in remat) + transient, f"recompute {i}..{k}"))
                 seg_ms = sum(fwd[i : k + 1])
                 t += seg_ms
                 recompute_ms += seg_ms
-                ev(t, -transient, f"recompute {i}..{k} end")
+                ev((t, -transient, f"recompute {i}..{k} end"))
             for sid in need_at[k]:
                 if ready[sid] > t:
                     bstall[k] += ready[sid] - t
                     t = ready[sid]
             grad_in = out[k - 1] if k > 0 else 0
-            ev(t, grad_in + self.pgrad[k] + ws_b[k], f"bwd {k} start")
+            ev((t, grad_in + self.pgrad[k] + ws_b[k], f"bwd {k} start"))
             t += bwd[k]
             freed_now = ws_b[k] + out[k] + sum(s_bytes[sid] for sid in release_at[k])
-            ev(t, -freed_now, f"bwd {k} end")
+            ev((t, -freed_now, f"bwd {k} end"))
 
         # ---- peak -------------------------------------------------------------------------------
         live = self.base
@@ -318,6 +325,48 @@ class Simulator:
             base_bytes=self.base,
             timeline=tuple(tl),
         )
+
+
+def merge_storages(profile: Profile) -> Profile:
+    """An equivalent profile with fewer storages, for speed.
+
+    Storages that are no stage's output and have the same producer and the same savers always get the same
+    fate under any plan (NOTE [ Plan semantics ]); merging them (bytes and copy times add up) changes no
+    number under ``layer``, ``points`` and ``inline`` sync; under ``deferred`` the group is freed when its
+    last copy completes (NOTE [ Deferred frees ]). A residual block's dozens of internal storages become
+    one or two.
+    """
+    outputs = {st.output_storage for st in profile.stages if st.output_storage is not None}
+    d2h, h2d = storage_copy_ms(profile)
+    groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    for sid, s in enumerate(profile.storages):
+        if sid not in outputs:
+            groups.setdefault((s.producer, tuple(sorted(set(s.saved_by)))), []).append(sid)
+    if all(len(g) == 1 for g in groups.values()):
+        return profile
+    merged: list[SavedStorage] = []
+    remap: dict[int, int] = {}
+    for sid, s in enumerate(profile.storages):
+        if sid in outputs:
+            remap[sid] = len(merged)
+            merged.append(s)
+    for (producer, saved_by), members in groups.items():
+        merged.append(SavedStorage(bytes=sum(profile.storages[m].bytes for m in members), saved_by=saved_by, producer=producer))
+    # copy times must survive the merge: give each stage d2h/h2d ms equal to what its first-saved storages cost
+    stages = []
+    for st in profile.stages:
+        owned = [sid for sid, s in enumerate(profile.storages) if s.saved_by and min(s.saved_by) == st.index]
+        stages.append(
+            st.model_copy(
+                update={
+                    "output_storage": remap.get(st.output_storage) if st.output_storage is not None else None,
+                    "saved_bytes": sum(profile.storages[sid].bytes for sid in owned),
+                    "d2h_ms": sum(d2h[sid] for sid in owned),
+                    "h2d_ms": sum(h2d[sid] for sid in owned),
+                }
+            )
+        )
+    return profile.model_copy(update={"stages": tuple(stages), "storages": tuple(merged)})
 
 
 def simulate(profile: Profile, plan: Plan, *, optimizer: str = "sgd", timeline: bool = False) -> SimResult:

@@ -31,8 +31,9 @@ def leaderboard(
     page_size: Annotated[int, Query(ge=1, le=200)] = 50,
     page_token: Annotated[str | None, Query(max_length=500)] = None,
     plans: Annotated[bool, Query(description="include each plan's JSON")] = False,
+    include_infeasible: Annotated[bool, Query(description="also rank plans over their budget")] = False,
 ) -> LeaderboardPublic:
-    """Stored plans ranked by ``order_by`` (ascending); pass ``next_page_token`` back for the next page."""
+    """Feasible stored plans ranked by ``order_by`` (ascending); pass ``next_page_token`` back for the next page."""
     with db.session() as s:
         gpu_key = None
         budget_bytes = None
@@ -55,6 +56,7 @@ def leaderboard(
                 order_by=order_by,
                 page_size=page_size,
                 page_token=page_token,
+                include_infeasible=include_infeasible,
             )
         except ValueError as e:
             raise ProblemError(400, "invalid_page_token", "Invalid page token", str(e)) from e

@@ -198,8 +198,11 @@ class ResultRepository:
         order_by: OrderBy = "step_ms",
         page_size: int = 50,
         page_token: str | None = None,
+        include_infeasible: bool = False,
     ) -> LeaderboardPage:
         """Ranked results, keyset-paginated: ``next_page_token`` continues after the last row.
+
+        Plans over their budget are left out unless ``include_infeasible``.
 
         Raises:
             ValueError: ``page_token`` is malformed or was made for another ``order_by``.
@@ -218,6 +221,8 @@ class ResultRepository:
             filters.append(ResultRow.batch == batch)
         if budget_bytes is not None:
             filters.append(ResultRow.budget_bytes == budget_bytes)
+        if not include_infeasible:
+            filters.append(ResultRow.feasible.is_(True))
         count = self.s.scalar(select(func.count()).select_from(ResultRow).where(*filters)) or 0
         q = select(ResultRow).where(*filters)
         offset = 0

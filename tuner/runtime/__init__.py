@@ -3,7 +3,8 @@
 ``planned(model, plan)`` wraps a chain so that each training step offloads, recomputes and keeps
 saved activations as the plan says (NOTE [ Plan semantics ] in ``tuner.plan``); ``load_plan`` reads a
 plan file or ``tune --json`` output; ``budget_guard`` caps CUDA memory and reports out-of-memory as
-``PlanOutOfMemoryError`` naming the plan and stage.
+``PlanOutOfMemoryError`` naming the plan and stage; ``check_equivalence`` checks that a plan leaves
+loss, gradients and buffers unchanged.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ from tuner.runtime.guard import budget_guard
 from tuner.runtime.offload import OffloadStats
 from tuner.runtime.planned import PlannedModel, load_plan, planned
 from tuner.runtime.pool import HostPool
+from tuner.runtime.verify import Equivalence, check_equivalence
 
 __all__ = [
+    "Equivalence",
     "HostPool",
     "OffloadStats",
     "PlanOutOfMemoryError",
     "PlannedModel",
     "budget_guard",
+    "check_equivalence",
     "load_plan",
     "planned",
 ]

@@ -92,14 +92,11 @@ class HostPool:
         return out
 
     def reset(self) -> None:
-        """Make every byte free again; merge the chunks into one if the last step needed several.
+        """Make every byte free again (the chunks are kept for the next step).
 
         Call only when no range handed out before is still read or written (no live offload entry,
         no copy in flight).
         """
-        if len(self._chunks) > 1:
-            self._chunks = []
-            self._new_chunk(self.high_water_bytes)
         self._chunk = 0
         self._offset = 0
         self._used = 0

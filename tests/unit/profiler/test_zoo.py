@@ -43,7 +43,7 @@ def _forward_backward(chain: ModelChain) -> torch.Tensor:
 
 
 def test_zoo_names_are_the_promised_set() -> None:
-    assert ZOO_NAMES == (
+    expected = (
         "vgg16",
         "vgg19",
         *DEEP_VGGS,
@@ -53,11 +53,12 @@ def test_zoo_names_are_the_promised_set() -> None:
         "resnet50",
         "gpt",
     )
+    assert expected == ZOO_NAMES
     assert set(ZOO) == set(ZOO_NAMES)
 
 
 @pytest.mark.parametrize(
-    ("name", "size"), [("vgg16", 32), ("vgg19", 32), ("alexnet", 63), ("overfeat", 71), ("resnet18", 32), ("resnet50", 32)]
+    ("name", "size"), [("vgg16", 32), ("alexnet", 63), ("overfeat", 71), ("resnet18", 32), ("resnet50", 32)]
 )
 def test_image_model_runs_forward_and_backward_on_cpu(name: str, size: int) -> None:
     torch.manual_seed(0)
@@ -69,9 +70,10 @@ def test_image_model_runs_forward_and_backward_on_cpu(name: str, size: int) -> N
     assert chain.input_kind == "image"
 
 
-@pytest.mark.parametrize("name", DEEP_VGGS)
-def test_deep_vgg_forward_and_backward_shapes(name: str) -> None:
-    # Hundreds of 3x3 convs: the shapes are checked by torch itself on the meta device (no memory).
+@pytest.mark.parametrize("name", ("vgg19", *DEEP_VGGS))
+def test_vgg_variants_forward_and_backward_shapes(name: str) -> None:
+    # VGG-16 runs for real above; its deeper variants (100M+ parameters each, the same module types) are
+    # run by torch on the meta device, which checks every shape and the autograd graph without memory.
     with torch.device("meta"):
         chain = build(name, {"image_size": 32, "num_classes": 10})
         model = chain.as_sequential()
@@ -105,7 +107,14 @@ def test_gpt_is_causal() -> None:
 
 def test_gpt_stages() -> None:
     chain = build("gpt", {**TINY_GPT, "layers": 3})
-    assert [s.kind for s in chain.stages] == ["embedding", "transformer", "transformer", "transformer", "layernorm", "linear"]
+    assert [s.kind for s in chain.stages] == [
+        "embedding",
+        "transformer",
+        "transformer",
+        "transformer",
+        "layernorm",
+        "linear",
+    ]
     assert [s.name for s in chain.stages] == ["embed", "blocks.0", "blocks.1", "blocks.2", "ln_f", "head"]
     assert isinstance(chain.stages[0].module, TokenPositionEmbedding)
     block = chain.stages[1].module
@@ -222,7 +231,7 @@ def test_overfeat_parameter_count_matches_the_paper_layout() -> None:
 
 @pytest.mark.parametrize("name", [n for n in ZOO_NAMES if n != "gpt"])
 def test_analytic_parameter_count_equals_built(name: str) -> None:
-    params = {"image_size": 64, "num_classes": 17}
+    params = {"image_size": 80, "num_classes": 17}
     validated = validate_spec(image_spec(name, params), SpecLimits(max_layers=4096))
     with torch.device("meta"):
         assert _param_count(build(name, params)) == validated.param_count

@@ -141,3 +141,25 @@ def test_simulator_is_deterministic() -> None:
     p = linear_chain(9, forward_ms=0.7)
     plan = Plan.from_actions("kororkoro", sync="layer")
     assert simulate(p, plan) == simulate(p, plan)
+
+
+def test_merging_storages_changes_no_number() -> None:
+    """merge_storages changes no number under layer/inline sync (see NOTE [ Deferred frees ] for deferred)."""
+    from profiler.modeled import modeled_profile
+    from profiler.zoo import build
+    from tuner.simulator import merge_storages
+
+    profile = modeled_profile(build("resnet18", {"image_size": 32}), 8, "float32", "h200")
+    assert len(merge_storages(profile).storages) < len(profile.storages)
+    fast, slow = Simulator(profile), Simulator(profile, merge=False)
+    rng = random.Random(3)
+    for _ in range(40):
+        plan = Plan(
+            actions=tuple(rng.choice(list(Action)) for _ in range(profile.n_stages)),
+            prefetch_lookahead=rng.randint(0, 4),
+            sync=rng.choice(["layer", "inline"]),
+        )
+        a, b = fast.run(plan), slow.run(plan)
+        assert a.peak_bytes == b.peak_bytes
+        assert a.step_ms == pytest.approx(b.step_ms, rel=1e-12)
+        assert a.stall_ms == pytest.approx(b.stall_ms, rel=1e-9, abs=1e-9)

@@ -1,0 +1,68 @@
+"""The search's optimality gap against the exact optimum, on chains small enough to enumerate.
+
+    python -m benchmarks.optimality_gap [--stages 9] [--trials 300] [--seeds 3]
+
+Chains: the first ``--stages`` stages of VGG-16, ResNet-50 and AlexNet at batch 256 and of the GPT-style
+model at batch 16 (H200 profiles). The exact optimum enumerates every plan of the search space
+(3^n actions × 9 lookaheads × 2 sync modes) once per chain; budgets are fractions of each prefix's
+unconstrained peak. Gap = (search step ms − exact step ms) / exact step ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import optuna
+
+from benchmarks.common import environment, zoo_profile
+from tuner.exact import exact_front
+from tuner.plan import Plan
+from tuner.search import tune
+from tuner.simulator import simulate
+
+__all__ = ["main"]
+
+CHAINS = [("vgg16", 256, {}), ("resnet50", 256, {}), ("alexnet", 256, {}), ("gpt", 16, {"layers": 12})]
+FRACTIONS = (0.5, 0.65, 0.8)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--stages", type=int, default=9)
+    ap.add_argument("--trials", type=int, default=300)
+    ap.add_argument("--seeds", type=int, default=3)
+    args = ap.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    print(f"environment: {environment()}")
+    print("| chain | profile | budget (of peak) | exact ms | search ms (worst of seeds) | gap (worst) | gap (mean) |")
+    print("|---|---|---|---|---|---|---|")
+    gaps = []
+    for model, batch, params in CHAINS:
+        profile = zoo_profile(model, batch, **params).prefix(args.stages)
+        peak = simulate(profile, Plan.uniform(profile.n_stages)).peak_bytes
+        t0 = time.perf_counter()
+        front = exact_front(profile)
+        enum_s = time.perf_counter() - t0
+        for frac in FRACTIONS:
+            budget = int(peak * frac)
+            exact = front.best_within(budget)
+            if exact.plan is None:
+                print(f"| {profile.model} b{batch} | {profile.source} | {frac:.0%} | no plan fits | - | - | - |")
+                continue
+            found = []
+            for seed in range(args.seeds):
+                r = tune(profile, budget, trials=args.trials, seed=seed)
+                assert r.best is not None
+                found.append(r.best.step_ms)
+            g = [(s - exact.step_ms) / exact.step_ms for s in found]
+            gaps.extend(g)
+            print(f"| {profile.model} b{batch} | {profile.source} | {frac:.0%} | {exact.step_ms:.2f} | "
+                  f"{max(found):.2f} | {max(g):.2%} | {statistics.mean(g):.2%} |")
+        print(f"<!-- {profile.model}: {front.evaluated} plans enumerated in {enum_s:.0f} s -->")
+    print(f"\nworst gap over all chains, budgets and seeds: {max(gaps):.2%}; mean {statistics.mean(gaps):.2%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Measured profiles on a real CUDA GPU (skipped without one; the lead runs them on the H200)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from profiler.chain import ModelChain, flatten
+from profiler.meta import meta_chain, meta_input
+from profiler.storages import saved_storage_table
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def small_chain() -> ModelChain:
+    return ModelChain(
+        "small",
+        flatten(
+            nn.Sequential(
+                nn.Conv2d(3, 16, 3, padding=1),
+                nn.BatchNorm2d(16),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(2),
+                nn.Conv2d(16, 32, 3, padding=1),
+                nn.ReLU(inplace=True),
+                nn.Flatten(),
+                nn.Dropout(),
+                nn.Linear(32 * 16 * 16, 10),
+            )
+        ),
+        (3, 32, 32),
+    )
+
+
+def test_cuda_profile_is_measured() -> None:
+    from profiler.measure import profile
+
+    p = profile(small_chain(), 8, device="cuda")
+    assert p.source == "measured"
+    assert p.compute_source == p.transfer_source == f"measured:{p.device.key}"
+    assert p.device.torch_version == torch.__version__
+    assert all(s.forward_ms > 0 for s in p.stages)
+    assert all(s.backward_ms > 0 for s in p.stages)
+    saving = [s for s in p.stages if s.saved_bytes > 0]
+    assert saving and all(s.d2h_ms > 0 and s.h2d_ms > 0 for s in saving)
+    assert all(s.d2h_ms == 0 for s in p.stages if s.saved_bytes == 0)
+
+
+def test_cuda_profile_bfloat16() -> None:
+    from profiler.measure import profile
+
+    p = profile(small_chain(), 8, "bfloat16", device="cuda")
+    assert p.dtype == "bfloat16" and p.source == "measured"
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_meta_emulation_matches_cuda(dtype: torch.dtype | None) -> None:
+    """NOTE [ CUDA semantics on meta ]: the meta table is the GPU's table."""
+    ch = small_chain()
+    mch = meta_chain(ch)
+    meta = saved_storage_table(mch, meta_input(mch, 4), autocast_dtype=dtype)
+    for stage in ch.stages:
+        stage.module.cuda()
+    cuda = saved_storage_table(ch, torch.randn(4, 3, 32, 32, device="cuda"), autocast_dtype=dtype)
+    assert [(s.bytes, s.saved_by, s.producer) for s in cuda[0]] == [(s.bytes, s.saved_by, s.producer) for s in meta[0]]
+    assert cuda[1:] == meta[1:]
+
+
+def test_cuda_identity() -> None:
+    from profiler.identity import cuda_identity
+
+    ident = cuda_identity()
+    props = torch.cuda.get_device_properties(0)
+    assert ident.name == props.name and ident.memory_bytes == props.total_memory
+    assert ident.sm_count == props.multi_processor_count
+    assert ident.d2h_gbps > 1 and ident.h2d_gbps > 1
+    if ident.key == "h200":
+        assert ident.d2h_gbps > 40  # DESIGN.md: 55 GB/s pinned at >= 16 MiB

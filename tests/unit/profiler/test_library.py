@@ -1,0 +1,48 @@
+"""The library of committed profiles: file names, lookup, mismatches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+from profiler.chain import ModelChain, flatten
+from profiler.errors import ProfilerError
+from profiler.library import data_dir, find_profile, list_profiles, profile_filename
+from profiler.modeled import modeled_profile
+
+
+def tiny() -> ModelChain:
+    return ModelChain("tiny", flatten(nn.Sequential(nn.Linear(4, 4))), (4,), params={"width": 4})
+
+
+def test_file_names_use_the_gpu_key() -> None:
+    assert profile_filename("vgg16", 256, "float32", "NVIDIA H200") == "vgg16-b256-float32-h200.json"
+    assert profile_filename("gpt", 16, "bfloat16", "a100") == "gpt-b16-bfloat16-a100-80gb.json"
+
+
+def test_find_and_list(tmp_path: Path) -> None:
+    p = modeled_profile(tiny(), 8, "float32", "a100")
+    p.save(tmp_path / profile_filename("tiny", 8, "float32", "a100"))
+    (tmp_path / "notes.txt").write_text("not a profile")
+    assert find_profile("tiny", 8, "float32", "A100-SXM4-80GB", directory=tmp_path) == p
+    assert find_profile("tiny", 8, "float32", "a100", params={"width": 4}, directory=tmp_path) == p
+    assert find_profile("tiny", 8, "float32", "a100", params={"width": 8}, directory=tmp_path) is None
+    assert find_profile("tiny", 16, "float32", "a100", directory=tmp_path) is None
+    (entry,) = list_profiles(tmp_path)
+    assert (entry.model, entry.batch, entry.dtype, entry.gpu) == ("tiny", 8, "float32", "a100-80gb")
+
+
+def test_a_misnamed_file_is_an_error(tmp_path: Path) -> None:
+    p = modeled_profile(tiny(), 8, "float32", "h200")
+    p.save(tmp_path / "tiny-b16-float32-h200.json")
+    with pytest.raises(ProfilerError, match="b8"):
+        find_profile("tiny", 16, "float32", "h200", directory=tmp_path)
+
+
+def test_committed_profiles_load() -> None:
+    assert data_dir().name == "data"
+    for entry in list_profiles():
+        prof = find_profile(entry.model, entry.batch, entry.dtype, entry.gpu)
+        assert prof is not None and prof.source == "measured"

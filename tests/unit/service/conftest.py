@@ -1,0 +1,63 @@
+"""Fixtures for the service unit tests: a migrated SQLite database per test, an in-process app, keys."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.client import MemtuneClient
+from api.main import create_app
+from api.settings import Settings
+from storage.database import Database
+from storage.migrate import upgrade
+from storage.repositories import KeyRepository
+
+SMALL_SPEC = {
+    "name": "tiny-cnn",
+    "input_shape": [3, 16, 16],
+    "layers": [
+        {"type": "conv2d", "out_channels": 8, "kernel_size": 3, "padding": 1},
+        {"type": "relu", "inplace": True},
+        {"type": "conv2d", "out_channels": 8, "kernel_size": 3, "padding": 1},
+        {"type": "relu"},
+        {"type": "maxpool2d", "kernel_size": 2},
+        {"type": "conv2d", "out_channels": 16, "kernel_size": 3, "padding": 1},
+        {"type": "relu"},
+        {"type": "flatten"},
+        {"type": "linear", "out_features": 10},
+    ],
+}
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = Database(f"sqlite:///{tmp_path / 'memtune.db'}")
+    upgrade(database)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path, progress_interval_s=0.0, sse_interval_s=0.05)
+
+
+@pytest.fixture
+def api_key(db: Database) -> str:
+    with db.session() as s:
+        _, secret = KeyRepository(s).create("tester")
+    return secret
+
+
+@pytest.fixture
+def http(db: Database, settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings, db=db), raise_server_exceptions=False) as tc:
+        yield tc
+
+
+@pytest.fixture
+def client(http: TestClient, api_key: str) -> MemtuneClient:
+    return MemtuneClient(api_key=api_key, http=http)

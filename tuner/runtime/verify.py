@@ -1,0 +1,129 @@
+"""Checking that a plan does not change the math: one planned step against the unplanned one.
+
+Used by the tests (CPU and GPU) and by anyone validating a plan before trusting it: the same model,
+input and RNG seed run once plainly and ``steps`` times planned (buffers restored in between, no
+optimizer step), and the loss, every parameter gradient and every buffer are compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiler.chain import ModelChain
+from tuner.plan import Plan
+from tuner.runtime.planned import PlannedModel, planned
+
+__all__ = ["Equivalence", "check_equivalence", "relative_error"]
+
+LossFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _default_loss(out: torch.Tensor) -> torch.Tensor:
+    return out.float().square().mean()
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``max |actual - expected| / max |expected|`` (0 when both are zero, inf when only ``expected`` is)."""
+    a = actual.detach().double()
+    e = expected.detach().double().to(a.device)
+    diff = (a - e).abs().max().item() if a.numel() else 0.0
+    scale = e.abs().max().item() if e.numel() else 0.0
+    if diff == 0.0:
+        return 0.0
+    return diff / scale if scale > 0.0 else float("inf")
+
+
+def _grad_error(actual: torch.Tensor | None, expected: torch.Tensor | None) -> float:
+    if actual is None or expected is None:
+        return 0.0 if actual is None and expected is None else float("inf")
+    return relative_error(actual, expected)
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """Largest relative errors of a planned run against the unplanned one (see ``relative_error``).
+
+    Attributes:
+        loss: of the loss.
+        grad: over every parameter gradient; ``worst_grad`` names the parameter.
+        buffer: over every buffer after the step (BatchNorm running statistics).
+        steps: planned steps compared.
+    """
+
+    loss: float
+    grad: float
+    buffer: float
+    worst_grad: str
+    steps: int
+
+    def ok(self, rtol: float = 1e-6) -> bool:
+        """True when every error is at most ``rtol``."""
+        return max(self.loss, self.grad, self.buffer) <= rtol
+
+
+def _module(model: ModelChain | nn.Module) -> nn.Module:
+    return model.as_sequential() if isinstance(model, ModelChain) else model
+
+
+def check_equivalence(
+    model: ModelChain | nn.Module,
+    plan: Plan,
+    inputs: torch.Tensor,
+    *,
+    loss_fn: LossFn = _default_loss,
+    seed: int = 0,
+    steps: int = 2,
+    **planned_kwargs: Any,
+) -> tuple[Equivalence, PlannedModel]:
+    """Run one unplanned and ``steps`` planned training steps and compare them.
+
+    Each step starts from the same buffers with ``torch.manual_seed(seed)``, so dropout draws the same
+    masks. Parameters are not updated; gradients are reset before each step.
+
+    Args:
+        model: the chain or module (its parameters are shared with the planned model).
+        plan: the plan to check.
+        inputs: the batch.
+        loss_fn: output -> scalar loss (default: mean of squares, in float32).
+        seed: the RNG seed of every step.
+        steps: planned steps (two or more also exercise the host pool's reuse).
+        planned_kwargs: passed to ``planned``.
+
+    Returns:
+        The largest errors over the planned steps, and the planned model (for its ``stats``/``pool``).
+    """
+    module = _module(model)
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    start = {n: b.detach().clone() for n, b in module.named_buffers()}
+
+    def run(m: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor | None], dict[str, torch.Tensor]]:
+        with torch.no_grad():
+            for n, b in module.named_buffers():
+                b.copy_(start[n])
+        for _, p in params:
+            p.grad = None
+        torch.manual_seed(seed)
+        loss = loss_fn(m(inputs))
+        loss.backward()
+        grads = [None if p.grad is None else p.grad.detach().clone() for _, p in params]
+        return loss.detach(), grads, {n: b.detach().clone() for n, b in module.named_buffers()}
+
+    ref_loss, ref_grads, ref_bufs = run(module)
+    pm = planned(model, plan, **planned_kwargs)
+    loss_err = grad_err = buf_err = 0.0
+    worst = ""
+    for _ in range(steps):
+        loss, grads, bufs = run(pm)
+        loss_err = max(loss_err, relative_error(loss, ref_loss))
+        for (name, _), g, r in zip(params, grads, ref_grads, strict=True):
+            err = _grad_error(g, r)
+            if not worst or err > grad_err:
+                grad_err, worst = err, name
+        for name, b in bufs.items():
+            buf_err = max(buf_err, relative_error(b, ref_bufs[name]))
+    return Equivalence(loss_err, grad_err, buf_err, worst, steps), pm
