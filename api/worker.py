@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
@@ -189,12 +190,14 @@ class Worker:
         if self._optuna is None:
             hb = max(1, round(self.heartbeat_interval_s))
             grace = max(hb + 1, int(self.stale_after_s / 2))
-            self._optuna = optuna.storages.RDBStorage(
-                self.db.url,
-                engine_kwargs=engine_kwargs(self.db.url),
-                heartbeat_interval=hb,
-                grace_period=grace,
-            )
+            with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna; we rely on it knowingly
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self._optuna = optuna.storages.RDBStorage(
+                    self.db.url,
+                    engine_kwargs=engine_kwargs(self.db.url),
+                    heartbeat_interval=hb,
+                    grace_period=grace,
+                )
         return self._optuna
 
     def _process(self, job: Job, lease: JobLease) -> None:

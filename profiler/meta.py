@@ -17,6 +17,11 @@ Three things differ between a meta (or CPU) forward and a CUDA forward, and chan
 * ``F.scaled_dot_product_attention`` picks flash attention on CUDA for fp16/bf16 without a mask and
   memory-efficient attention otherwise; both save q, k, v, the output and a log-sum-exp, not the
   attention matrix of the math fallback.
+
+A function mode sees the functions a module calls, not the ones called from inside another Python-level
+function that dispatched to the mode itself (e.g. the projections inside
+``F.multi_head_attention_forward``): those run unmodified. memtune's zoo calls ``F.linear``,
+``F.layer_norm`` and ``F.scaled_dot_product_attention`` directly; a GPU profile stays the reference.
 """
 
 from __future__ import annotations

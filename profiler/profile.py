@@ -169,7 +169,7 @@ class Profile(_Frozen):
     @property
     def saved_bytes(self) -> int:
         """Total bytes autograd keeps for backward without a plan (each storage once)."""
-        return sum(s.bytes for s in self.storages)
+        return sum(s.bytes for s in self.storages if s.saved_by)
 
     @property
     def forward_ms(self) -> float:

@@ -207,8 +207,24 @@ def resolve_storages(profile: Profile, actions: Sequence[Action]) -> list[Storag
         if s is not None:
             seg_refs.setdefault(s, []).append((j, i, i, actions[i - 1]))
     fates: list[StorageFate] = []
+    none = StorageFate("none", False, 0, -1, n)
+    recompute, keep = Action.RECOMPUTE, Action.KEEP
     for sid, st in enumerate(profile.storages):
-        refs = [(r, r, r, actions[r]) for r in st.saved_by if actions[r] is not Action.RECOMPUTE]
+        saved_by = st.saved_by
+        if st.producer < 0:
+            fates.append(none)
+            continue
+        if len(saved_by) == 1 and sid not in seg_refs:  # the common case, decided by one action
+            r = saved_by[0]
+            a = actions[r]
+            if a is recompute:
+                fates.append(none)
+            elif a is keep:
+                fates.append(StorageFate("keep", False, 0, r, r))
+            else:
+                fates.append(StorageFate("offload", True, r, r, r))
+            continue
+        refs = [(r, r, r, actions[r]) for r in saved_by if actions[r] is not recompute]
         refs.extend(seg_refs.get(sid, ()))
         if not refs or st.producer < 0:
             fates.append(StorageFate("none", False, 0, -1, n))

@@ -70,31 +70,13 @@ class SimResult:
         return self.peak_bytes <= budget_bytes
 
 
-class Simulator:
-    """Simulates plans for one profile; precomputes what does not depend on the plan.
+class _StorageTables:
+    """Per-storage tables of one profile (see NOTE [ Saved storages ])."""
 
-    Args:
-        profile: the chain's profile.
-        optimizer: ``sgd`` (with momentum), ``adam`` or ``none``; sets the optimizer state bytes.
-        merge: merge storages that always share a fate (``merge_storages``); exact, only faster.
-    """
-
-    def __init__(self, profile: Profile, optimizer: str = "sgd", *, merge: bool = True) -> None:
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, not {optimizer!r}")
-        self.source_profile = profile
-        self.profile = profile = merge_storages(profile) if merge else profile
-        self.optimizer = optimizer
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
         st = profile.stages
-        self.n = n = len(st)
-        self.fwd = [s.forward_ms for s in st]
-        self.bwd = [s.backward_ms for s in st]
-        self.out = [s.output_bytes for s in st]
-        self.ws_f = [s.forward_workspace_bytes for s in st]
-        self.ws_b = [s.backward_workspace_bytes for s in st]
-        self.pgrad = [s.param_bytes for s in st]
-        self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
-
+        n = len(st)
         storages = profile.storages
         self.s_bytes = [s.bytes for s in storages]
         self.s_producer = [s.producer for s in storages]
@@ -114,6 +96,34 @@ class Simulator:
                 self.produced[p].append(sid)
         self.output_storage = [s.output_storage for s in st]
 
+
+class Simulator:
+    """Simulates plans for one profile; precomputes what does not depend on the plan.
+
+    Args:
+        profile: the chain's profile.
+        optimizer: ``sgd`` (with momentum), ``adam`` or ``none``; sets the optimizer state bytes.
+        merge: use merged storages where that is exact (``merge_storages``); only faster.
+    """
+
+    def __init__(self, profile: Profile, optimizer: str = "sgd", *, merge: bool = True) -> None:
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, not {optimizer!r}")
+        self.profile = profile
+        self.optimizer = optimizer
+        st = profile.stages
+        self.n = len(st)
+        self.fwd = [s.forward_ms for s in st]
+        self.bwd = [s.backward_ms for s in st]
+        self.out = [s.output_bytes for s in st]
+        self.ws_f = [s.forward_workspace_bytes for s in st]
+        self.ws_b = [s.backward_workspace_bytes for s in st]
+        self.pgrad = [s.param_bytes for s in st]
+        self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
+        self._full = _StorageTables(profile)
+        # merged storages give the same numbers except under deferred sync (see merge_storages)
+        self._merged = _StorageTables(merge_storages(profile)) if merge else self._full
+
     # ------------------------------------------------------------------------------------------------
     def run(self, plan: Plan, *, timeline: bool = False, check: bool = True) -> SimResult:
         """Simulate one step under ``plan``. ``check=False`` skips validating it against the profile."""
@@ -128,11 +138,12 @@ class Simulator:
     def _run(self, actions: Sequence[Action], plan: Plan, want_timeline: bool) -> SimResult:
         n = self.n
         fwd, bwd, out, ws_f, ws_b = self.fwd, self.bwd, self.out, self.ws_f, self.ws_b
-        s_bytes, s_last, s_d2h, s_h2d = self.s_bytes, self.s_last_use, self.s_d2h, self.s_h2d
         sync = plan.sync
+        tab = self._full if sync == "deferred" else self._merged
+        s_bytes, s_last, s_d2h, s_h2d = tab.s_bytes, tab.s_last_use, tab.s_d2h, tab.s_h2d
         inline = sync == "inline"
         lookahead = 0 if inline else plan.prefetch_lookahead
-        fates = resolve_storages(self.profile, actions)
+        fates = resolve_storages(tab.profile, actions)
 
         events: list[tuple[float, int, str]] = []  # (time, delta bytes, label), in program order
         ev = events.append
@@ -146,9 +157,9 @@ class Simulator:
         drop_at: list[list[int]] = [[] for _ in range(n)]
         sync_points = sorted(plan.sync_points) if sync == "points" else []
         # the model's output is read by the loss and held by the caller until backward has used it
-        final_out = self.output_storage[n - 1]
+        final_out = tab.output_storage[n - 1]
         for sid, f in enumerate(fates):
-            p = self.s_producer[sid]
+            p = tab.s_producer[sid]
             if p < 0:
                 continue
             if f.copied:
@@ -173,8 +184,6 @@ class Simulator:
         # boundary at which its copy is complete and its last forward reader has run (the runtime polls the
         # copy's event there). If backward wants it before that, the GPU copy is used and no prefetch runs.
         # So an offloaded storage is resident in a subset of the program points where a kept one is.
-        # Storages merged by ``merge_storages`` (same producer, same savers) are freed together, when the
-        # last of their copies completes: the runtime records one event per such group.
         pending: list[int] = []
         freed = [False] * len(s_bytes)
 
@@ -191,7 +200,7 @@ class Simulator:
         for k in range(n):
             poll(k, f"fwd {k} offloads done")
             alloc = ws_f[k]
-            for sid in self.produced[k]:
+            for sid in tab.produced[k]:
                 alloc += s_bytes[sid]
             ev((t, alloc, f"fwd {k} start"))
             t += fwd[k]
@@ -229,7 +238,7 @@ class Simulator:
         need_at: list[list[int]] = [[] for _ in range(n)]
         remat_at: dict[int, list[int]] = {}
         for sid, f in enumerate(fates):
-            if self.s_producer[sid] < 0:
+            if tab.s_producer[sid] < 0:
                 continue
             if f.fate == "offload":
                 prefetch_at[min(n - 1, f.need + lookahead)].append(sid)
@@ -246,9 +255,9 @@ class Simulator:
                 for r in range(i, j + 1):
                     seg_of[r] = j
             for sid, f in enumerate(fates):
-                if f.fate != "none" or self.s_producer[sid] < 0:
+                if f.fate != "none" or tab.s_producer[sid] < 0:
                     continue
-                savers = [r for r in self.s_saved_by[sid] if seg_of[r] >= 0]
+                savers = [r for r in tab.s_saved_by[sid] if seg_of[r] >= 0]
                 if savers:
                     remat_at.setdefault(max(seg_of[r] for r in savers), []).append(sid)
                     release_at[min(savers)].append(sid)
@@ -278,7 +287,7 @@ class Simulator:
                     ready[sid] = h2d_free
             if k in seg_end:
                 i = seg_end[k]
-                src = self.output_storage[i - 1] if i > 0 else None
+                src = tab.output_storage[i - 1] if i > 0 else None
                 if src is not None and fates[src].fate == "offload" and ready[src] > t:
                     bstall[k] += ready[src] - t
                     t = ready[src]
@@ -332,9 +341,9 @@ def merge_storages(profile: Profile) -> Profile:
 
     Storages that are no stage's output and have the same producer and the same savers always get the same
     fate under any plan (NOTE [ Plan semantics ]); merging them (bytes and copy times add up) changes no
-    number under ``layer``, ``points`` and ``inline`` sync; under ``deferred`` the group is freed when its
-    last copy completes (NOTE [ Deferred frees ]). A residual block's dozens of internal storages become
-    one or two.
+    number under ``layer``, ``points`` and ``inline`` sync (the copy queue keeps its order; a test checks
+    this). Under ``deferred`` sync it would (a group would be freed only when its last copy completes), so
+    the simulator uses the full table there. A residual block's dozens of internal storages become one or two.
     """
     outputs = {st.output_storage for st in profile.stages if st.output_storage is not None}
     d2h, h2d = storage_copy_ms(profile)
@@ -344,14 +353,19 @@ def merge_storages(profile: Profile) -> Profile:
             groups.setdefault((s.producer, tuple(sorted(set(s.saved_by)))), []).append(sid)
     if all(len(g) == 1 for g in groups.values()):
         return profile
+    # keep the original order (it is the copy engines' queue order): a group stands at its first member
     merged: list[SavedStorage] = []
     remap: dict[int, int] = {}
     for sid, s in enumerate(profile.storages):
         if sid in outputs:
             remap[sid] = len(merged)
             merged.append(s)
-    for (producer, saved_by), members in groups.items():
-        merged.append(SavedStorage(bytes=sum(profile.storages[m].bytes for m in members), saved_by=saved_by, producer=producer))
+            continue
+        key = (s.producer, tuple(sorted(set(s.saved_by))))
+        members = groups[key]
+        if members[0] == sid:
+            total = sum(profile.storages[m].bytes for m in members)
+            merged.append(SavedStorage(bytes=total, saved_by=key[1], producer=key[0]))
     # copy times must survive the merge: give each stage d2h/h2d ms equal to what its first-saved storages cost
     stages = []
     for st in profile.stages:

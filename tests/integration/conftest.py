@@ -104,14 +104,18 @@ def create_key(url: str, name: str = "it") -> str:
 
 
 @pytest.fixture
-def server(database_url: str, tmp_path: Path) -> Iterator[str]:
+def serve_args() -> list[str]:
+    """Extra ``memtune serve`` options (a module may override this fixture, e.g. ``--no-worker``)."""
+    return []
+
+
+@pytest.fixture
+def server(database_url: str, serve_args: list[str], tmp_path: Path) -> Iterator[str]:
     """``memtune serve`` (API + one in-process worker) on a free loopback port; yields the base URL."""
     port = free_port()
     log = tmp_path / "serve.log"
-    proc = spawn(
-        ["serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", database_url, "--log-level", "warning"],
-        log,
-    )
+    args = ["serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", database_url]
+    proc = spawn([*args, "--log-level", "warning", *serve_args], log)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     try:

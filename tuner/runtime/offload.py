@@ -189,9 +189,13 @@ class StepState:
         key = (ptr, t._version)
         with rt.lock:
             entry = self.entries.get(key)
-            if entry is not None and entry.storage_ref() is storage:
+            if entry is not None and entry.host is not None and entry.storage_ref() is storage:
                 rt.stats.deduped += 1
                 entry.need = max(entry.need, need)
+                if entry.handles == 0:
+                    # every earlier handle already died (a segment that saves nothing drops its
+                    # input's handle at once); the host copy is still valid within this step
+                    rt.live_entries += 1
             else:
                 entry = self._copy_out(storage, need)
                 self.entries[key] = entry
@@ -398,7 +402,8 @@ class OffloadRuntime:
                 entry.pending -= 1
             entry.handles -= 1
             if entry.handles == 0 and entry.host is not None:
-                entry.host = None
+                # the host range stays referenced for this forward's dedupe map (the pool is reset
+                # only when a step begins), but no longer counts as live
                 entry.device_buf = None
                 entry.h2d_done = None
                 self.live_entries -= 1
@@ -418,8 +423,8 @@ class OffloadRuntime:
                 step.all_entries = []
                 step._order = []
                 for entry in {id(e): e for e in entries}.values():
-                    if entry.host is not None:
-                        entry.host = None
-                        entry.device_buf = None
-                        entry.h2d_done = None
+                    if entry.host is not None and entry.handles > 0:
                         self.live_entries -= 1
+                    entry.host = None
+                    entry.device_buf = None
+                    entry.h2d_done = None

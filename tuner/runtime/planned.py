@@ -63,7 +63,7 @@ def load_plan(source: Plan | Mapping[str, Any] | str | Path) -> Plan:
         data = source
     else:
         text = str(source)
-        if not text.lstrip().startswith("{"):
+        if not text.lstrip().startswith(("{", "[")):
             path = Path(text)
             if not path.is_file():
                 raise PlanError(f"plan file {str(path)!r} does not exist; pass a path, JSON text or a dict")

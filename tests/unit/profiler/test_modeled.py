@@ -95,6 +95,7 @@ def test_bytes_and_flops_are_exact() -> None:
     assert list(p.storages) == storages
     assert [s.output_storage for s in p.stages] == out
     assert [s.inplace for s in p.stages] == inplace
+    assert p.saved_bytes == sum(s.saved_bytes for s in p.stages)  # the last output is listed, not saved
 
 
 def test_activations_scale_with_batch_parameters_do_not() -> None:
@@ -156,3 +157,14 @@ def test_vgg16_batch_256_is_modeled_quickly() -> None:
     # DESIGN.md: 181.7 ms per step and a 19.56 GiB peak on the H200; the roofline is within 25 %
     assert p.forward_ms + p.backward_ms == pytest.approx(181.7, rel=0.25)
     assert 15 * 2**30 < p.saved_bytes < 19.56 * 2**30
+
+
+def test_attention_uses_the_fused_kernels_saved_set() -> None:
+    from profiler.zoo import build
+
+    b, heads, seq = 2, 4, 64
+    gpt = build("gpt", {"layers": 1, "width": 32, "heads": heads, "seq_len": seq, "vocab": 48})
+    p = modeled_profile(gpt, b, "float32", "h200")
+    # memory-efficient attention keeps a log-sum-exp, never the (seq x seq) attention matrix
+    assert all(s.bytes != b * heads * seq * seq * 4 for s in p.storages)
+    assert any(s.bytes == b * heads * seq * 4 for s in p.storages)

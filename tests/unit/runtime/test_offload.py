@@ -91,7 +91,6 @@ def test_pool_grows_doubling_then_reuses_the_same_bytes() -> None:
     grown = pool.allocations
     assert 1 <= grown < len(sizes)  # not one allocation per range
     assert pool.capacity_bytes >= sum(sizes)
-    assert all(p % 512 == 0 for p in first)
     for _ in range(3):
         pool.reset()
         again = [t.data_ptr() for t in (pool.alloc(n) for n in sizes)]

@@ -1,0 +1,100 @@
+"""Two worker processes on PostgreSQL; one is SIGKILLed mid-job. The job still completes, every trial
+finished before the kill is kept, the dead worker's running trial is failed, and no job is claimed twice
+(the only second claim is the reclaim of the killed worker's job)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from api.client import MemtuneClient
+from storage.database import Database
+from storage.repositories import JobRepository
+from tests.integration.conftest import create_key, spawn
+
+pytestmark = pytest.mark.integration
+
+STALE_S = 6
+
+
+@pytest.fixture
+def database_url(postgres_url: str) -> str:
+    return postgres_url
+
+
+@pytest.fixture
+def serve_args() -> list[str]:
+    return ["--no-worker"]  # only the two worker processes below take jobs
+
+
+def _complete(url: str, study: str) -> dict[int, tuple[float, ...]]:
+    s = optuna.load_study(study_name=study, storage=url)
+    return {t.number: tuple(t.values) for t in s.get_trials(deepcopy=False) if t.state is TrialState.COMPLETE}
+
+
+def test_killed_worker_job_resumes_on_the_other(server: str, postgres_url: str, tmp_path: Path) -> None:
+    key = create_key(postgres_url)
+    workers: dict[str, subprocess.Popen[bytes]] = {}
+    for name in ("wa", "wb"):
+        workers[name] = spawn(
+            ["worker", "--database-url", postgres_url, "--worker-id", name, "--heartbeat-interval", "1",
+             "--stale-after", str(STALE_S), "--poll-interval", "0.1"],
+            tmp_path / f"{name}.log",
+        )
+    db = Database(postgres_url)
+    try:
+        with MemtuneClient(server, api_key=key, timeout_s=30) as mt:
+            big = mt.submit_job({"zoo": "vgg16"}, batch=64, gpu="h200", budget="6GiB", trials=300)
+            victim = None
+            deadline = time.monotonic() + 120
+            while victim is None:
+                job = mt.get_job(big.id)
+                with db.session() as s:
+                    owner = JobRepository(s).get(big.id).worker_id
+                if job.state == "running" and owner in workers and job.progress.trials_done >= 30:
+                    victim = owner
+                assert job.state in ("queued", "running"), job
+                assert time.monotonic() < deadline, f"job never got 30 trials in: {job}"
+                time.sleep(0.05)
+            workers[victim].send_signal(signal.SIGKILL)
+            workers[victim].wait()
+            killed_at = time.monotonic()
+            before = _complete(postgres_url, big.study_name)
+            assert 30 <= len(before) < 300
+
+            small = [mt.submit_job({"zoo": "vgg16"}, batch=8, gpu="h100", budget="2GiB", trials=10) for _ in range(3)]
+            final = mt.wait(big.id, timeout_s=240)
+            assert final.state == "succeeded", final.error
+            assert time.monotonic() - killed_at >= STALE_S - 1  # it was reclaimed, not finished by the dead
+            for j in small:
+                assert mt.wait(j.id, timeout_s=120).state == "succeeded"
+
+        after = _complete(postgres_url, big.study_name)
+        assert all(after.get(n) == v for n, v in before.items()), "a trial finished before the kill was lost"
+        assert len(after) == 300 and final.progress.trials_done == 300
+        study = optuna.load_study(study_name=big.study_name, storage=postgres_url)
+        assert not [t for t in study.get_trials(deepcopy=False) if t.state is TrialState.RUNNING]
+
+        with db.session() as s:
+            repo = JobRepository(s)
+            claims = repo.claims(big.id)
+            assert [(c.worker_id, c.attempt) for c in claims][0] == (victim, 1)
+            assert len(claims) == 2 and claims[1].worker_id != victim and claims[1].reclaimed_from == victim
+            assert repo.get(big.id).attempts == 2
+            for j in small:
+                assert len(repo.claims(j.id)) == 1
+    finally:
+        db.dispose()
+        for p in workers.values():
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
