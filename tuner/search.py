@@ -144,7 +144,7 @@ class _Search:
         self._threshold_cache: dict[float, tuple[Action, ...]] = {}
         self._layup = layup_cumulative
         # stages whose action can matter: they save bytes, or they can join a recompute segment
-        self.movable = [k for k in range(self.n)]
+        self.front_pool: list[FrozenTrial] = []
 
     def threshold_actions(self, threshold: float) -> tuple[Action, ...]:
         key = round(threshold, 6)
@@ -178,18 +178,35 @@ class _Search:
 
     # ---- incumbent and local edits ---------------------------------------------------------------
     def incumbent(self, trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
-        done = [t for t in trials if t.state is TrialState.COMPLETE and "peak_bytes" in t.user_attrs]
-        if not done:
-            return None
-        feasible = [t for t in done if t.user_attrs["peak_bytes"] <= self.budget]
-        if self.mode == "pareto" and feasible and self.rng.random() < 0.5:
-            cands = [self._candidate(t) for t in done]
-            front = {c.name for c in pareto_front(cands)}
-            pool = [t for t in done if f"trial {t.number}" in front]
-            return self.rng.choice(pool)
-        if feasible:
-            return min(feasible, key=lambda t: (t.user_attrs["step_ms"], t.user_attrs["peak_bytes"]))
-        return min(done, key=lambda t: (t.user_attrs["peak_bytes"], t.user_attrs["step_ms"]))
+        """The best trial among ``trials`` (see ``better``), or None."""
+        best: FrozenTrial | None = None
+        for t in trials:
+            if t.state is TrialState.COMPLETE and "peak_bytes" in t.user_attrs:
+                best = t if best is None else self.better(t, best)
+        return best
+
+    def better(self, a: FrozenTrial, b: FrozenTrial) -> FrozenTrial:
+        """The better of two trials: feasible first, then faster (then smaller); infeasible by smaller peak."""
+        fa = a.user_attrs["peak_bytes"] <= self.budget
+        fb = b.user_attrs["peak_bytes"] <= self.budget
+        if fa != fb:
+            return a if fa else b
+        if fa:
+            ka = (a.user_attrs["step_ms"], a.user_attrs["peak_bytes"])
+            kb = (b.user_attrs["step_ms"], b.user_attrs["peak_bytes"])
+        else:
+            ka = (a.user_attrs["peak_bytes"], a.user_attrs["step_ms"])
+            kb = (b.user_attrs["peak_bytes"], b.user_attrs["step_ms"])
+        return a if ka < kb else b
+
+    def pick_parent(self, incumbent: FrozenTrial) -> FrozenTrial:
+        """The trial to edit next: the incumbent, or in Pareto mode often a member of the front so far."""
+        if self.mode == "pareto" and self.front_pool and self.rng.random() < 0.5:
+            cands = {f"trial {t.number}": t for t in self.front_pool}
+            front = pareto_front([self._candidate(t) for t in cands.values()])
+            self.front_pool = [cands[c.name] for c in front]
+            return self.rng.choice(self.front_pool)
+        return incumbent
 
     def mutate(self, params: dict[str, Any]) -> dict[str, Any]:
         p = dict(params)
@@ -310,22 +327,35 @@ def tune(
     finished = sum(1 for t in existing if t.state is TrialState.COMPLETE)
     remaining = max(0, trials - finished)
     n_baselines = len(policies)
-    best_so_far: list[Candidate | None] = [None]
+    # NOTE [ Cheap callbacks ]: reading every trial back after each one costs O(n) database reads per
+    # trial in an RDB study; the callback keeps the incumbent from the trials it sees and asks the
+    # database for the study-wide count only every ``recount`` trials (other workers share the study).
+    state: dict[str, Any] = {"done": finished, "seen": 0, "incumbent": search.incumbent(existing), "best": None}
+    recount = 1 if storage is None else 10
 
     def callback(st: optuna.Study, trial: FrozenTrial) -> None:
-        all_trials = st.get_trials(deepcopy=False)
-        done = sum(1 for t in all_trials if t.state is TrialState.COMPLETE)
-        inc = search.incumbent(all_trials)
+        state["seen"] += 1
+        if storage is not None and state["seen"] % recount == 0:
+            state["done"] = len(st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        elif trial.state is TrialState.COMPLETE:
+            state["done"] += 1
+        if trial.state is TrialState.COMPLETE and "peak_bytes" in trial.user_attrs:
+            inc = state["incumbent"]
+            state["incumbent"] = trial if inc is None else search.better(trial, inc)
+            if search.mode == "pareto":
+                search.front_pool.append(trial)
+        inc = state["incumbent"]
         if inc is not None and inc.user_attrs["peak_bytes"] <= budget_bytes:
-            best_so_far[0] = search._candidate(inc)
+            state["best"] = search._candidate(inc)
+        done = state["done"]
         if progress is not None:
-            progress(min(done, trials), trials, best_so_far[0])
+            progress(min(done, trials), trials, state["best"])
         if done >= trials or (should_stop is not None and should_stop()):
             st.stop()
             return
-        waiting = any(t.state is TrialState.WAITING for t in all_trials)
-        if inc is not None and not waiting and done >= n_baselines + 10 and search.rng.random() < 0.8:
-            st.enqueue_trial(search.mutate(inc.params))
+        if inc is not None and done >= finished + n_baselines + 10 and search.rng.random() < 0.8:
+            parent = search.pick_parent(inc)
+            st.enqueue_trial(search.mutate(parent.params))
 
     if remaining > 0 and not (should_stop is not None and should_stop()):
         study.optimize(search.objective, n_trials=remaining, callbacks=[callback], gc_after_trial=False)

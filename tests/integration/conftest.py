@@ -1,16 +1,12 @@
-"""Integration fixtures: a real uvicorn server on loopback over SQLite or PostgreSQL, worker processes.
+"""Integration fixtures: a real uvicorn server on loopback over SQLite or PostgreSQL.
 
-PostgreSQL is expected at 127.0.0.1:5432 (user ``postgres``, trust auth; override with
-``MEMTUNE_TEST_PG``); each test creates its own database and drops it afterwards, and PostgreSQL tests
-skip with the reason when the server cannot be reached.
+Each PostgreSQL test creates its own database and drops it afterwards; PostgreSQL tests skip with the
+reason when the server cannot be reached.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,33 +14,7 @@ from uuid import uuid4
 
 import httpx
 import pytest
-
-from storage.database import Database
-from storage.migrate import upgrade
-from storage.repositories import KeyRepository
-
-ROOT = Path(__file__).resolve().parents[2]
-PG_ADMIN = os.environ.get("MEMTUNE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def _pg_admin_connect() -> object:
-    import psycopg
-
-    return psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3)
-
-
-def pg_unreachable() -> str | None:
-    """Why PostgreSQL cannot be used, or None when it can."""
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        return "psycopg is not installed (pip install 'memtune[postgres]')"
-    try:
-        conn = _pg_admin_connect()
-    except Exception as e:
-        return f"PostgreSQL at {PG_ADMIN} is unreachable: {e}"
-    conn.close()  # type: ignore[attr-defined]
-    return None
+from live_server import PG_ADMIN, free_port, pg_admin_connect, pg_unreachable, spawn
 
 
 @pytest.fixture
@@ -54,14 +24,13 @@ def postgres_url() -> Iterator[str]:
     if reason:
         pytest.skip(reason)
     name = f"memtune_it_{uuid4().hex[:12]}"
-    conn = _pg_admin_connect()
-    conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[attr-defined]
-    base = PG_ADMIN.rsplit("/", 1)[0]
+    conn = pg_admin_connect()
+    conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield f"{base}/{name}"
+        yield f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
     finally:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[attr-defined]
-        conn.close()  # type: ignore[attr-defined]
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -70,37 +39,6 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'memtune.db'}"
     url: str = request.getfixturevalue("postgres_url")
     return url
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-FAST_ENV = {
-    "MEMTUNE_POLL_INTERVAL_S": "0.1",
-    "MEMTUNE_PROGRESS_INTERVAL_S": "0.1",
-    "MEMTUNE_SSE_INTERVAL_S": "0.1",
-}
-
-
-def spawn(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
-    """Run ``python -m api.cli_service ARGS`` from the repository root, output to ``log``."""
-    full_env = {**os.environ, **FAST_ENV, **env, "PYTHONPATH": str(ROOT)}
-    fh = open(log, "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [sys.executable, "-m", "api.cli_service", *args], cwd=ROOT, env=full_env, stdout=fh, stderr=subprocess.STDOUT
-    )
-
-
-def create_key(url: str, name: str = "it") -> str:
-    db = Database(url)
-    upgrade(db)
-    with db.session() as s:
-        _, secret = KeyRepository(s).create(name)
-    db.dispose()
-    return secret
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import json
 
 import httpx
 import pytest
+from live_server import create_key
 
 from api.client import ApiError, MemtuneClient
-from tests.integration.conftest import create_key
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,9 @@ def test_submit_tune_best_leaderboard(server: str, database_url: str) -> None:
         assert mt.health().worker == "up"
         model = mt.create_model(zoo="vgg16")
         job = mt.submit_job({"id": model.id}, batch=32, gpu="h200", budget="3GiB", trials=30, idempotency_key="e2e")
-        assert mt.submit_job(model.id, batch=32, gpu="h200", budget="3GiB", trials=30, idempotency_key="e2e").id == job.id
+        assert (
+            mt.submit_job(model.id, batch=32, gpu="h200", budget="3GiB", trials=30, idempotency_key="e2e").id == job.id
+        )
         events = list(mt.events(job.id, timeout_s=180))
         assert events[-1].event == "end"
         done = mt.get_job(job.id)

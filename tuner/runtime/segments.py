@@ -7,8 +7,11 @@ overwritten during the forward: ``checkpoint_sequential`` then fails in backward
 inplace operation"), and with an offloaded input the asynchronous copy could even read half-written
 data. We *clone the segment input inside the checkpointed function* when the first stage may write
 its input: the clone is what the stage mutates, x_{i-1} stays intact, and the re-run clones again.
-The clone is transient (nothing keeps it: the stages inside a segment save nothing), so the cost is
-one activation of extra memory at that moment and one device copy. We prefer this to running the
+The cost is one device copy and one activation: x_{i-1} (kept or offloaded for the re-run) and the
+stage's result are now two storages. Any correct runtime needs both, since the re-run reads the
+values from before the in-place write, but the profile's storage table (NOTE [ Saved storages ])
+counts them as one, so for such segments the simulator undercounts by that activation (and by its
+copy when the stage after the segment offloads what it saves). We prefer this to running the
 module out of place because it works for any stage (a block that calls ``x.relu_()``), not only for
 modules with an ``inplace`` flag. "May write its input" is decided before the forward: the stage
 module (or, for a container stage, its first leaf module) has ``inplace=True``, or the caller forces

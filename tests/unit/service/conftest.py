@@ -15,22 +15,6 @@ from storage.database import Database
 from storage.migrate import upgrade
 from storage.repositories import KeyRepository
 
-SMALL_SPEC = {
-    "name": "tiny-cnn",
-    "input_shape": [3, 16, 16],
-    "layers": [
-        {"type": "conv2d", "out_channels": 8, "kernel_size": 3, "padding": 1},
-        {"type": "relu", "inplace": True},
-        {"type": "conv2d", "out_channels": 8, "kernel_size": 3, "padding": 1},
-        {"type": "relu"},
-        {"type": "maxpool2d", "kernel_size": 2},
-        {"type": "conv2d", "out_channels": 16, "kernel_size": 3, "padding": 1},
-        {"type": "relu"},
-        {"type": "flatten"},
-        {"type": "linear", "out_features": 10},
-    ],
-}
-
 
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[Database]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import SMALL_SPEC
 from fastapi.testclient import TestClient
+from service_fixtures import SMALL_SPEC
 
 from api.client import ApiError, MemtuneClient
 from api.main import create_app

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from conftest import SMALL_SPEC
+from service_fixtures import SMALL_SPEC
 from typer.testing import CliRunner
 
 from api.cli_service import register

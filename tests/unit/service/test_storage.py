@@ -97,7 +97,15 @@ def test_models_dedupe_by_content_hash(db: Database) -> None:
 def test_integrity_errors_become_conflicts(db: Database) -> None:
     _model(db)
     with pytest.raises(ConflictError), db.session() as s:
-        s.add(ModelRow(id="m_other", name="x", kind="zoo", content_hash=content_hash({"zoo": "vgg16", "params": {"image_size": 224}}), definition={}))  # noqa: E501
+        s.add(
+            ModelRow(
+                id="m_other",
+                name="x",
+                kind="zoo",
+                content_hash=content_hash({"zoo": "vgg16", "params": {"image_size": 224}}),
+                definition={},
+            )
+        )
 
 
 def test_job_lifecycle_and_lease(db: Database) -> None:
@@ -247,7 +255,14 @@ def test_pareto_flags() -> None:
 
 def _results(db: Database, job: Job, points: list[tuple[float, int]]) -> None:
     rows = [
-        ResultIn(name=f"p{i}", kind="baseline" if i else "optuna", plan={"actions": ["keep"]}, step_ms=t, peak_bytes=m, feasible=m <= job.budget_bytes)  # noqa: E501
+        ResultIn(
+            name=f"p{i}",
+            kind="baseline" if i else "optuna",
+            plan={"actions": ["keep"]},
+            step_ms=t,
+            peak_bytes=m,
+            feasible=m <= job.budget_bytes,
+        )
         for i, (t, m) in enumerate(points)
     ]
     with db.session() as s:
@@ -298,7 +313,14 @@ def test_leaderboard_pages_cover_every_row_once(db: Database) -> None:
     assert len(seen) == len(set(seen)) == 7 and ranks == list(range(1, 8))
     with db.session() as s:
         flagged = [r for r in ResultRepository(s).for_job(job.id) if r.pareto_optimal]
-    assert {(r.step_ms, r.peak_bytes) for r in flagged} == {(1.0, 6 * GiB), (2.0, 5 * GiB), (3.0, 4 * GiB), (4.0, 3 * GiB), (5.0, 2 * GiB), (6.0, 1 * GiB)}  # noqa: E501
+    assert {(r.step_ms, r.peak_bytes) for r in flagged} == {
+        (1.0, 6 * GiB),
+        (2.0, 5 * GiB),
+        (3.0, 4 * GiB),
+        (4.0, 3 * GiB),
+        (5.0, 2 * GiB),
+        (6.0, 1 * GiB),
+    }
     with pytest.raises(ValueError, match="page_token"):
         decode_page_token("not-a-token")
     with db.session() as s, pytest.raises(ValueError, match="order_by"):

@@ -1,0 +1,216 @@
+"""A plan never changes the math: loss, every parameter gradient and every buffer equal the unplanned run's.
+
+Tiny versions of every zoo model family under every baseline policy (profiles are modeled, budgets half
+the all-keep simulated peak), and hand-made plans (all keep / offload / recompute, alternating, seeded
+random, every sync mode and several prefetch lookaheads) on small chains. Runs on CPU, fp32: the
+tolerance is 1e-6 relative (``tuner.runtime.verify.relative_error``); in practice results are bitwise
+equal. Dropout (p=0.5 in the VGG/AlexNet/OverFeat classifiers) checks that recompute replays RNG.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from profiler import zoo
+from profiler.chain import ModelChain
+from profiler.measure import model_input
+from profiler.modeled import modeled_profile
+from tuner.plan import Action, Plan
+from tuner.policies import POLICIES
+from tuner.runtime import check_equivalence
+from tuner.simulator import simulate
+
+torch.set_num_threads(1)
+
+RTOL = 1e-6
+
+# name -> (zoo parameters, batch, planned steps per plan); the VGG family's 4096-wide classifier makes
+# a step cost ~1 s on CPU, so those take one planned step per plan (pool reuse is tested on the others)
+TINY: dict[str, tuple[dict[str, int], int, int]] = {
+    "vgg16": ({"image_size": 32, "num_classes": 10}, 2, 1),
+    "alexnet": ({"image_size": 63, "num_classes": 10}, 2, 2),
+    "overfeat": ({"image_size": 71, "num_classes": 10}, 2, 2),
+    "resnet18": ({"image_size": 32, "num_classes": 10}, 2, 2),
+    "resnet50": ({"image_size": 32, "num_classes": 10}, 2, 2),
+    "gpt": ({"layers": 2, "width": 64, "heads": 4, "seq_len": 16, "vocab": 128}, 2, 2),
+}
+# same layer types as vgg16, deeper; several seconds each on CPU
+TINY_SLOW: dict[str, tuple[dict[str, int], int, int]] = {
+    "vgg19": ({"image_size": 32, "num_classes": 10}, 2, 1),
+    "vgg116": ({"image_size": 32, "num_classes": 10}, 1, 1),
+}
+
+
+def build(name: str, params: dict[str, int]) -> ModelChain:
+    torch.manual_seed(0)
+    return zoo.build(name, params)
+
+
+def distinct_policy_plans(chain: ModelChain, batch: int) -> dict[str, Plan]:
+    """Every policy's plan at half the all-keep peak, one per distinct runtime behaviour.
+
+    Plans that differ only in convolution algorithms (which the runtime leaves to the framework) or
+    label run identically, so only the first policy giving each is kept.
+    """
+    prof = modeled_profile(chain, batch, "float32", "h200")
+    budget = simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes // 2
+    out: dict[str, Plan] = {}
+    seen: set[tuple[Any, ...]] = set()
+    for name, policy in POLICIES.items():
+        plan = policy(prof, budget)
+        key = (plan.actions, plan.sync, plan.sync_points, plan.prefetch_lookahead)
+        if key not in seen:
+            seen.add(key)
+            out[name] = plan
+    return out
+
+
+def check_all_policies(name: str, params: dict[str, int], batch: int, steps: int) -> None:
+    chain = build(name, params)
+    torch.manual_seed(1)
+    x = model_input(chain, batch)
+    plans = distinct_policy_plans(chain, batch)
+    assert len(plans) >= 4, plans  # keep, offload-all, recompute-heavy and mixed plans at least
+    assert any(Action.RECOMPUTE in p.actions for p in plans.values())
+    assert any(Action.OFFLOAD in p.actions for p in plans.values())
+    failures = []
+    for policy, plan in plans.items():
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*conv_rule")
+            eq, pm = check_equivalence(chain, plan, x, steps=steps)
+        if not eq.ok(RTOL):
+            failures.append(f"{policy} ({plan.compact()}, sync={plan.sync}): {eq}")
+        if Action.OFFLOAD in plan.actions and steps > 1:
+            pool = pm.pool
+            assert pool is not None and pm.stats.pool_resets == steps - 1, policy
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_every_policy_keeps_the_math(name: str) -> None:
+    params, batch, steps = TINY[name]
+    check_all_policies(name, params, batch, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(TINY_SLOW))
+def test_every_policy_keeps_the_math_deep_vgg(name: str) -> None:
+    params, batch, steps = TINY_SLOW[name]
+    check_all_policies(name, params, batch, steps)
+
+
+def test_every_zoo_family_is_covered() -> None:
+    """vgg216..vgg516 are vgg116 with more of the same convs (GBs of weights even at 32x32): not run."""
+    covered = set(TINY) | set(TINY_SLOW)
+    assert covered | {"vgg216", "vgg316", "vgg416", "vgg516"} == set(zoo.ZOO_NAMES)
+
+
+# ---- hand-made plans -------------------------------------------------------------------------------
+
+
+def small_vgg() -> ModelChain:
+    """A VGG-shaped chain with in-place ReLUs, BatchNorm and dropout, cheap enough for many plans."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [
+        nn.Conv2d(3, 6, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(6, 6, 3, padding=1),
+        nn.BatchNorm2d(6),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Conv2d(6, 8, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8 * 2 * 2, 16),
+        nn.ReLU(inplace=True),
+        nn.Dropout(0.5),
+        nn.Linear(16, 4),
+    ]
+    from profiler.chain import flatten
+
+    return ModelChain(name="small-vgg", stages=flatten(nn.Sequential(*layers)), input_shape=(3, 8, 8))
+
+
+def hand_made(n: int) -> dict[str, Plan]:
+    rng = random.Random(1234)
+    plans = {
+        "keep": Plan.uniform(n, Action.KEEP),
+        "offload": Plan.uniform(n, Action.OFFLOAD),
+        "recompute": Plan.uniform(n, Action.RECOMPUTE),
+        "alt-ko": Plan.from_actions(("ko" * n)[:n]),
+        "alt-kr": Plan.from_actions(("kr" * n)[:n]),
+        "alt-or": Plan.from_actions(("or" * n)[:n]),
+        "alt-ro": Plan.from_actions(("ro" * n)[:n]),
+        "pairs": Plan.from_actions(("oorrk" * n)[:n]),
+    }
+    for k in range(4):
+        plans[f"random-{k}"] = Plan.from_actions([rng.choice("kor") for _ in range(n)])
+    return plans
+
+
+def sync_variants(plan: Plan, n: int) -> list[Plan]:
+    return [
+        plan.with_(sync="layer", prefetch_lookahead=0),
+        plan.with_(sync="layer", prefetch_lookahead=1),
+        plan.with_(sync="deferred", prefetch_lookahead=2),
+        plan.with_(sync="deferred", prefetch_lookahead=n + 5),
+        plan.with_(sync="points", sync_points=(0, n // 2, n - 1), prefetch_lookahead=3),
+        plan.with_(sync="inline", prefetch_lookahead=0),
+    ]
+
+
+SMALL: dict[str, tuple[Any, int]] = {
+    "small-vgg": (small_vgg, 2),
+    "resnet18": (lambda: build("resnet18", {"image_size": 16, "num_classes": 5}), 2),
+    "gpt": (lambda: build("gpt", {"layers": 2, "width": 32, "heads": 4, "seq_len": 8, "vocab": 64}), 2),
+}
+
+
+@pytest.mark.parametrize("model", list(SMALL))
+def test_hand_made_plans_keep_the_math(model: str) -> None:
+    make, batch = SMALL[model]
+    chain = make()
+    torch.manual_seed(1)
+    x = model_input(chain, batch)
+    n = len(chain)
+    failures = []
+    for label, plan in hand_made(n).items():
+        variants = sync_variants(plan, n) if Action.OFFLOAD in plan.actions else [plan]
+        for variant in variants:
+            eq, pm = check_equivalence(chain, variant, x, steps=2)
+            if not eq.ok(RTOL):
+                failures.append(f"{label} {variant.compact()} sync={variant.sync}: {eq}")
+            if Action.OFFLOAD in variant.actions:
+                assert pm.stats.d2h_copies > 0 and pm.stats.pool_resets == 1, (label, variant.sync)
+    assert not failures, "\n".join(failures)
+
+
+def test_checks_detect_a_changed_gradient() -> None:
+    """The comparison is not vacuous: a model whose planned run differs is reported."""
+    chain = small_vgg()
+    x = model_input(chain, 2)
+    eq, _ = check_equivalence(chain, Plan.uniform(len(chain), Action.RECOMPUTE), x, steps=1, seed=0)
+    assert eq.ok(RTOL)
+    dropout = chain.stages[12].module
+    assert isinstance(dropout, nn.Dropout)
+
+    calls = {"n": 0}
+
+    def reseed_on_second_call(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the planned forward draws a different dropout mask
+            torch.manual_seed(99)
+
+    handle = dropout.register_forward_pre_hook(reseed_on_second_call)
+    try:
+        eq, _ = check_equivalence(chain, Plan.uniform(len(chain)), x, steps=1, seed=0)
+    finally:
+        handle.remove()
+    assert not eq.ok(RTOL) and eq.grad > RTOL
