@@ -339,6 +339,86 @@ def tune(
         out.print(table)
 
 
+@app.command()
+def bench(
+    model: ModelArg,
+    batch: BatchOpt = 32,
+    dtype: DtypeOpt = "float32",
+    budget: Annotated[str, typer.Option(help="memory budget: 12GiB, 12GB, or a fraction of the unconstrained peak like 0.6")] = "0.6",
+    sweep: Annotated[str | None, typer.Option(help="comma-separated fractions of the unconstrained peak: tune and measure the tuned plan at each")] = None,
+    trials: Annotated[int, typer.Option(min=1, help="Optuna trials per tuned plan")] = 300,
+    param: ParamOpt = None,
+    iters: Annotated[int, typer.Option(min=1, help="timed steps per configuration")] = 10,
+    warmup: Annotated[int, typer.Option(min=0, help="warm-up steps per configuration")] = 3,
+    builtins: Annotated[bool, typer.Option(help="also measure PyTorch's save_on_cpu and checkpoint_sequential")] = True,
+    json_out: Annotated[Path | None, typer.Option("--json-out", help="write all rows as JSON here")] = None,
+) -> None:
+    """Measure on this GPU: unconstrained, every baseline, PyTorch built-ins and the tuned plan, with predictions."""
+    import optuna
+    import torch
+
+    from tuner.policies import POLICIES
+    from tuner.runtime.bench import bench_plans
+    from tuner.search import tune as run_tune
+    from tuner.simulator import simulate as run_sim
+
+    _check_dtype(dtype)
+    if not torch.cuda.is_available():
+        raise _fail("memtune bench measures on a CUDA GPU and none is available here; use `memtune simulate` on a CPU")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from profiler.identity import cuda_identity
+
+    ident = cuda_identity()
+    chain = load_chain(model, _parse_params(param))
+    prof = resolve_profile(chain, batch, dtype, ident.key)
+    if prof.source != "measured" or prof.device.key != ident.key:
+        from profiler.measure import profile as measure
+
+        err.print(f"profiling {chain.name} batch {batch} {dtype} on {ident.name} …")
+        prof = measure(chain, batch, dtype, device="cuda")
+    base_peak = run_sim(prof, Plan.uniform(prof.n_stages)).peak_bytes
+    try:
+        fractions = [float(f) for f in sweep.split(",")] if sweep else []
+        text = budget.strip()
+        main_budget = int(float(text) * base_peak) if text.replace(".", "", 1).isdigit() and float(text) <= 1 else parse_budget(text, ident.memory_bytes)
+    except (ValueError, TunerError) as exc:
+        raise _fail(str(exc)) from exc
+    plans: list[tuple[str, str, Plan]] = [(name, "policy", fn(prof, main_budget)) for name, fn in POLICIES.items() if name != "none"]
+    best = run_tune(prof, main_budget, trials=trials).best
+    if best is not None:
+        plans.append(("tuned", "tuned", best.plan))
+    rows = bench_plans(chain, prof, batch, dtype, main_budget, plans, pytorch_builtins=builtins, warmup=warmup,
+                       iters=iters, progress=lambda n: err.print(f"  measuring {n}"))
+    for frac in fractions:
+        b = int(frac * base_peak)
+        r = run_tune(prof, b, trials=trials).best
+        if r is None:
+            err.print(f"  no plan fits {frac:.0%} of the peak ({format_bytes(b)})")
+            continue
+        rows += bench_plans(chain, prof, batch, dtype, b, [(f"tuned@{frac:.0%}", "tuned", r.plan)],
+                            pytorch_builtins=False, warmup=warmup, iters=iters)[1:]
+    base = rows[0].step_ms or float("nan")
+    table = Table("configuration", "budget GiB", "step ms", "x unconstr.", "peak GiB", "samples/s", "fits",
+                  "sim ms", "sim err", "sim peak GiB", "peak err",
+                  title=f"{prof.model} batch {batch} {dtype} on {ident.name} (torch {torch.__version__})")
+    for r in rows:
+        def f(v: float | None, fmt: str) -> str:
+            return "-" if v is None else format(v, fmt)
+        table.add_row(r.name, f(r.budget_bytes / GiB if r.budget_bytes else None, ".2f"), f(r.step_ms, ".1f"),
+                      f(r.step_ms / base if r.step_ms else None, ".2f"), f(r.peak_bytes / GiB if r.peak_bytes else None, ".2f"),
+                      f(r.samples_per_s, ",.0f"), "-" if r.fits is None else ("yes" if r.fits else "no"),
+                      f(r.predicted_step_ms, ".1f"), f(r.step_error, "+.1%"),
+                      f(r.predicted_peak_bytes / GiB if r.predicted_peak_bytes else None, ".2f"), f(r.peak_error, "+.1%"))
+        if r.error:
+            table.add_row(f"  [dim]{r.error}[/]")
+    out.print(table)
+    if json_out is not None:
+        json_out.write_text(json.dumps({
+            "model": prof.model, "batch": batch, "dtype": dtype, "device": ident.model_dump(),
+            "unconstrained_simulated_peak_bytes": base_peak, "rows": [r.to_dict() for r in rows],
+        }, indent=1) + "\n")
+
+
 def _attach_service_commands() -> None:
     import importlib.util
 

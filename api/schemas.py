@@ -30,6 +30,11 @@ __all__ = [
     "ProfilePublic",
     "ResultPublic",
     "ResultsPublic",
+    "TimelinePoint",
+    "TimelinePublic",
+    "TimelineSeries",
+    "TrialPoint",
+    "TrialsPublic",
     "Unconstrained",
 ]
 
@@ -307,3 +312,49 @@ class HealthPublic(BaseModel):
     database: str
     revision: str | None
     worker: Literal["up", "down", "external"]
+
+
+class TimelinePoint(BaseModel):
+    """Live GPU memory after one simulated event: time ms from the step's start, live bytes, what happened."""
+
+    t_ms: float
+    live_bytes: int
+    label: str
+
+
+class TimelineSeries(BaseModel):
+    """The simulated memory timeline of one plan (``tuner.simulator.simulate(..., timeline=True)``)."""
+
+    name: str = Field(description="the plan's result name, or 'none' for the unplanned step")
+    step_ms: float
+    peak_bytes: int
+    forward_ms: float = Field(description="when the forward pass ends, ms")
+    base_bytes: int = Field(description="resident all step: parameters, optimizer state, input")
+    points: list[TimelinePoint]
+
+
+class TimelinePublic(BaseModel):
+    """The best plan's memory timeline for a job, with the unplanned step's for comparison. Bytes, ms."""
+
+    job_id: str
+    budget_bytes: int
+    source: Literal["simulated"] = "simulated"
+    best: TimelineSeries
+    unplanned: TimelineSeries = Field(description="every stage 'keep' (PyTorch default)")
+
+
+class TrialPoint(BaseModel):
+    """One finished Optuna trial of a job's study: its plan's step ms and peak bytes."""
+
+    number: int
+    step_ms: float
+    peak_bytes: int
+    feasible: bool = Field(description="peak within the job's budget")
+    policy: str | None = Field(description="the baseline policy enqueued as this trial, if any")
+
+
+class TrialsPublic(BaseModel):
+    """A job's finished trials (all the plans the search evaluated), in trial order."""
+
+    data: list[TrialPoint]
+    count: int

@@ -1,0 +1,215 @@
+"""``memtune bench``: measure plans side by side with PyTorch's own tools, and the simulator beside them.
+
+In one process on the GPU it measures, for one model, batch and dtype: the unconstrained step; every
+baseline policy's plan and the tuned plan (through ``planned``, each under ``budget_guard``); PyTorch's
+``save_on_cpu(pin_memory=True)`` and ``checkpoint_sequential`` with √n segments (through PyTorch's APIs,
+not ours). Each row: median step ms over timed steps after warm-up (CUDA events), peak bytes from
+``max_memory_allocated``, samples per second, slowdown versus unconstrained, whether it fits, and for our
+plans the simulator's prediction beside the measurement (the fidelity figures).
+
+# NOTE [ Bench step ]
+A step is forward, loss (cross-entropy against random labels or next tokens), backward and an SGD
+momentum update with ``zero_grad(set_to_none=True)``; that is what the simulator's ``sgd`` optimizer
+accounts for. ``max_memory_allocated`` is reset before the timed steps, so the peak is the steady state's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import statistics
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiler.chain import ModelChain
+from profiler.profile import Profile
+from tuner.plan import Plan
+from tuner.runtime.errors import PlanOutOfMemoryError
+from tuner.runtime.guard import budget_guard
+from tuner.runtime.planned import planned
+from tuner.simulator import simulate
+
+__all__ = ["BenchRow", "bench_plans", "make_batch", "measure_step"]
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One measured configuration. Times ms, sizes bytes; ``error`` says why it did not run."""
+
+    name: str
+    kind: str  # "unconstrained", "policy", "tuned", "pytorch"
+    step_ms: float | None
+    peak_bytes: int | None
+    samples_per_s: float | None
+    fits: bool | None
+    predicted_step_ms: float | None = None
+    predicted_peak_bytes: int | None = None
+    budget_bytes: int | None = None
+    plan: str | None = None
+    error: str | None = None
+
+    @property
+    def step_error(self) -> float | None:
+        """(predicted − measured) / measured step time."""
+        if self.step_ms is None or self.predicted_step_ms is None:
+            return None
+        return (self.predicted_step_ms - self.step_ms) / self.step_ms
+
+    @property
+    def peak_error(self) -> float | None:
+        """(predicted − measured) / measured peak bytes."""
+        if self.peak_bytes is None or self.predicted_peak_bytes is None:
+            return None
+        return (self.predicted_peak_bytes - self.peak_bytes) / self.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["step_error"] = self.step_error
+        d["peak_error"] = self.peak_error
+        return d
+
+
+def make_batch(chain: ModelChain, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random input batch and targets for the chain (images and labels, or tokens and next tokens)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    if chain.input_kind == "tokens":
+        x = torch.randint(0, chain.vocab_size, (batch, *chain.input_shape), generator=g)
+        y = torch.randint(0, chain.vocab_size, (batch, *chain.input_shape), generator=g)
+    else:
+        x = torch.randn(batch, *chain.input_shape, generator=g)
+        classes = int(chain.params.get("num_classes", 1000))
+        y = torch.randint(0, classes, (batch,), generator=g)
+    return x.to(device), y.to(device)
+
+
+def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if out.dim() == 3:  # (batch, tokens, vocab)
+        return nn.functional.cross_entropy(out.float().flatten(0, 1), y.flatten())
+    return nn.functional.cross_entropy(out.float(), y)
+
+
+def measure_step(step: Callable[[], None], *, warmup: int = 3, iters: int = 10) -> tuple[float, int]:
+    """Median ms of ``step`` over ``iters`` timed runs after ``warmup`` runs, and the peak bytes allocated.
+
+    Times with CUDA events around each step; resets ``max_memory_allocated`` after warm-up.
+    """
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), torch.cuda.max_memory_allocated()
+
+
+@contextlib.contextmanager
+def _autocast(dtype: str) -> Iterator[None]:
+    if dtype == "float32":
+        yield
+    else:
+        with torch.autocast("cuda", dtype=getattr(torch, dtype)):
+            yield
+
+
+def _clean() -> None:
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def bench_plans(
+    chain: ModelChain,
+    profile: Profile,
+    batch: int,
+    dtype: str,
+    budget_bytes: int,
+    plans: Sequence[tuple[str, str, Plan]],
+    *,
+    pytorch_builtins: bool = True,
+    warmup: int = 3,
+    iters: int = 10,
+    progress: Callable[[str], None] | None = None,
+) -> list[BenchRow]:
+    """Measure the unconstrained step, each ``(name, kind, plan)`` and PyTorch's built-ins on CUDA.
+
+    Args:
+        chain: the model (moved to CUDA here).
+        profile: the profile the plans were made for (the simulator's predictions use it).
+        batch: batch size; dtype: ``float32`` or an autocast dtype.
+        budget_bytes: the budget each plan runs under (``budget_guard``) and ``fits`` is judged by.
+        plans: ``(name, kind, plan)`` triples, e.g. every baseline policy and the tuned plan.
+        pytorch_builtins: also measure ``save_on_cpu(pin_memory=True)`` and ``checkpoint_sequential``.
+        warmup, iters: warm-up and timed steps per configuration.
+        progress: called with the name of each configuration as it starts.
+
+    Returns:
+        One row per configuration, the unconstrained one first.
+    """
+    device = torch.device("cuda")
+    seq = chain.as_sequential().to(device)
+    x, y = make_batch(chain, batch, device)
+    per_sample = batch * (math.prod(chain.input_shape) if chain.input_kind == "tokens" else 1)
+    rows: list[BenchRow] = []
+
+    def run(name: str, kind: str, model: nn.Module, ctx: Callable[[], Any] = contextlib.nullcontext,
+            guard: Callable[[], Any] = contextlib.nullcontext, plan: Plan | None = None) -> None:
+        if progress is not None:
+            progress(name)
+        opt = torch.optim.SGD(seq.parameters(), lr=1e-4, momentum=0.9)
+
+        def step() -> None:
+            with ctx(), _autocast(dtype):
+                loss = _loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        predicted = simulate(profile, plan) if plan is not None else None
+        try:
+            with guard():
+                ms, peak = measure_step(step, warmup=warmup, iters=iters)
+            rows.append(BenchRow(
+                name, kind, ms, peak, per_sample / (ms / 1e3), peak <= budget_bytes,
+                predicted.step_ms if predicted else None, predicted.peak_bytes if predicted else None,
+                budget_bytes, plan.compact() if plan else None,
+            ))
+        except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:
+            rows.append(BenchRow(name, kind, None, None, None, False,
+                                 predicted.step_ms if predicted else None,
+                                 predicted.peak_bytes if predicted else None, budget_bytes,
+                                 plan.compact() if plan else None, error=f"out of memory: {str(exc)[:160]}"))
+        except RuntimeError as exc:  # e.g. checkpoint_sequential on in-place ReLU
+            rows.append(BenchRow(name, kind, None, None, None, False, budget_bytes=budget_bytes,
+                                 error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
+        finally:
+            opt.zero_grad(set_to_none=True)
+            del opt
+            _clean()
+
+    run("unconstrained", "unconstrained", seq, plan=Plan.uniform(profile.n_stages, label="none"))
+    for name, kind, plan in plans:
+        pm = planned(chain, plan)
+        run(name, kind, pm, guard=lambda pm=pm: budget_guard(budget_bytes, pm), plan=plan)
+        del pm
+    if pytorch_builtins:
+        run("torch save_on_cpu", "pytorch", seq,
+            ctx=lambda: torch.autograd.graph.save_on_cpu(pin_memory=True))
+        segs = max(1, round(math.sqrt(len(chain))))
+
+        class _Seq(nn.Module):
+            def forward(self, inp: torch.Tensor) -> torch.Tensor:
+                return torch.utils.checkpoint.checkpoint_sequential(seq, segs, inp, use_reentrant=False)
+
+        run(f"torch checkpoint_sequential ({segs})", "pytorch", _Seq())
+    return rows
