@@ -146,7 +146,12 @@ def profile(
     gpu: GpuOpt = "h200",
     param: ParamOpt = None,
     spec: SpecOpt = None,
-    device: Annotated[str, typer.Option(help="'cuda' to measure on this GPU, 'cpu' to measure compute on the CPU, 'model' for a roofline profile")] = "model",
+    device: Annotated[
+        str,
+        typer.Option(
+            help="'cuda' to measure on this GPU, 'cpu' to measure compute on the CPU, 'model' for a roofline profile"
+        ),
+    ] = "model",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write the profile JSON here")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -162,8 +167,12 @@ def profile(
             from profiler.measure import profile as measure
 
             with Progress(
-                TextColumn("[bold]profiling[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), console=err, transient=True,
+                TextColumn("[bold]profiling[/] {task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err,
+                transient=True,
             ) as bar:
                 task = bar.add_task(chain.name, total=len(chain))
 
@@ -181,13 +190,32 @@ def profile(
     if as_json:
         sys.stdout.write(prof.to_json() + "\n")
         return
-    table = Table("#", "stage", "kind", "fwd ms", "bwd ms", "saved MiB", "D2H ms", "D2H/fwd", title=(
-        f"{prof.model} batch {prof.batch} {prof.dtype} on {prof.device.name} ({prof.source}: "
-        f"compute {prof.compute_source}, transfers {prof.transfer_source})"))
+    table = Table(
+        "#",
+        "stage",
+        "kind",
+        "fwd ms",
+        "bwd ms",
+        "saved MiB",
+        "D2H ms",
+        "D2H/fwd",
+        title=(
+            f"{prof.model} batch {prof.batch} {prof.dtype} on {prof.device.name} ({prof.source}: "
+            f"compute {prof.compute_source}, transfers {prof.transfer_source})"
+        ),
+    )
     for s in prof.stages:
         ratio = f"{s.d2h_ms / s.forward_ms:.1f}" if s.forward_ms > 0 and s.saved_bytes else "-"
-        table.add_row(str(s.index), s.name, s.kind, f"{s.forward_ms:.3f}", f"{s.backward_ms:.3f}",
-                      f"{s.saved_bytes / 2**20:.1f}", f"{s.d2h_ms:.3f}", ratio)
+        table.add_row(
+            str(s.index),
+            s.name,
+            s.kind,
+            f"{s.forward_ms:.3f}",
+            f"{s.backward_ms:.3f}",
+            f"{s.saved_bytes / 2**20:.1f}",
+            f"{s.d2h_ms:.3f}",
+            ratio,
+        )
     out.print(table)
     out.print(f"saved {format_bytes(prof.saved_bytes)}, parameters {format_bytes(prof.param_bytes)}")
 
@@ -228,43 +256,85 @@ def simulate(
     except (ProfilerError, TunerError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from exc
     if as_json:
-        sys.stdout.write(json.dumps({
-            "model": prof.model, "batch": prof.batch, "gpu": prof.device.key, "budget_bytes": budget_bytes,
-            "profile_source": prof.source, "plan": plan.model_dump(mode="json"), "step_ms": r.step_ms,
-            "peak_bytes": r.peak_bytes, "stall_ms": r.stall_ms, "recompute_ms": r.recompute_ms,
-            "feasible": r.fits(budget_bytes), "unconstrained": {"step_ms": base.step_ms, "peak_bytes": base.peak_bytes},
-        }) + "\n")
+        sys.stdout.write(
+            json.dumps(
+                {
+                    "model": prof.model,
+                    "batch": prof.batch,
+                    "gpu": prof.device.key,
+                    "budget_bytes": budget_bytes,
+                    "profile_source": prof.source,
+                    "plan": plan.model_dump(mode="json"),
+                    "step_ms": r.step_ms,
+                    "peak_bytes": r.peak_bytes,
+                    "stall_ms": r.stall_ms,
+                    "recompute_ms": r.recompute_ms,
+                    "feasible": r.fits(budget_bytes),
+                    "unconstrained": {"step_ms": base.step_ms, "peak_bytes": base.peak_bytes},
+                }
+            )
+            + "\n"
+        )
         return
     out.print(f"[bold]{plan.label or 'plan'}[/] on {prof.model} batch {prof.batch} ({prof.device.key}, {prof.source})")
-    out.print(f"  step {r.step_ms:.2f} ms ({r.step_ms / base.step_ms:.2f}x), peak {r.peak_bytes / GiB:.2f} GiB "
-              f"({'fits' if r.fits(budget_bytes) else 'does not fit'} {format_bytes(budget_bytes)}), "
-              f"stalls {r.stall_ms:.2f} ms, recompute {r.recompute_ms:.2f} ms")
+    out.print(
+        f"  step {r.step_ms:.2f} ms ({r.step_ms / base.step_ms:.2f}x), peak {r.peak_bytes / GiB:.2f} GiB "
+        f"({'fits' if r.fits(budget_bytes) else 'does not fit'} {format_bytes(budget_bytes)}), "
+        f"stalls {r.stall_ms:.2f} ms, recompute {r.recompute_ms:.2f} ms"
+    )
     out.print(f"  actions {plan.compact()}  (k keep, o offload, r recompute)")
 
 
 def _policy_table(result: Any) -> Table:
     base = result.unconstrained.step_ms
-    table = Table("policy", "step ms", "slowdown", "peak GiB", "feasible",
-                  title=f"budget {format_bytes(result.budget_bytes)}, unconstrained {base:.1f} ms / "
-                        f"{result.unconstrained.peak_bytes / GiB:.2f} GiB")
+    table = Table(
+        "policy",
+        "step ms",
+        "slowdown",
+        "peak GiB",
+        "feasible",
+        title=f"budget {format_bytes(result.budget_bytes)}, unconstrained {base:.1f} ms / "
+        f"{result.unconstrained.peak_bytes / GiB:.2f} GiB",
+    )
     rows = sorted(result.policies, key=lambda c: (not c.feasible, c.step_ms))
     best = result.best
     if best is not None and best.name == "optuna":
         rows = [best, *rows]
     for c in rows:
         style = "bold green" if best is not None and c is best else ("" if c.feasible else "dim")
-        table.add_row(c.name, f"{c.step_ms:.2f}", f"{c.step_ms / base:.2f}x", f"{c.peak_bytes / GiB:.2f}",
-                      "yes" if c.feasible else "no", style=style)
+        table.add_row(
+            c.name,
+            f"{c.step_ms:.2f}",
+            f"{c.step_ms / base:.2f}x",
+            f"{c.peak_bytes / GiB:.2f}",
+            "yes" if c.feasible else "no",
+            style=style,
+        )
     return table
 
 
 def _plan_table(prof: Profile, plan: Plan) -> Table:
-    table = Table("#", "stage", "kind", "action", "saved MiB", "fwd ms", "D2H ms",
-                  title=f"best plan: lookahead {plan.prefetch_lookahead}, sync {plan.sync}")
+    table = Table(
+        "#",
+        "stage",
+        "kind",
+        "action",
+        "saved MiB",
+        "fwd ms",
+        "D2H ms",
+        title=f"best plan: lookahead {plan.prefetch_lookahead}, sync {plan.sync}",
+    )
     colors = {"keep": "white", "offload": "cyan", "recompute": "magenta"}
-    for s, a in zip(prof.stages, plan.actions):
-        table.add_row(str(s.index), s.name, s.kind, f"[{colors[a.value]}]{a.value}[/]",
-                      f"{s.saved_bytes / 2**20:.1f}", f"{s.forward_ms:.3f}", f"{s.d2h_ms:.3f}")
+    for s, a in zip(prof.stages, plan.actions, strict=True):
+        table.add_row(
+            str(s.index),
+            s.name,
+            s.kind,
+            f"[{colors[a.value]}]{a.value}[/]",
+            f"{s.saved_bytes / 2**20:.1f}",
+            f"{s.forward_ms:.3f}",
+            f"{s.d2h_ms:.3f}",
+        )
     return table
 
 
@@ -299,8 +369,13 @@ def tune(
         prof = resolve_profile(chain, batch, dtype, gpu, profile_file)
         budget_bytes = parse_budget(budget, prof.device.memory_bytes)
         with Progress(
-            TextColumn("[bold]tuning[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[best]}"), TimeElapsedColumn(), console=err, transient=True,
+            TextColumn("[bold]tuning[/] {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[best]}"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
             disable=not err.is_terminal and as_json,
         ) as bar:
             task = bar.add_task(f"{prof.model} b{prof.batch}", total=trials, best="")
@@ -310,8 +385,15 @@ def tune(
                 bar.update(task, completed=done, total=total, best=shown)
 
             result = run_tune(
-                prof, budget_bytes, trials=trials, mode="pareto" if pareto else "fastest", seed=seed,
-                storage=storage, study_name=study, optimizer=optimizer, progress=tick,
+                prof,
+                budget_bytes,
+                trials=trials,
+                mode="pareto" if pareto else "fastest",
+                seed=seed,
+                storage=storage,
+                study_name=study,
+                optimizer=optimizer,
+                progress=tick,
             )
     except (ProfilerError, TunerError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from exc
@@ -320,18 +402,24 @@ def tune(
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
         return
-    out.print(f"[bold]{prof.model}[/] batch {prof.batch} {prof.dtype} on {prof.device.name} "
-              f"— profile {prof.source} ({prof.compute_source}); {result.n_trials} trials")
+    out.print(
+        f"[bold]{prof.model}[/] batch {prof.batch} {prof.dtype} on {prof.device.name} "
+        f"— profile {prof.source} ({prof.compute_source}); {result.n_trials} trials"
+    )
     out.print(_policy_table(result))
     if result.best is None:
-        out.print(f"[bold red]no plan fits {format_bytes(budget_bytes)}[/]: the smallest peak found is "
-                  f"{min(c.peak_bytes for c in result.pareto) / GiB:.2f} GiB")
+        out.print(
+            f"[bold red]no plan fits {format_bytes(budget_bytes)}[/]: the smallest peak found is "
+            f"{min(c.peak_bytes for c in result.pareto) / GiB:.2f} GiB"
+        )
         raise typer.Exit(1)
     best = result.best
     out.print(_plan_table(prof, best.plan))
-    out.print(f"[bold green]best: {best.name}[/] {best.step_ms:.2f} ms "
-              f"({best.step_ms / result.unconstrained.step_ms:.2f}x unconstrained), "
-              f"peak {best.peak_bytes / GiB:.2f} GiB  [dim]{best.plan.compact()}[/]")
+    out.print(
+        f"[bold green]best: {best.name}[/] {best.step_ms:.2f} ms "
+        f"({best.step_ms / result.unconstrained.step_ms:.2f}x unconstrained), "
+        f"peak {best.peak_bytes / GiB:.2f} GiB  [dim]{best.plan.compact()}[/]"
+    )
     if pareto:
         table = Table("step ms", "peak GiB", "plan", title="Pareto front (time vs memory)")
         for c in result.pareto:
@@ -344,8 +432,15 @@ def bench(
     model: ModelArg,
     batch: BatchOpt = 32,
     dtype: DtypeOpt = "float32",
-    budget: Annotated[str, typer.Option(help="memory budget: 12GiB, 12GB, or a fraction of the unconstrained peak like 0.6")] = "0.6",
-    sweep: Annotated[str | None, typer.Option(help="comma-separated fractions of the unconstrained peak: tune and measure the tuned plan at each")] = None,
+    budget: Annotated[
+        str, typer.Option(help="memory budget: 12GiB, 12GB, or a fraction of the unconstrained peak like 0.6")
+    ] = "0.6",
+    sweep: Annotated[
+        str | None,
+        typer.Option(
+            help="comma-separated fractions of the unconstrained peak: tune and measure the tuned plan at each"
+        ),
+    ] = None,
     trials: Annotated[int, typer.Option(min=1, help="Optuna trials per tuned plan")] = 300,
     param: ParamOpt = None,
     iters: Annotated[int, typer.Option(min=1, help="timed steps per configuration")] = 10,
@@ -380,43 +475,99 @@ def bench(
     try:
         fractions = [float(f) for f in sweep.split(",")] if sweep else []
         text = budget.strip()
-        main_budget = int(float(text) * base_peak) if text.replace(".", "", 1).isdigit() and float(text) <= 1 else parse_budget(text, ident.memory_bytes)
+        main_budget = (
+            int(float(text) * base_peak)
+            if text.replace(".", "", 1).isdigit() and float(text) <= 1
+            else parse_budget(text, ident.memory_bytes)
+        )
     except (ValueError, TunerError) as exc:
         raise _fail(str(exc)) from exc
-    plans: list[tuple[str, str, Plan]] = [(name, "policy", fn(prof, main_budget)) for name, fn in POLICIES.items() if name != "none"]
+    plans: list[tuple[str, str, Plan]] = [
+        (name, "policy", fn(prof, main_budget)) for name, fn in POLICIES.items() if name != "none"
+    ]
     best = run_tune(prof, main_budget, trials=trials).best
     if best is not None:
         plans.append(("tuned", "tuned", best.plan))
-    rows = bench_plans(chain, prof, batch, dtype, main_budget, plans, pytorch_builtins=builtins, warmup=warmup,
-                       iters=iters, progress=lambda n: err.print(f"  measuring {n}"))
+    rows = bench_plans(
+        chain,
+        prof,
+        batch,
+        dtype,
+        main_budget,
+        plans,
+        pytorch_builtins=builtins,
+        warmup=warmup,
+        iters=iters,
+        progress=lambda n: err.print(f"  measuring {n}"),
+    )
     for frac in fractions:
         b = int(frac * base_peak)
         r = run_tune(prof, b, trials=trials).best
         if r is None:
             err.print(f"  no plan fits {frac:.0%} of the peak ({format_bytes(b)})")
             continue
-        rows += bench_plans(chain, prof, batch, dtype, b, [(f"tuned@{frac:.0%}", "tuned", r.plan)],
-                            pytorch_builtins=False, warmup=warmup, iters=iters)[1:]
+        rows += bench_plans(
+            chain,
+            prof,
+            batch,
+            dtype,
+            b,
+            [(f"tuned@{frac:.0%}", "tuned", r.plan)],
+            pytorch_builtins=False,
+            warmup=warmup,
+            iters=iters,
+        )[1:]
     base = rows[0].step_ms or float("nan")
-    table = Table("configuration", "budget GiB", "step ms", "x unconstr.", "peak GiB", "samples/s", "fits",
-                  "sim ms", "sim err", "sim peak GiB", "peak err",
-                  title=f"{prof.model} batch {batch} {dtype} on {ident.name} (torch {torch.__version__})")
-    for r in rows:
-        def f(v: float | None, fmt: str) -> str:
-            return "-" if v is None else format(v, fmt)
-        table.add_row(r.name, f(r.budget_bytes / GiB if r.budget_bytes else None, ".2f"), f(r.step_ms, ".1f"),
-                      f(r.step_ms / base if r.step_ms else None, ".2f"), f(r.peak_bytes / GiB if r.peak_bytes else None, ".2f"),
-                      f(r.samples_per_s, ",.0f"), "-" if r.fits is None else ("yes" if r.fits else "no"),
-                      f(r.predicted_step_ms, ".1f"), f(r.step_error, "+.1%"),
-                      f(r.predicted_peak_bytes / GiB if r.predicted_peak_bytes else None, ".2f"), f(r.peak_error, "+.1%"))
-        if r.error:
-            table.add_row(f"  [dim]{r.error}[/]")
+    table = Table(
+        "configuration",
+        "budget GiB",
+        "step ms",
+        "x unconstr.",
+        "peak GiB",
+        "samples/s",
+        "fits",
+        "sim ms",
+        "sim err",
+        "sim peak GiB",
+        "peak err",
+        title=f"{prof.model} batch {batch} {dtype} on {ident.name} (torch {torch.__version__})",
+    )
+    for row in rows:
+        table.add_row(
+            row.name,
+            _fmt(row.budget_bytes / GiB if row.budget_bytes else None, ".2f"),
+            _fmt(row.step_ms, ".1f"),
+            _fmt(row.step_ms / base if row.step_ms else None, ".2f"),
+            _fmt(row.peak_bytes / GiB if row.peak_bytes else None, ".2f"),
+            _fmt(row.samples_per_s, ",.0f"),
+            "-" if row.fits is None else ("yes" if row.fits else "no"),
+            _fmt(row.predicted_step_ms, ".1f"),
+            _fmt(row.step_error, "+.1%"),
+            _fmt(row.predicted_peak_bytes / GiB if row.predicted_peak_bytes else None, ".2f"),
+            _fmt(row.peak_error, "+.1%"),
+        )
+        if row.error:
+            table.add_row(f"  [dim]{row.error}[/]")
     out.print(table)
     if json_out is not None:
-        json_out.write_text(json.dumps({
-            "model": prof.model, "batch": batch, "dtype": dtype, "device": ident.model_dump(),
-            "unconstrained_simulated_peak_bytes": base_peak, "rows": [r.to_dict() for r in rows],
-        }, indent=1) + "\n")
+        json_out.write_text(
+            json.dumps(
+                {
+                    "model": prof.model,
+                    "batch": batch,
+                    "dtype": dtype,
+                    "device": ident.model_dump(),
+                    "unconstrained_simulated_peak_bytes": base_peak,
+                    "rows": [r.to_dict() for r in rows],
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+
+
+def _fmt(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
 
 
 def _attach_service_commands() -> None:

@@ -11,13 +11,15 @@ from profiler.profile import Profile
 __all__ = ["environment", "zoo_profile"]
 
 
-def zoo_profile(model: str, batch: int, dtype: str = "float32", gpu: str = "h200", **params: object) -> Profile:
+def zoo_profile(
+    model: str, batch: int, dtype: str = "float32", gpu: str = "h200", params: dict[str, object] | None = None
+) -> Profile:
     """The committed measured profile when there is one, else a modeled one."""
     from profiler.library import find_profile
     from profiler.modeled import modeled_profile
     from profiler.zoo import build
 
-    chain = build(model, params)
+    chain = build(model, params or {})
     found = find_profile(chain.name, batch, dtype, gpu, params=chain.params)
     return found if found is not None else modeled_profile(chain, batch, dtype, gpu)
 

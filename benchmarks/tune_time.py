@@ -18,8 +18,22 @@ from benchmarks.common import environment
 
 __all__ = ["main"]
 
-COMMAND = [sys.executable, "-m", "api", "tune", "vgg16", "--batch", "256", "--gpu", "h200", "--budget", "12GiB",
-           "--trials", "300", "--json"]
+COMMAND = [
+    sys.executable,
+    "-m",
+    "api",
+    "tune",
+    "vgg16",
+    "--batch",
+    "256",
+    "--gpu",
+    "h200",
+    "--budget",
+    "12GiB",
+    "--trials",
+    "300",
+    "--json",
+]
 
 
 def main() -> None:
@@ -37,9 +51,11 @@ def main() -> None:
     print(f"environment: {environment()}")
     print("| command | runs | wall s (median) | min | max | best plan | step ms | peak GiB | profile |")
     print("|---|---|---|---|---|---|---|---|---|")
-    print(f"| `memtune tune vgg16 --batch 256 --gpu h200 --budget 12GiB --trials 300` | {args.runs} | "
-          f"{statistics.median(times):.2f} | {min(times):.2f} | {max(times):.2f} | {best['name']} | "
-          f"{best['step_ms']:.1f} | {best['peak_bytes'] / 2**30:.2f} | {result['profile_source']} |")
+    print(
+        f"| `memtune tune vgg16 --batch 256 --gpu h200 --budget 12GiB --trials 300` | {args.runs} | "
+        f"{statistics.median(times):.2f} | {min(times):.2f} | {max(times):.2f} | {best['name']} | "
+        f"{best['step_ms']:.1f} | {best['peak_bytes'] / 2**30:.2f} | {result['profile_source']} |"
+    )
 
 
 if __name__ == "__main__":

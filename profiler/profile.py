@@ -190,7 +190,9 @@ class Profile(_Frozen):
         ]
         index = {old: new for new, old in enumerate(k for k, s in enumerate(self.storages) if s.producer < m)}
         stages = tuple(
-            st.model_copy(update={"output_storage": index.get(st.output_storage) if st.output_storage is not None else None})
+            st.model_copy(
+                update={"output_storage": index.get(st.output_storage) if st.output_storage is not None else None}
+            )
             for st in self.stages[:m]
         )
         return self.model_copy(update={"stages": stages, "storages": tuple(keep), "model": f"{self.model}[:{m}]"})
@@ -224,5 +226,3 @@ class Profile(_Frozen):
             "saved_bytes": self.saved_bytes,
             "param_bytes": self.param_bytes,
         }
-
-

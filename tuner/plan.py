@@ -102,7 +102,7 @@ class Plan(BaseModel):
             raise ValueError(f"plan schema_version {self.schema_version} is not supported (expected 1)")
         if self.sync == "points" and not self.sync_points:
             raise ValueError("sync 'points' needs sync_points (stage indices where compute waits for copies)")
-        if any(b <= a for a, b in zip(self.sync_points, self.sync_points[1:])):
+        if any(b <= a for a, b in zip(self.sync_points, self.sync_points[1:], strict=False)):
             raise ValueError("sync_points must be strictly increasing stage indices")
         if self.conv_rule == "fastest_within" and self.conv_workspace_limit_bytes is None:
             raise ValueError("conv_rule 'fastest_within' needs conv_workspace_limit_bytes")

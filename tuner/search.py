@@ -96,7 +96,10 @@ class TuneResult:
             "mode": self.mode,
             "trials": self.n_trials,
             "seed": self.seed,
-            "unconstrained": {"step_ms": round(self.unconstrained.step_ms, 4), "peak_bytes": self.unconstrained.peak_bytes},
+            "unconstrained": {
+                "step_ms": round(self.unconstrained.step_ms, 4),
+                "peak_bytes": self.unconstrained.peak_bytes,
+            },
             "policies": [c.to_dict() for c in self.policies],
             "best": self.best.to_dict(with_plan=True) if self.best else None,
             "pareto": [c.to_dict() for c in self.pareto],

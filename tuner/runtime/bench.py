@@ -16,6 +16,7 @@ accounts for. ``max_memory_allocated`` is reset before the timed steps, so the p
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
 import statistics
@@ -162,8 +163,14 @@ def bench_plans(
     per_sample = batch * (math.prod(chain.input_shape) if chain.input_kind == "tokens" else 1)
     rows: list[BenchRow] = []
 
-    def run(name: str, kind: str, model: nn.Module, ctx: Callable[[], Any] = contextlib.nullcontext,
-            guard: Callable[[], Any] = contextlib.nullcontext, plan: Plan | None = None) -> None:
+    def run(
+        name: str,
+        kind: str,
+        model: nn.Module,
+        ctx: Callable[[], Any] = contextlib.nullcontext,
+        guard: Callable[[], Any] = contextlib.nullcontext,
+        plan: Plan | None = None,
+    ) -> None:
         if progress is not None:
             progress(name)
         opt = torch.optim.SGD(seq.parameters(), lr=1e-4, momentum=0.9)
@@ -179,32 +186,60 @@ def bench_plans(
         try:
             with guard():
                 ms, peak = measure_step(step, warmup=warmup, iters=iters)
-            rows.append(BenchRow(
-                name, kind, ms, peak, per_sample / (ms / 1e3), peak <= budget_bytes,
-                predicted.step_ms if predicted else None, predicted.peak_bytes if predicted else None,
-                budget_bytes, plan.compact() if plan else None,
-            ))
+            rows.append(
+                BenchRow(
+                    name,
+                    kind,
+                    ms,
+                    peak,
+                    per_sample / (ms / 1e3),
+                    peak <= budget_bytes,
+                    predicted.step_ms if predicted else None,
+                    predicted.peak_bytes if predicted else None,
+                    budget_bytes,
+                    plan.compact() if plan else None,
+                )
+            )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:
-            rows.append(BenchRow(name, kind, None, None, None, False,
-                                 predicted.step_ms if predicted else None,
-                                 predicted.peak_bytes if predicted else None, budget_bytes,
-                                 plan.compact() if plan else None, error=f"out of memory: {str(exc)[:160]}"))
+            rows.append(
+                BenchRow(
+                    name,
+                    kind,
+                    None,
+                    None,
+                    None,
+                    False,
+                    predicted.step_ms if predicted else None,
+                    predicted.peak_bytes if predicted else None,
+                    budget_bytes,
+                    plan.compact() if plan else None,
+                    error=f"out of memory: {str(exc)[:160]}",
+                )
+            )
         except RuntimeError as exc:  # e.g. checkpoint_sequential on in-place ReLU
-            rows.append(BenchRow(name, kind, None, None, None, False, budget_bytes=budget_bytes,
-                                 error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
+            rows.append(
+                BenchRow(
+                    name,
+                    kind,
+                    None,
+                    None,
+                    None,
+                    False,
+                    budget_bytes=budget_bytes,
+                    error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+                )
+            )
         finally:
             opt.zero_grad(set_to_none=True)
-            del opt
             _clean()
 
     run("unconstrained", "unconstrained", seq, plan=Plan.uniform(profile.n_stages, label="none"))
     for name, kind, plan in plans:
         pm = planned(chain, plan)
-        run(name, kind, pm, guard=lambda pm=pm: budget_guard(budget_bytes, pm), plan=plan)
+        run(name, kind, pm, guard=functools.partial(budget_guard, budget_bytes, pm), plan=plan)
         del pm
     if pytorch_builtins:
-        run("torch save_on_cpu", "pytorch", seq,
-            ctx=lambda: torch.autograd.graph.save_on_cpu(pin_memory=True))
+        run("torch save_on_cpu", "pytorch", seq, ctx=lambda: torch.autograd.graph.save_on_cpu(pin_memory=True))
         segs = max(1, round(math.sqrt(len(chain))))
 
         class _Seq(nn.Module):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from chains import linear_chain
 from pydantic import ValidationError
 
-from chains import linear_chain
 from profiler.profile import SavedStorage
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan, resolve_storages, segments
@@ -66,9 +66,7 @@ def test_storage_fates_follow_the_rules() -> None:
 
 def test_mixed_references_keep_but_copy() -> None:
     p = linear_chain(4)
-    shared = p.model_copy(
-        update={"storages": (SavedStorage(bytes=10, saved_by=(1, 2), producer=0), *p.storages[1:])}
-    )
+    shared = p.model_copy(update={"storages": (SavedStorage(bytes=10, saved_by=(1, 2), producer=0), *p.storages[1:])})
     fate = resolve_storages(shared, (Action.KEEP, Action.OFFLOAD, Action.KEEP, Action.KEEP))[0]
     assert fate.fate == "keep" and fate.copied
     fate = resolve_storages(shared, (Action.KEEP, Action.OFFLOAD, Action.OFFLOAD, Action.KEEP))[0]

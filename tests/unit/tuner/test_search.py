@@ -6,8 +6,8 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from chains import linear_chain
+
 from tuner.errors import SearchError
 from tuner.exact import exact_optimum
 from tuner.plan import Plan
@@ -93,7 +93,9 @@ def test_study_resumes_in_a_database_keeping_finished_trials(tmp_path: Path) -> 
 def test_progress_and_stop() -> None:
     p = linear_chain(6)
     seen: list[int] = []
-    r = tune(p, _budget(p, 0.8), trials=100, progress=lambda d, t, b: seen.append(d), should_stop=lambda: len(seen) >= 25)
+    r = tune(
+        p, _budget(p, 0.8), trials=100, progress=lambda d, t, b: seen.append(d), should_stop=lambda: len(seen) >= 25
+    )
     assert seen[:3] == [1, 2, 3] and len(seen) == 25
     assert r.n_trials == 25
 

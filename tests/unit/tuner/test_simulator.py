@@ -6,8 +6,8 @@ import itertools
 import random
 
 import pytest
-
 from chains import MiB, linear_chain
+
 from tuner.plan import Action, Plan
 from tuner.simulator import Simulator, simulate
 
