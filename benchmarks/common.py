@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+from collections.abc import Mapping
 
 from profiler.profile import Profile
 
@@ -12,7 +13,7 @@ __all__ = ["environment", "zoo_profile"]
 
 
 def zoo_profile(
-    model: str, batch: int, dtype: str = "float32", gpu: str = "h200", params: dict[str, object] | None = None
+    model: str, batch: int, dtype: str = "float32", gpu: str = "h200", params: Mapping[str, object] | None = None
 ) -> Profile:
     """The committed measured profile when there is one, else a modeled one."""
     from profiler.library import find_profile

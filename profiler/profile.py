@@ -76,7 +76,12 @@ class ConvAlgo(_Frozen):
 
 
 class ConvProfile(_Frozen):
-    """The convolutions of a stage: name inside the stage, shapes, and the cuDNN algorithm table."""
+    """The convolutions of a stage: name inside the stage, shapes, and the cuDNN algorithm table.
+
+    ``algos`` lists every algorithm of every pass that cuDNN knows (working ones with their median ms,
+    failed/unsupported ones with their status), filled by ``profiler.cudnn``; empty when not enumerated.
+    ``default_ms``/``default_bwd_ms`` are PyTorch's own ``F.conv2d`` at the same shapes and dtype.
+    """
 
     name: str
     in_channels: int
@@ -85,7 +90,14 @@ class ConvProfile(_Frozen):
     stride: tuple[int, int]
     padding: tuple[int, int]
     input_hw: tuple[int, int]
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = Field(default=1, ge=1)
+    batch: int | None = Field(default=None, description="batch the algorithms were enumerated at")
+    dtype: str | None = Field(default=None, description="data type the algorithms were enumerated for")
     default_ms: float | None = Field(default=None, description="forward ms with the framework's own choice")
+    default_bwd_ms: float | None = Field(
+        default=None, description="backward ms (input and weight gradients) with the framework's own choice"
+    )
     algos: tuple[ConvAlgo, ...] = ()
 
 

@@ -14,7 +14,7 @@ from tuner.runtime.guard import budget_guard
 from tuner.runtime.offload import OffloadStats
 from tuner.runtime.planned import PlannedModel, load_plan, planned
 from tuner.runtime.pool import HostPool
-from tuner.runtime.verify import Equivalence, check_equivalence
+from tuner.runtime.verify import Equivalence, ReferenceStep, check_equivalence, reference_step
 
 __all__ = [
     "Equivalence",
@@ -22,8 +22,10 @@ __all__ = [
     "OffloadStats",
     "PlanOutOfMemoryError",
     "PlannedModel",
+    "ReferenceStep",
     "budget_guard",
     "check_equivalence",
     "load_plan",
     "planned",
+    "reference_step",
 ]

@@ -1,8 +1,8 @@
 """Checking that a plan does not change the math: one planned step against the unplanned one.
 
 Used by the tests (CPU and GPU) and by anyone validating a plan before trusting it: the same model,
-input and RNG seed run once plainly and ``steps`` times planned (buffers restored in between, no
-optimizer step), and the loss, every parameter gradient and every buffer are compared.
+input and RNG seed run once plainly (``reference_step``) and ``steps`` times planned (buffers restored
+in between, no optimizer step), and the loss, every parameter gradient and every buffer are compared.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from profiler.chain import ModelChain
 from tuner.plan import Plan
 from tuner.runtime.planned import PlannedModel, planned
 
-__all__ = ["Equivalence", "check_equivalence", "relative_error"]
+__all__ = ["Equivalence", "ReferenceStep", "check_equivalence", "reference_step", "relative_error"]
 
 LossFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -76,6 +76,59 @@ def _module(model: ModelChain | nn.Module) -> nn.Module:
     return model.as_sequential() if isinstance(model, ModelChain) else model
 
 
+@dataclass(frozen=True)
+class ReferenceStep:
+    """One unplanned training step to compare planned steps against (see ``reference_step``).
+
+    Attributes:
+        loss: the loss.
+        grads: every trainable parameter's gradient (None where it got none), in parameter order.
+        buffers: every buffer after the step; ``start_buffers``: before it.
+        seed: the RNG seed the step ran with.
+    """
+
+    loss: torch.Tensor
+    grads: tuple[torch.Tensor | None, ...]
+    buffers: dict[str, torch.Tensor]
+    start_buffers: dict[str, torch.Tensor]
+    seed: int
+
+
+def _trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+
+
+def _step(
+    module: nn.Module, run: nn.Module, inputs: torch.Tensor, loss_fn: LossFn, seed: int, start: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    with torch.no_grad():
+        for n, b in module.named_buffers():
+            b.copy_(start[n])
+        for _, p in _trainable(module):
+            if p.grad is not None:
+                p.grad.zero_()  # reuse the gradient memory: 0 + g == g exactly
+    torch.manual_seed(seed)
+    loss = loss_fn(run(inputs))
+    loss.backward()
+    return loss.detach(), {n: b.detach().clone() for n, b in module.named_buffers()}
+
+
+def reference_step(
+    model: ModelChain | nn.Module, inputs: torch.Tensor, *, loss_fn: LossFn = _default_loss, seed: int = 0
+) -> ReferenceStep:
+    """Run one unplanned step (gradients reset first) and record loss, gradients and buffers.
+
+    Pass it to ``check_equivalence(..., reference=...)`` to compare several plans against one run.
+    """
+    module = _module(model)
+    start = {n: b.detach().clone() for n, b in module.named_buffers()}
+    for _, p in _trainable(module):
+        p.grad = None
+    loss, buffers = _step(module, module, inputs, loss_fn, seed, start)
+    grads = tuple(None if p.grad is None else p.grad.detach().clone() for _, p in _trainable(module))
+    return ReferenceStep(loss, grads, buffers, start, seed)
+
+
 def check_equivalence(
     model: ModelChain | nn.Module,
     plan: Plan,
@@ -84,55 +137,42 @@ def check_equivalence(
     loss_fn: LossFn = _default_loss,
     seed: int = 0,
     steps: int = 2,
+    reference: ReferenceStep | None = None,
     **planned_kwargs: Any,
 ) -> tuple[Equivalence, PlannedModel]:
-    """Run one unplanned and ``steps`` planned training steps and compare them.
+    """Run ``steps`` planned training steps and compare each with one unplanned step.
 
     Each step starts from the same buffers with ``torch.manual_seed(seed)``, so dropout draws the same
-    masks. Parameters are not updated; gradients are reset before each step.
+    masks. Parameters are not updated; gradients are zeroed before each step.
 
     Args:
         model: the chain or module (its parameters are shared with the planned model).
         plan: the plan to check.
         inputs: the batch.
         loss_fn: output -> scalar loss (default: mean of squares, in float32).
-        seed: the RNG seed of every step.
+        seed: the RNG seed of every step (ignored when ``reference`` is given: its seed is used).
         steps: planned steps (two or more also exercise the host pool's reuse).
+        reference: an earlier ``reference_step`` of the same model, inputs and loss (default: run one).
         planned_kwargs: passed to ``planned``.
 
     Returns:
         The largest errors over the planned steps, and the planned model (for its ``stats``/``pool``).
     """
     module = _module(model)
-    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    start = {n: b.detach().clone() for n, b in module.named_buffers()}
-
-    def run(m: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        with torch.no_grad():
-            for n, b in module.named_buffers():
-                b.copy_(start[n])
-            for _, p in params:
-                if p.grad is not None:
-                    p.grad.zero_()  # reuse the gradient memory: 0 + g == g exactly
-        torch.manual_seed(seed)
-        loss = loss_fn(m(inputs))
-        loss.backward()
-        return loss.detach(), {n: b.detach().clone() for n, b in module.named_buffers()}
-
-    for _, p in params:
-        p.grad = None
-    ref_loss, ref_bufs = run(module)
-    ref_grads = [None if p.grad is None else p.grad.detach().clone() for _, p in params]
+    ref = reference if reference is not None else reference_step(model, inputs, loss_fn=loss_fn, seed=seed)
+    params = _trainable(module)
+    if len(params) != len(ref.grads):
+        raise ValueError(f"reference has {len(ref.grads)} gradients but the model has {len(params)} parameters")
     pm = planned(model, plan, **planned_kwargs)
     loss_err = grad_err = buf_err = 0.0
     worst = ""
     for _ in range(steps):
-        loss, bufs = run(pm)
-        loss_err = max(loss_err, relative_error(loss, ref_loss))
-        for (name, p), r in zip(params, ref_grads, strict=True):
+        loss, bufs = _step(module, pm, inputs, loss_fn, ref.seed, ref.start_buffers)
+        loss_err = max(loss_err, relative_error(loss, ref.loss))
+        for (name, p), r in zip(params, ref.grads, strict=True):
             err = _grad_error(p.grad, r)
             if not worst or err > grad_err:
                 grad_err, worst = err, name
         for name, b in bufs.items():
-            buf_err = max(buf_err, relative_error(b, ref_bufs[name]))
+            buf_err = max(buf_err, relative_error(b, ref.buffers[name]))
     return Equivalence(loss_err, grad_err, buf_err, worst, steps), pm

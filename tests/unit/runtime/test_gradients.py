@@ -23,7 +23,7 @@ from profiler.measure import model_input
 from profiler.modeled import modeled_profile
 from tuner.plan import Action, Plan
 from tuner.policies import POLICIES
-from tuner.runtime import check_equivalence
+from tuner.runtime import check_equivalence, reference_step
 from tuner.simulator import simulate
 
 torch.set_num_threads(1)
@@ -79,11 +79,12 @@ def check_all_policies(name: str, params: dict[str, int], batch: int, steps: int
     assert len(plans) >= 4, plans  # keep, offload-all, recompute-heavy and mixed plans at least
     assert any(Action.RECOMPUTE in p.actions for p in plans.values())
     assert any(Action.OFFLOAD in p.actions for p in plans.values())
+    ref = reference_step(chain, x)
     failures = []
     for policy, plan in plans.items():
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*conv_rule")
-            eq, pm = check_equivalence(chain, plan, x, steps=steps)
+            eq, pm = check_equivalence(chain, plan, x, steps=steps, reference=ref)
         if not eq.ok(RTOL):
             failures.append(f"{policy} ({plan.compact()}, sync={plan.sync}): {eq}")
         if Action.OFFLOAD in plan.actions and steps > 1:
@@ -180,11 +181,12 @@ def test_hand_made_plans_keep_the_math(model: str) -> None:
     torch.manual_seed(1)
     x = model_input(chain, batch)
     n = len(chain)
+    ref = reference_step(chain, x)
     failures = []
     for label, plan in hand_made(n).items():
         variants = sync_variants(plan, n) if Action.OFFLOAD in plan.actions else [plan]
         for variant in variants:
-            eq, pm = check_equivalence(chain, variant, x, steps=2)
+            eq, pm = check_equivalence(chain, variant, x, steps=2, reference=ref)
             if not eq.ok(RTOL):
                 failures.append(f"{label} {variant.compact()} sync={variant.sync}: {eq}")
             if Action.OFFLOAD in variant.actions:

@@ -72,10 +72,12 @@ def test_public_names() -> None:
             "OffloadStats",
             "PlanOutOfMemoryError",
             "PlannedModel",
+            "ReferenceStep",
             "budget_guard",
             "check_equivalence",
             "load_plan",
             "planned",
+            "reference_step",
         ]
     )
     assert issubclass(PlanOutOfMemoryError, TunerError)
