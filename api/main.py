@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from api.body_limit import BodySizeLimit
 from api.problems import install_problem_handlers
-from api.routes import gpus, health, jobs, leaderboard, models, profiles
+from api.routes import charts, gpus, health, jobs, leaderboard, models, profiles, web
 from api.settings import Settings
 from storage.database import Database
 from storage.migrate import upgrade
@@ -78,7 +78,8 @@ def create_app(settings: Settings | None = None, *, db: Database | None = None) 
     app.state.migrated = False
     app.state.worker = None
     install_problem_handlers(app)
-    for module in (health, models, jobs, gpus, leaderboard, profiles):
+    for module in (health, models, jobs, charts, gpus, leaderboard, profiles):
         app.include_router(module.router)
+    web.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app

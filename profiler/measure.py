@@ -39,7 +39,7 @@ from profiler.devices import get_gpu
 from profiler.errors import ProfilerError
 from profiler.identity import cuda_identity, spec_identity
 from profiler.modeled import meta_facts
-from profiler.profile import DeviceIdentity, Profile, StageProfile
+from profiler.profile import ConvProfile, DeviceIdentity, Profile, StageProfile
 from profiler.stagefacts import ChainFacts, chain_facts, torch_dtype
 
 __all__ = ["ProgressFn", "StageTiming", "cpu_model_name", "model_input", "profile", "time_stage", "transfer_ms"]
@@ -241,6 +241,7 @@ def profile(
     warmup: int = 2,
     repeats: int = 5,
     progress: ProgressFn | None = None,
+    conv_algos: bool = False,
 ) -> Profile:
     """Measure a profile of ``chain`` at ``batch`` on this machine.
 
@@ -256,12 +257,15 @@ def profile(
         warmup: untimed rounds per stage.
         repeats: timed rounds per stage; the median is kept.
         progress: ``progress(stage_name, done, total)`` after each stage.
+        conv_algos: on CUDA, also enumerate and time every cuDNN algorithm of every convolution
+            (``profiler.cudnn.enumerate_stage_convs``) into ``StageProfile.convs``; CUDA only.
 
     Returns:
         The ``Profile``; ``source`` is ``measured`` only on CUDA (see the module docstring).
 
     Raises:
-        ProfilerError: no CUDA device, an unsupported device, or ``gpu`` does not match the device.
+        ProfilerError: no CUDA device, an unsupported device, ``gpu`` does not match the device,
+            ``conv_algos`` on the CPU, or libcudnn cannot be loaded for ``conv_algos``.
         UnknownGPUError: ``gpu`` is not a known GPU (CPU path).
         ValueError: ``dtype``, ``batch``, ``warmup`` or ``repeats`` is not valid.
     """
@@ -290,6 +294,11 @@ def profile(
         source = "measured"
         spec = None
     elif dev.type == "cpu":
+        if conv_algos:
+            raise ProfilerError(
+                "conv_algos needs a CUDA device: cuDNN algorithms cannot be enumerated on the CPU; "
+                "measure with device='cuda' or leave conv_algos off"
+            )
         spec = get_gpu(gpu or "h200")
         identity = spec_identity(spec)
         for stage in chain.stages:
@@ -302,6 +311,9 @@ def profile(
         raise ProfilerError(f"device {device!r} is not supported; use 'cuda', 'cuda:N' or 'cpu'")
 
     timings = _time_chain(chain, batch, dtype, dev, facts, warmup, repeats, progress)
+    convs = [f.convs for f in facts.stages]
+    if conv_algos:
+        convs = _enumerate_chain_convs(chain, batch, dtype, dev, warmup, repeats)
     saved = [f.saved_bytes for f in facts.stages]
     if spec is None:
         measured = transfer_ms(saved, dev, warmup=warmup, repeats=repeats)
@@ -326,7 +338,7 @@ def profile(
             forward_workspace_bytes=t.forward_workspace_bytes,
             backward_workspace_bytes=t.backward_workspace_bytes,
             flops=f.count.flops,
-            convs=f.convs,
+            convs=convs[i],
         )
         for i, (stage, f, t) in enumerate(zip(chain.stages, facts.stages, timings, strict=True))
     )
@@ -371,4 +383,20 @@ def _time_chain(
             x = stage.module(x)
         if progress is not None:
             progress(stage.name, i + 1, n)
+    return out
+
+
+def _enumerate_chain_convs(
+    chain: ModelChain, batch: int, dtype: str, dev: torch.device, warmup: int, repeats: int
+) -> list[tuple[ConvProfile, ...]]:
+    """Every stage's cuDNN algorithm tables, each stage fed the input the chain gives it."""
+    from profiler.cudnn import enumerate_stage_convs  # ctypes binding: loaded only when asked for
+
+    x = model_input(chain, batch, dev)
+    out: list[tuple[ConvProfile, ...]] = []
+    for stage in chain.stages:
+        out.append(enumerate_stage_convs(stage, x, dtype=dtype, warmup=warmup, repeats=repeats))
+        with torch.no_grad(), _autocast(dev, dtype):
+            x = stage.module(x)
+        torch.cuda.empty_cache()
     return out

@@ -104,6 +104,8 @@ def conv_profiles(stage: Stage, input_hw: dict[str, tuple[int, int]]) -> tuple[C
                 stride=_pair(conv.stride, k, dil),
                 padding=_pair(conv.padding, k, dil),
                 input_hw=input_hw[name],
+                dilation=dil,
+                groups=conv.groups,
             )
         )
     return tuple(out)

@@ -4,6 +4,7 @@ Usage (on the GPU machine, from the repository root)::
 
     python scripts/profile_zoo.py --models vgg16,resnet50,gpt --dtypes float32,bfloat16
     python scripts/profile_zoo.py --models vgg16 --batches 64,256 --out /tmp/profiles
+    python scripts/profile_zoo.py --models vgg16,resnet50 --conv-algos   # with cuDNN algorithm tables
 
 Each combination is measured with ``profiler.measure.profile(..., device="cuda")`` and written as
 ``<model>-b<batch>-<dtype>-<gpu>.json``. A combination that runs out of GPU memory is skipped (the
@@ -51,6 +52,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds per stage")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds per stage (median kept)")
     p.add_argument("--skip-existing", action="store_true", help="leave combinations whose file exists")
+    p.add_argument(
+        "--conv-algos",
+        action="store_true",
+        help="also enumerate and time every cuDNN algorithm of every convolution (slower)",
+    )
     return p.parse_args(argv)
 
 
@@ -86,7 +92,14 @@ def main(argv: list[str] | None = None) -> int:
 
                 try:
                     prof = profile(
-                        chain, batch, dtype, device=args.device, warmup=args.warmup, repeats=args.repeats, progress=tick
+                        chain,
+                        batch,
+                        dtype,
+                        device=args.device,
+                        warmup=args.warmup,
+                        repeats=args.repeats,
+                        progress=tick,
+                        conv_algos=args.conv_algos,
                     )
                 except torch.OutOfMemoryError:
                     print(f"\r{label}: out of GPU memory, skipped" + " " * 24, flush=True)

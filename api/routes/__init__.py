@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from api.routes import gpus, health, jobs, leaderboard, models, profiles
+from api.routes import charts, gpus, health, jobs, leaderboard, models, profiles, web
 
-__all__ = ["gpus", "health", "jobs", "leaderboard", "models", "profiles"]
+__all__ = ["charts", "gpus", "health", "jobs", "leaderboard", "models", "profiles", "web"]

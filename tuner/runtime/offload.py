@@ -278,7 +278,10 @@ class StepState:
                 done.record(h2d)
             entry.h2d_done = done
         else:
-            buf = host.to(self.device, copy=True)  # CPU: a fresh tensor; inline: on the compute stream
+            # CPU: a fresh tensor; inline: an asynchronous copy on the compute stream, ordered
+            # before the backward kernels that read it (the pinned source is not rewritten before
+            # the next step's blocking copies, which run on that same stream)
+            buf = host.to(self.device, copy=True, non_blocking=self.cuda)
         entry.device_buf = buf
         rt.stats.h2d_copies += 1
         rt.stats.h2d_bytes += entry.nbytes

@@ -16,8 +16,11 @@ and each maximal run of ``recompute`` stages is one non-reentrant checkpoint
 so that its input is offloaded too. The plan never changes the math: loss, gradients and buffers are
 those of the unplanned model (tests check it for every zoo model and policy).
 
-Convolution algorithm choices (``conv_rule``, ``conv_algos``) are not applied by this runtime: the
-framework picks algorithms (``default``); a plan asking for more gets a warning once.
+Convolution algorithm choices (``conv_rule``, ``conv_algos``) are applied by
+``tuner.runtime.conv.apply_conv_choices(model, plan, profile)``, which needs the profile's algorithm
+tables; ``planned`` alone leaves convolutions to the framework and warns when the plan asks for more.
+Stage modules are looked up in the chain at every forward, so convolutions swapped in by that context
+manager run, and one ``PlannedModel`` (with its host pool) serves every step.
 """
 
 from __future__ import annotations
@@ -134,14 +137,15 @@ class PlannedModel(nn.Module):
             raise PlanError(f"sync_points {bad} are outside the stage range 0..{len(modules) - 1}")
         if plan.conv_rule != "default" or plan.conv_algos:
             warnings.warn(
-                f"plan {plan.label!r}: conv_rule {plan.conv_rule!r}/conv_algos are not applied by the "
-                "runtime; convolutions use the framework's own algorithm choice",
-                stacklevel=2,
+                f"plan {plan.label!r}: conv_rule {plan.conv_rule!r}/conv_algos are not applied by planned() "
+                "alone; run steps inside tuner.runtime.conv.apply_conv_choices(model, plan, profile) to use "
+                "the plan's algorithms, else convolutions use the framework's own choice",
+                stacklevel=3,
             )
         self.model = module
         self.plan = plan
         self.stage_names: tuple[str, ...] = tuple(names)
-        self._modules_list = modules
+        self._chain = model if isinstance(model, ModelChain) else None
         self._runtime = OffloadRuntime(reserve_bytes=pool_bytes)
         self._step: StepState | None = None
         self._budget_bytes: int | None = None  # set by oom_guard, for error messages
@@ -179,10 +183,23 @@ class PlannedModel(nn.Module):
             return "forward", step.forward_stage
         return "backward", step.backward_stage
 
+    def stage_modules(self) -> list[nn.Module]:
+        """The stage modules as the chain holds them now (a context manager may have swapped some)."""
+        if self._chain is not None:
+            modules = [s.module for s in self._chain.stages]
+        else:
+            modules = [s.module for s in flatten(self.model)]
+        if len(modules) != len(self.stage_names):
+            raise PlanError(
+                f"the model now has {len(modules)} stages but had {len(self.stage_names)} when planned; plan it again"
+            )
+        return modules
+
     # ---- forward ---------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        modules = self.stage_modules()
         if not torch.is_grad_enabled():
-            for m in self._modules_list:
+            for m in modules:
                 x = m(x)
             return x
         exclude = {t.untyped_storage().data_ptr() for t in (*self.model.parameters(), *self.model.buffers())}
@@ -203,6 +220,9 @@ class PlannedModel(nn.Module):
             if node is not None:
                 node.register_prehook(lambda _grads, k=k: step.on_backward(k))  # type: ignore[misc]
 
+        def started(k: int) -> None:
+            step.forward_stage = k
+
         try:
             for kind, i, j in self._program:
                 step.forward_stage = i
@@ -213,9 +233,9 @@ class PlannedModel(nn.Module):
                 # what is packed here is first needed by the backward of stage j
                 with step.hooks(j) if offloading else contextlib.nullcontext():
                     if kind == "segment":
-                        x = self._segments[i](x, mark)
+                        x = self._segments[i](x, modules, mark, started)
                     else:
-                        x = self._modules_list[i](x)
+                        x = modules[i](x)
                         mark(i, x)
                 for k in range(i, j + 1):
                     step.forward_stage = k

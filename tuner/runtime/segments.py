@@ -57,9 +57,12 @@ def may_write_input(module: nn.Module) -> bool:
 class Segment:
     """Stages ``first..last`` (inclusive) of a chain, run as one checkpointed segment.
 
+    The stage modules are passed to each call, not held, so a module swapped into the chain between
+    steps (``tuner.runtime.conv.apply_conv_choices``) is the one that runs.
+
     Args:
         first, last: stage indices (inclusive).
-        modules: the chain's stage modules (all of them; the segment uses ``first..last``).
+        modules: the chain's stage modules now (all of them; decides ``clone_input``).
         names: the chain's stage names, for error messages.
         clone_input: clone the input inside the segment (None: decide by ``may_write_input``).
     """
@@ -74,27 +77,34 @@ class Segment:
     ) -> None:
         self.first = first
         self.last = last
-        self.modules = list(modules[first : last + 1])
         self.name = names[first]
-        self.clone_input = may_write_input(self.modules[0]) if clone_input is None else clone_input
-        self._buffers = [b for m in self.modules for b in m.buffers()]
+        self.clone_input = may_write_input(modules[first]) if clone_input is None else clone_input
 
-    def __call__(self, x: torch.Tensor, on_stage_output: StageHook | None = None) -> torch.Tensor:
-        """Run the segment on ``x`` under checkpointing.
+    def __call__(
+        self,
+        x: torch.Tensor,
+        modules: Sequence[nn.Module],
+        on_stage_output: StageHook | None = None,
+        on_stage_start: Callable[[int], None] | None = None,
+    ) -> torch.Tensor:
+        """Run stages ``first..last`` of ``modules`` (the whole chain's stage modules) on ``x`` under checkpointing.
 
-        ``on_stage_output(k, y)`` is called with each stage's output during the original forward only
-        (the runtime hangs its backward pre-hooks there); the re-run in backward does not call it.
+        During the original forward only (not the re-run in backward), ``on_stage_start(k)`` is called
+        before stage k and ``on_stage_output(k, y)`` with its output (the runtime tracks where a step is
+        and hangs its backward pre-hooks there).
         """
         calls = 0
+        mine = list(modules[self.first : self.last + 1])
 
         def run(inp: torch.Tensor) -> torch.Tensor:
             nonlocal calls
             calls += 1
             if calls == 1:
-                return self._run(inp, on_stage_output)
-            snapshot = [(b, b.clone()) for b in self._buffers]  # NOTE [ Buffers during recompute ]
+                return self._run(inp, mine, on_stage_output, on_stage_start)
+            # NOTE [ Buffers during recompute ]
+            snapshot = [(b, b.clone()) for m in mine for b in m.buffers()]
             try:
-                return self._run(inp, None)
+                return self._run(inp, mine, None, None)
             finally:
                 with torch.no_grad():
                     for b, saved in snapshot:
@@ -111,10 +121,18 @@ class Segment:
         assert isinstance(out, torch.Tensor)
         return out
 
-    def _run(self, x: torch.Tensor, on_stage_output: StageHook | None) -> torch.Tensor:
+    def _run(
+        self,
+        x: torch.Tensor,
+        modules: list[nn.Module],
+        on_stage_output: StageHook | None,
+        on_stage_start: Callable[[int], None] | None,
+    ) -> torch.Tensor:
         if self.clone_input:
             x = x.clone()  # NOTE [ In-place at segment boundaries ]
-        for k, m in enumerate(self.modules, start=self.first):
+        for k, m in enumerate(modules, start=self.first):
+            if on_stage_start is not None:
+                on_stage_start(k)
             x = m(x)
             if on_stage_output is not None:
                 on_stage_output(k, x)

@@ -1,0 +1,251 @@
+"""Best-plan lookup latency under load: ``GET /v1/gpus/h200/best?model=vgg16&batch=256&budget=18GiB``.
+
+    python -m benchmarks.service_latency [--clients 200] [--duration 60] [--workers 2] [--database-url URL]
+
+Against PostgreSQL (a fresh database on ``MEMTUNE_TEST_PG``'s server, dropped afterwards, unless
+``--database-url`` is given). The database is seeded by a real tuning job (VGG-16, batch 256, 18 GiB,
+``--seed-trials`` trials, run in this process by a ``Worker``), the API is started as
+``uvicorn --factory api.main:create_app`` with ``--workers`` processes, and ``--clients`` connections ask
+for the best plan back to back (closed loop) for ``--duration`` seconds after a warm-up. The load comes
+from ``wrk`` when it is installed (Debian: ``apt-get install wrk``), else from an ``httpx.AsyncClient``
+in this process (which then competes with the server for the same cores). Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from uuid import uuid4
+
+import httpx
+
+from benchmarks.common import environment
+
+__all__ = ["LoadResult", "main", "run_httpx", "run_wrk"]
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_ADMIN = os.environ.get("MEMTUNE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+PATH = "/v1/gpus/h200/best?model=vgg16&batch=256&budget=18GiB"
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Latencies (ms) and counts of one load run."""
+
+    tool: str
+    requests: int
+    errors: int
+    seconds: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def _pct(sorted_ms: list[float], q: float) -> float:
+    if not sorted_ms:
+        return float("nan")
+    return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
+
+
+async def _httpx_load(url: str, clients: int, duration_s: float) -> tuple[list[float], int, float]:
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+        start = time.perf_counter()
+        deadline = start + duration_s
+
+        async def one_client() -> None:
+            nonlocal errors
+            while time.perf_counter() < deadline:
+                t0 = time.perf_counter()
+                try:
+                    r = await client.get(url)
+                    ok = r.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                else:
+                    errors += 1
+
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        return latencies, errors, time.perf_counter() - start
+
+
+def run_httpx(url: str, clients: int, duration_s: float) -> LoadResult:
+    """Closed-loop load from ``clients`` concurrent tasks of one ``httpx.AsyncClient``."""
+    lat, errors, seconds = asyncio.run(_httpx_load(url, clients, duration_s))
+    lat.sort()
+    return LoadResult("httpx", len(lat) + errors, errors, seconds, _pct(lat, 0.5), _pct(lat, 0.9), _pct(lat, 0.99))
+
+
+def _wrk_ms(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
+    if m is None:
+        raise ValueError(f"cannot read wrk latency {text!r}")
+    return float(m.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[m.group(2)]
+
+
+def run_wrk(url: str, clients: int, duration_s: float, threads: int = 2) -> LoadResult:
+    """Closed-loop load from ``wrk -c clients`` (``--latency`` percentiles)."""
+    wrk = shutil.which("wrk")
+    assert wrk is not None
+    out = subprocess.run(
+        [wrk, f"-t{threads}", f"-c{clients}", f"-d{int(duration_s)}s", "--timeout", "10s", "--latency", url],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    pct = {m.group(1): _wrk_ms(m.group(2)) for m in re.finditer(r"^\s+(50|90|99)%\s+(\S+)", out, re.M)}
+    requests = int(re.search(r"(\d+) requests in ([\d.]+)(\w+)", out).group(1))  # type: ignore[union-attr]
+    errors = 0
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if m:
+        errors += int(m.group(1))
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    if m:
+        errors += sum(int(g) for g in m.groups())
+    return LoadResult("wrk", requests, errors, duration_s, pct["50"], pct["90"], pct["99"])
+
+
+def _seed(url: str, trials: int) -> None:
+    """A real tuned job for VGG-16 batch 256 at 18 GiB on h200, so that the lookup has rows to find."""
+    from api.model_refs import store_zoo_model
+    from api.worker import Worker
+    from storage.database import Database
+    from storage.migrate import upgrade
+    from storage.repositories import JobRepository
+
+    db = Database(url)
+    upgrade(db)
+    with db.session() as s:
+        model, _ = store_zoo_model(s, "vgg16", None)
+        JobRepository(s).create(
+            model_id=model.id,
+            gpu_key="h200",
+            batch=256,
+            dtype="float32",
+            budget_text="18GiB",
+            budget_bytes=18 << 30,
+            trials=trials,
+            mode="fastest",
+            optimizer="sgd",
+            owner="bench",
+            request_hash=uuid4().hex,
+            idempotency_key=None,
+        )
+    Worker(db, worker_id="bench-seed").run_once()
+    db.dispose()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(url: str, workers: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    env = {**os.environ, "MEMTUNE_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app", "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"server not healthy after 60 s: {log.read_text()[-2000:]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=200, help="concurrent connections")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of measured load")
+    ap.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring")
+    ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    ap.add_argument("--seed-trials", type=int, default=100, help="trials of the seeding job")
+    ap.add_argument("--tool", choices=["auto", "wrk", "httpx"], default="auto")
+    ap.add_argument("--database-url", default=None, help="use this database instead of a fresh PostgreSQL one")
+    args = ap.parse_args()
+    tool = args.tool if args.tool != "auto" else ("wrk" if shutil.which("wrk") else "httpx")
+
+    import psycopg
+
+    from storage.database import normalize_url
+
+    dbname = None
+    if args.database_url:
+        url = normalize_url(args.database_url)
+    else:
+        dbname = f"memtune_bench_{uuid4().hex[:10]}"
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{dbname}"')
+        url = normalize_url(f"{PG_ADMIN.rsplit('/', 1)[0]}/{dbname}")
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"memtune-bench-{os.getpid()}.log"
+    proc = None
+    try:
+        _seed(url, args.seed_trials)
+        proc, base = _serve(url, args.workers, log)
+        first = httpx.get(base + PATH, timeout=10)
+        first.raise_for_status()
+        answer = first.json()
+        run = run_wrk if tool == "wrk" else run_httpx
+        run(base + PATH, args.clients, args.warmup)
+        res = run(base + PATH, args.clients, args.duration)
+        single = []
+        with httpx.Client(base_url=base, timeout=10) as c:
+            for _ in range(300):
+                t0 = time.perf_counter()
+                c.get(PATH).raise_for_status()
+                single.append((time.perf_counter() - t0) * 1000)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        if dbname is not None:
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+    backend = url.split("://", 1)[0]
+    print(f"environment: {environment()}, {backend}, uvicorn workers {args.workers}, load from {tool}")
+    print(f"command: `python -m benchmarks.service_latency {' '.join(sys.argv[1:])}`".replace(" `", "`", 0))
+    print(f"answer: {answer['name']} {answer['step_ms']:.1f} ms, {answer['peak_bytes'] / 2**30:.2f} GiB")
+    print()
+    print("| request | clients | seconds | requests | errors | req/s | p50 ms | p90 ms | p99 ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        f"| `GET {PATH}` | {args.clients} | {res.seconds:.0f} | {res.requests} | {res.errors} | {res.rps:.0f} | "
+        f"{res.p50_ms:.1f} | {res.p90_ms:.1f} | {res.p99_ms:.1f} |"
+    )
+    single.sort()
+    print(
+        f"| same, one client, 300 requests | 1 | - | 300 | 0 | - | {statistics.median(single):.2f} | "
+        f"{_pct(single, 0.9):.2f} | {_pct(single, 0.99):.2f} |"
+    )
+
+
+if __name__ == "__main__":
+    main()

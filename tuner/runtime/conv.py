@@ -1,0 +1,346 @@
+"""Run convolutions with the cuDNN algorithms a plan chose (NOTE [ Convolution choice ] in ``tuner.conv_choice``).
+
+``CudnnConv2dFunction`` is a custom autograd Function that runs a chosen (fwd, bwd_data, bwd_filter)
+algorithm triple, each at its math type, through ``profiler.cudnn`` on PyTorch's current stream with
+workspaces from PyTorch's caching allocator. ``ChosenConv2d`` wraps an ``nn.Conv2d``'s parameters (the
+same ``Parameter`` objects, no copy, the same ``state_dict`` keys) with its choice, and
+``apply_conv_choices`` swaps them into a chain for the duration of a ``with`` block::
+
+    with apply_conv_choices(model, plan, profile):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+
+On the CPU, or where libcudnn cannot be loaded, the Function computes with PyTorch's own convolution
+(``F.conv2d`` and ``torch.nn.grad``) and warns once per process, saying why: the math is the same, only
+the algorithm is the framework's.
+
+Bias is added in PyTorch after the convolution. Under autocast the input and weight are cast to the
+autocast dtype first (as autocast does for ``conv2d``), so bf16 autocast runs the bf16 algorithms the
+profile measured. The Function supports one backward (not double backward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import FunctionCtx, once_differentiable
+from torch.nn.grad import conv2d_input, conv2d_weight
+
+from profiler.chain import ModelChain, Stage, conv_modules, flatten
+from profiler.cudnn import (
+    ConvGeometry,
+    algo_name,
+    conv_backward_data,
+    conv_backward_filter,
+    conv_forward,
+    cudnn_available,
+    load_cudnn,
+    module_padding,
+)
+from profiler.errors import ProfilerError
+from profiler.profile import ConvProfile, Profile
+from tuner.conv_choice import ConvTriple, choose_algorithms
+from tuner.errors import PlanError
+from tuner.plan import Plan
+
+__all__ = ["AlgoChoice", "ChosenConv2d", "CudnnConv2dFunction", "apply_conv_choices", "cudnn_conv2d"]
+
+_CUDNN_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_fallback_warned = False
+
+
+@dataclass(frozen=True)
+class AlgoChoice:
+    """Algorithm ids (``cudnnConvolution*Algo_t``) and math types (``cudnnMathType_t``) of the three passes."""
+
+    fwd: int
+    bwd_data: int
+    bwd_filter: int
+    fwd_math: int = 0
+    bwd_data_math: int = 0
+    bwd_filter_math: int = 0
+
+    @classmethod
+    def from_triple(cls, triple: ConvTriple) -> AlgoChoice:
+        """The choice ``tuner.conv_choice.choose_algorithms`` made, with the math types the profile recorded."""
+        return cls(
+            triple.fwd.algo,
+            triple.bwd_data.algo,
+            triple.bwd_filter.algo,
+            triple.fwd.math_type,
+            triple.bwd_data.math_type,
+            triple.bwd_filter.math_type,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"fwd {algo_name('fwd', self.fwd)}, bwd_data {algo_name('bwd_data', self.bwd_data)}, "
+            f"bwd_filter {algo_name('bwd_filter', self.bwd_filter)}"
+        )
+
+
+def _fallback_reason(x: torch.Tensor, w: torch.Tensor) -> str | None:
+    """Why the Function cannot run cuDNN on these tensors, or None when it can."""
+    if not (x.is_cuda and w.is_cuda):
+        return f"the tensors are on {x.device}, not a CUDA device"
+    if x.dtype not in _CUDNN_DTYPES:
+        return f"dtype {x.dtype} is not one the cuDNN binding runs"
+    if not cudnn_available():
+        try:
+            load_cudnn()
+        except ProfilerError as exc:
+            return str(exc).splitlines()[0]
+        return "cuDNN is not available"
+    return None
+
+
+def _warn_fallback(reason: str) -> None:
+    global _fallback_warned
+    if _fallback_warned:
+        return
+    _fallback_warned = True
+    warnings.warn(
+        f"chosen cuDNN convolution algorithms are not applied because {reason}; "
+        "PyTorch's own convolution runs instead (same math, the framework's algorithm)",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+class CudnnConv2dFunction(torch.autograd.Function):
+    """``conv2d(x, weight)`` (no bias) with a chosen algorithm per pass.
+
+    ``apply(x, weight, stride, padding, dilation, groups, choice)``: ``x`` NCHW and ``weight`` of one dtype
+    (fp32, bf16, fp16, fp64); ``padding`` symmetric zero padding ``(ph, pw)``; ``choice`` an ``AlgoChoice``.
+    Forward runs ``choice.fwd``; backward runs ``choice.bwd_data`` for the input gradient and
+    ``choice.bwd_filter`` for the weight gradient, each only when needed, each at its math type.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: FunctionCtx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        stride: tuple[int, int],
+        padding: tuple[int, int],
+        dilation: tuple[int, int],
+        groups: int,
+        choice: AlgoChoice,
+    ) -> torch.Tensor:
+        if x.dtype != weight.dtype:
+            raise ValueError(
+                f"CudnnConv2dFunction needs input and weight of one dtype, got {x.dtype} and {weight.dtype}; "
+                "cast them (ChosenConv2d does it under autocast)"
+            )
+        x = x.contiguous()
+        w = weight.contiguous()
+        reason = _fallback_reason(x, w)
+        geom: ConvGeometry | None = None
+        if reason is None:
+            geom = ConvGeometry.of(x.shape, w.shape, stride, padding, dilation, groups, x.dtype)
+            y = conv_forward(x, w, geom, choice.fwd, choice.fwd_math)
+        else:
+            _warn_fallback(reason)
+            y = F.conv2d(x, w, None, stride, padding, dilation, groups)
+        ctx.save_for_backward(x, w)
+        c: Any = ctx
+        c.geom, c.settings, c.choice = geom, (stride, padding, dilation, groups), choice
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        dy = grad_out.contiguous()
+        geom: ConvGeometry | None = ctx.geom
+        choice: AlgoChoice = ctx.choice
+        stride, padding, dilation, groups = ctx.settings
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            if geom is not None:
+                dx = conv_backward_data(w, dy, geom, choice.bwd_data, choice.bwd_data_math)
+            else:
+                dx = conv2d_input(x.shape, w, dy, stride, padding, dilation, groups)
+        if ctx.needs_input_grad[1]:
+            if geom is not None:
+                dw = conv_backward_filter(x, dy, geom, choice.bwd_filter, choice.bwd_filter_math)
+            else:
+                dw = conv2d_weight(x, w.shape, dy, stride, padding, dilation, groups)
+        return dx, dw, None, None, None, None, None
+
+
+def cudnn_conv2d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    choice: AlgoChoice,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    dilation: int | tuple[int, int] = 1,
+    groups: int = 1,
+) -> torch.Tensor:
+    """``F.conv2d`` with a chosen algorithm triple; casts to the autocast dtype under autocast; adds bias."""
+
+    def pair(v: int | tuple[int, int]) -> tuple[int, int]:
+        return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+    device = x.device.type
+    autocast = device in ("cuda", "cpu") and torch.is_autocast_enabled(device)
+    if autocast and x.dtype != torch.float64:
+        low = torch.get_autocast_dtype(device)
+        x, weight = x.to(low), weight.to(low)
+    with torch.autocast(device, enabled=False) if autocast else contextlib.nullcontext():
+        y = CudnnConv2dFunction.apply(x, weight, pair(stride), pair(padding), pair(dilation), groups, choice)
+        if bias is not None:
+            y = y + bias.to(y.dtype).view(1, -1, 1, 1)
+    return y  # type: ignore[no-any-return]
+
+
+class ChosenConv2d(nn.Module):
+    """An ``nn.Conv2d``'s parameters run with a chosen cuDNN algorithm triple.
+
+    ``weight`` and ``bias`` are the wrapped conv's own ``Parameter`` objects (no copy; ``state_dict`` keys
+    unchanged); the conv itself is kept (not as a submodule) so ``apply_conv_choices`` can put it back.
+    Non-zero padding modes pad in PyTorch first, as ``nn.Conv2d`` does.
+
+    Args:
+        conv: the convolution to wrap.
+        choice: its algorithms.
+        key: its plan key (``"<stage>.<conv name>"``), for display.
+
+    Raises:
+        ProfilerError: ``padding='same'`` would need asymmetric padding.
+    """
+
+    def __init__(self, conv: nn.Conv2d, choice: AlgoChoice, key: str = "") -> None:
+        super().__init__()
+        self.weight = conv.weight
+        self.bias = conv.bias
+        self.choice = choice
+        self.key = key
+        self._original = (conv,)  # a tuple: not registered as a submodule
+        self.stride = (int(conv.stride[0]), int(conv.stride[1]))
+        self.dilation = (int(conv.dilation[0]), int(conv.dilation[1]))
+        self.groups = conv.groups
+        self.padding, self._pre_pad = module_padding(conv)
+
+    @property
+    def original(self) -> nn.Conv2d:
+        """The wrapped ``nn.Conv2d``."""
+        return self._original[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        conv = self.original
+        if self._pre_pad:
+            x = F.pad(x, conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
+        return cudnn_conv2d(
+            x, self.weight, self.bias, self.choice, self.stride, self.padding, self.dilation, self.groups
+        )
+
+    def extra_repr(self) -> str:
+        conv = self.original
+        return f"{conv.in_channels}, {conv.out_channels}, kernel_size={conv.kernel_size}, {self.choice.describe()}"
+
+
+def _stages(model: ModelChain | nn.Sequential) -> list[Stage]:
+    if isinstance(model, ModelChain):
+        return model.stages
+    if isinstance(model, nn.Sequential):
+        return flatten(model)
+    raise TypeError(f"apply_conv_choices takes a ModelChain or an nn.Sequential, not {type(model).__name__}")
+
+
+def _set_child(root: nn.Module, path: str, module: nn.Module) -> Callable[[], None]:
+    """Put ``module`` at dotted ``path`` under ``root``; returns the undo."""
+    parent_path, _, attr = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    old = getattr(parent, attr)
+    setattr(parent, attr, module)
+    return lambda: setattr(parent, attr, old)
+
+
+def _set_stage(chain: ModelChain, index: int, module: nn.Module) -> Callable[[], None]:
+    """Make stage ``index`` of ``chain`` run ``module``; returns the undo."""
+    old = chain.stages[index]
+    chain.stages[index] = dataclasses.replace(old, module=module)
+    return lambda: chain.stages.__setitem__(index, old)
+
+
+def _check_matches(key: str, conv: nn.Conv2d, prof: ConvProfile) -> None:
+    got = (conv.in_channels, conv.out_channels, tuple(conv.kernel_size), conv.groups)
+    want = (prof.in_channels, prof.out_channels, tuple(prof.kernel_size), prof.groups)
+    if got != want:
+        raise PlanError(
+            f"conv {key!r}: the model's conv (in, out, kernel, groups) {got} differs from the profile's {want}; "
+            "the profile was measured on another model"
+        )
+
+
+@contextlib.contextmanager
+def apply_conv_choices(
+    model: ModelChain | nn.Sequential, plan: Plan, profile: Profile
+) -> Iterator[dict[str, ChosenConv2d]]:
+    """Within the block, every convolution the plan chooses for runs as a ``ChosenConv2d``.
+
+    The plan's ``conv_rule``/``conv_algos`` are resolved against ``profile``'s algorithm tables by
+    ``tuner.conv_choice.choose_algorithms`` (the simulator's reading); convolutions left to the framework
+    are untouched. On exit (also on error) the original modules are put back. A stage that is itself a
+    convolution is replaced in the ``ModelChain``'s stage list or in the ``nn.Sequential`` (build
+    ``planned(...)`` inside the block so it sees the swap). Hooks registered on a swapped conv do not run
+    while it is swapped.
+
+    Args:
+        model: the chain (``ModelChain``) or ``nn.Sequential`` the profile describes.
+        plan: the plan.
+        profile: a profile of this model with algorithm tables (``profile(..., conv_algos=True)``).
+
+    Yields:
+        ``{plan key: ChosenConv2d}`` of the swapped convolutions.
+
+    Raises:
+        PlanError: the plan or the model does not match the profile (stage count, conv names or shapes),
+            or an override names an algorithm the profile does not list as working.
+    """
+    choices = choose_algorithms(profile, plan)
+    stages = _stages(model)
+    if len(stages) != profile.n_stages:
+        raise PlanError(
+            f"the model has {len(stages)} stages (nested nn.Sequential flattened) but profile "
+            f"{profile.model!r} has {profile.n_stages}; use the model the profile was measured on"
+        )
+    undo: list[Callable[[], None]] = []
+    swapped: dict[str, ChosenConv2d] = {}
+    try:
+        for key, triple in choices.items():
+            stage_s, _, name = key.partition(".")
+            index = int(stage_s)
+            stage = stages[index]
+            convs = dict(conv_modules(stage))
+            conv = convs.get(name)
+            if conv is None:
+                raise PlanError(
+                    f"conv {key!r}: stage {index} ({stage.name}) of the model has no nn.Conv2d named {name!r} "
+                    f"(has {sorted(convs) or 'none'})"
+                )
+            prof = next(c for c in profile.stages[index].convs if c.name == name)
+            _check_matches(key, conv, prof)
+            wrapped = ChosenConv2d(conv, AlgoChoice.from_triple(triple), key=key)
+            if name:
+                undo.append(_set_child(stage.module, name, wrapped))
+            elif isinstance(model, ModelChain):
+                undo.append(_set_stage(model, index, wrapped))
+            else:
+                undo.append(_set_child(model, stage.name, wrapped))
+            swapped[key] = wrapped
+        yield swapped
+    finally:
+        for restore in reversed(undo):
+            restore()
