@@ -60,7 +60,7 @@ def _pct(sorted_ms: list[float], q: float) -> float:
     return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
 
 
-async def _httpx_load(url: str, clients: int, duration_s: float) -> tuple[list[float], int, float]:
+async def _httpx_load(url: str, clients: int, duration_s: float, rate: float) -> tuple[list[float], int, float]:
     latencies: list[float] = []
     errors = 0
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -68,9 +68,14 @@ async def _httpx_load(url: str, clients: int, duration_s: float) -> tuple[list[f
         start = time.perf_counter()
         deadline = start + duration_s
 
-        async def one_client() -> None:
+        async def one_client(k: int) -> None:
             nonlocal errors
+            period = 1.0 / rate if rate > 0 else 0.0
+            next_at = start + period * k / clients  # paced clients are spread evenly over one period
             while time.perf_counter() < deadline:
+                if period:
+                    await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+                    next_at += period
                 t0 = time.perf_counter()
                 try:
                     r = await client.get(url)
@@ -82,13 +87,14 @@ async def _httpx_load(url: str, clients: int, duration_s: float) -> tuple[list[f
                 else:
                     errors += 1
 
-        await asyncio.gather(*(one_client() for _ in range(clients)))
+        await asyncio.gather(*(one_client(k) for k in range(clients)))
         return latencies, errors, time.perf_counter() - start
 
 
-def run_httpx(url: str, clients: int, duration_s: float) -> LoadResult:
-    """Closed-loop load from ``clients`` concurrent tasks of one ``httpx.AsyncClient``."""
-    lat, errors, seconds = asyncio.run(_httpx_load(url, clients, duration_s))
+def run_httpx(url: str, clients: int, duration_s: float, rate: float = 0.0) -> LoadResult:
+    """Load from ``clients`` concurrent tasks of one ``httpx.AsyncClient``: back to back (``rate`` 0, closed
+    loop) or each client sending ``rate`` requests per second on a fixed schedule."""
+    lat, errors, seconds = asyncio.run(_httpx_load(url, clients, duration_s, rate))
     lat.sort()
     return LoadResult("httpx", len(lat) + errors, errors, seconds, _pct(lat, 0.5), _pct(lat, 0.9), _pct(lat, 0.99))
 
@@ -189,9 +195,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     ap.add_argument("--seed-trials", type=int, default=100, help="trials of the seeding job")
     ap.add_argument("--tool", choices=["auto", "wrk", "httpx"], default="auto")
+    ap.add_argument("--rate", type=float, default=0.0, help="requests/s per client (httpx); 0: back to back")
     ap.add_argument("--database-url", default=None, help="use this database instead of a fresh PostgreSQL one")
     args = ap.parse_args()
-    tool = args.tool if args.tool != "auto" else ("wrk" if shutil.which("wrk") else "httpx")
+    tool = args.tool if args.tool != "auto" else ("wrk" if shutil.which("wrk") and not args.rate else "httpx")
+    if tool == "wrk" and args.rate:
+        ap.error("--rate needs --tool httpx (wrk has no fixed-rate mode)")
 
     import psycopg
 
@@ -213,9 +222,12 @@ def main() -> None:
         first = httpx.get(base + PATH, timeout=10)
         first.raise_for_status()
         answer = first.json()
-        run = run_wrk if tool == "wrk" else run_httpx
-        run(base + PATH, args.clients, args.warmup)
-        res = run(base + PATH, args.clients, args.duration)
+        if tool == "wrk":
+            run_wrk(base + PATH, args.clients, args.warmup)
+            res = run_wrk(base + PATH, args.clients, args.duration)
+        else:
+            run_httpx(base + PATH, args.clients, args.warmup, args.rate)
+            res = run_httpx(base + PATH, args.clients, args.duration, args.rate)
         single = []
         with httpx.Client(base_url=base, timeout=10) as c:
             for _ in range(300):
@@ -231,18 +243,19 @@ def main() -> None:
                 conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
     backend = url.split("://", 1)[0]
     print(f"environment: {environment()}, {backend}, uvicorn workers {args.workers}, load from {tool}")
-    print(f"command: `python -m benchmarks.service_latency {' '.join(sys.argv[1:])}`".replace(" `", "`", 0))
+    print(f"command: `python -m benchmarks.service_latency {' '.join(sys.argv[1:])}`")
     print(f"answer: {answer['name']} {answer['step_ms']:.1f} ms, {answer['peak_bytes'] / 2**30:.2f} GiB")
     print()
-    print("| request | clients | seconds | requests | errors | req/s | p50 ms | p90 ms | p99 ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    load = f"{args.rate:g} req/s each" if args.rate else "back to back"
+    print("| request | clients | load | seconds | requests | errors | req/s | p50 ms | p90 ms | p99 ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print(
-        f"| `GET {PATH}` | {args.clients} | {res.seconds:.0f} | {res.requests} | {res.errors} | {res.rps:.0f} | "
-        f"{res.p50_ms:.1f} | {res.p90_ms:.1f} | {res.p99_ms:.1f} |"
+        f"| `GET {PATH}` | {args.clients} | {load} | {res.seconds:.0f} | {res.requests} | {res.errors} | "
+        f"{res.rps:.0f} | {res.p50_ms:.1f} | {res.p90_ms:.1f} | {res.p99_ms:.1f} |"
     )
     single.sort()
     print(
-        f"| same, one client, 300 requests | 1 | - | 300 | 0 | - | {statistics.median(single):.2f} | "
+        f"| same, one client, 300 requests | 1 | back to back | - | 300 | 0 | - | {statistics.median(single):.2f} | "
         f"{_pct(single, 0.9):.2f} | {_pct(single, 0.99):.2f} |"
     )
 

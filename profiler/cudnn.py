@@ -30,6 +30,16 @@ memtune talks to cuDNN's legacy convolution API, which cuDNN 9 still ships, thro
   asked for. Every algorithm of the enum (``ALGO_NAMES``) is listed: those ``Find`` does not return as
   ``unsupported``, none dropped. (cuDNN 9.19's MaxCount is larger than the enums, 10/8/9 against 8/6/7;
   ids past the enum are listed only when ``Find`` returns them.)
+
+# NOTE [ Algorithm timing ]
+Each working algorithm runs ``warmup`` times untimed, then ``repeats`` times between two CUDA events on
+the current stream; the median is kept. Before each timed run a GPU spin (``torch.cuda._sleep``, about
+1 ms) is queued, so the CPU has enqueued the start event, the run and the end event before the GPU
+reaches them: the time is the GPU's alone, without the Python/ctypes and cuDNN host cost of the call
+(tens of microseconds, which would otherwise dominate small convolutions). ``default_ms`` and
+``default_bwd_ms`` (PyTorch's own ``F.conv2d`` and its backward) are timed the same way, so the table
+and the default compare like with like. In training the host cost overlaps the GPU's work as long as
+the kernels are longer than it.
 """
 
 from __future__ import annotations
@@ -121,6 +131,7 @@ _TORCH_NAMES = {
     torch.bfloat16: "bfloat16",
 }
 _FIND_MEMORY_FRACTION = 0.8  # of the free GPU memory, at most, for the Find workspace
+_SPIN_CYCLES = 2_000_000  # GPU clock cycles spun before each timed run: about 1 ms at 2 GHz
 
 
 def algo_name(pass_: Pass, algo: int) -> str:
@@ -741,7 +752,7 @@ def workspace_bytes(
 
 # ---- enumeration ---------------------------------------------------------------------------------------
 def _median_ms(fn: Callable[[], object], warmup: int, repeats: int) -> float:
-    """Median ms of ``fn`` over ``repeats`` runs after ``warmup``, CUDA events on the current stream."""
+    """Median GPU ms of ``fn`` over ``repeats`` runs after ``warmup`` (NOTE [ Algorithm timing ])."""
     stream = torch.cuda.current_stream()
     for _ in range(warmup):
         fn()
@@ -749,6 +760,7 @@ def _median_ms(fn: Callable[[], object], warmup: int, repeats: int) -> float:
     for _ in range(repeats):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(_SPIN_CYCLES)  # keeps the GPU busy while the CPU enqueues start, fn, end
         start.record(stream)
         fn()
         end.record(stream)
@@ -892,9 +904,9 @@ def enumerate_conv(
     """Every cuDNN algorithm of ``module`` at ``input_shape``, timed; plus PyTorch's own conv2d time.
 
     Runs ``cudnnFindConvolution{Forward,BackwardData,BackwardFilter}AlgorithmEx`` on random buffers of the
-    real shapes, then times each working algorithm at the math type Find returned: median ms of
-    ``repeats`` runs after ``warmup``, CUDA events on the current stream. ``default_ms``/
-    ``default_bwd_ms`` time ``F.conv2d`` forward and its input+weight backward the same way.
+    real shapes, then times each working algorithm at the math type Find returned by NOTE [ Algorithm
+    timing ]. ``default_ms``/``default_bwd_ms`` time ``F.conv2d`` forward and its input+weight backward
+    the same way.
 
     Args:
         module: the convolution (its weight's shape and settings are used; the module is not modified).

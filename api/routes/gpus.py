@@ -70,14 +70,18 @@ def best_plan(
                 "Unknown model",
                 f"no stored model has id or name {model!r}; submit it with POST /v1/models or POST /v1/jobs",
             )
-        answer = ResultRepository(s).best(
-            gpu_key=known.gpu.key,
-            model_ids=[m.id for m in models],
-            batch=batch,
-            budget_bytes=budget_bytes,
-            dtype=dtype,
-            same_architecture=same_architecture(s, known.gpu),
-        )
+        results = ResultRepository(s)
+        ids = [m.id for m in models]
+        answer = results.best(gpu_key=known.gpu.key, model_ids=ids, batch=batch, budget_bytes=budget_bytes, dtype=dtype)
+        if answer is None:  # the architecture fallback lists every GPU type: only when this one has no answer
+            answer = results.best(
+                gpu_key=known.gpu.key,
+                model_ids=ids,
+                batch=batch,
+                budget_bytes=budget_bytes,
+                dtype=dtype,
+                same_architecture=same_architecture(s, known.gpu),
+            )
     if answer is None:
         raise ProblemError(
             404,
