@@ -192,7 +192,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=200, help="concurrent connections")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of measured load")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring")
-    ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    # NOTE: with --workers > 1 uvicorn 0.54 passes a listening socket whose proto is 0, so asyncio never sets
+    # TCP_NODELAY and every keep-alive response waits ~40 ms for a delayed ACK (Kludex/uvicorn#3149).
+    ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (see the NOTE above)")
     ap.add_argument("--seed-trials", type=int, default=100, help="trials of the seeding job")
     ap.add_argument("--tool", choices=["auto", "wrk", "httpx"], default="auto")
     ap.add_argument("--rate", type=float, default=0.0, help="requests/s per client (httpx); 0: back to back")

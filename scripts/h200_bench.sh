@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# On the GPU machine: GPU tests, then `memtune bench` for the models of BENCHMARKS.md into $OUT/bench.tgz.
+# On the GPU machine: (1) profiles with cuDNN algorithm tables into profiler/data, (2) GPU tests,
+# (3) `memtune bench` for the models of BENCHMARKS.md. Everything lands in $OUT/bench.tgz.
 # Usage (repository root, wheels from ../shared/tools/device-wheels in .whl/):
-#   bash scripts/h200_bench.sh [tests|bench|all] [model:batch:dtype ...]
+#   bash scripts/h200_bench.sh STEPS [model:batch:dtype ...]     STEPS: comma list of profiles,tests,bench
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
-what=${1:-all}; shift || true
+steps=${1:-profiles,tests,bench}; shift || true
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(vgg16:256:float32 resnet50:256:float32 vgg16:256:bfloat16 resnet50:256:bfloat16 gpt:16:float32 gpt:16:bfloat16)
-mkdir -p "$OUT" /tmp/bench
+mkdir -p "$OUT" /tmp/bench/profiles
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-if [ "$what" != bench ]; then
+if [[ $steps == *profiles* ]]; then
+  models=$(printf '%s\n' "${configs[@]}" | cut -d: -f1 | grep -v gpt | sort -u | paste -sd,)
+  dtypes=$(printf '%s\n' "${configs[@]}" | cut -d: -f3 | sort -u | paste -sd,)
+  [ -n "$models" ] && timeout 200 python3 scripts/profile_zoo.py --models "$models" --batches 256 --dtypes "$dtypes" \
+    --conv-algos --out profiler/data 2>&1 | grep -v "stage [0-9]" | tail -6
+  cp profiler/data/*.json /tmp/bench/profiles/
+fi
+if [[ $steps == *tests* ]]; then
   timeout 240 python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tee /tmp/bench/gpu-tests.txt | tail -25
 fi
-if [ "$what" != tests ]; then
+if [[ $steps == *bench* ]]; then
   for cfg in "${configs[@]}"; do
     IFS=: read -r model batch dtype <<<"$cfg"
     timeout 170 python3 -m api bench "$model" --batch "$batch" --dtype "$dtype" --budget 0.6 --sweep 0.4,0.5,0.7,0.8 \

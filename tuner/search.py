@@ -41,6 +41,8 @@ _CHOICES = ("auto", "keep", "offload", "recompute")
 _SYNCS = ("deferred", "layer")
 _MAX_LOOKAHEAD = 8
 _THRESHOLD_RANGE = (0.05, 20.0)
+_CONV_RULES = ("default", "fastest", "memory_optimal", "fastest_within")
+_MAX_WS_CAP_MIB = 16384
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,15 @@ def decode_params(params: dict[str, Any], n: int, threshold_actions: Callable[[f
         prefetch_lookahead=int(params.get("lookahead", 2)),
         sync=params.get("sync", "deferred"),
         label="optuna",
+        **_conv_knobs(params.get("conv_rule", "default"), params.get("ws_cap_mib")),
     )
+
+
+def _conv_knobs(rule: str, cap_mib: int | None) -> dict[str, Any]:
+    """Plan fields for a convolution rule; the cap only matters (and is only set) for ``fastest_within``."""
+    if rule == "fastest_within":
+        return {"conv_rule": rule, "conv_workspace_limit_bytes": int(cap_mib or 0) << 20}
+    return {"conv_rule": rule}
 
 
 def pareto_front(cands: Sequence[Candidate]) -> list[Candidate]:
@@ -150,7 +160,8 @@ class _Search:
         self.front_pool: list[FrozenTrial] = []
         self.peak_range: tuple[int, int] | None = None
         self.descent_evals = max(60, 4 * self.n)
-        self._templates: dict[tuple[int, str], Plan] = {}
+        self._templates: dict[tuple[int, str, str, int | None], Plan] = {}
+        self.has_conv_algos = any(c.algos for st in profile.stages for c in st.convs)
 
     def threshold_actions(self, threshold: float) -> tuple[Action, ...]:
         key = round(threshold, 6)
@@ -169,6 +180,9 @@ class _Search:
             params[f"a{k:03d}"] = trial.suggest_categorical(f"a{k:03d}", _CHOICES)
         params["lookahead"] = trial.suggest_int("lookahead", 0, _MAX_LOOKAHEAD)
         params["sync"] = trial.suggest_categorical("sync", _SYNCS)
+        if self.has_conv_algos:
+            params["conv_rule"] = trial.suggest_categorical("conv_rule", _CONV_RULES)
+            params["ws_cap_mib"] = trial.suggest_int("ws_cap_mib", 1, _MAX_WS_CAP_MIB, log=True)
         return decode_params(params, self.n, self.threshold_actions)
 
     def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
@@ -185,6 +199,8 @@ class _Search:
         trial.set_user_attr("actions", plan.compact())
         trial.set_user_attr("lookahead", plan.prefetch_lookahead)
         trial.set_user_attr("sync", plan.sync)
+        trial.set_user_attr("conv_rule", plan.conv_rule)
+        trial.set_user_attr("conv_workspace_limit_bytes", plan.conv_workspace_limit_bytes)
         trial.set_constraint("peak_over_budget_bytes", float(r.peak_bytes - self.budget))
         if self.mode == "pareto":
             return r.step_ms, float(r.peak_bytes)
@@ -202,43 +218,61 @@ class _Search:
 
     def descend(self, plan: Plan, budget: int) -> tuple[Plan, SimResult]:
         actions = list(plan.actions)
-        la, sync = plan.prefetch_lookahead, plan.sync
+        knobs: tuple[int, str, str, int | None] = (
+            plan.prefetch_lookahead,
+            plan.sync,
+            plan.conv_rule,
+            plan.conv_workspace_limit_bytes,
+        )
 
-        def run(acts: list[Action], la_: int, sync_: str) -> SimResult:
-            key = (la_, sync_)
-            if key not in self._templates:
-                self._templates[key] = Plan(actions=tuple(acts), prefetch_lookahead=la_, sync=sync_)  # type: ignore[arg-type]
-            return self.sim.run_actions(acts, self._templates[key])
+        def template(k: tuple[int, str, str, int | None]) -> Plan:
+            if k not in self._templates:
+                la_, sync_, rule_, cap_ = k
+                self._templates[k] = Plan(
+                    actions=tuple(actions),
+                    prefetch_lookahead=la_,
+                    sync=sync_,  # type: ignore[arg-type]
+                    conv_rule=rule_,  # type: ignore[arg-type]
+                    conv_workspace_limit_bytes=cap_,
+                    label="optuna",
+                )
+            return self._templates[k]
 
-        best_r = run(actions, la, sync)
+        best_r = self.sim.run_actions(actions, template(knobs))
         best = self._score(best_r, budget)
         evals = 1
         improved = True
         while improved and evals < self.descent_evals:
             improved = False
-            moves: list[tuple[str, int, Any]] = [("a", k, a) for k in range(self.n) for a in Action if a is not actions[k]]
-            moves += [("la", 0, v) for v in (la - 2, la - 1, la + 1, la + 2) if 0 <= v <= _MAX_LOOKAHEAD]
-            moves.append(("sync", 0, "layer" if sync == "deferred" else "deferred"))
+            la, sync, rule, cap = knobs
+            moves: list[tuple[list[Action], tuple[int, str, str, int | None]]] = []
+            for k in range(self.n):
+                for a in Action:
+                    if a is not actions[k]:
+                        acts = actions.copy()
+                        acts[k] = a
+                        moves.append((acts, knobs))
+            moves += [
+                (actions, (v, sync, rule, cap)) for v in (la - 2, la - 1, la + 1, la + 2) if 0 <= v <= _MAX_LOOKAHEAD
+            ]
+            moves.append((actions, (la, "layer" if sync == "deferred" else "deferred", rule, cap)))
+            if self.has_conv_algos:
+                moves += [(actions, (la, sync, r, None)) for r in _CONV_RULES[:3] if r != rule]
+                for c in (cap or (256 << 20)) // 2, (cap or (256 << 20)) * 2, 64 << 20, 1 << 30:
+                    if 0 < c <= _MAX_WS_CAP_MIB << 20 and (rule, cap) != ("fastest_within", c):
+                        moves.append((actions, (la, sync, "fastest_within", c)))
             self.rng.shuffle(moves)
-            for kind, k, value in moves:
+            for acts, k2 in moves:
                 if evals >= self.descent_evals:
                     break
-                acts, la2, sync2 = actions, la, sync
-                if kind == "a":
-                    acts = actions.copy()
-                    acts[k] = value
-                elif kind == "la":
-                    la2 = value
-                else:
-                    sync2 = value
-                r = run(acts, la2, sync2)
+                r = self.sim.run_actions(acts, template(k2))
                 evals += 1
                 score = self._score(r, budget)
                 if score < best:
-                    actions, la, sync, best, best_r = acts, la2, sync2, score, r
+                    actions, knobs, best, best_r = acts, k2, score, r
                     improved = True
                     break
-        return Plan(actions=tuple(actions), prefetch_lookahead=la, sync=sync, label="optuna"), best_r  # type: ignore[arg-type]
+        return template(knobs).model_copy(update={"actions": tuple(actions)}), best_r
 
     # ---- incumbent and local edits ---------------------------------------------------------------
     def incumbent(self, trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
@@ -287,6 +321,11 @@ class _Search:
             p["lookahead"] = min(_MAX_LOOKAHEAD, max(0, int(p.get("lookahead", 2)) + rng.choice((-2, -1, 1, 2))))
         if rng.random() < 0.08:
             p["sync"] = "layer" if p.get("sync") == "deferred" else "deferred"
+        if self.has_conv_algos and rng.random() < 0.15:
+            p["conv_rule"] = rng.choice(_CONV_RULES)
+            p["ws_cap_mib"] = min(
+                _MAX_WS_CAP_MIB, max(1, int(p.get("ws_cap_mib", 256) * math.exp(rng.gauss(0.0, 1.0))))
+            )
         if rng.random() < 0.1:
             t = float(p.get("threshold", 1.0)) * math.exp(rng.gauss(0.0, 0.7))
             p["threshold"] = min(_THRESHOLD_RANGE[1], max(_THRESHOLD_RANGE[0], t))
@@ -294,18 +333,29 @@ class _Search:
 
     def _candidate(self, t: FrozenTrial) -> Candidate:
         attrs = t.user_attrs
-        plan = Plan.from_actions(attrs["actions"], prefetch_lookahead=attrs["lookahead"], sync=attrs["sync"], label="optuna")
+        plan = Plan.from_actions(
+            attrs["actions"],
+            prefetch_lookahead=attrs["lookahead"],
+            sync=attrs["sync"],
+            conv_rule=attrs.get("conv_rule", "default"),
+            conv_workspace_limit_bytes=attrs.get("conv_workspace_limit_bytes"),
+            label="optuna",
+        )
         peak = int(attrs["peak_bytes"])
         return Candidate(f"trial {t.number}", plan, float(t.user_attrs["step_ms"]), peak, peak <= self.budget)
 
 
-def _params_for(plan: Plan) -> dict[str, Any]:
+def _params_for(plan: Plan, with_conv: bool = False) -> dict[str, Any]:
     """Express a baseline plan in the search space (explicit per-stage actions)."""
     params: dict[str, Any] = {"threshold": 1.0}
     for k, a in enumerate(plan.actions):
         params[f"a{k:03d}"] = a.value
     params["lookahead"] = min(_MAX_LOOKAHEAD, plan.prefetch_lookahead)
     params["sync"] = plan.sync if plan.sync in _SYNCS else "layer"
+    if with_conv:
+        params["conv_rule"] = plan.conv_rule
+        cap = plan.conv_workspace_limit_bytes
+        params["ws_cap_mib"] = min(_MAX_WS_CAP_MIB, max(1, (cap or (256 << 20)) >> 20))
     return params
 
 
@@ -383,7 +433,7 @@ def tune(
     if not existing:
         seen: set[str] = set()
         for c in policies:
-            params = _params_for(c.plan)
+            params = _params_for(c.plan, search.has_conv_algos)
             key = repr(sorted(params.items()))
             if key not in seen:
                 seen.add(key)
@@ -420,7 +470,7 @@ def tune(
             return
         if inc is not None and done >= finished + n_baselines + 10 and search.rng.random() < 0.8:
             parent = search.pick_parent(inc)
-            st.enqueue_trial(search.mutate(_params_for(search._candidate(parent).plan)))
+            st.enqueue_trial(search.mutate(_params_for(search._candidate(parent).plan, search.has_conv_algos)))
 
     if remaining > 0 and not (should_stop is not None and should_stop()):
         study.optimize(search.objective, n_trials=remaining, callbacks=[callback], gc_after_trial=False)

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from profiler.profile import Profile, SavedStorage
+from profiler.profile import ConvProfile, Profile, SavedStorage
+from tuner.conv_choice import ConvTriple, choose_algorithms
 from tuner.plan import Action, Plan, resolve_storages, segments, storage_copy_ms
 
 __all__ = ["OPTIMIZERS", "SimResult", "Simulator", "merge_storages", "simulate"]
@@ -120,6 +121,7 @@ class Simulator:
         self.ws_b = [s.backward_workspace_bytes for s in st]
         self.pgrad = [s.param_bytes for s in st]
         self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
+        self._conv_costs: dict[object, tuple[list[float], list[float], list[int], list[int]]] = {}
         self._full = _StorageTables(profile)
         # merged storages give the same numbers except under deferred sync (see merge_storages)
         self._merged = _StorageTables(merge_storages(profile)) if merge else self._full
@@ -135,9 +137,49 @@ class Simulator:
         """Simulate ``actions`` with the other knobs of ``plan`` (a fast path for search loops)."""
         return self._run(actions, plan, False)
 
+    def stage_costs(self, plan: Plan) -> tuple[list[float], list[float], list[int], list[int]]:
+        """Per stage forward ms, backward ms, forward and backward workspace bytes under the plan's conv choice.
+
+        # NOTE [ Convolution costs ]
+        A stage's measured times include its convolutions run with the framework's algorithms
+        (``ConvProfile.default_ms``/``default_bwd_ms``, PyTorch's own convolution at the same shapes).
+        A chosen triple (``tuner.conv_choice``) replaces that time by the chosen algorithms' ms, and the
+        stage's workspace by the chosen algorithms' largest workspace per pass.
+        """
+        if plan.conv_rule == "default" and not plan.conv_algos:
+            return self.fwd, self.bwd, self.ws_f, self.ws_b
+        key = (
+            plan.conv_rule,
+            plan.conv_workspace_limit_bytes,
+            tuple(sorted((k, (v.fwd, v.bwd_data, v.bwd_filter)) for k, v in plan.conv_algos.items())),
+        )
+        cached = self._conv_costs.get(key)
+        if cached is not None:
+            return cached
+        fwd, bwd, ws_f, ws_b = list(self.fwd), list(self.bwd), list(self.ws_f), list(self.ws_b)
+        chosen = choose_algorithms(self.profile, plan, check=False)
+        by_stage: dict[int, list[tuple[ConvProfile, ConvTriple]]] = {}
+        for ckey, triple in chosen.items():
+            stage_s, _, name = ckey.partition(".")
+            stage = self.profile.stages[int(stage_s)]
+            conv = next(c for c in stage.convs if c.name == name)
+            by_stage.setdefault(stage.index, []).append((conv, triple))
+        for k, items in by_stage.items():
+            for conv, tr in items:
+                if conv.default_ms is not None and tr.fwd.ms is not None:
+                    fwd[k] = max(0.0, fwd[k] + tr.fwd.ms - conv.default_ms)
+                if conv.default_bwd_ms is not None:
+                    bwd[k] = max(0.0, bwd[k] + tr.backward_ms - conv.default_bwd_ms)
+            ws_f[k] = max(tr.fwd.workspace_bytes for _, tr in items)
+            ws_b[k] = max(max(tr.bwd_data.workspace_bytes, tr.bwd_filter.workspace_bytes) for _, tr in items)
+        result = (fwd, bwd, ws_f, ws_b)
+        self._conv_costs[key] = result
+        return result
+
     def _run(self, actions: Sequence[Action], plan: Plan, want_timeline: bool) -> SimResult:
         n = self.n
-        fwd, bwd, out, ws_f, ws_b = self.fwd, self.bwd, self.out, self.ws_f, self.ws_b
+        out = self.out
+        fwd, bwd, ws_f, ws_b = self.stage_costs(plan)
         sync = plan.sync
         tab = self._full if sync == "deferred" else self._merged
         s_bytes, s_last, s_d2h, s_h2d = tab.s_bytes, tab.s_last_use, tab.s_d2h, tab.s_h2d

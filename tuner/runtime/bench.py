@@ -20,6 +20,7 @@ import functools
 import gc
 import math
 import statistics
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -30,6 +31,7 @@ from torch import nn
 from profiler.chain import ModelChain
 from profiler.profile import Profile
 from tuner.plan import Plan
+from tuner.runtime.conv import apply_conv_choices
 from tuner.runtime.errors import PlanOutOfMemoryError
 from tuner.runtime.guard import budget_guard
 from tuner.runtime.planned import planned
@@ -235,9 +237,15 @@ def bench_plans(
 
     run("unconstrained", "unconstrained", seq, plan=Plan.uniform(profile.n_stages, label="none"))
     for name, kind, plan in plans:
-        pm = planned(chain, plan)
-        run(name, kind, pm, guard=functools.partial(budget_guard, budget_bytes, pm), plan=plan)
-        del pm
+        chooses = plan.conv_rule != "default" or bool(plan.conv_algos)
+        with (
+            apply_conv_choices(chain, plan, profile) if chooses else contextlib.nullcontext(),
+            warnings.catch_warnings(),
+        ):
+            warnings.filterwarnings("ignore", message=".*are not applied by planned", category=UserWarning)
+            pm = planned(chain, plan)  # built inside the block: it sees the chosen convolutions
+            run(name, kind, pm, guard=functools.partial(budget_guard, budget_bytes, pm), plan=plan)
+            del pm
     if pytorch_builtins:
         run("torch save_on_cpu", "pytorch", seq, ctx=lambda: torch.autograd.graph.save_on_cpu(pin_memory=True))
         segs = max(1, round(math.sqrt(len(chain))))
