@@ -10,23 +10,30 @@ configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(vgg16:256:float32 resnet50:256:float32 vgg16:256:bfloat16 resnet50:256:bfloat16 gpt:16:float32 gpt:16:bfloat16)
 mkdir -p "$OUT" /tmp/bench/profiles
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 COLUMNS=200
+# NOTE: the caching allocator's expandable segments keep fragmentation from eating the budget that
+# budget_guard enforces with set_per_process_memory_fraction (the simulator counts allocated bytes).
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+pack() { tar czf "$OUT/bench.tgz" -C /tmp/bench .; }
 if [[ $steps == *profiles* ]]; then
   models=$(printf '%s\n' "${configs[@]}" | cut -d: -f1 | grep -v gpt | sort -u | paste -sd,)
   dtypes=$(printf '%s\n' "${configs[@]}" | cut -d: -f3 | sort -u | paste -sd,)
   [ -n "$models" ] && timeout 200 python3 scripts/profile_zoo.py --models "$models" --batches 256 --dtypes "$dtypes" \
     --conv-algos --out profiler/data 2>&1 | grep -v "stage [0-9]" | tail -6
   cp profiler/data/*.json /tmp/bench/profiles/
+  pack
 fi
 if [[ $steps == *tests* ]]; then
-  timeout 240 python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tee /tmp/bench/gpu-tests.txt | tail -25
+  timeout 240 python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tee /tmp/bench/gpu-tests.txt | tail -5
+  pack
 fi
 if [[ $steps == *bench* ]]; then
   for cfg in "${configs[@]}"; do
     IFS=: read -r model batch dtype <<<"$cfg"
-    timeout 170 python3 -m api bench "$model" --batch "$batch" --dtype "$dtype" --budget 0.6 --sweep 0.4,0.5,0.7,0.8 \
+    timeout 200 python3 -m api bench "$model" --batch "$batch" --dtype "$dtype" --budget 0.6 --sweep 0.4,0.5,0.7,0.8 \
       --warmup 2 --iters 6 --json-out "/tmp/bench/bench-$model-b$batch-$dtype.json" 2>&1 \
-      | tee "/tmp/bench/bench-$model-b$batch-$dtype.txt" | grep -v "measuring" | tail -30
+      | tee "/tmp/bench/bench-$model-b$batch-$dtype.txt" | grep -v "measuring" | tail -24
+    pack
   done
 fi
-tar czf "$OUT/bench.tgz" -C /tmp/bench .
+pack
