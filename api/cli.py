@@ -20,6 +20,7 @@ from profiler.chain import ModelChain
 from profiler.errors import ProfilerError
 from profiler.profile import Profile
 from tuner.budget import format_bytes, parse_budget
+from tuner.calibration import calibration_for
 from tuner.errors import TunerError
 from tuner.plan import Plan
 
@@ -355,6 +356,9 @@ def tune(
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL to keep the study in")] = None,
     study: Annotated[str | None, typer.Option(help="study name (with --storage)")] = None,
     plan_out: Annotated[Path | None, typer.Option("--plan-out", help="write the best plan JSON here")] = None,
+    headroom: Annotated[
+        float | None, typer.Option(help="fraction of the budget kept free for the allocator (default: calibrated)")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Search the fastest plan within a budget (or the Pareto front) and compare every baseline."""
@@ -394,6 +398,7 @@ def tune(
                 study_name=study,
                 optimizer=optimizer,
                 progress=tick,
+                headroom=calibration_for(prof.device.key).headroom if headroom is None else headroom,
             )
     except (ProfilerError, TunerError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from exc
@@ -447,6 +452,10 @@ def bench(
     warmup: Annotated[int, typer.Option(min=0, help="warm-up steps per configuration")] = 3,
     builtins: Annotated[bool, typer.Option(help="also measure PyTorch's save_on_cpu and checkpoint_sequential")] = True,
     json_out: Annotated[Path | None, typer.Option("--json-out", help="write all rows as JSON here")] = None,
+    headroom: Annotated[
+        str, typer.Option(help="comma-separated budget headrooms to tune and measure at the main budget")
+    ] = "",
+    policies: Annotated[bool, typer.Option(help="measure every baseline policy")] = True,
 ) -> None:
     """Measure on this GPU: unconstrained, every baseline, PyTorch built-ins and the tuned plan, with predictions."""
     import optuna
@@ -474,6 +483,7 @@ def bench(
     base_peak = run_sim(prof, Plan.uniform(prof.n_stages)).peak_bytes
     try:
         fractions = [float(f) for f in sweep.split(",")] if sweep else []
+        headrooms = [float(h) for h in headroom.split(",")] if headroom else []
         text = budget.strip()
         main_budget = (
             int(float(text) * base_peak)
@@ -483,11 +493,13 @@ def bench(
     except (ValueError, TunerError) as exc:
         raise _fail(str(exc)) from exc
     plans: list[tuple[str, str, Plan]] = [
-        (name, "policy", fn(prof, main_budget)) for name, fn in POLICIES.items() if name != "none"
+        (name, "policy", fn(prof, main_budget)) for name, fn in POLICIES.items() if policies and name != "none"
     ]
-    best = run_tune(prof, main_budget, trials=trials).best
-    if best is not None:
-        plans.append(("tuned", "tuned", best.plan))
+    calibrated = calibration_for(ident.key).headroom
+    for h in sorted({calibrated, *headrooms}):
+        best = run_tune(prof, main_budget, trials=trials, headroom=h).best
+        if best is not None:
+            plans.append((f"tuned (headroom {h:.0%})", "tuned", best.plan))
     rows = bench_plans(
         chain,
         prof,
@@ -502,8 +514,8 @@ def bench(
     )
     for frac in fractions:
         b = int(frac * base_peak)
-        r = run_tune(prof, b, trials=trials).best
-        if r is None:
+        found = run_tune(prof, b, trials=trials, headroom=calibrated).best
+        if found is None:
             err.print(f"  no plan fits {frac:.0%} of the peak ({format_bytes(b)})")
             continue
         rows += bench_plans(
@@ -512,7 +524,7 @@ def bench(
             batch,
             dtype,
             b,
-            [(f"tuned@{frac:.0%}", "tuned", r.plan)],
+            [(f"tuned@{frac:.0%} (headroom {calibrated:.0%})", "tuned", found.plan)],
             pytorch_builtins=False,
             warmup=warmup,
             iters=iters,

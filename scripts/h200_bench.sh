@@ -3,6 +3,7 @@
 # (3) `memtune bench` for the models of BENCHMARKS.md. Everything lands in $OUT/bench.tgz.
 # Usage (repository root, wheels from ../shared/tools/device-wheels in .whl/):
 #   bash scripts/h200_bench.sh STEPS [model:batch:dtype ...]     STEPS: comma list of profiles,tests,bench
+#   BENCH_ARGS="--no-policies --no-builtins --headroom 0,0.05,0.1,0.2" bash scripts/h200_bench.sh bench ...
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 steps=${1:-profiles,tests,bench}; shift || true
@@ -30,8 +31,9 @@ fi
 if [[ $steps == *bench* ]]; then
   for cfg in "${configs[@]}"; do
     IFS=: read -r model batch dtype <<<"$cfg"
-    timeout 200 python3 -m api bench "$model" --batch "$batch" --dtype "$dtype" --budget 0.6 --sweep 0.4,0.5,0.7,0.8 \
-      --warmup 2 --iters 6 --json-out "/tmp/bench/bench-$model-b$batch-$dtype.json" 2>&1 \
+    # shellcheck disable=SC2086
+    timeout 200 python3 -m api bench "$model" --batch "$batch" --dtype "$dtype" --budget 0.6 \
+      ${BENCH_ARGS:---sweep 0.4,0.5,0.7,0.8} --warmup 2 --iters 6 --json-out "/tmp/bench/bench-$model-b$batch-$dtype.json" 2>&1 \
       | tee "/tmp/bench/bench-$model-b$batch-$dtype.txt" | grep -v "measuring" | tail -24
     pack
   done

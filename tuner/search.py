@@ -83,6 +83,7 @@ class TuneResult:
     n_trials: int
     study_name: str | None
     seed: int
+    headroom: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -95,6 +96,7 @@ class TuneResult:
             "gpu": p.device.key,
             "profile_source": p.source,
             "budget_bytes": self.budget_bytes,
+            "headroom": self.headroom,
             "mode": self.mode,
             "trials": self.n_trials,
             "seed": self.seed,
@@ -383,6 +385,7 @@ def tune(
     optimizer: str = "sgd",
     progress: Callable[[int, int, Candidate | None], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    headroom: float = 0.0,
 ) -> TuneResult:
     """Search plans for ``profile`` within ``budget_bytes``. See NOTE [ Search space ].
 
@@ -397,6 +400,8 @@ def tune(
         optimizer: ``sgd`` (momentum), ``adam`` or ``none`` (optimizer state bytes).
         progress: called after each trial with ``(trials finished, trials, best candidate so far)``.
         should_stop: polled after each trial; returning True stops the search early (e.g. job cancelled).
+        headroom: fraction of the budget kept free for the allocator (NOTE [ Headroom ]): a plan is
+            feasible when its simulated peak is at most ``budget_bytes * (1 - headroom)``.
 
     Returns:
         A ``TuneResult``: unconstrained step, every baseline, the best plan and the Pareto front.
@@ -412,6 +417,14 @@ def tune(
         raise SearchError(f"budget must be positive, not {budget_bytes} bytes")
     if storage is not None and study_name is None:
         raise SearchError("a study in a storage needs a study_name")
+    if not 0.0 <= headroom < 1.0:
+        raise SearchError(f"headroom must be a fraction in [0, 1), not {headroom}")
+    # NOTE [ Headroom ]: the runtime caps the caching allocator's *reserved* bytes; the simulator counts
+    # allocated bytes. Near the cap the allocator frees its cache and waits for pending copies, which
+    # serialises offloads with compute. Plans are therefore searched against a budget less a calibrated
+    # fraction (``tuner.calibration``); the reported budget stays the one asked for.
+    requested_budget = budget_bytes
+    budget_bytes = int(budget_bytes * (1.0 - headroom))
 
     search = _Search(profile, budget_bytes, mode, seed, optimizer)
     policies = evaluate_policies(profile, budget_bytes, search.sim)
@@ -487,7 +500,7 @@ def tune(
     front = pareto_front(cands + policies)
     return TuneResult(
         profile=profile,
-        budget_bytes=budget_bytes,
+        budget_bytes=requested_budget,
         mode=mode,
         unconstrained=unconstrained,
         policies=policies,
@@ -496,4 +509,5 @@ def tune(
         n_trials=len(done_trials),
         study_name=study.study_name,
         seed=seed,
+        headroom=headroom,
     )
