@@ -22,7 +22,7 @@ from profiler.profile import Profile
 from tuner.budget import format_bytes, parse_budget
 from tuner.calibration import calibration_for
 from tuner.errors import TunerError
-from tuner.plan import Plan
+from tuner.plan import Action, Plan
 
 __all__ = ["app", "load_chain", "resolve_profile"]
 
@@ -456,6 +456,9 @@ def bench(
         str, typer.Option(help="comma-separated budget headrooms to tune and measure at the main budget")
     ] = "",
     policies: Annotated[bool, typer.Option(help="measure every baseline policy")] = True,
+    variants: Annotated[
+        bool, typer.Option(help="also measure the tuned plan with layer sync and with lookahead 8 (diagnosis)")
+    ] = False,
 ) -> None:
     """Measure on this GPU: unconstrained, every baseline, PyTorch built-ins and the tuned plan, with predictions."""
     import optuna
@@ -499,7 +502,14 @@ def bench(
     for h in sorted({calibrated, *headrooms}):
         best = run_tune(prof, main_budget, trials=trials, headroom=h).best
         if best is not None:
-            plans.append((f"tuned (headroom {h:.0%})", "tuned", best.plan))
+            knobs = f"{best.plan.sync}, la {best.plan.prefetch_lookahead}, {best.plan.conv_rule}"
+            plans.append((f"tuned (headroom {h:.0%}; {knobs})", "tuned", best.plan))
+            if variants:
+                plans.append((f"tuned {h:.0%}, sync layer", "variant", best.plan.with_(sync="layer")))
+                plans.append((f"tuned {h:.0%}, lookahead 8", "variant", best.plan.with_(prefetch_lookahead=8)))
+    if variants:
+        every = Plan.uniform(prof.n_stages, Action.OFFLOAD, label="all offload")
+        plans += [("all offload, deferred", "variant", every), ("all offload, layer", "variant", every.with_(sync="layer"))]
     rows = bench_plans(
         chain,
         prof,

@@ -16,6 +16,7 @@ accounts for. ``max_memory_allocated`` is reset before the timed steps, so the p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import math
@@ -34,7 +35,7 @@ from tuner.plan import Plan
 from tuner.runtime.conv import apply_conv_choices
 from tuner.runtime.errors import PlanOutOfMemoryError
 from tuner.runtime.guard import budget_guard
-from tuner.runtime.planned import planned
+from tuner.runtime.planned import PlannedModel, planned
 from tuner.simulator import simulate
 
 __all__ = ["BenchRow", "bench_plans", "make_batch", "measure_step"]
@@ -55,6 +56,8 @@ class BenchRow:
     budget_bytes: int | None = None
     plan: str | None = None
     error: str | None = None
+    offload_stats: dict[str, float] | None = None
+    """the runtime's offload counters per timed step (``OffloadStats``), for our plans"""
 
     @property
     def step_error(self) -> float | None:
@@ -187,7 +190,12 @@ def bench_plans(
         predicted = simulate(profile, plan) if plan is not None else None
         try:
             with guard():
+                before = dataclasses.asdict(model.stats) if isinstance(model, PlannedModel) else None
                 ms, peak = measure_step(step, warmup=warmup, iters=iters)
+                stats = None
+                if before is not None and isinstance(model, PlannedModel):
+                    after = dataclasses.asdict(model.stats)
+                    stats = {k: (after[k] - before[k]) / (warmup + iters) for k in after}
             rows.append(
                 BenchRow(
                     name,
@@ -200,6 +208,7 @@ def bench_plans(
                     predicted.peak_bytes if predicted else None,
                     budget_bytes,
                     plan.compact() if plan else None,
+                    offload_stats=stats,
                 )
             )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:
