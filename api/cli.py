@@ -509,7 +509,10 @@ def bench(
                 plans.append((f"tuned {h:.0%}, lookahead 8", "variant", best.plan.with_(prefetch_lookahead=8)))
     if variants:
         every = Plan.uniform(prof.n_stages, Action.OFFLOAD, label="all offload")
-        plans += [("all offload, deferred", "variant", every), ("all offload, layer", "variant", every.with_(sync="layer"))]
+        plans += [
+            ("all offload, deferred", "variant", every),
+            ("all offload, layer", "variant", every.with_(sync="layer")),
+        ]
     rows = bench_plans(
         chain,
         prof,
