@@ -86,6 +86,7 @@ class _Entry:
         "fetched",
         "h2d_done",
         "handles",
+        "hold",
         "host",
         "nbytes",
         "need",
@@ -104,6 +105,7 @@ class _Entry:
         self.fetched = False
         self.handles = 0  # live handles
         self.pending = 0  # handles not unpacked yet
+        self.hold: torch.Tensor | None = None  # the device storage, until its copy is seen complete
 
 
 class _Handle:
@@ -160,6 +162,8 @@ class StepState:
         self._cursor = 0
         self.last_d2h: torch.cuda.Event | None = None
         self._region_event: torch.cuda.Event | None = None
+        self._region_entries: list[_Entry] = []
+        self.held: list[_Entry] = []  # entries whose device storage is still held (NOTE [ Deferred frees ])
         self.forward_stage: int | None = None
         self.backward_stage: int | None = None
         self.cuda = device.type == "cuda"
@@ -168,6 +172,7 @@ class StepState:
     def hooks(self, need: int) -> torch.autograd.graph.saved_tensors_hooks:
         """Offload hooks for one region; ``need`` is the backward stage that first reads what it saves."""
         self._region_event = None
+        self._region_entries = []
         return torch.autograd.graph.saved_tensors_hooks(functools.partial(self._pack, need), self._unpack)
 
     def _pack(self, need: int, t: torch.Tensor) -> Any:
@@ -217,6 +222,9 @@ class StepState:
                 done.record(d2h)
             src.record_stream(d2h)
             entry.d2h_done = done
+            entry.hold = src  # NOTE [ Deferred frees ] in tuner.simulator: dropped by _poll
+            self.held.append(entry)
+            self._region_entries.append(entry)
             self.last_d2h = done
             self._region_event = done
         else:
@@ -225,6 +233,24 @@ class StepState:
         rt.stats.d2h_bytes += entry.nbytes
         return entry
 
+    def _poll(self) -> None:
+        """Release the device storage of every entry whose copy to the host has completed.
+
+        Called at stage boundaries, as NOTE [ Deferred frees ] (``tuner.simulator``) says: an offloaded
+        storage is freed once its copy is seen complete, and one whose copy has not completed by the
+        time backward needs it is used in place, with no copy back.
+        """
+        if not self.held:
+            return
+        still = []
+        for entry in self.held:
+            done = entry.d2h_done
+            if done is None or done.query():
+                entry.hold = None
+            else:
+                still.append(entry)
+        self.held = still
+
     def end_stage(self, stage: int, *, offloading: bool) -> None:
         """Apply the sync knob at the end of ``stage``'s forward (``offloading``: it ran under hooks)."""
         if not self.cuda:
@@ -232,10 +258,20 @@ class StepState:
         compute = torch.cuda.current_stream(self.device)
         if self.sync == "layer" and offloading and self._region_event is not None:
             compute.wait_event(self._region_event)
+            # compute waits for these copies: their memory may go now (record_stream guards reuse)
+            self._release(self._region_entries)
         elif self.sync == "points" and stage in self.sync_points and self.last_d2h is not None:
             compute.wait_event(self.last_d2h)
+            self._release(list(self.held))
         if offloading:
             self._region_event = None
+            self._region_entries = []
+        self._poll()
+
+    def _release(self, entries: list[_Entry]) -> None:
+        for entry in entries:
+            entry.hold = None
+        self.held = [e for e in self.held if e.hold is not None]
 
     def end_forward(self) -> None:
         """The forward is over: the dedupe map is no longer needed."""
@@ -248,6 +284,8 @@ class StepState:
         self.backward_stage = stage
         if self.sync == "inline":
             return
+        with self.runtime.lock:
+            self._poll()
         lo = stage - self.lookahead
         with self.runtime.lock:
             if self._order is None:
@@ -320,6 +358,7 @@ class StepState:
                 h.unpacked = True
                 entry.pending -= 1
                 if entry.pending == 0:
+                    entry.hold = None
                     entry.device_buf = None  # autograd's tensor keeps it alive as long as needed
                     entry.fetched = False
                     entry.h2d_done = None
@@ -425,7 +464,9 @@ class OffloadRuntime:
                 step.entries = {}
                 step.all_entries = []
                 step._order = []
+                step.held = []
                 for entry in {id(e): e for e in entries}.values():
+                    entry.hold = None
                     if entry.host is not None and entry.handles > 0:
                         self.live_entries -= 1
                     entry.host = None
