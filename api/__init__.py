@@ -1,0 +1,19 @@
+"""memtune api: the FastAPI service, its worker, the typed client and the command line.
+
+``create_app`` and ``MemtuneClient`` are loaded on first use (the CLI imports this package too).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["MemtuneClient", "create_app"]
+
+_LAZY = {"create_app": "api.main", "MemtuneClient": "api.client"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'api' has no attribute {name!r}")

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from api.cli import app
 
-__all__: list[str] = []
+__all__ = ["app"]
 
 app()

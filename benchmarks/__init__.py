@@ -1,3 +1,3 @@
 """Benchmarks anyone can re-run; each prints a markdown table for BENCHMARKS.md."""
 
-__all__: list[str] = []
+__all__ = ["common"]

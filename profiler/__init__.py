@@ -1,0 +1,54 @@
+"""memtune profiler: the model zoo and JSON specs, chains, per-stage measurement, GPU specs and identity.
+
+Value types (``Profile`` …) and errors import without torch; the names that need torch (``build``,
+``profile``, ``modeled_profile`` …) are loaded on first use, so the torch-free tuner can import this package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from profiler.errors import ProfilerError, SpecError, UnknownGPUError
+from profiler.profile import ConvAlgo, ConvProfile, DeviceIdentity, Profile, SavedStorage, StageProfile
+
+__all__ = [
+    "GPUS",
+    "ZOO_NAMES",
+    "ConvAlgo",
+    "ConvProfile",
+    "DeviceIdentity",
+    "ModelChain",
+    "Profile",
+    "ProfilerError",
+    "SavedStorage",
+    "SpecError",
+    "StageProfile",
+    "UnknownGPUError",
+    "build",
+    "find_profile",
+    "from_spec",
+    "get_gpu",
+    "modeled_profile",
+    "profile",
+    "spec_hash",
+]
+
+_LAZY = {
+    "GPUS": "profiler.devices",
+    "get_gpu": "profiler.devices",
+    "ZOO_NAMES": "profiler.zoo",
+    "build": "profiler.zoo",
+    "ModelChain": "profiler.chain",
+    "from_spec": "profiler.spec",
+    "spec_hash": "profiler.spec",
+    "find_profile": "profiler.library",
+    "modeled_profile": "profiler.modeled",
+    "profile": "profiler.measure",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'profiler' has no attribute {name!r}")

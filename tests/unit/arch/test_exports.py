@@ -1,0 +1,38 @@
+"""The public names of each package: a test, so the public API cannot drift silently (as httpx does)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import api
+import profiler
+import tuner
+
+EXPECTED = {
+    profiler: {
+        "GPUS", "ZOO_NAMES", "ConvAlgo", "ConvProfile", "DeviceIdentity", "ModelChain", "Profile", "ProfilerError",
+        "SavedStorage", "SpecError", "StageProfile", "UnknownGPUError", "build", "find_profile", "from_spec",
+        "get_gpu", "modeled_profile", "profile", "spec_hash",
+    },
+    tuner: {
+        "POLICIES", "Action", "BudgetError", "Candidate", "Plan", "PlanError", "SearchError", "SimResult",
+        "Simulator", "TuneResult", "TunerError", "exact_front", "exact_optimum", "format_bytes", "parse_budget",
+        "run_policy", "simulate", "tune",
+    },
+    api: {"MemtuneClient", "create_app"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module", list(EXPECTED), ids=lambda m: m.__name__)
+def test_exported_names(module: object) -> None:
+    assert set(module.__all__) == EXPECTED[module]  # type: ignore[attr-defined]
+    for name in module.__all__:  # type: ignore[attr-defined]
+        assert getattr(module, name) is not None, name
+
+
+def test_tuner_and_profiler_value_types_import_without_torch() -> None:
+    code = "import sys, tuner, profiler; profiler.Profile; assert 'torch' not in sys.modules, 'torch loaded'"
+    subprocess.run([sys.executable, "-c", code], check=True)
