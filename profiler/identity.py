@@ -17,7 +17,7 @@ from profiler.devices import GPUSpec, gpu_key
 from profiler.errors import ProfilerError
 from profiler.profile import DeviceIdentity
 
-__all__ = ["cuda_identity", "measure_pinned_gbps", "spec_identity"]
+__all__ = ["cuda_identity", "measure_pinned_gbps", "spec_identity", "transfer_ms"]
 
 _COPY_BYTES = 64 << 20  # DeviceIdentity documents its bandwidths at 64 MiB
 
@@ -66,17 +66,30 @@ def _int_or_none(text: str | None) -> int | None:
 def measure_pinned_gbps(
     nbytes: int = _COPY_BYTES, *, device_index: int = 0, warmup: int = 2, repeats: int = 5
 ) -> tuple[float, float]:
-    """Measured pinned-memory copy bandwidth ``(d2h, h2d)`` in GB/s (1e9 bytes/s).
+    """Measured pinned-memory copy bandwidth ``(d2h, h2d)`` in GB/s (1e9 bytes/s), by ``transfer_ms``."""
+    d2h, h2d = transfer_ms([nbytes], torch.device("cuda", device_index), warmup=warmup, repeats=repeats)[nbytes]
+    return nbytes / (d2h * 1e-3) / 1e9, nbytes / (h2d * 1e-3) / 1e9
 
-    Copies ``nbytes`` between a device buffer and a pinned host buffer on a side stream, timed with
-    CUDA events; ``warmup`` untimed copies, then the median of ``repeats``.
+
+def transfer_ms(
+    sizes: list[int], device: torch.device, *, warmup: int = 2, repeats: int = 5
+) -> dict[int, tuple[float, float]]:
+    """Measured ``{bytes: (d2h_ms, h2d_ms)}`` of pinned copies of each distinct size (CUDA only).
+
+    One device buffer and one pinned host buffer of the largest size are allocated once; each size
+    copies a prefix of them with ``non_blocking=True`` on a side stream, timed with CUDA events on that
+    stream: ``warmup`` untimed copies, then the median of ``repeats``.
     """
-    dev = torch.device("cuda", device_index)
-    gpu_buf = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-    host_buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    stream = torch.cuda.Stream(device=dev)
+    distinct = sorted({s for s in sizes if s > 0})
+    if not distinct:
+        return {}
+    biggest = distinct[-1]
+    gpu_buf = torch.empty(biggest, dtype=torch.uint8, device=device)
+    host_buf = torch.empty(biggest, dtype=torch.uint8, pin_memory=True)
+    stream = torch.cuda.Stream(device=device)
+    torch.cuda.synchronize(device)
 
-    def median_ms(dst: torch.Tensor, src: torch.Tensor) -> float:
+    def median(dst: torch.Tensor, src: torch.Tensor) -> float:
         times: list[float] = []
         for k in range(warmup + repeats):
             start = torch.cuda.Event(enable_timing=True)
@@ -87,13 +100,12 @@ def measure_pinned_gbps(
                 end.record(stream)
             end.synchronize()
             if k >= warmup:
-                times.append(start.elapsed_time(end))
+                times.append(float(start.elapsed_time(end)))
         return statistics.median(times)
 
-    torch.cuda.synchronize(dev)
-    d2h = median_ms(host_buf, gpu_buf)
-    h2d = median_ms(gpu_buf, host_buf)
-    return nbytes / (d2h * 1e-3) / 1e9, nbytes / (h2d * 1e-3) / 1e9
+    out = {n: (median(host_buf[:n], gpu_buf[:n]), median(gpu_buf[:n], host_buf[:n])) for n in distinct}
+    del gpu_buf, host_buf
+    return out
 
 
 def cuda_identity(device_index: int = 0) -> DeviceIdentity:

@@ -37,12 +37,12 @@ import torch
 from profiler.chain import ModelChain, Stage
 from profiler.devices import get_gpu
 from profiler.errors import ProfilerError
-from profiler.identity import cuda_identity, spec_identity
+from profiler.identity import cuda_identity, spec_identity, transfer_ms
 from profiler.modeled import meta_facts
 from profiler.profile import ConvProfile, DeviceIdentity, Profile, StageProfile
 from profiler.stagefacts import ChainFacts, chain_facts, torch_dtype
 
-__all__ = ["ProgressFn", "StageTiming", "cpu_model_name", "model_input", "profile", "time_stage", "transfer_ms"]
+__all__ = ["ProgressFn", "StageTiming", "cpu_model_name", "model_input", "profile", "time_stage"]
 
 _R = TypeVar("_R")
 
@@ -193,43 +193,6 @@ def _workspaces(
         del grads, g
     del y, inp
     return max(0, fwd_ws), max(0, bwd_ws)
-
-
-def transfer_ms(
-    sizes: list[int], device: torch.device, *, warmup: int = 2, repeats: int = 5
-) -> dict[int, tuple[float, float]]:
-    """Measured ``{bytes: (d2h_ms, h2d_ms)}`` of pinned copies of each distinct size (CUDA only).
-
-    One device buffer and one pinned host buffer of the largest size are allocated once; each size
-    copies a prefix of them with ``non_blocking=True`` on a side stream, timed with CUDA events on that
-    stream: ``warmup`` untimed copies, then the median of ``repeats``.
-    """
-    distinct = sorted({s for s in sizes if s > 0})
-    if not distinct:
-        return {}
-    biggest = distinct[-1]
-    gpu_buf = torch.empty(biggest, dtype=torch.uint8, device=device)
-    host_buf = torch.empty(biggest, dtype=torch.uint8, pin_memory=True)
-    stream = torch.cuda.Stream(device=device)
-    torch.cuda.synchronize(device)
-
-    def median(dst: torch.Tensor, src: torch.Tensor) -> float:
-        times: list[float] = []
-        for k in range(warmup + repeats):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            with torch.cuda.stream(stream):
-                start.record(stream)
-                dst.copy_(src, non_blocking=True)
-                end.record(stream)
-            end.synchronize()
-            if k >= warmup:
-                times.append(float(start.elapsed_time(end)))
-        return statistics.median(times)
-
-    out = {n: (median(host_buf[:n], gpu_buf[:n]), median(gpu_buf[:n], host_buf[:n])) for n in distinct}
-    del gpu_buf, host_buf
-    return out
 
 
 def profile(
