@@ -38,9 +38,7 @@ def main() -> None:
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     print(f"environment: {environment()}")
-    print(
-        "| model | budget (of peak) | GiB | joint ms | no algorithm choice ms | joint faster by | joint plan's conv rule |"
-    )
+    print("| model | budget (of peak) | GiB | joint ms | no algorithm choice ms | joint faster by | conv rule |")
     print("|---|---|---|---|---|---|---|")
     for model in ("vgg16", "resnet50"):
         prof = zoo_profile(model, 256)
