@@ -12,9 +12,10 @@ This is the ``offload`` action of NOTE [ Plan semantics ] (``tuner.plan``) on a 
   in-place ReLU after it and by the next conv). Parameters, buffers and the model input are never
   offloaded (the input is resident by definition); their pack returns them unchanged.
 * CUDA copies. The copy runs on a dedicated device-to-host stream that first waits for the compute
-  stream (the tensor is ready), into pinned memory with ``non_blocking=True``; the storage is marked
-  with ``record_stream(d2h)`` and the reference dropped, so the caching allocator reuses the memory
-  only once the copy has finished. ``sync`` decides when compute waits: ``layer`` at the end of the
+  stream (the tensor is ready), into pinned memory with ``non_blocking=True``; the runtime holds the
+  storage until a stage boundary sees that copy complete (or compute has waited for it), and only then
+  drops it (NOTE [ Deferred frees ] in ``tuner.simulator``, NOTE [ No record_stream ] below): a storage
+  whose copy is not complete when backward needs it is used in place. ``sync`` decides when compute waits: ``layer`` at the end of the
   stage that issued copies, ``points`` at the end of each stage in ``sync_points`` (for every copy
   issued so far), ``deferred`` never, ``inline`` copies synchronously on the compute stream (like
   PyTorch's ``save_on_cpu``) and fetches only on demand (lookahead 0).
@@ -220,7 +221,14 @@ class StepState:
                 host.copy_(src, non_blocking=True)
                 done = torch.cuda.Event()
                 done.record(d2h)
-            src.record_stream(d2h)
+            # NOTE [ No record_stream ]: the allocator's record_stream makes a freed block wait for the copy
+            # stream's tail at free time, i.e. for every copy queued behind this one; with a long deferred
+            # queue those blocks stay reserved, the budget cap is reached and the allocator synchronises
+            # (measured: benchmarks/results/h200-cap-experiment.txt). Instead the runtime holds the storage
+            # until its own copy is seen complete (_poll) or compute has waited for it (_release), so the
+            # block is safe to reuse on the compute stream the moment it is freed. A storage used in place
+            # before its copy completes is released at its last unpack; the copy then may read reused
+            # memory, but that host copy is never read.
             entry.d2h_done = done
             entry.hold = src  # NOTE [ Deferred frees ] in tuner.simulator: dropped by _poll
             self.held.append(entry)
@@ -258,7 +266,7 @@ class StepState:
         compute = torch.cuda.current_stream(self.device)
         if self.sync == "layer" and offloading and self._region_event is not None:
             compute.wait_event(self._region_event)
-            # compute waits for these copies: their memory may go now (record_stream guards reuse)
+            # compute waits for these copies: any later reuse on the compute stream is ordered after them
             self._release(self._region_entries)
         elif self.sync == "points" and stage in self.sync_points and self.last_d2h is not None:
             compute.wait_event(self.last_d2h)
