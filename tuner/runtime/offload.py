@@ -17,8 +17,8 @@ This is the ``offload`` action of NOTE [ Plan semantics ] (``tuner.plan``) on a 
   drops it (NOTE [ Deferred frees ] in ``tuner.simulator``, NOTE [ No record_stream ] below): a storage
   whose copy is not complete when backward needs it is used in place. ``sync`` decides when compute
   waits: ``layer`` at the end of the stage that issued copies, ``points`` at the end of each stage in
-  ``sync_points`` (for every copy issued so far), ``deferred`` never, ``inline`` copies synchronously on the compute stream (like
-  PyTorch's ``save_on_cpu``) and fetches only on demand (lookahead 0).
+  ``sync_points`` (for every copy issued so far), ``deferred`` never, ``inline`` copies synchronously on
+  the compute stream (like PyTorch's ``save_on_cpu``) and fetches only on demand (lookahead 0).
 * Prefetch. Each handle records the backward stage that first needs it (the stage itself, or a
   segment's last stage for a segment input). A backward pre-hook on the autograd node of every stage's
   output calls ``on_backward(k)`` when backward reaches stage k; it issues, on a host-to-device stream
