@@ -323,7 +323,7 @@ def _plan_table(prof: Profile, plan: Plan) -> Table:
         "saved MiB",
         "fwd ms",
         "D2H ms",
-        title=f"best plan: lookahead {plan.prefetch_lookahead}, sync {plan.sync}",
+        title=f"best plan: lookahead {plan.prefetch_lookahead}, sync {plan.sync}, convolutions {_conv_text(plan)}",
     )
     colors = {"keep": "white", "offload": "cyan", "recompute": "magenta"}
     for s, a in zip(prof.stages, plan.actions, strict=True):
@@ -589,6 +589,12 @@ def bench(
             )
             + "\n"
         )
+
+
+def _conv_text(plan: Plan) -> str:
+    if plan.conv_rule == "fastest_within" and plan.conv_workspace_limit_bytes is not None:
+        return f"fastest within {format_bytes(plan.conv_workspace_limit_bytes)} of workspace"
+    return {"default": "framework's choice", "fastest": "fastest", "memory_optimal": "memory-optimal"}[plan.conv_rule]
 
 
 def _fmt(v: float | None, fmt: str) -> str:
