@@ -188,6 +188,22 @@ def bench_plans(
             opt.zero_grad(set_to_none=True)
 
         predicted = simulate(profile, plan) if plan is not None else None
+
+        def failed(error: str) -> BenchRow:
+            return BenchRow(
+                name,
+                kind,
+                None,
+                None,
+                None,
+                False,
+                predicted.step_ms if predicted else None,
+                predicted.peak_bytes if predicted else None,
+                budget_bytes,
+                plan.compact() if plan else None,
+                error=error,
+            )
+
         try:
             with guard():
                 before = dataclasses.asdict(model.stats) if isinstance(model, PlannedModel) else None
@@ -212,34 +228,9 @@ def bench_plans(
                 )
             )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:
-            rows.append(
-                BenchRow(
-                    name,
-                    kind,
-                    None,
-                    None,
-                    None,
-                    False,
-                    predicted.step_ms if predicted else None,
-                    predicted.peak_bytes if predicted else None,
-                    budget_bytes,
-                    plan.compact() if plan else None,
-                    error=f"out of memory: {str(exc)[:160]}",
-                )
-            )
+            rows.append(failed(f"out of memory: {str(exc)[:160]}"))
         except RuntimeError as exc:  # e.g. checkpoint_sequential on in-place ReLU
-            rows.append(
-                BenchRow(
-                    name,
-                    kind,
-                    None,
-                    None,
-                    None,
-                    False,
-                    budget_bytes=budget_bytes,
-                    error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
-                )
-            )
+            rows.append(failed(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
         finally:
             opt.zero_grad(set_to_none=True)
             _clean()
