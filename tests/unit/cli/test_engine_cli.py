@@ -1,0 +1,117 @@
+"""The engine's command line: tune (table and --json), simulate, profile, models, gpus, and clear refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from api.cli import app
+from tuner.plan import Plan
+
+runner = CliRunner()
+SMALL = ["--param", "image_size=32", "--batch", "256"]
+
+
+def budget(model: str, fraction: float, gpu: str = "h200") -> str:
+    """A byte budget at ``fraction`` of the model's simulated unconstrained peak (SMALL settings)."""
+    from profiler.modeled import modeled_profile
+    from profiler.zoo import build
+    from tuner.simulator import simulate
+
+    prof = modeled_profile(build(model, {"image_size": 32}), 256, "float32", gpu)
+    return str(int(fraction * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes))
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_tune_json_has_the_documented_object(tmp_path: Path) -> None:
+    plan_file = tmp_path / "plan.json"
+    code, out = invoke("tune", "resnet18", *SMALL, "--gpu", "h200", "--budget", budget("resnet18", 0.9), "--trials", "30",
+                       "--json", "--plan-out", str(plan_file))  # fmt: skip
+    assert code == 0, out
+    data = json.loads(out.strip().splitlines()[-1])
+    assert {"model", "batch", "gpu", "budget_bytes", "unconstrained", "policies", "best"} <= data.keys()
+    assert data["model"] == "resnet18" and data["batch"] == 256 and data["gpu"] == "h200"
+    assert data["best"]["feasible"] and data["best"]["peak_bytes"] <= data["budget_bytes"]
+    feasible = [p["step_ms"] for p in data["policies"] if p["feasible"]]
+    assert not feasible or data["best"]["step_ms"] <= min(feasible) + 1e-9
+    assert Plan.model_validate_json(plan_file.read_text()) == Plan.model_validate(data["best"]["plan"])
+
+
+def test_tune_prints_the_policy_table_and_the_plan() -> None:
+    code, out = invoke(
+        "tune", "vgg16", *SMALL, "--gpu", "k40", "--budget", budget("vgg16", 0.95, "k40"), "--trials", "20"
+    )
+    assert code == 0, out
+    for word in ("policy", "slowdown", "peak GiB", "feasible", "checkpoint_sqrt", "best plan", "modeled"):
+        assert word in out
+
+
+def test_tune_without_a_fitting_plan_exits_1() -> None:
+    code, out = invoke("tune", "resnet18", *SMALL, "--gpu", "h200", "--budget", "1MiB", "--trials", "10")
+    assert code == 1
+    assert "no plan fits" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("tune", "resnet18", "--budget", "twelve"), "not understood"),
+        (("tune", "resnet18", "--budget", "-3GiB"), "must be positive"),
+        (("tune", "resnet18", "--gpu", "h900"), "h900"),
+        (("tune", "resnet999"), "resnet999"),
+        (("tune", "resnet18", "--dtype", "int8"), "--dtype"),
+        (("simulate", "resnet18", "--policy", "magic"), "magic"),
+        (("tune", "resnet18", "--param", "image_size"), "KEY=VALUE"),
+    ],
+)
+def test_bad_input_is_refused_clearly(args: tuple[str, ...], message: str) -> None:
+    code, out = invoke(*args)
+    assert code == 2
+    assert message in out
+
+
+def test_simulate_a_policy_as_json() -> None:
+    code, out = invoke("simulate", "resnet18", *SMALL, "--policy", "checkpoint_sqrt", "--json")
+    assert code == 0, out
+    data = json.loads(out.strip().splitlines()[-1])
+    assert data["plan"]["label"] == "checkpoint_sqrt"
+    assert data["peak_bytes"] < data["unconstrained"]["peak_bytes"]
+    assert data["step_ms"] >= data["unconstrained"]["step_ms"]
+
+
+def test_profile_modeled_table_and_file(tmp_path: Path) -> None:
+    out_file = tmp_path / "p.json"
+    code, out = invoke("profile", "resnet18", *SMALL, "--gpu", "a100-80gb", "-o", str(out_file))
+    assert code == 0, out
+    assert "layer1.0" in out and "residual" in out
+    assert json.loads(out_file.read_text())["source"] == "modeled"
+
+
+def test_spec_file_model(tmp_path: Path) -> None:
+    spec = {"input_shape": [3, 16, 16], "layers": [
+        {"type": "conv2d", "out_channels": 8, "kernel_size": 3, "padding": 1}, {"type": "relu"},
+        {"type": "flatten"}, {"type": "linear", "out_features": 10}]}  # fmt: skip
+    path = tmp_path / "net.json"
+    path.write_text(json.dumps(spec))
+    code, out = invoke(
+        "tune", "spec", "--spec", str(path), "--batch", "4", "--budget", "1GiB", "--trials", "10", "--json"
+    )
+    assert code == 0, out
+    assert json.loads(out.strip().splitlines()[-1])["model"].startswith("spec:")
+    path.write_text(json.dumps({**spec, "layers": [{"type": "conv3d"}]}))
+    code, out = invoke("tune", "spec", "--spec", str(path))
+    assert code == 2 and "conv3d" in out
+
+
+def test_models_and_gpus_lists() -> None:
+    code, out = invoke("models")
+    assert code == 0 and "vgg516" in out and "gpt" in out
+    code, out = invoke("gpus")
+    assert code == 0 and "h200" in out and "k40" in out
