@@ -32,7 +32,8 @@ def invoke(*args: str) -> tuple[int, str]:
 
 def test_tune_json_has_the_documented_object(tmp_path: Path) -> None:
     plan_file = tmp_path / "plan.json"
-    code, out = invoke("tune", "resnet18", *SMALL, "--gpu", "h200", "--budget", budget("resnet18", 0.9), "--trials", "30",
+    limit = budget("resnet18", 0.9)
+    code, out = invoke("tune", "resnet18", *SMALL, "--gpu", "h200", "--budget", limit, "--trials", "30",
                        "--json", "--plan-out", str(plan_file))  # fmt: skip
     assert code == 0, out
     data = json.loads(out.strip().splitlines()[-1])
