@@ -218,34 +218,30 @@ def _stride_defaults_to_kernel(data: object) -> object:
     return data
 
 
-class MaxPool2dLayer(_Layer):
+class _Pool2dLayer(_Layer):
+    """Pooling window: ``stride`` defaults to ``kernel_size``; ``padding`` at most half the kernel."""
+
+    kernel_size: Pair
+    stride: Pair
+    padding: NonNegativePair = (0, 0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def default_stride(cls, data: Any) -> Any:
+        """``stride`` defaults to ``kernel_size``."""
+        return _stride_defaults_to_kernel(data)
+
+
+class MaxPool2dLayer(_Pool2dLayer):
     """Max pooling; ``stride`` defaults to ``kernel_size``; ``padding`` at most half the kernel."""
 
     type: Literal["maxpool2d"]
-    kernel_size: Pair
-    stride: Pair
-    padding: NonNegativePair = (0, 0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def default_stride(cls, data: Any) -> Any:
-        """``stride`` defaults to ``kernel_size``."""
-        return _stride_defaults_to_kernel(data)
 
 
-class AvgPool2dLayer(_Layer):
+class AvgPool2dLayer(_Pool2dLayer):
     """Average pooling; ``stride`` defaults to ``kernel_size``; ``padding`` at most half the kernel."""
 
     type: Literal["avgpool2d"]
-    kernel_size: Pair
-    stride: Pair
-    padding: NonNegativePair = (0, 0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def default_stride(cls, data: Any) -> Any:
-        """``stride`` defaults to ``kernel_size``."""
-        return _stride_defaults_to_kernel(data)
 
 
 class AdaptiveAvgPool2dLayer(_Layer):
