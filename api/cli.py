@@ -465,7 +465,7 @@ def bench(
     import torch
 
     from tuner.policies import POLICIES
-    from tuner.runtime.bench import bench_plans
+    from tuner.runtime.bench import BenchRow, bench_plans
     from tuner.search import tune as run_tune
     from tuner.simulator import simulate as run_sim
 
@@ -513,6 +513,27 @@ def bench(
             ("all offload, deferred", "variant", every),
             ("all offload, layer", "variant", every.with_(sync="layer")),
         ]
+    done: list[BenchRow] = []
+
+    def save(row: BenchRow) -> None:
+        """Write every row measured so far, so that an interrupted run still leaves its results."""
+        done.append(row)
+        if json_out is not None:
+            json_out.write_text(
+                json.dumps(
+                    {
+                        "model": prof.model,
+                        "batch": batch,
+                        "dtype": dtype,
+                        "device": ident.model_dump(),
+                        "unconstrained_simulated_peak_bytes": base_peak,
+                        "rows": [r.to_dict() for r in done],
+                    },
+                    indent=1,
+                )
+                + "\n"
+            )
+
     rows = bench_plans(
         chain,
         prof,
@@ -524,6 +545,7 @@ def bench(
         warmup=warmup,
         iters=iters,
         progress=lambda n: err.print(f"  measuring {n}"),
+        on_row=save,
     )
     for frac in fractions:
         b = int(frac * base_peak)
@@ -541,6 +563,7 @@ def bench(
             pytorch_builtins=False,
             warmup=warmup,
             iters=iters,
+            on_row=lambda row: None if row.kind == "unconstrained" else save(row),
         )[1:]
     base = rows[0].step_ms or float("nan")
     table = Table(
@@ -574,21 +597,6 @@ def bench(
         if row.error:
             table.add_row(f"  [dim]{row.error}[/]")
     out.print(table)
-    if json_out is not None:
-        json_out.write_text(
-            json.dumps(
-                {
-                    "model": prof.model,
-                    "batch": batch,
-                    "dtype": dtype,
-                    "device": ident.model_dump(),
-                    "unconstrained_simulated_peak_bytes": base_peak,
-                    "rows": [r.to_dict() for r in rows],
-                },
-                indent=1,
-            )
-            + "\n"
-        )
 
 
 def _conv_text(plan: Plan) -> str:

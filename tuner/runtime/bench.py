@@ -146,6 +146,7 @@ def bench_plans(
     warmup: int = 3,
     iters: int = 10,
     progress: Callable[[str], None] | None = None,
+    on_row: Callable[[BenchRow], None] | None = None,
 ) -> list[BenchRow]:
     """Measure the unconstrained step, each ``(name, kind, plan)`` and PyTorch's built-ins on CUDA.
 
@@ -158,6 +159,7 @@ def bench_plans(
         pytorch_builtins: also measure ``save_on_cpu(pin_memory=True)`` and ``checkpoint_sequential``.
         warmup, iters: warm-up and timed steps per configuration.
         progress: called with the name of each configuration as it starts.
+        on_row: called with each row as soon as it is measured (e.g. to save partial results).
 
     Returns:
         One row per configuration, the unconstrained one first.
@@ -234,6 +236,8 @@ def bench_plans(
         finally:
             opt.zero_grad(set_to_none=True)
             _clean()
+        if on_row is not None:
+            on_row(rows[-1])
 
     run("unconstrained", "unconstrained", seq, plan=Plan.uniform(profile.n_stages, label="none"))
     for name, kind, plan in plans:
