@@ -41,10 +41,12 @@ def main() -> None:
     for cap_name, cap in (("capped", budget), ("uncapped", int(total * 0.95))):
         rows = bench_plans(chain, prof, batch, dtype, cap, plans, pytorch_builtins=False, warmup=2, iters=6)
         for r in rows:
-            print(f"{cap_name:9s} {r.name:24s} step {r.step_ms and round(r.step_ms, 1)} ms (sim "
-                  f"{r.predicted_step_ms and round(r.predicted_step_ms, 1)}) peak "
-                  f"{r.peak_bytes and round(r.peak_bytes / 2**30, 2)} GiB (sim "
-                  f"{r.predicted_peak_bytes and round(r.predicted_peak_bytes / 2**30, 2)}) {r.error or ''}"[:200])
+            print(
+                f"{cap_name:9s} {r.name:24s} step {r.step_ms and round(r.step_ms, 1)} ms (sim "
+                f"{r.predicted_step_ms and round(r.predicted_step_ms, 1)}) peak "
+                f"{r.peak_bytes and round(r.peak_bytes / 2**30, 2)} GiB (sim "
+                f"{r.predicted_peak_bytes and round(r.predicted_peak_bytes / 2**30, 2)}) {r.error or ''}"[:200]
+            )
 
 
 if __name__ == "__main__":
