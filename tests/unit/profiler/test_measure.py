@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from small_chains import small_chain
 from torch import nn
 
 from profiler.chain import ModelChain, flatten
@@ -11,25 +12,6 @@ from profiler.errors import ProfilerError
 from profiler.measure import model_input, profile, time_stage
 from profiler.modeled import modeled_profile
 from profiler.profile import Profile
-
-
-def small_chain() -> ModelChain:
-    return ModelChain(
-        "small",
-        flatten(
-            nn.Sequential(
-                nn.Conv2d(3, 4, 3, padding=1),
-                nn.ReLU(inplace=True),
-                nn.MaxPool2d(2),
-                nn.Conv2d(4, 8, 3, padding=1),
-                nn.ReLU(inplace=True),
-                nn.Flatten(),
-                nn.Dropout(),
-                nn.Linear(8 * 16, 10),
-            )
-        ),
-        (3, 8, 8),
-    )
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from small_chains import small_chain
 from torch import nn
 
 from profiler.chain import ModelChain, flatten
@@ -16,25 +17,6 @@ from profiler.modeled import LAUNCH_MS, MEMORY_EFFICIENCY, SIMT_EFFICIENCY, mode
 from profiler.profile import Profile
 from profiler.stagefacts import StageFacts
 from profiler.storages import saved_storage_table
-
-
-def small_chain() -> ModelChain:
-    return ModelChain(
-        "small",
-        flatten(
-            nn.Sequential(
-                nn.Conv2d(3, 4, 3, padding=1),
-                nn.ReLU(inplace=True),
-                nn.MaxPool2d(2),
-                nn.Conv2d(4, 8, 3, padding=1),
-                nn.ReLU(inplace=True),
-                nn.Flatten(),
-                nn.Dropout(),
-                nn.Linear(8 * 16, 10),
-            )
-        ),
-        (3, 8, 8),
-    )
 
 
 def wide_chain() -> ModelChain:
