@@ -7,9 +7,15 @@ This is DESIGN.md's "Plan" section made exact; the simulator (``tuner.simulator`
 * ``keep``: the stage's saved tensors stay on the GPU until its backward.
 * ``offload``: the stage's saved tensors are copied to pinned host memory on a copy stream as soon as
   they exist; the GPU copy is freed once the copy completes and the forward no longer reads it. With
-  ``sync="layer"`` (vDNN) compute waits for the copy at the end of the last forward use; with
-  ``sync="deferred"`` (HMMS) it never waits, and the memory is released when the copy completes. The
-  copy comes back ``prefetch_lookahead`` stages before the backward that first needs it. With
+  ``sync="layer"`` (vDNN) compute waits for the copy at the end of the last forward use. With
+  ``sync="deferred"`` the wait is put off by ``sync_delay`` stages: a storage packed during stage P's
+  forward is waited for, and freed, at the end of forward stage max(last forward use, P + sync_delay), so
+  the copy overlaps ``sync_delay`` stages of compute; when that stage is past the forward's end the
+  storage stays on the GPU and its backward uses it in place (the copy was wasted). ``sync_delay`` 0 is
+  ``layer``. Compute never waits on the host: the wait is a stream wait, so the runtime frees exactly
+  where the simulator does, however far the host runs ahead of the GPU (NOTE [ Deferred frees ] in
+  ``tuner.simulator``). The copy comes back ``prefetch_lookahead`` stages before the backward that first
+  needs it. With
   ``sync="points"`` (HMMS Algorithm 1) compute waits for every outstanding copy at the end of each stage
   in ``sync_points`` and the copies finished by then are freed there. With ``sync="inline"`` (PyTorch's
   ``save_on_cpu``) copies run on the compute stream, blocking it, and come back only when needed.
@@ -90,6 +96,13 @@ class Plan(BaseModel):
     actions: tuple[Action, ...] = Field(min_length=1)
     prefetch_lookahead: int = Field(default=2, ge=0, le=1024, description="stages")
     sync: SyncMode = "deferred"
+    sync_delay: int = Field(
+        default=2,
+        ge=0,
+        le=1024,
+        description="stages; under sync='deferred', how many stages after its pack stage an offloaded storage "
+        "is waited for and freed",
+    )
     sync_points: tuple[int, ...] = Field(default=(), description="stage indices, for sync='points'")
     conv_rule: ConvRule = "default"
     conv_workspace_limit_bytes: int | None = Field(default=None, ge=0)

@@ -3,7 +3,8 @@
 # NOTE [ Search space ]
 A trial chooses a cumulative-threshold value ``threshold`` (Layup's rule, ``tuner.policies.layup_cumulative``,
 gives every stage a default action), an override per stage ``aNNN`` in {auto, keep, offload, recompute},
-``lookahead`` (prefetch stages) and ``sync`` (deferred or layer). ``auto`` takes the threshold rule's action,
+``lookahead`` (prefetch stages), ``sync`` (deferred or layer) and ``sync_delay`` (stages a deferred copy may
+overlap before compute waits for it). ``auto`` takes the threshold rule's action,
 so the search starts from the published policy and edits it stage by stage.
 
 Every baseline policy is evaluated and enqueued as one of the first trials, so the result is never worse than
@@ -40,9 +41,12 @@ Mode = Literal["fastest", "pareto"]
 _CHOICES = ("auto", "keep", "offload", "recompute")
 _SYNCS = ("deferred", "layer")
 _MAX_LOOKAHEAD = 8
+_MAX_SYNC_DELAY = 16
 _THRESHOLD_RANGE = (0.05, 20.0)
 _CONV_RULES = ("default", "fastest", "memory_optimal", "fastest_within")
 _MAX_WS_CAP_MIB = 16384
+_Knobs = tuple[int, str, int, str, int | None]
+"""lookahead, sync, sync_delay, conv_rule, conv workspace cap bytes: a plan's knobs in the local descent"""
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ def decode_params(params: dict[str, Any], n: int, threshold_actions: Callable[[f
         actions=tuple(actions),
         prefetch_lookahead=int(params.get("lookahead", 2)),
         sync=params.get("sync", "deferred"),
+        sync_delay=int(params.get("sync_delay", 2)),
         label="optuna",
         **_conv_knobs(params.get("conv_rule", "default"), params.get("ws_cap_mib")),
     )
@@ -162,7 +167,7 @@ class _Search:
         self.front_pool: list[FrozenTrial] = []
         self.peak_range: tuple[int, int] | None = None
         self.descent_evals = max(60, 4 * self.n)
-        self._templates: dict[tuple[int, str, str, int | None], Plan] = {}
+        self._templates: dict[_Knobs, Plan] = {}
         self.has_conv_algos = any(c.algos for st in profile.stages for c in st.convs)
 
     def threshold_actions(self, threshold: float) -> tuple[Action, ...]:
@@ -182,6 +187,7 @@ class _Search:
             params[f"a{k:03d}"] = trial.suggest_categorical(f"a{k:03d}", _CHOICES)
         params["lookahead"] = trial.suggest_int("lookahead", 0, _MAX_LOOKAHEAD)
         params["sync"] = trial.suggest_categorical("sync", _SYNCS)
+        params["sync_delay"] = trial.suggest_int("sync_delay", 0, _MAX_SYNC_DELAY)
         if self.has_conv_algos:
             params["conv_rule"] = trial.suggest_categorical("conv_rule", _CONV_RULES)
             params["ws_cap_mib"] = trial.suggest_int("ws_cap_mib", 1, _MAX_WS_CAP_MIB, log=True)
@@ -201,6 +207,7 @@ class _Search:
         trial.set_user_attr("actions", plan.compact())
         trial.set_user_attr("lookahead", plan.prefetch_lookahead)
         trial.set_user_attr("sync", plan.sync)
+        trial.set_user_attr("sync_delay", plan.sync_delay)
         trial.set_user_attr("conv_rule", plan.conv_rule)
         trial.set_user_attr("conv_workspace_limit_bytes", plan.conv_workspace_limit_bytes)
         trial.set_constraint("peak_over_budget_bytes", float(r.peak_bytes - self.budget))
@@ -220,20 +227,22 @@ class _Search:
 
     def descend(self, plan: Plan, budget: int) -> tuple[Plan, SimResult]:
         actions = list(plan.actions)
-        knobs: tuple[int, str, str, int | None] = (
+        knobs: _Knobs = (
             plan.prefetch_lookahead,
             plan.sync,
+            plan.sync_delay,
             plan.conv_rule,
             plan.conv_workspace_limit_bytes,
         )
 
-        def template(k: tuple[int, str, str, int | None]) -> Plan:
+        def template(k: _Knobs) -> Plan:
             if k not in self._templates:
-                la_, sync_, rule_, cap_ = k
+                la_, sync_, delay_, rule_, cap_ = k
                 self._templates[k] = Plan(
                     actions=tuple(actions),
                     prefetch_lookahead=la_,
                     sync=sync_,  # type: ignore[arg-type]
+                    sync_delay=delay_,
                     conv_rule=rule_,  # type: ignore[arg-type]
                     conv_workspace_limit_bytes=cap_,
                     label="optuna",
@@ -246,8 +255,8 @@ class _Search:
         improved = True
         while improved and evals < self.descent_evals:
             improved = False
-            la, sync, rule, cap = knobs
-            moves: list[tuple[list[Action], tuple[int, str, str, int | None]]] = []
+            la, sync, delay, rule, cap = knobs
+            moves: list[tuple[list[Action], _Knobs]] = []
             for k in range(self.n):
                 for a in Action:
                     if a is not actions[k]:
@@ -255,14 +264,20 @@ class _Search:
                         acts[k] = a
                         moves.append((acts, knobs))
             moves += [
-                (actions, (v, sync, rule, cap)) for v in (la - 2, la - 1, la + 1, la + 2) if 0 <= v <= _MAX_LOOKAHEAD
+                (actions, (v, sync, delay, rule, cap))
+                for v in (la - 2, la - 1, la + 1, la + 2)
+                if 0 <= v <= _MAX_LOOKAHEAD
             ]
-            moves.append((actions, (la, "layer" if sync == "deferred" else "deferred", rule, cap)))
+            moves.append((actions, (la, "layer" if sync == "deferred" else "deferred", delay, rule, cap)))
+            if sync == "deferred":
+                moves += [
+                    (actions, (la, sync, d, rule, cap)) for d in (delay - 1, delay + 1) if 0 <= d <= _MAX_SYNC_DELAY
+                ]
             if self.has_conv_algos:
-                moves += [(actions, (la, sync, r, None)) for r in _CONV_RULES[:3] if r != rule]
+                moves += [(actions, (la, sync, delay, r, None)) for r in _CONV_RULES[:3] if r != rule]
                 for c in (cap or (256 << 20)) // 2, (cap or (256 << 20)) * 2, 64 << 20, 1 << 30:
                     if 0 < c <= _MAX_WS_CAP_MIB << 20 and (rule, cap) != ("fastest_within", c):
-                        moves.append((actions, (la, sync, "fastest_within", c)))
+                        moves.append((actions, (la, sync, delay, "fastest_within", c)))
             self.rng.shuffle(moves)
             for acts, k2 in moves:
                 if evals >= self.descent_evals:
@@ -323,6 +338,9 @@ class _Search:
             p["lookahead"] = min(_MAX_LOOKAHEAD, max(0, int(p.get("lookahead", 2)) + rng.choice((-2, -1, 1, 2))))
         if rng.random() < 0.08:
             p["sync"] = "layer" if p.get("sync") == "deferred" else "deferred"
+        if rng.random() < 0.15:
+            d = int(p.get("sync_delay", 2)) + rng.choice((-1, 1))
+            p["sync_delay"] = min(_MAX_SYNC_DELAY, max(0, d))
         if self.has_conv_algos and rng.random() < 0.15:
             p["conv_rule"] = rng.choice(_CONV_RULES)
             p["ws_cap_mib"] = min(
@@ -339,6 +357,7 @@ class _Search:
             attrs["actions"],
             prefetch_lookahead=attrs["lookahead"],
             sync=attrs["sync"],
+            sync_delay=attrs.get("sync_delay", 2),
             conv_rule=attrs.get("conv_rule", "default"),
             conv_workspace_limit_bytes=attrs.get("conv_workspace_limit_bytes"),
             label="optuna",
@@ -354,6 +373,7 @@ def _params_for(plan: Plan, with_conv: bool = False) -> dict[str, Any]:
         params[f"a{k:03d}"] = a.value
     params["lookahead"] = min(_MAX_LOOKAHEAD, plan.prefetch_lookahead)
     params["sync"] = plan.sync if plan.sync in _SYNCS else "layer"
+    params["sync_delay"] = min(_MAX_SYNC_DELAY, plan.sync_delay)
     if with_conv:
         params["conv_rule"] = plan.conv_rule
         cap = plan.conv_workspace_limit_bytes

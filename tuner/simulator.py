@@ -11,8 +11,9 @@ Resident for the whole step (``base``): parameters, optimizer state (SGD momentu
 2x) and the batch input. In forward, stage k allocates the storages it produces at its start together
 with its transient workspace, frees the workspace at its end, and frees every storage nobody keeps once
 its last forward reader (the next stage, or a later stage that saves it) has run. Offloaded storages are
-freed when their copy is done (and the forward no longer reads them): at once with ``deferred`` sync,
-with compute waiting at the last reader under ``layer`` sync, at the next sync point under ``points``.
+freed where compute waits for their copy (and the forward no longer reads them): at the last reader under
+``layer`` sync, ``sync_delay`` stages after the pack stage under ``deferred``, at the next sync point under
+``points`` (NOTE [ Deferred frees ]).
 In backward, stage k allocates the gradient of its input, its parameters' gradients (kept to the end of
 the step) and its workspace; it frees its output's gradient and its workspace at its end, and the saved
 storages whose last reader it is. Prefetch buffers are allocated when the prefetch is issued.
@@ -122,9 +123,8 @@ class Simulator:
         self.pgrad = [s.param_bytes for s in st]
         self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
         self._conv_costs: dict[object, tuple[list[float], list[float], list[int], list[int]]] = {}
-        self._full = _StorageTables(profile)
-        # merged storages give the same numbers except under deferred sync (see merge_storages)
-        self._merged = _StorageTables(merge_storages(profile)) if merge else self._full
+        # merged storages give the same numbers under every sync mode (see merge_storages)
+        self._tables = _StorageTables(merge_storages(profile) if merge else profile)
 
     # ------------------------------------------------------------------------------------------------
     def run(self, plan: Plan, *, timeline: bool = False, check: bool = True) -> SimResult:
@@ -181,7 +181,7 @@ class Simulator:
         out = self.out
         fwd, bwd, ws_f, ws_b = self.stage_costs(plan)
         sync = plan.sync
-        tab = self._full if sync == "deferred" else self._merged
+        tab = self._tables
         s_bytes, s_last, s_d2h, s_h2d = tab.s_bytes, tab.s_last_use, tab.s_d2h, tab.s_h2d
         inline = sync == "inline"
         lookahead = 0 if inline else plan.prefetch_lookahead
@@ -193,7 +193,7 @@ class Simulator:
         # ---- plan-dependent tables --------------------------------------------------------------
         # storages to copy, by the stage at whose forward end the copy is issued
         copy_at: list[list[int]] = [[] for _ in range(n)]
-        # offloaded storages to free, by the stage whose end frees them (layer/points/inline sync)
+        # offloaded storages to free, by the stage whose end waits for their copies and frees them
         free_at_sync: list[list[int]] = [[] for _ in range(n)]
         # storages no one keeps: freed at the end of their last forward reader
         drop_at: list[list[int]] = [[] for _ in range(n)]
@@ -208,12 +208,19 @@ class Simulator:
                 copy_at[max(p, f.copy_stage - 1)].append(sid)
             if f.fate == "none" and sid != final_out:
                 drop_at[s_last[sid]].append(sid)
-            elif f.fate == "offload" and sync != "deferred":
+            elif f.fate == "offload":
                 at = s_last[sid]
                 if sync == "points":
                     at = next((q for q in sync_points if q >= at), n - 1)
                 elif inline:
                     at = max(at, max(p, f.copy_stage - 1))
+                elif sync == "deferred":
+                    # NOTE [ Deferred frees ]: compute waits for the copy (a stream wait, never the host) and
+                    # frees it at the end of stage copy_stage + sync_delay; past the forward's end the storage
+                    # stays resident and its backward uses it in place (no prefetch, a wasted copy)
+                    at = max(at, f.copy_stage + plan.sync_delay)
+                    if at >= n:
+                        continue
                 free_at_sync[at].append(sid)
 
         # ---- forward ----------------------------------------------------------------------------
@@ -222,25 +229,15 @@ class Simulator:
         copy_done = [0.0] * len(s_bytes)
         fstall = [0.0] * n
         d2h_bytes = 0
-        # NOTE [ Deferred frees ]: with deferred sync an offloaded storage is freed at the first stage
-        # boundary at which its copy is complete and its last forward reader has run (the runtime polls the
-        # copy's event there). If backward wants it before that, the GPU copy is used and no prefetch runs.
-        # So an offloaded storage is resident in a subset of the program points where a kept one is.
-        pending: list[int] = []
+        # NOTE [ Deferred frees ]: an offloaded storage is freed only where compute waits for its copy, at
+        # a stage boundary fixed by the plan (free_at_sync), never "when the copy happens to be done". The
+        # runtime cannot do the latter faithfully: the host enqueues work far ahead of the GPU, so a host
+        # poll at a boundary sees copies the GPU finished long ago as pending (measured on the H200: all
+        # offload, "free when seen done", peaked at the unconstrained 20.9 GiB). A stream wait costs no host
+        # time and orders the free on the compute stream, where the caching allocator reuses it.
         freed = [False] * len(s_bytes)
 
-        def poll(k_next: int, label: str) -> None:
-            if not pending:
-                return
-            gone = [sid for sid in pending if s_last[sid] < k_next and copy_done[sid] <= t]
-            if gone:
-                for sid in gone:
-                    pending.remove(sid)
-                    freed[sid] = True
-                ev((t, -sum(s_bytes[sid] for sid in gone), label))
-
         for k in range(n):
-            poll(k, f"fwd {k} offloads done")
             alloc = ws_f[k]
             for sid in tab.produced[k]:
                 alloc += s_bytes[sid]
@@ -256,8 +253,6 @@ class Simulator:
                 else:
                     d2h_free = max(d2h_free, t) + s_d2h[sid]
                     copy_done[sid] = d2h_free
-                    if sync == "deferred" and fates[sid].fate == "offload":
-                        pending.append(sid)
             if free_at_sync[k]:
                 wait = max(copy_done[sid] for sid in free_at_sync[k])
                 if sync == "points":  # HMMS waits for every copy issued so far
@@ -311,11 +306,8 @@ class Simulator:
         ev((t, out[n - 1], "loss grad"))
         bwd_start = t
         for k in range(n - 1, -1, -1):
-            poll(n, f"bwd {k} offloads done")
             for sid in prefetch_at[k]:
-                if not freed[sid]:  # still on the GPU: use it, cancel the pending free
-                    if sid in pending:
-                        pending.remove(sid)
+                if not freed[sid]:  # still on the GPU (deferred past the forward's end): used in place
                     ready[sid] = t
                     continue
                 h2d_bytes += s_bytes[sid]
@@ -383,9 +375,8 @@ def merge_storages(profile: Profile) -> Profile:
 
     Storages that are no stage's output and have the same producer and the same savers always get the same
     fate under any plan (NOTE [ Plan semantics ]); merging them (bytes and copy times add up) changes no
-    number under ``layer``, ``points`` and ``inline`` sync (the copy queue keeps its order; a test checks
-    this). Under ``deferred`` sync it would (a group would be freed only when its last copy completes), so
-    the simulator uses the full table there. A residual block's dozens of internal storages become one or two.
+    number under any sync mode (members are freed together, where compute waits for all of them; the copy
+    queue keeps its order; a test checks this). A residual block's dozens of internal storages become one or two.
     """
     outputs = {st.output_storage for st in profile.stages if st.output_storage is not None}
     d2h, h2d = storage_copy_ms(profile)

@@ -201,6 +201,22 @@ def test_offload_and_recompute_reduce_peak_memory() -> None:
     assert recompute < 0.8 * keep, (recompute, keep)
 
 
+def test_deferred_frees_where_the_plan_says_however_far_the_host_runs_ahead() -> None:
+    """NOTE [ Deferred frees ]: the free is a stream wait at a planned stage, not a host poll. Freed one stage
+    after packing, offloaded storages leave the peak; deferred past the forward's end, they all stay."""
+    torch.manual_seed(0)
+    chain = zoo.build("resnet50", {"image_size": 128, "num_classes": 10})
+    for stage in chain.stages:
+        stage.module.to(DEVICE)
+    x = model_input(chain, 32, DEVICE)
+    n = len(chain)
+    keep = peak_step_bytes(planned(chain, Plan.uniform(n)), x)
+    soon = peak_step_bytes(planned(chain, Plan.uniform(n, Action.OFFLOAD, sync_delay=1, prefetch_lookahead=1)), x)
+    never = peak_step_bytes(planned(chain, Plan.uniform(n, Action.OFFLOAD, sync_delay=n)), x)
+    assert soon < 0.6 * keep, (soon, keep)
+    assert never > 0.9 * keep, (never, keep)
+
+
 def test_budget_guard_raises_plan_oom_and_the_next_step_runs() -> None:
     torch.manual_seed(0)
     chain = zoo.build("vgg16", {"image_size": 128, "num_classes": 10})

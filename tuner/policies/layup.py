@@ -46,7 +46,8 @@ def layup(profile: Profile, budget_bytes: int, *, watershed: float = WATERSHED) 
     """Layup's layer-adaptive choice: offload where T_transfer / T_forward < 2, else recompute.
 
     Each stage's threshold (``layup_thresholds``) is compared with the watershed: below it the stage is
-    ``offload`` (the copy overlaps compute on a separate stream: ``sync="deferred"``), at or above it
+    ``offload`` (the copy overlaps compute on a separate stream: ``sync="deferred"``, waited for two
+    stages later, as a copy under the watershed takes less than two forward times), at or above it
     ``recompute`` (dropped in forward, re-made by an extra forward in backward). ``budget_bytes`` is
     not used: the rule is per layer and static.
 
@@ -62,4 +63,4 @@ def layup(profile: Profile, budget_bytes: int, *, watershed: float = WATERSHED) 
     if not watershed > 0:
         raise ValueError(f"layup watershed must be a positive number, not {watershed!r}")
     actions = tuple(Action.OFFLOAD if t < watershed else Action.RECOMPUTE for t in layup_thresholds(profile))
-    return Plan(actions=actions, sync="deferred", label="layup")
+    return Plan(actions=actions, sync="deferred", sync_delay=2, label="layup")

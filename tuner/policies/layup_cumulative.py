@@ -83,10 +83,12 @@ def cumulative_steps(profile: Profile, *, threshold: float = 1.0) -> tuple[Cumul
 def layup_cumulative(profile: Profile, budget_bytes: int, *, threshold: float = 1.0) -> Plan:
     """Checkpoints by cumulative threshold (module docstring): checkpoints offload, the rest recompute.
 
-    Copies run on a transfer stream beside compute and are freed when done (``sync="deferred"``); the
-    previous checkpoint is fetched while the current segment is re-run, so the prefetch looks ahead one
-    checkpoint interval (the longest gap between checkpoints, at least 1 stage). ``budget_bytes`` is
-    not used: the rule is static; the search tunes ``threshold`` instead.
+    Copies run on a transfer stream beside compute (``sync="deferred"``) and compute waits for a
+    checkpoint's copy one checkpoint interval later (``sync_delay``: the copy overlaps the next segment's
+    forward, which is what the threshold compares it with); the previous checkpoint is fetched while the
+    current segment is re-run, so the prefetch looks ahead one checkpoint interval (the longest gap
+    between checkpoints, at least 1 stage). ``budget_bytes`` is not used: the rule is static; the search
+    tunes ``threshold`` instead.
 
     Args:
         profile: the chain's profile.
@@ -106,5 +108,6 @@ def layup_cumulative(profile: Profile, budget_bytes: int, *, threshold: float = 
         actions=actions,
         sync="deferred",
         prefetch_lookahead=min(1024, max(1, gap)),
+        sync_delay=min(1024, max(1, gap)),
         label="layup_cumulative",
     )

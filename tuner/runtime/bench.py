@@ -58,6 +58,8 @@ class BenchRow:
     error: str | None = None
     offload_stats: dict[str, float] | None = None
     """the runtime's offload counters per timed step (``OffloadStats``), for our plans"""
+    reserved_bytes: int | None = None
+    """peak bytes the caching allocator reserved from the GPU (``max_memory_reserved``): what the cap sees"""
 
     @property
     def step_error(self) -> float | None:
@@ -99,10 +101,11 @@ def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(out.float(), y)
 
 
-def measure_step(step: Callable[[], None], *, warmup: int = 3, iters: int = 10) -> tuple[float, int]:
-    """Median ms of ``step`` over ``iters`` timed runs after ``warmup`` runs, and the peak bytes allocated.
+def measure_step(step: Callable[[], None], *, warmup: int = 3, iters: int = 10) -> tuple[float, int, int]:
+    """Median ms of ``step`` over ``iters`` timed runs after ``warmup`` runs, the peak bytes allocated and
+    the peak bytes reserved by the caching allocator.
 
-    Times with CUDA events around each step; resets ``max_memory_allocated`` after warm-up.
+    Times with CUDA events around each step; resets the peak statistics after warm-up.
     """
     for _ in range(warmup):
         step()
@@ -116,7 +119,7 @@ def measure_step(step: Callable[[], None], *, warmup: int = 3, iters: int = 10) 
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times), torch.cuda.max_memory_allocated()
+    return statistics.median(times), torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
 
 
 @contextlib.contextmanager
@@ -209,7 +212,7 @@ def bench_plans(
         try:
             with guard():
                 before = dataclasses.asdict(model.stats) if isinstance(model, PlannedModel) else None
-                ms, peak = measure_step(step, warmup=warmup, iters=iters)
+                ms, peak, reserved = measure_step(step, warmup=warmup, iters=iters)
                 stats = None
                 if before is not None and isinstance(model, PlannedModel):
                     after = dataclasses.asdict(model.stats)
@@ -227,6 +230,7 @@ def bench_plans(
                     budget_bytes,
                     plan.compact() if plan else None,
                     offload_stats=stats,
+                    reserved_bytes=reserved,
                 )
             )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:

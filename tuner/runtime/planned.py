@@ -211,6 +211,7 @@ class PlannedModel(nn.Module):
             sync_points=plan.sync_points,
             lookahead=plan.prefetch_lookahead,
             exclude_ptrs=exclude,
+            sync_delay=plan.sync_delay,
         )
         self._step = step
         actions = plan.actions
@@ -231,7 +232,7 @@ class PlannedModel(nn.Module):
                 else:
                     offloading = actions[i] is Action.OFFLOAD
                 # what is packed here is first needed by the backward of stage j
-                with step.hooks(j) if offloading else contextlib.nullcontext():
+                with step.hooks(i, j) if offloading else contextlib.nullcontext():
                     if kind == "segment":
                         x = self._segments[i](x, modules, mark, started)
                     else:

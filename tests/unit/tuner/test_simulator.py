@@ -67,7 +67,7 @@ def test_offloading_never_raises_peak() -> None:
 def test_offload_lowers_peak_when_copies_hide() -> None:
     p = linear_chain(6, forward_ms=50.0)  # 100 MiB copies take 10.5 ms: they hide behind 50 ms stages
     keep = simulate(p, Plan.uniform(6))
-    off = simulate(p, Plan.from_actions("kooook"))
+    off = simulate(p, Plan.from_actions("kooook", sync_delay=1))
     assert off.peak_bytes < keep.peak_bytes
     assert off.stall_ms == 0
     assert off.step_ms == pytest.approx(keep.step_ms)
@@ -144,7 +144,7 @@ def test_simulator_is_deterministic() -> None:
 
 
 def test_merging_storages_changes_no_number() -> None:
-    """merge_storages changes no number under layer/inline sync (see NOTE [ Deferred frees ] for deferred)."""
+    """merge_storages changes no number under any sync mode (members are freed together)."""
     from profiler.modeled import modeled_profile
     from profiler.zoo import build
     from tuner.simulator import merge_storages
@@ -157,9 +157,31 @@ def test_merging_storages_changes_no_number() -> None:
         plan = Plan(
             actions=tuple(rng.choice(list(Action)) for _ in range(profile.n_stages)),
             prefetch_lookahead=rng.randint(0, 4),
-            sync=rng.choice(["layer", "inline"]),
+            sync=rng.choice(["layer", "inline", "deferred"]),
+            sync_delay=rng.randint(0, 5),
         )
         a, b = fast.run(plan), slow.run(plan)
         assert a.peak_bytes == b.peak_bytes
         assert a.step_ms == pytest.approx(b.step_ms, rel=1e-12)
         assert a.stall_ms == pytest.approx(b.stall_ms, rel=1e-9, abs=1e-9)
+
+
+def test_deferred_waits_sync_delay_stages_after_the_pack_stage() -> None:
+    """NOTE [ Deferred frees ]: x_0 (offloaded by stage 1) is copied from t=1 to t=6 (5 ms); compute waits for it
+    at the end of stage 1 + sync_delay, i.e. at t = 2 + delay, and stalls for what is left of the copy."""
+    p = linear_chain(6, forward_ms=1.0, copy_ms=5.0)
+    plain = sum(s.forward_ms + s.backward_ms for s in p.stages)
+    keep = simulate(p, Plan.uniform(6))
+    layer = simulate(p, Plan.from_actions("kokkkk", sync="layer"))
+    for delay, stall in ((0, 4.0), (1, 3.0), (2, 2.0), (4, 0.0)):
+        r = simulate(p, Plan.from_actions("kokkkk", sync="deferred", sync_delay=delay))
+        assert sum(r.forward_stalls_ms) == pytest.approx(stall), delay
+        assert r.forward_stalls_ms[1 + delay] == pytest.approx(stall)
+        assert r.d2h_bytes == r.h2d_bytes == 100 * MiB
+        assert r.peak_bytes < keep.peak_bytes
+    zero = simulate(p, Plan.from_actions("kokkkk", sync="deferred", sync_delay=0))
+    assert (zero.step_ms, zero.peak_bytes) == (layer.step_ms, layer.peak_bytes)  # delay 0 is vDNN's layer sync
+    # past the forward's end: copied (wasted), never freed, used in place by backward, no stall
+    late = simulate(p, Plan.from_actions("kokkkk", sync="deferred", sync_delay=5))
+    assert late.d2h_bytes == 100 * MiB and late.h2d_bytes == 0
+    assert late.step_ms == pytest.approx(plain) and late.peak_bytes == keep.peak_bytes
