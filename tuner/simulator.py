@@ -193,11 +193,19 @@ class Simulator:
         # ---- plan-dependent tables --------------------------------------------------------------
         # storages to copy, by the stage at whose forward end the copy is issued
         copy_at: list[list[int]] = [[] for _ in range(n)]
-        # offloaded storages to free, by the stage whose end waits for their copies and frees them
+        # copies compute waits for, by the stage at whose end it waits (the runtime's end_stage, which for a
+        # recompute segment runs after the whole segment: prog_end); offloaded storages to free, by stage
+        wait_at: list[list[int]] = [[] for _ in range(n)]
         free_at_sync: list[list[int]] = [[] for _ in range(n)]
+        # copies never waited for in forward, by the backward stage whose first unpack waits for them
+        late_wait_at: list[list[int]] = [[] for _ in range(n)]
         # storages no one keeps: freed at the end of their last forward reader
         drop_at: list[list[int]] = [[] for _ in range(n)]
         sync_points = sorted(plan.sync_points) if sync == "points" else []
+        prog_end = list(range(n))
+        for i, j in segments(actions):
+            for r in range(i, j + 1):
+                prog_end[r] = j
         # the model's output is read by the loss and held by the caller until backward has used it
         final_out = tab.output_storage[n - 1]
         for sid, f in enumerate(fates):
@@ -208,20 +216,28 @@ class Simulator:
                 copy_at[max(p, f.copy_stage - 1)].append(sid)
             if f.fate == "none" and sid != final_out:
                 drop_at[s_last[sid]].append(sid)
-            elif f.fate == "offload":
-                at = s_last[sid]
-                if sync == "points":
-                    at = next((q for q in sync_points if q >= at), n - 1)
-                elif inline:
-                    at = max(at, max(p, f.copy_stage - 1))
-                elif sync == "deferred":
-                    # NOTE [ Deferred frees ]: compute waits for the copy (a stream wait, never the host) and
-                    # frees it at the end of stage copy_stage + sync_delay; past the forward's end the storage
-                    # stays resident and its backward uses it in place (no prefetch, a wasted copy)
-                    at = max(at, f.copy_stage + plan.sync_delay)
-                    if at >= n:
-                        continue
-                free_at_sync[at].append(sid)
+                continue
+            if not f.copied:
+                continue
+            # NOTE [ Deferred frees ]: where compute waits for the copy (a stream wait, never the host)
+            w: int | None
+            if inline:
+                w = max(s_last[sid], max(p, f.copy_stage - 1))
+            elif sync == "layer":
+                w = prog_end[f.copy_stage]
+            elif sync == "deferred":
+                due = f.copy_stage + plan.sync_delay
+                w = prog_end[due] if due < n else None
+            else:  # points: the first sync point at or after the pack
+                q = next((q for q in sync_points if q >= f.copy_stage), None)
+                w = prog_end[q] if q is not None else None
+            if w is None:
+                # never waited for in forward: stays resident, backward uses it in place after waiting
+                late_wait_at[f.need].append(sid)
+                continue
+            wait_at[w].append(sid)
+            if f.fate == "offload":
+                free_at_sync[max(w, s_last[sid])].append(sid)
 
         # ---- forward ----------------------------------------------------------------------------
         t = 0.0
@@ -253,13 +269,14 @@ class Simulator:
                 else:
                     d2h_free = max(d2h_free, t) + s_d2h[sid]
                     copy_done[sid] = d2h_free
-            if free_at_sync[k]:
-                wait = max(copy_done[sid] for sid in free_at_sync[k])
+            if wait_at[k] or (sync == "points" and k in sync_points):
+                wait = max((copy_done[sid] for sid in wait_at[k]), default=0.0)
                 if sync == "points":  # HMMS waits for every copy issued so far
                     wait = max(wait, d2h_free)
                 if wait > t:
                     fstall[k] += wait - t
                     t = wait
+            if free_at_sync[k]:
                 for sid in free_at_sync[k]:
                     freed[sid] = True
                 ev((t, -sum(s_bytes[sid] for sid in free_at_sync[k]), f"fwd {k} offloaded"))
@@ -306,9 +323,13 @@ class Simulator:
         ev((t, out[n - 1], "loss grad"))
         bwd_start = t
         for k in range(n - 1, -1, -1):
+            for sid in late_wait_at[k]:  # used in place: its first unpack waits for its copy
+                ready[sid] = copy_done[sid]
+                if fates[sid].fate == "keep" and copy_done[sid] > t:
+                    bstall[k] += copy_done[sid] - t
+                    t = copy_done[sid]
             for sid in prefetch_at[k]:
-                if not freed[sid]:  # still on the GPU (deferred past the forward's end): used in place
-                    ready[sid] = t
+                if not freed[sid]:  # still on the GPU (never waited for in forward): used in place
                     continue
                 h2d_bytes += s_bytes[sid]
                 ev((t, s_bytes[sid], f"prefetch {sid}"))

@@ -19,8 +19,8 @@ This is the ``offload`` action of NOTE [ Plan semantics ] (``tuner.plan``) on a 
   stage P + ``sync_delay`` for a storage packed in stage P (never, if that is past the forward: the
   storage stays and backward uses it in place), ``points`` at the end of each stage in ``sync_points``
   (for every copy issued so far); ``inline`` copies synchronously on the compute stream (like PyTorch's
-  ``save_on_cpu``) and fetches only on demand (lookahead 0). In forward, a holder whose copy the host
-  happens to see complete at a stage boundary is dropped early; that only lowers memory.
+  ``save_on_cpu``) and fetches only on demand (lookahead 0). The host never polls copies: it runs ahead
+  of the GPU, so what it would see depends on timing, and the frees must be where the simulator has them.
 * Prefetch. Each handle records the backward stage that first needs it (the stage itself, or a
   segment's last stage for a segment input). A backward pre-hook on the autograd node of every stage's
   output calls ``on_backward(k)`` when backward reaches stage k; it issues, on a host-to-device stream
@@ -138,6 +138,19 @@ class _Handle:
             self.runtime._handle_dead(self)
 
 
+def _wait_copy(entry: _Entry) -> None:
+    """Make compute wait for the entry's device-to-host copy, then drop the runtime's hold on its storage.
+
+    After this the storage may be freed on the compute stream at any time (NOTE [ No record_stream ]).
+    """
+    hold = entry.hold
+    if hold is None:
+        return
+    if entry.d2h_done is not None:
+        torch.cuda.current_stream(hold.device).wait_event(entry.d2h_done)
+    entry.hold = None
+
+
 def _bytes_view(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
 
@@ -238,13 +251,14 @@ class StepState:
             # stream's tail at free time, i.e. for every copy queued behind this one; with a long deferred
             # queue those blocks stay reserved, the budget cap is reached and the allocator synchronises
             # (measured: benchmarks/results/h200-cap-experiment.txt). Instead the runtime holds the storage
-            # until its own copy is seen complete (_poll) or compute has waited for it (_release), so the
-            # block is safe to reuse on the compute stream the moment it is freed. A storage used in place
-            # before its copy completes is released at its last unpack; the copy then may read reused
-            # memory, but that host copy is never read.
+            # until compute has waited for its copy (_release, _wait_copy), so the block is safe to reuse
+            # on the compute stream the moment it is freed. A storage used in place by backward makes compute
+            # wait for its copy at its first unpack: the copy must never read a block that the allocator
+            # has handed out again or unmapped (expandable segments unmap under a memory cap, and a copy
+            # from unmapped memory is a launch failure, seen on the H200).
             entry.d2h_done = done
             entry.due = self._region_stage + self.sync_delay
-            entry.hold = src  # NOTE [ Deferred frees ] in tuner.simulator: dropped by _poll
+            entry.hold = src  # NOTE [ Deferred frees ] in tuner.simulator: dropped by _release/_wait_copy
             self.held.append(entry)
             self._region_entries.append(entry)
             self.last_d2h = done
@@ -254,24 +268,6 @@ class StepState:
         rt.stats.d2h_copies += 1
         rt.stats.d2h_bytes += entry.nbytes
         return entry
-
-    def _poll(self) -> None:
-        """Release the device storage of every entry whose copy to the host has completed.
-
-        Called at stage boundaries, as NOTE [ Deferred frees ] (``tuner.simulator``) says: an offloaded
-        storage is freed once its copy is seen complete, and one whose copy has not completed by the
-        time backward needs it is used in place, with no copy back.
-        """
-        if not self.held:
-            return
-        still = []
-        for entry in self.held:
-            done = entry.d2h_done
-            if done is None or done.query():
-                entry.hold = None
-            else:
-                still.append(entry)
-        self.held = still
 
     def end_stage(self, stage: int, *, offloading: bool) -> None:
         """Apply the sync knob at the end of ``stage``'s forward (``offloading``: it ran under hooks)."""
@@ -296,7 +292,6 @@ class StepState:
         if offloading:
             self._region_event = None
             self._region_entries = []
-        self._poll()
 
     def _release(self, entries: list[_Entry]) -> None:
         for entry in entries:
@@ -331,8 +326,12 @@ class StepState:
     def _fetch(self, entry: _Entry, *, prefetch: bool) -> None:
         rt = self.runtime
         entry.fetched = True
-        if entry.storage_ref() is not None:
-            return  # still on the device: unpack uses it in place
+        storage = entry.storage_ref()
+        if storage is not None:
+            # still on the device (a keep reference or the runtime's hold hold it): keep it until unpack uses
+            # it in place, as the simulator does, even if that other reference dies first
+            entry.device_buf = _bytes_view(storage, self.device)
+            return
         host = entry.host
         assert host is not None
         if self.cuda and self.sync != "inline":
@@ -372,6 +371,7 @@ class StepState:
             storage = entry.storage_ref()
             if storage is not None:
                 rt.stats.reused_on_device += 1
+                _wait_copy(entry)
             else:
                 if entry.device_buf is None:
                     if entry.host is None:
@@ -489,6 +489,7 @@ class OffloadRuntime:
                 if entry.device_buf is not None and entry.h2d_done is not None:
                     # a prefetch nobody unpacked: compute must not reuse its block before the copy lands
                     torch.cuda.current_stream(entry.device_buf.device).wait_event(entry.h2d_done)
+                _wait_copy(entry)
                 entry.device_buf = None
                 entry.h2d_done = None
                 self.live_entries -= 1
