@@ -459,6 +459,13 @@ def bench(
     variants: Annotated[
         bool, typer.Option(help="also measure the tuned plan with layer sync and with lookahead 8 (diagnosis)")
     ] = False,
+    no_choice: Annotated[
+        bool,
+        typer.Option(
+            "--no-choice",
+            help="at every budget also tune and measure without cuDNN algorithm choice (profiles with tables)",
+        ),
+    ] = False,
 ) -> None:
     """Measure on this GPU: unconstrained, every baseline, PyTorch built-ins and the tuned plan, with predictions."""
     import optuna
@@ -504,6 +511,10 @@ def bench(
         if best is not None:
             knobs = f"{best.plan.sync}, la {best.plan.prefetch_lookahead}, {best.plan.conv_rule}"
             plans.append((f"tuned (headroom {h:.0%}; {knobs})", "tuned", best.plan))
+            if no_choice and prof.has_conv_algos:
+                plain = run_tune(prof.without_conv_algos(), main_budget, trials=trials, headroom=h).best
+                if plain is not None:
+                    plans.append((f"tuned (headroom {h:.0%}), no algorithm choice", "tuned", plain.plan))
             if variants:
                 plans.append((f"tuned {h:.0%}, sync layer", "variant", best.plan.with_(sync="layer")))
                 plans.append((f"tuned {h:.0%}, lookahead 8", "variant", best.plan.with_(prefetch_lookahead=8)))
@@ -550,8 +561,18 @@ def bench(
     for frac in fractions:
         b = int(frac * base_peak)
         found = run_tune(prof, b, trials=trials, headroom=calibrated).best
+        at_budget = []
         if found is None:
             err.print(f"  no plan fits {frac:.0%} of the peak ({format_bytes(b)})")
+        else:
+            at_budget.append((f"tuned@{frac:.0%} (headroom {calibrated:.0%})", "tuned", found.plan))
+        if no_choice and prof.has_conv_algos:
+            plain = run_tune(prof.without_conv_algos(), b, trials=trials, headroom=calibrated).best
+            if plain is None:
+                err.print(f"  without algorithm choice no plan fits {frac:.0%} of the peak ({format_bytes(b)})")
+            else:
+                at_budget.append((f"tuned@{frac:.0%}, no algorithm choice", "tuned", plain.plan))
+        if not at_budget:
             continue
         rows += bench_plans(
             chain,
@@ -559,7 +580,7 @@ def bench(
             batch,
             dtype,
             b,
-            [(f"tuned@{frac:.0%} (headroom {calibrated:.0%})", "tuned", found.plan)],
+            at_budget,
             pytorch_builtins=False,
             warmup=warmup,
             iters=iters,

@@ -16,7 +16,6 @@ import argparse
 import optuna
 
 from benchmarks.common import environment, zoo_profile
-from profiler.profile import Profile
 from tuner.plan import Plan
 from tuner.policies import POLICIES
 from tuner.search import tune
@@ -25,11 +24,6 @@ from tuner.simulator import simulate
 __all__ = ["main"]
 
 FRACTIONS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-
-
-def without_algorithms(profile: Profile) -> Profile:
-    """The profile with its convolution algorithm tables removed."""
-    return profile.model_copy(update={"stages": tuple(s.model_copy(update={"convs": ()}) for s in profile.stages)})
 
 
 def main() -> None:
@@ -42,8 +36,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for model in ("vgg16", "resnet50"):
         prof = zoo_profile(model, 256)
-        assert any(c.algos for s in prof.stages for c in s.convs), f"{model}: profile has no algorithm tables"
-        plain = without_algorithms(prof)
+        assert prof.has_conv_algos, f"{model}: profile has no algorithm tables"
+        plain = prof.without_conv_algos()
         peak = simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes
         for frac in FRACTIONS:
             budget = int(frac * peak)

@@ -209,6 +209,16 @@ class Profile(_Frozen):
         )
         return self.model_copy(update={"stages": stages, "storages": tuple(keep), "model": f"{self.model}[:{m}]"})
 
+    @property
+    def has_conv_algos(self) -> bool:
+        """Whether any convolution carries a cuDNN algorithm table (the search can then choose algorithms)."""
+        return any(c.algos for s in self.stages for c in s.convs)
+
+    def without_conv_algos(self) -> Profile:
+        """The same profile with its convolution algorithm tables removed: convolutions keep the framework's
+        algorithms and workspaces, so a search on it has no algorithm choice."""
+        return self.model_copy(update={"stages": tuple(s.model_copy(update={"convs": ()}) for s in self.stages)})
+
     # ---- serialisation ---------------------------------------------------------------------------
     def to_json(self, *, indent: int | None = None) -> str:
         return self.model_dump_json(indent=indent, by_alias=True)

@@ -32,8 +32,8 @@ if [[ $steps == *bench* ]]; then
   for cfg in "${configs[@]}"; do
     IFS=: read -r model batch dtype <<<"$cfg"
     # shellcheck disable=SC2086
-    timeout 200 python3 -m api bench "$model" --batch "$batch" --dtype "$dtype" --budget 0.6 \
-      ${BENCH_ARGS:---sweep 0.4,0.5,0.7,0.8} --warmup 2 --iters 6 --json-out "/tmp/bench/bench-$model-b$batch-$dtype.json" 2>&1 \
+    timeout 290 python3 -m api bench "$model" --batch "$batch" --dtype "$dtype" --budget 0.6 \
+      ${BENCH_ARGS:---sweep 0.4,0.5,0.7,0.8 --no-choice} --warmup 2 --iters 6 --json-out "/tmp/bench/bench-$model-b$batch-$dtype.json" 2>&1 \
       | tee "/tmp/bench/bench-$model-b$batch-$dtype.txt" | grep -v "measuring" | tail -24
     pack
   done

@@ -1,8 +1,10 @@
 """The exact reference optimum: every plan of a small chain, simulated, for the search's optimality gap.
 
 It enumerates the same space the search explores (NOTE [ Search space ] in ``tuner.search``): every
-per-stage action, every prefetch lookahead 0..8 and both sync modes, 3^n × 18 plans. That is exact for
-the cost model and affordable up to about 9 stages (354,294 plans, a minute or two on one core).
+per-stage action, every prefetch lookahead 0..8, ``layer`` sync and ``deferred`` sync with every distinct
+``sync_delay`` (1..n: a delay of n or more never waits in forward, so larger ones are the same plan; 0 is
+``layer``), 3^n × 9 × (n + 1) plans. That is exact for the cost model and affordable up to about 9 stages
+(1.8 million plans, a few minutes on one core).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from profiler.profile import Profile
 from tuner.errors import SearchError
 from tuner.plan import Action, Plan
-from tuner.search import _MAX_LOOKAHEAD, _SYNCS
+from tuner.search import _MAX_LOOKAHEAD, _MAX_SYNC_DELAY
 from tuner.simulator import Simulator
 
 __all__ = ["MAX_EXACT_STAGES", "ExactFront", "ExactOptimum", "exact_front", "exact_optimum"]
@@ -62,25 +64,32 @@ def exact_front(
             f"{MAX_EXACT_STAGES} (use Profile.prefix to take the first stages)"
         )
     sim = Simulator(profile, optimizer)
-    knobs = [(la, s) for s in _SYNCS for la in range(_MAX_LOOKAHEAD + 1)]
+    syncs = [("layer", 0)] + [("deferred", d) for d in range(1, min(n, _MAX_SYNC_DELAY) + 1)]
+    knobs = [(la, s, d) for s, d in syncs for la in range(_MAX_LOOKAHEAD + 1)]
     total = 3**n * len(knobs)
-    points: list[tuple[float, int, tuple[Action, ...], int, str]] = []
+    points: list[tuple[float, int, tuple[Action, ...], int, str, int]] = []
     count = 0
-    for la, sync in knobs:
-        template = Plan(actions=(Action.KEEP,) * n, prefetch_lookahead=la, sync=sync, label="exact")  # type: ignore[arg-type]
+    for la, sync, delay in knobs:
+        template = Plan(
+            actions=(Action.KEEP,) * n,
+            prefetch_lookahead=la,
+            sync=sync,  # type: ignore[arg-type]
+            sync_delay=delay,
+            label="exact",
+        )
         for actions in itertools.product(tuple(Action), repeat=n):
             r = sim.run_actions(actions, template)
-            points.append((r.step_ms, r.peak_bytes, actions, la, sync))
+            points.append((r.step_ms, r.peak_bytes, actions, la, sync, delay))
             count += 1
         if progress is not None:
             progress(count, total)
     points.sort(key=lambda p: (p[0], p[1]))
     front: list[tuple[float, int, Plan]] = []
     lowest = None
-    for step, peak, actions, la, sync in points:
+    for step, peak, actions, la, sync, delay in points:
         if lowest is None or peak < lowest:
             lowest = peak
-            plan = Plan(actions=actions, prefetch_lookahead=la, sync=sync, label="exact")  # type: ignore[arg-type]
+            plan = Plan(actions=actions, prefetch_lookahead=la, sync=sync, sync_delay=delay, label="exact")  # type: ignore[arg-type]
             front.append((step, peak, plan))
     return ExactFront(tuple(front), count)
 

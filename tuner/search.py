@@ -168,7 +168,7 @@ class _Search:
         self.peak_range: tuple[int, int] | None = None
         self.descent_evals = max(60, 4 * self.n)
         self._templates: dict[_Knobs, Plan] = {}
-        self.has_conv_algos = any(c.algos for st in profile.stages for c in st.convs)
+        self.has_conv_algos = profile.has_conv_algos
 
     def threshold_actions(self, threshold: float) -> tuple[Action, ...]:
         key = round(threshold, 6)

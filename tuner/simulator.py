@@ -121,6 +121,8 @@ class Simulator:
         self.ws_f = [s.forward_workspace_bytes for s in st]
         self.ws_b = [s.backward_workspace_bytes for s in st]
         self.pgrad = [s.param_bytes for s in st]
+        # bytes per element of the output: half precision under autocast, else 4 (NOTE [ Loss memory ])
+        self.out_itemsize = 4 if profile.dtype == "float32" else 2
         self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
         self._conv_costs: dict[object, tuple[list[float], list[float], list[int], list[int]]] = {}
         # merged storages give the same numbers under every sync mode (see merge_storages)
@@ -206,7 +208,7 @@ class Simulator:
         for i, j in segments(actions):
             for r in range(i, j + 1):
                 prog_end[r] = j
-        # the model's output is read by the loss and held by the caller until backward has used it
+        # the model's output is read by the loss, which frees it (NOTE [ Loss memory ])
         final_out = tab.output_storage[n - 1]
         for sid, f in enumerate(fates):
             p = tab.s_producer[sid]
@@ -300,8 +302,6 @@ class Simulator:
                 release_at[f.release].append(sid)
             elif f.fate == "keep":
                 release_at[f.release].append(sid)
-        if final_out is not None and fates[final_out].fate == "none":
-            release_at[n - 1].append(final_out)
         # storages nobody keeps are re-made by the recompute of the segment holding their savers
         if seg_end:
             seg_of = [-1] * n
@@ -320,7 +320,21 @@ class Simulator:
         h2d_free = 0.0
         h2d_bytes = 0
         ready = [0.0] * len(s_bytes)
-        ev((t, out[n - 1], "loss grad"))
+        # NOTE [ Loss memory ]: the step's loss is cross-entropy on the output (NOTE [ Bench step ]), computed
+        # in fp32: log_softmax of out.float() (a copy when the output is half precision under autocast), whose
+        # output is saved; its backward holds the saved output, the incoming gradient and the gradient it
+        # makes (3 fp32 tensors the size of the logits), then leaves the output's gradient. Negligible for
+        # 1000 classes; for a language model's (batch, tokens, vocab) logits it is several GiB. The output
+        # itself is freed after the loss's forward unless a stage saves it (log_softmax saves its result).
+        numel = out[n - 1] // self.out_itemsize
+        f32 = 4 * numel
+        cast = f32 if self.out_itemsize != 4 else 0
+        out_dies = s_bytes[final_out] if final_out is not None and fates[final_out].fate == "none" else 0
+        ev((t, cast + f32, "loss forward"))
+        ev((t, -cast - out_dies, "loss forward end"))
+        ev((t, 2 * f32, "loss backward"))
+        ev((t, -2 * f32 + (numel * self.out_itemsize if cast else 0), "loss backward: log_softmax"))
+        ev((t, -cast, "loss grad"))
         bwd_start = t
         for k in range(n - 1, -1, -1):
             for sid in late_wait_at[k]:  # used in place: its first unpack waits for its copy
