@@ -21,10 +21,10 @@ def unplanned_peak(profile, optimizer_factor: float = 1.0) -> int:
     base = int(profile.param_bytes * (1 + optimizer_factor)) + profile.input_bytes
     saved = sum(s.bytes for s in profile.storages if s.saved_by)
     last_out = profile.stages[-1].output_bytes
-    # end of forward: the last output is alive until backward; the fp32 cross-entropy's backward then holds
-    # log_softmax's saved output, its incoming and its outgoing gradient (NOTE [ Loss memory ])
-    peak = base + saved + last_out + 3 * last_out
-    live = base + saved + last_out + last_out  # + the output's gradient
+    # NOTE [ Loss memory ]: the loss's forward frees the output (no stage saves it); the fp32 cross-entropy's
+    # backward then holds log_softmax's saved output, its incoming and its outgoing gradient
+    peak = base + saved + 3 * last_out
+    live = base + saved + last_out  # the output's gradient
     grads = 0
     for k in range(profile.n_stages - 1, -1, -1):
         st = profile.stages[k]
