@@ -413,8 +413,14 @@ def tune(
     )
     out.print(_policy_table(result))
     if result.best is None:
+        kept = (
+            f" less the {result.headroom:.0%} kept free for the allocator "
+            f"({format_bytes(int(budget_bytes * (1 - result.headroom)))}; --headroom to change it)"
+            if result.headroom
+            else ""
+        )
         out.print(
-            f"[bold red]no plan fits {format_bytes(budget_bytes)}[/]: the smallest peak found is "
+            f"[bold red]no plan fits {format_bytes(budget_bytes)}{kept}[/]: the smallest peak found is "
             f"{min(c.peak_bytes for c in result.pareto) / GiB:.2f} GiB"
         )
         raise typer.Exit(1)
@@ -506,15 +512,25 @@ def bench(
         (name, "policy", fn(prof, main_budget)) for name, fn in POLICIES.items() if policies and name != "none"
     ]
     calibrated = calibration_for(ident.key).headroom
+    if no_choice and not prof.has_conv_algos:
+        err.print(f"--no-choice: the {prof.model} profile has no cuDNN algorithm tables; there is no choice to compare")
+    plain_profile = prof.without_conv_algos() if no_choice and prof.has_conv_algos else None
+
+    def tuned_without_choice(budget_bytes: int, h: float) -> Plan | None:
+        """The best plan without algorithm choice (``--no-choice``), or None (not asked, or nothing fits)."""
+        if plain_profile is None:
+            return None
+        found = run_tune(plain_profile, budget_bytes, trials=trials, headroom=h).best
+        return found.plan if found is not None else None
+
     for h in sorted({calibrated, *headrooms}):
         best = run_tune(prof, main_budget, trials=trials, headroom=h).best
         if best is not None:
             knobs = f"{best.plan.sync}, la {best.plan.prefetch_lookahead}, {best.plan.conv_rule}"
             plans.append((f"tuned (headroom {h:.0%}; {knobs})", "tuned", best.plan))
-            if no_choice and prof.has_conv_algos:
-                plain = run_tune(prof.without_conv_algos(), main_budget, trials=trials, headroom=h).best
-                if plain is not None:
-                    plans.append((f"tuned (headroom {h:.0%}), no algorithm choice", "tuned", plain.plan))
+            plain = tuned_without_choice(main_budget, h)
+            if plain is not None:
+                plans.append((f"tuned (headroom {h:.0%}), no algorithm choice", "tuned", plain))
             if variants:
                 plans.append((f"tuned {h:.0%}, sync layer", "variant", best.plan.with_(sync="layer")))
                 plans.append((f"tuned {h:.0%}, lookahead 8", "variant", best.plan.with_(prefetch_lookahead=8)))
@@ -566,12 +582,11 @@ def bench(
             err.print(f"  no plan fits {frac:.0%} of the peak ({format_bytes(b)})")
         else:
             at_budget.append((f"tuned@{frac:.0%} (headroom {calibrated:.0%})", "tuned", found.plan))
-        if no_choice and prof.has_conv_algos:
-            plain = run_tune(prof.without_conv_algos(), b, trials=trials, headroom=calibrated).best
-            if plain is None:
-                err.print(f"  without algorithm choice no plan fits {frac:.0%} of the peak ({format_bytes(b)})")
-            else:
-                at_budget.append((f"tuned@{frac:.0%}, no algorithm choice", "tuned", plain.plan))
+        plain = tuned_without_choice(b, calibrated)
+        if plain is not None:
+            at_budget.append((f"tuned@{frac:.0%}, no algorithm choice", "tuned", plain))
+        elif plain_profile is not None:
+            err.print(f"  without algorithm choice no plan fits {frac:.0%} of the peak ({format_bytes(b)})")
         if not at_budget:
             continue
         rows += bench_plans(

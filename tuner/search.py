@@ -42,6 +42,7 @@ _CHOICES = ("auto", "keep", "offload", "recompute")
 _SYNCS = ("deferred", "layer")
 _MAX_LOOKAHEAD = 8
 _MAX_SYNC_DELAY = 16
+_DEFAULT_SYNC_DELAY: int = Plan.model_fields["sync_delay"].default
 _THRESHOLD_RANGE = (0.05, 20.0)
 _CONV_RULES = ("default", "fastest", "memory_optimal", "fastest_within")
 _MAX_WS_CAP_MIB = 16384
@@ -125,7 +126,7 @@ def decode_params(params: dict[str, Any], n: int, threshold_actions: Callable[[f
         actions=tuple(actions),
         prefetch_lookahead=int(params.get("lookahead", 2)),
         sync=params.get("sync", "deferred"),
-        sync_delay=int(params.get("sync_delay", 2)),
+        sync_delay=int(params.get("sync_delay", _DEFAULT_SYNC_DELAY)),
         label="optuna",
         **_conv_knobs(params.get("conv_rule", "default"), params.get("ws_cap_mib")),
     )
@@ -339,7 +340,7 @@ class _Search:
         if rng.random() < 0.08:
             p["sync"] = "layer" if p.get("sync") == "deferred" else "deferred"
         if rng.random() < 0.15:
-            d = int(p.get("sync_delay", 2)) + rng.choice((-1, 1))
+            d = int(p.get("sync_delay", _DEFAULT_SYNC_DELAY)) + rng.choice((-1, 1))
             p["sync_delay"] = min(_MAX_SYNC_DELAY, max(0, d))
         if self.has_conv_algos and rng.random() < 0.15:
             p["conv_rule"] = rng.choice(_CONV_RULES)
@@ -357,7 +358,7 @@ class _Search:
             attrs["actions"],
             prefetch_lookahead=attrs["lookahead"],
             sync=attrs["sync"],
-            sync_delay=attrs.get("sync_delay", 2),
+            sync_delay=attrs.get("sync_delay", _DEFAULT_SYNC_DELAY),
             conv_rule=attrs.get("conv_rule", "default"),
             conv_workspace_limit_bytes=attrs.get("conv_workspace_limit_bytes"),
             label="optuna",

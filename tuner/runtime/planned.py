@@ -208,10 +208,10 @@ class PlannedModel(nn.Module):
         step = self._runtime.begin_step(
             x.device,
             sync=plan.sync,
+            sync_delay=plan.sync_delay,
             sync_points=plan.sync_points,
             lookahead=plan.prefetch_lookahead,
             exclude_ptrs=exclude,
-            sync_delay=plan.sync_delay,
         )
         self._step = step
         actions = plan.actions
