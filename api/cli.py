@@ -485,6 +485,9 @@ def bench(
     _check_dtype(dtype)
     if not torch.cuda.is_available():
         raise _fail("memtune bench measures on a CUDA GPU and none is available here; use `memtune simulate` on a CPU")
+    from tuner.runtime.guard import configure_allocator
+
+    err.print(f"allocator: PYTORCH_CUDA_ALLOC_CONF={configure_allocator()}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from profiler.identity import cuda_identity
 
@@ -614,7 +617,9 @@ def bench(
         "sim err",
         "sim peak GiB",
         "peak err",
+        "retries",
         title=f"{prof.model} batch {batch} {dtype} on {ident.name} (torch {torch.__version__})",
+        caption="retries: allocations per step that fit the cap only after the allocator released its cache",
     )
     for row in rows:
         table.add_row(
@@ -629,6 +634,7 @@ def bench(
             _fmt(row.step_error, "+.1%"),
             _fmt(row.predicted_peak_bytes / GiB if row.predicted_peak_bytes else None, ".2f"),
             _fmt(row.peak_error, "+.1%"),
+            _fmt(row.alloc_retries, ".1f"),
         )
         if row.error:
             table.add_row(f"  [dim]{row.error}[/]")

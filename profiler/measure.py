@@ -38,7 +38,8 @@ from profiler.chain import ModelChain, Stage
 from profiler.devices import get_gpu
 from profiler.errors import ProfilerError
 from profiler.identity import cuda_identity, spec_identity, transfer_ms
-from profiler.modeled import meta_facts
+from profiler.loss import measure_loss_ms
+from profiler.modeled import meta_facts, roofline_loss_ms
 from profiler.profile import ConvProfile, DeviceIdentity, Profile, StageProfile
 from profiler.stagefacts import ChainFacts, chain_facts, torch_dtype
 
@@ -273,16 +274,20 @@ def profile(
     else:
         raise ProfilerError(f"device {device!r} is not supported; use 'cuda', 'cuda:N' or 'cpu'")
 
-    timings = _time_chain(chain, batch, dtype, dev, facts, warmup, repeats, progress)
+    timings, out_shape = _time_chain(chain, batch, dtype, dev, facts, warmup, repeats, progress)
     convs = [f.convs for f in facts.stages]
     if conv_algos:
         convs = _enumerate_chain_convs(chain, batch, dtype, dev, warmup, repeats)
     saved = [f.saved_bytes for f in facts.stages]
+    loss_ms: float | None = None
     if spec is None:
+        out_dtype = torch.float32 if dtype == "float32" else torch_dtype(dtype)
+        loss_ms = measure_loss_ms(out_shape, out_shape[-1], out_dtype, dev, warmup=warmup, repeats=repeats)
         measured = transfer_ms(saved, dev, warmup=warmup, repeats=repeats)
         copies = [measured.get(s, (0.0, 0.0)) for s in saved]
     else:
         copies = [(spec.transfer_ms(s, "d2h"), spec.transfer_ms(s, "h2d")) for s in saved]
+        loss_ms = roofline_loss_ms(facts.stages[-1].output_bytes, dtype, spec)
 
     stages = tuple(
         StageProfile(
@@ -319,6 +324,7 @@ def profile(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         stages=stages,
         storages=facts.storages,
+        loss_ms=loss_ms,
     )
 
 
@@ -331,8 +337,9 @@ def _time_chain(
     warmup: int,
     repeats: int,
     progress: ProgressFn | None,
-) -> list[StageTiming]:
-    """Time every stage on the input the chain feeds it, one stage's activations live at a time."""
+) -> tuple[list[StageTiming], tuple[int, ...]]:
+    """Time every stage on the input the chain feeds it, one stage's activations live at a time; also
+    returns the shape of the chain's output."""
     n = len(chain)
     x = model_input(chain, batch, dev)
     out: list[StageTiming] = []
@@ -346,7 +353,7 @@ def _time_chain(
             x = stage.module(x)
         if progress is not None:
             progress(stage.name, i + 1, n)
-    return out
+    return out, tuple(x.shape)
 
 
 def _enumerate_chain_convs(

@@ -147,6 +147,11 @@ class Profile(_Frozen):
     created_at: str | None = None
     stages: tuple[StageProfile, ...] = Field(min_length=1)
     storages: tuple[SavedStorage, ...] = ()
+    loss_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="forward + backward of the step's loss over the output (profiler.loss), ms; None: not measured",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Profile:

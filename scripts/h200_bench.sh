@@ -2,7 +2,8 @@
 # On the GPU machine: (1) profiles with cuDNN algorithm tables into profiler/data, (2) GPU tests,
 # (3) `memtune bench` for the models of BENCHMARKS.md. Everything lands in $OUT/bench.tgz.
 # Usage (repository root, wheels from ../shared/tools/device-wheels in .whl/):
-#   bash scripts/h200_bench.sh STEPS [model:batch:dtype ...]     STEPS: comma list of profiles,tests,bench
+#   bash scripts/h200_bench.sh STEPS [model:batch:dtype[:budget] ...]   STEPS: comma list of profiles,tests,bench
+#   (budget: the main budget as a fraction of the unconstrained peak, default 0.6)
 #   BENCH_ARGS="--no-policies --no-builtins --headroom 0,0.05,0.1,0.2" bash scripts/h200_bench.sh bench ...
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -12,9 +13,7 @@ configs=("$@")
 mkdir -p "$OUT" /tmp/bench/profiles
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 COLUMNS=200
-# NOTE: the caching allocator's expandable segments keep fragmentation from eating the budget that
-# budget_guard enforces with set_per_process_memory_fraction (the simulator counts allocated bytes).
-export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+# the allocator settings are memtune bench's own (NOTE [ Allocator retries ] in tuner/runtime/guard.py)
 pack() { tar czf "$OUT/bench.tgz" -C /tmp/bench .; }
 if [[ $steps == *profiles* ]]; then
   models=$(printf '%s\n' "${configs[@]}" | cut -d: -f1 | grep -v gpt | sort -u | paste -sd,)
@@ -30,9 +29,9 @@ if [[ $steps == *tests* ]]; then
 fi
 if [[ $steps == *bench* ]]; then
   for cfg in "${configs[@]}"; do
-    IFS=: read -r model batch dtype <<<"$cfg"
+    IFS=: read -r model batch dtype budget <<<"$cfg"
     # shellcheck disable=SC2086
-    timeout 290 python3 -m api bench "$model" --batch "$batch" --dtype "$dtype" --budget 0.6 \
+    timeout 290 python3 -m api bench "$model" --batch "$batch" --dtype "$dtype" --budget "${budget:-0.6}" \
       ${BENCH_ARGS:---sweep 0.4,0.5,0.7,0.8 --no-choice} --warmup 2 --iters 6 --json-out "/tmp/bench/bench-$model-b$batch-$dtype.json" 2>&1 \
       | tee "/tmp/bench/bench-$model-b$batch-$dtype.txt" | grep -v "measuring" | tail -24
     pack

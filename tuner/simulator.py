@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from profiler.loss import profile_loss_ms
 from profiler.profile import ConvProfile, Profile, SavedStorage
 from tuner.conv_choice import ConvTriple, choose_algorithms
 from tuner.plan import Action, Plan, resolve_storages, segments, storage_copy_ms
@@ -123,6 +124,7 @@ class Simulator:
         self.pgrad = [s.param_bytes for s in st]
         # bytes per element of the output: half precision under autocast, else 4 (NOTE [ Loss memory ])
         self.out_itemsize = 4 if profile.dtype == "float32" else 2
+        self.loss_ms = profile_loss_ms(profile)  # NOTE [ Loss memory ]: its time, measured or estimated
         self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
         self._conv_costs: dict[object, tuple[list[float], list[float], list[int], list[int]]] = {}
         # merged storages give the same numbers under every sync mode (see merge_storages)
@@ -326,13 +328,17 @@ class Simulator:
         # makes (3 fp32 tensors the size of the logits), then leaves the output's gradient. Negligible for
         # 1000 classes; for a language model's (batch, tokens, vocab) logits it is several GiB. The output
         # itself is freed after the loss's forward unless a stage saves it (log_softmax saves its result).
+        # Its time is the profile's measured ``loss_ms`` (profiler.loss), else a roofline estimate: ~11 ms of a
+        # GPT step on the H200, which the simulator missed before it counted it.
         numel = out[n - 1] // self.out_itemsize
         f32 = 4 * numel
         cast = f32 if self.out_itemsize != 4 else 0
         out_dies = s_bytes[final_out] if final_out is not None and fates[final_out].fate == "none" else 0
         ev((t, cast + f32, "loss forward"))
+        t += self.loss_ms / 2  # the split between its forward and backward does not change the step
         ev((t, -cast - out_dies, "loss forward end"))
         ev((t, 2 * f32, "loss backward"))
+        t += self.loss_ms / 2
         ev((t, -2 * f32 + (numel * self.out_itemsize if cast else 0), "loss backward: log_softmax"))
         ev((t, -cast, "loss grad"))
         bwd_start = t

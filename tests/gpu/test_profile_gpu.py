@@ -80,3 +80,14 @@ def test_cuda_identity() -> None:
     assert ident.d2h_gbps > 1 and ident.h2d_gbps > 1
     if ident.key == "h200":
         assert ident.d2h_gbps > 40  # DESIGN.md: 55 GB/s pinned at >= 16 MiB
+
+
+def test_cuda_profile_measures_the_loss_at_the_output_shape() -> None:
+    from profiler.loss import measure_loss_ms
+    from profiler.measure import profile
+
+    p = profile(small_chain(), 8, device="cuda")
+    assert p.loss_ms is not None and p.loss_ms > 0
+    # a language model's logits take milliseconds, far above a 10-class output's launch-bound time
+    big = measure_loss_ms((8, 1024, 50304), 50304, torch.bfloat16, torch.device("cuda"))
+    assert big > 10 * p.loss_ms

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from profiler.chain import ModelChain
+from profiler.loss import loss_classes, step_loss
 from profiler.profile import Profile
 from tuner.plan import Plan
 from tuner.runtime.conv import apply_conv_choices
@@ -60,6 +61,10 @@ class BenchRow:
     """the runtime's offload counters per timed step (``OffloadStats``), for our plans"""
     reserved_bytes: int | None = None
     """peak bytes the caching allocator reserved from the GPU (``max_memory_reserved``): what the cap sees"""
+    alloc_retries: float | None = None
+    """allocations per step (warm-up included) that failed under the cap and succeeded only after the caching
+    allocator released its cached blocks (``num_alloc_retries``); each costs a device synchronization and
+    re-mapping memory (NOTE [ Allocator retries ])"""
 
     @property
     def step_error(self) -> float | None:
@@ -90,15 +95,8 @@ def make_batch(chain: ModelChain, batch: int, device: torch.device) -> tuple[tor
         y = torch.randint(0, chain.vocab_size, (batch, *chain.input_shape), generator=g)
     else:
         x = torch.randn(batch, *chain.input_shape, generator=g)
-        classes = int(chain.params.get("num_classes", 1000))
-        y = torch.randint(0, classes, (batch,), generator=g)
+        y = torch.randint(0, loss_classes(chain), (batch,), generator=g)
     return x.to(device), y.to(device)
-
-
-def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if out.dim() == 3:  # (batch, tokens, vocab)
-        return nn.functional.cross_entropy(out.float().flatten(0, 1), y.flatten())
-    return nn.functional.cross_entropy(out.float(), y)
 
 
 def measure_step(step: Callable[[], None], *, warmup: int = 3, iters: int = 10) -> tuple[float, int, int]:
@@ -187,7 +185,7 @@ def bench_plans(
 
         def step() -> None:
             with ctx(), _autocast(dtype):
-                loss = _loss(model(x), y)
+                loss = step_loss(model(x), y)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -212,7 +210,9 @@ def bench_plans(
         try:
             with guard():
                 before = dataclasses.asdict(model.stats) if isinstance(model, PlannedModel) else None
+                retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
                 ms, peak, reserved = measure_step(step, warmup=warmup, iters=iters)
+                retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries
                 stats = None
                 if before is not None and isinstance(model, PlannedModel):
                     after = dataclasses.asdict(model.stats)
@@ -231,10 +231,13 @@ def bench_plans(
                     plan.compact() if plan else None,
                     offload_stats=stats,
                     reserved_bytes=reserved,
+                    alloc_retries=retries / (warmup + iters),
                 )
             )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:
-            rows.append(failed(f"out of memory: {str(exc)[:160]}"))
+            # the allocator's own numbers (tried to allocate, allocated vs reserved) are the diagnosis: keep them
+            text = str(exc).split(" If reserved but unallocated")[0]
+            rows.append(failed(f"out of memory: {text[:600]}"))
         except RuntimeError as exc:  # e.g. checkpoint_sequential on in-place ReLU
             rows.append(failed(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
         finally:

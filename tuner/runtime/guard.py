@@ -1,8 +1,26 @@
-"""Enforcing a memory budget on CUDA while planned steps run."""
+"""Enforcing a memory budget on CUDA while planned steps run, and the allocator settings that suit it.
+
+# NOTE [ Allocator retries ]
+The simulator counts allocated bytes; the cap (``set_per_process_memory_fraction``) counts what the caching
+allocator has *reserved*. Freed blocks stay reserved, and when a request fits no cached block and growing would
+pass the cap, the allocator releases every cached block and retries (``num_alloc_retries``): a device
+synchronization, then re-mapping memory for each later allocation while the GPU waits on the host. Measured on
+the H200 (``scripts/memory_trace.py``, per-stage trace): a VGG-16 b256 fp32 plan whose allocated bytes matched the
+simulator within 0.07 GiB at every stage ran 267.7 ms uncapped (simulated 273.4) but 394.8 ms under a cap 0.85
+GiB above its peak, 8 retries costing 5-37 ms each; a GPT b16 bf16 plan paid one retry (about 14 ms) at the
+loss's 3.3 GB fp32 logits. Two things help, both measured:
+- expandable segments (fragmentation does not strand whole segments; without them the same VGG-16 plan ran
+  out of memory with 3.93 GiB reserved but unallocated), and
+- ``garbage_collection_threshold``: the allocator frees old cached blocks before it reaches the cap instead of
+  releasing everything at once (VGG-16 above: 376.3 ms -> 349.2 ms at 0.8).
+``configure_allocator`` sets both; ``memtune bench`` and measured validation call it first. What remains is
+counted per step in ``BenchRow.alloc_retries`` and is one reason for the budget headroom (``tuner.calibration``).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import torch
@@ -10,7 +28,25 @@ import torch
 from tuner.errors import BudgetError, TunerError
 from tuner.runtime.planned import PlannedModel
 
-__all__ = ["budget_guard"]
+__all__ = ["ALLOCATOR_SETTINGS", "budget_guard", "configure_allocator"]
+
+#: PyTorch caching-allocator settings for planned steps under a budget (NOTE [ Allocator retries ])
+ALLOCATOR_SETTINGS = "expandable_segments:True,garbage_collection_threshold:0.8"
+
+
+def configure_allocator() -> str:
+    """Apply ``ALLOCATOR_SETTINGS`` unless ``PYTORCH_CUDA_ALLOC_CONF`` is set; returns the settings in force.
+
+    Before CUDA is initialized the settings go into the environment (read at initialization); after, through
+    ``torch.cuda.memory._set_allocator_settings``, which applies to segments allocated from then on.
+    """
+    chosen = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    if chosen:
+        return chosen
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATOR_SETTINGS
+    if torch.cuda.is_initialized():
+        torch.cuda.memory._set_allocator_settings(ALLOCATOR_SETTINGS)
+    return ALLOCATOR_SETTINGS
 
 
 @contextlib.contextmanager
@@ -25,7 +61,7 @@ def budget_guard(
     Uses ``torch.cuda.set_per_process_memory_fraction(budget / total memory)`` after emptying the
     cache, and restores the previous fraction in ``finally``. The cap covers everything the caching
     allocator reserves (parameters, gradients, optimizer state, activations, prefetch buffers,
-    workspaces), not the CUDA context. With ``model``, an out-of-memory error inside the block, in
+    workspaces), not the CUDA context; call ``configure_allocator`` first (NOTE [ Allocator retries ]). With ``model``, an out-of-memory error inside the block, in
     forward or backward, becomes ``PlanOutOfMemoryError`` naming the plan label and the stage that was
     running; the runtime's in-flight state is dropped and the cache emptied, so the next step runs.
 
