@@ -65,6 +65,8 @@ class BenchRow:
     """allocations per step (warm-up included) that failed under the cap and succeeded only after the caching
     allocator released its cached blocks (``num_alloc_retries``); each costs a device synchronization and
     re-mapping memory (NOTE [ Allocator retries ])"""
+    leaked_bytes: int | None = None
+    """bytes still allocated after the row was measured and cleaned up, above what was allocated before it"""
 
     @property
     def step_error(self) -> float | None:
@@ -97,6 +99,9 @@ def make_batch(chain: ModelChain, batch: int, device: torch.device) -> tuple[tor
         x = torch.randn(batch, *chain.input_shape, generator=g)
         y = torch.randint(0, loss_classes(chain), (batch,), generator=g)
     return x.to(device), y.to(device)
+
+
+_LEAK_SLACK_BYTES = 64 << 20  # the caching allocator's small blocks and cuDNN's handles come and go
 
 
 def measure_step(step: Callable[[], None], *, warmup: int = 3, iters: int = 10) -> tuple[float, int, int]:
@@ -170,6 +175,8 @@ def bench_plans(
     x, y = make_batch(chain, batch, device)
     per_sample = batch * (math.prod(chain.input_shape) if chain.input_kind == "tokens" else 1)
     rows: list[BenchRow] = []
+    _clean()
+    baseline = torch.cuda.memory_allocated()
 
     def run(
         name: str,
@@ -242,7 +249,11 @@ def bench_plans(
             rows.append(failed(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
         finally:
             opt.zero_grad(set_to_none=True)
+            opt.state.clear()  # the momentum buffers
             _clean()
+        left = torch.cuda.memory_allocated() - baseline
+        if left > _LEAK_SLACK_BYTES:
+            rows[-1] = dataclasses.replace(rows[-1], leaked_bytes=left)
         if on_row is not None:
             on_row(rows[-1])
 

@@ -61,9 +61,10 @@ def budget_guard(
     Uses ``torch.cuda.set_per_process_memory_fraction(budget / total memory)`` after emptying the
     cache, and restores the previous fraction in ``finally``. The cap covers everything the caching
     allocator reserves (parameters, gradients, optimizer state, activations, prefetch buffers,
-    workspaces), not the CUDA context; call ``configure_allocator`` first (NOTE [ Allocator retries ]). With ``model``, an out-of-memory error inside the block, in
-    forward or backward, becomes ``PlanOutOfMemoryError`` naming the plan label and the stage that was
-    running; the runtime's in-flight state is dropped and the cache emptied, so the next step runs.
+    workspaces), not the CUDA context; call ``configure_allocator`` first (NOTE [ Allocator retries ]).
+    With ``model``, an out-of-memory error inside the block, in forward or backward, becomes
+    ``PlanOutOfMemoryError`` naming the plan label and the stage that was running; the runtime's
+    in-flight state is dropped and the cache emptied, so the next step runs.
 
     Args:
         budget_bytes: bytes one step may use on the device (see ``tuner.budget.parse_budget``).
