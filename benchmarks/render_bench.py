@@ -29,8 +29,8 @@ def render(path: Path) -> str:
         f"{dev['torch_version']}, cuDNN {dev['cudnn_version']}; `{path.name}`)",
         "",
         "| configuration | budget GiB | step ms | × unconstrained | peak GiB | fits | sim ms | sim err | "
-        "sim peak GiB | peak err |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "sim peak GiB | peak err | retries |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         err = f" — {r['error'][:90]}" if r.get("error") else ""
@@ -41,7 +41,7 @@ def render(path: Path) -> str:
             f"{'-' if r['fits'] is None else ('yes' if r['fits'] else 'no')} | {_f(r['predicted_step_ms'], '.1f')} | "
             f"{_f(r['step_error'], '+.1%')} | "
             f"{_f(r['predicted_peak_bytes'] and r['predicted_peak_bytes'] / GiB, '.2f')} | "
-            f"{_f(r['peak_error'], '+.1%')} |"
+            f"{_f(r['peak_error'], '+.1%')} | {_f(r.get('alloc_retries'), '.1f')} |"
         )
     return "\n".join(lines)
 
