@@ -8,7 +8,7 @@ Example::
         job = mt.submit_job({"zoo": "vgg16"}, batch=256, gpu="h200", budget="12GiB", trials=300)
         job = mt.wait(job.id, timeout_s=120)
         best = mt.best("h200", model="vgg16", batch=256, budget="12GiB")
-        print(best.step_ms, best.peak_bytes, best.source, best.fallback)
+        print(best.step_ms, best.peak_bytes, best.source, best.fallback)  # source: simulated or measured
 
 Every non-2xx answer raises ``ApiError`` carrying the problem object (``status``, ``code``, ``detail``).
 """
@@ -145,10 +145,16 @@ class MemtuneClient:
         mode: str = "fastest",
         optimizer: str = "sgd",
         idempotency_key: str | None = None,
+        validate_top_k: int = 0,
+        validate_iters: int | None = None,
     ) -> JobPublic:
-        """``POST /v1/jobs``. ``model``: ``{"zoo": …, "params": …}``, ``{"spec": …}``, or a stored model id."""
+        """``POST /v1/jobs``. ``model``: ``{"zoo": …, "params": …}``, ``{"spec": …}``, or a stored model id.
+
+        ``validate_top_k`` > 0 asks the worker to measure that many of the best plans on a GPU of type
+        ``gpu`` (``validate_iters`` timed steps each, server default 6); they are stored labeled ``measured``.
+        """
         ref = {"id": model} if isinstance(model, str) else dict(model)
-        body = {
+        body: dict[str, Any] = {
             "model": ref,
             "batch": batch,
             "dtype": dtype,
@@ -158,6 +164,10 @@ class MemtuneClient:
             "mode": mode,
             "optimizer": optimizer,
         }
+        if validate_top_k:
+            body["validate_top_k"] = validate_top_k
+        if validate_iters is not None:
+            body["validate_iters"] = validate_iters
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         return JobPublic.model_validate(self._request("POST", "/v1/jobs", json=body, headers=headers).json())
 
@@ -232,15 +242,24 @@ class MemtuneClient:
         page_token: str | None = None,
         plans: bool = False,
         include_infeasible: bool = False,
+        source: str | None = None,
     ) -> LeaderboardPublic:
-        """One page of ``GET /v1/leaderboard`` (feasible plans unless ``include_infeasible``)."""
+        """One page of ``GET /v1/leaderboard`` (feasible plans unless ``include_infeasible``; ``source``:
+        ``simulated`` or ``measured`` only)."""
         params: dict[str, Any] = {
             "order_by": order_by,
             "page_size": page_size,
             "plans": plans,
             "include_infeasible": include_infeasible,
         }
-        for k, v in (("model", model), ("gpu", gpu), ("batch", batch), ("budget", budget), ("page_token", page_token)):
+        for k, v in (
+            ("model", model),
+            ("gpu", gpu),
+            ("batch", batch),
+            ("budget", budget),
+            ("page_token", page_token),
+            ("source", source),
+        ):
             if v is not None:
                 params[k] = v
         return LeaderboardPublic.model_validate(self._request("GET", "/v1/leaderboard", params=params).json())

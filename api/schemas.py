@@ -36,10 +36,12 @@ __all__ = [
     "TrialPoint",
     "TrialsPublic",
     "Unconstrained",
+    "ValidationPublic",
 ]
 
 ParamValue = int | float | str | bool
 JobStateName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+ValidationStateName = Literal["pending", "running", "done", "skipped", "failed", "cancelled"]
 
 _SPEC_EXAMPLE: dict[str, Any] = {
     "name": "small-cnn",
@@ -139,6 +141,17 @@ class JobCreate(_Request):
     trials: int = Field(default=300, ge=1, le=100_000, description="Optuna trials, baselines included")
     mode: Literal["fastest", "pareto"] = "fastest"
     optimizer: Literal["sgd", "adam", "none"] = "sgd"
+    validate_top_k: int = Field(
+        default=0,
+        ge=0,
+        le=10,
+        description="after the search, measure this many of the fastest distinct plans that fit on a GPU of "
+        "this type and store them labeled 'measured' (0: off). Needs a worker with that GPU and optimizer "
+        "'sgd'; otherwise the job succeeds with its simulated results and validation.state 'skipped'",
+    )
+    validate_iters: int = Field(
+        default=6, ge=1, le=50, description="timed training steps per validated plan (after 3 warm-up steps)"
+    )
 
 
 class BestSoFar(BaseModel):
@@ -165,6 +178,21 @@ class Unconstrained(BaseModel):
     peak_bytes: int
 
 
+class ValidationPublic(BaseModel):
+    """Where a job's measured validation stands (jobs with ``validate_top_k`` > 0).
+
+    ``state``: ``pending`` (not started), ``running``, ``done`` (the chosen plans ran; ``note`` names any
+    that ran out of memory), ``skipped`` (``note`` says why: no CUDA device on the worker, another GPU type,
+    no plan fits, optimizer not ``sgd``), ``failed`` (an unexpected error; the simulated results stand) or
+    ``cancelled``. While running, ``note`` says which plan is being measured on which device.
+    """
+
+    state: ValidationStateName
+    device: str | None = Field(description="the GPU the measured numbers come from")
+    note: str | None
+    unconstrained: Unconstrained | None = Field(description="the unplanned step as measured on that GPU")
+
+
 class JobPublic(BaseModel):
     """A job, its state and progress."""
 
@@ -179,8 +207,11 @@ class JobPublic(BaseModel):
     trials: int
     mode: str
     optimizer: str
+    validate_top_k: int = 0
+    validate_iters: int = 6
     progress: JobProgress
-    unconstrained: Unconstrained | None
+    unconstrained: Unconstrained | None = Field(description="the unplanned step as simulated")
+    validation: ValidationPublic | None = Field(default=None, description="null when validate_top_k is 0")
     error: str | None
     owner: str
     attempts: int
@@ -206,7 +237,12 @@ class JobEvent(BaseModel):
 
 
 class ResultPublic(BaseModel):
-    """One plan found by a job: a baseline policy, the Optuna best, or a Pareto point."""
+    """One plan found by a job: a baseline policy, the Optuna best, or a Pareto point.
+
+    ``source`` says where ``step_ms`` and ``peak_bytes`` come from: ``simulated`` (the cost model) or
+    ``measured`` (median step and peak allocated bytes on a GPU of this type). A measured row carries the
+    simulator's numbers for the same plan in ``predicted_*`` and the relative error of the prediction.
+    """
 
     id: int
     job_id: str
@@ -226,6 +262,14 @@ class ResultPublic(BaseModel):
     profile_id: int | None
     created_at: datetime
     plan: dict[str, Any] | None = None
+    predicted_step_ms: float | None = Field(default=None, description="measured rows: the simulated step ms")
+    predicted_peak_bytes: int | None = Field(default=None, description="measured rows: the simulated peak bytes")
+    step_error: float | None = Field(default=None, description="measured rows: (predicted - measured) / measured")
+    peak_error: float | None = Field(default=None, description="measured rows: (predicted - measured) / measured")
+    reserved_peak_bytes: int | None = Field(
+        default=None, description="measured rows: peak bytes the caching allocator reserved"
+    )
+    samples_per_s: float | None = Field(default=None, description="measured rows: training throughput")
 
 
 class ResultsPublic(BaseModel):
@@ -271,6 +315,8 @@ class BestPlanPublic(BaseModel):
 
     ``fallback``: ``exact`` (this budget on this GPU type), ``smaller_budget`` (the largest stored budget
     below the one asked), ``same_architecture`` (another GPU type with the same compute capability).
+    Within the step that answers, a plan measured to fit on the GPU (``source`` ``measured``) is preferred
+    to every simulated one; ``predicted_*`` then hold the simulator's numbers for it.
     """
 
     gpu: str = Field(description="the GPU type asked for")
@@ -287,6 +333,8 @@ class BestPlanPublic(BaseModel):
     step_ms: float
     peak_bytes: int
     source: Literal["simulated", "measured"]
+    predicted_step_ms: float | None = Field(default=None, description="measured plans: the simulated step ms")
+    predicted_peak_bytes: int | None = Field(default=None, description="measured plans: the simulated peak bytes")
     job_id: str
     profile_id: int | None
     plan: dict[str, Any]

@@ -14,6 +14,7 @@ from api.schemas import (
     ProfilePublic,
     ResultPublic,
     Unconstrained,
+    ValidationPublic,
 )
 from storage.records import GpuType, Job, ModelRecord, ProfileRecord, Result
 
@@ -39,6 +40,19 @@ def job_public(j: Job) -> JobPublic:
     unconstrained = None
     if j.unconstrained_step_ms is not None and j.unconstrained_peak_bytes is not None:
         unconstrained = Unconstrained(step_ms=j.unconstrained_step_ms, peak_bytes=j.unconstrained_peak_bytes)
+    validation = None
+    if j.validate_top_k > 0:
+        measured = None
+        if j.measured_unconstrained_step_ms is not None and j.measured_unconstrained_peak_bytes is not None:
+            measured = Unconstrained(
+                step_ms=j.measured_unconstrained_step_ms, peak_bytes=j.measured_unconstrained_peak_bytes
+            )
+        validation = ValidationPublic(
+            state=j.validation_state or "pending",
+            device=j.validation_device,
+            note=j.validation_note,
+            unconstrained=measured,
+        )
     return JobPublic(
         id=j.id,
         state=j.state,
@@ -51,6 +65,8 @@ def job_public(j: Job) -> JobPublic:
         trials=j.trials,
         mode=j.mode,
         optimizer=j.optimizer,
+        validate_top_k=j.validate_top_k,
+        validate_iters=j.validate_iters,
         progress=JobProgress(
             trials_done=j.trials_done,
             trials_total=j.trials,
@@ -58,6 +74,7 @@ def job_public(j: Job) -> JobPublic:
             best=best,
         ),
         unconstrained=unconstrained,
+        validation=validation,
         error=j.error,
         owner=j.owner,
         attempts=j.attempts,
@@ -91,7 +108,20 @@ def result_public(r: Result, *, with_plan: bool = False) -> ResultPublic:
         profile_id=r.profile_id,
         created_at=r.created_at,
         plan=r.plan if with_plan else None,
+        predicted_step_ms=r.predicted_step_ms,
+        predicted_peak_bytes=r.predicted_peak_bytes,
+        step_error=_relative_error(r.predicted_step_ms, r.step_ms) if r.source == "measured" else None,
+        peak_error=_relative_error(r.predicted_peak_bytes, r.peak_bytes) if r.source == "measured" else None,
+        reserved_peak_bytes=r.reserved_peak_bytes,
+        samples_per_s=r.samples_per_s,
     )
+
+
+def _relative_error(predicted: float | None, measured: float) -> float | None:
+    """(predicted − measured) / measured, as ``tuner.runtime.bench.BenchRow`` reports it."""
+    if predicted is None or measured <= 0:
+        return None
+    return (predicted - measured) / measured
 
 
 def row_public(r: Result, rank: int, *, with_plan: bool = False) -> LeaderboardRow:

@@ -9,20 +9,46 @@ worker's stale RUNNING trial (Optuna heartbeat, ``grace_period`` shorter than ``
 
 Profiles: a stored profile for (model, GPU type, batch, dtype) is reused; else a committed measured
 profile from ``profiler.library`` (zoo models at their default parameters); else a roofline profile
-(``profiler.modeled``), built on the ``meta`` device so no memory is allocated. Every result is labeled
-``simulated`` (the numbers come from the simulator, whatever the profile's source).
+(``profiler.modeled``), built on the ``meta`` device so no memory is allocated. The search's results are
+labeled ``simulated`` (the numbers come from the simulator, whatever the profile's source); the plans
+validated on the GPU are stored again, labeled ``measured`` (NOTE [ Measured validation ]).
+
+# NOTE [ Measured validation ]
+A job with ``validate_top_k`` > 0 asks the worker to measure its best plans on the GPU after the search:
+
+1. The simulated results are stored first (they are served while the plans are measured) and the job's
+   ``validation_state`` becomes ``running``.
+2. The top ``validate_top_k`` distinct plans that fit the budget, by simulated step ms (a tie goes to the
+   Optuna best, then Pareto points, then baselines), are measured in this process by
+   ``tuner.runtime.validate.validate_plans``: the unplanned step first, then each plan under
+   ``budget_guard`` at the job's budget (allocator settings as for ``memtune bench``: NOTE [ Allocator
+   retries ]), ``validate_iters`` timed steps after 3 warm-up steps. Each
+   start is written to the job (``validation_note``: "validating plan i/k (name) on <device>"), so the
+   events stream shows it. Cancellation and a lost lease are checked between two plans.
+3. Each plan that ran is stored as a ``measured`` result under the name and kind of its simulated row,
+   with the simulated numbers beside it (``predicted_step_ms``, ``predicted_peak_bytes``); a plan that ran
+   out of memory or failed is named, with the error, in the note. The unplanned step's measurement is
+   stored on the job (``measured_unconstrained_*``).
+
+Validation never fails a job whose search succeeded. It is ``skipped``, with the reason in the note and
+a warning in the log, when the worker has no CUDA device or a GPU of another type (measured numbers for an
+H200 plan must come from an H200), when no plan fits, or when the job's optimizer is not ``sgd`` (the
+measured step is SGD with momentum); it is ``failed``, with the error in the note, on anything unexpected.
+In every case the simulated results stand.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
 import time
 import warnings
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 from uuid import uuid4
 
 import optuna
@@ -33,10 +59,16 @@ from storage.repositories import JobLease, JobRepository, ModelRepository, Profi
 
 if TYPE_CHECKING:
     from api.settings import Settings
-    from profiler.profile import Profile
+    from profiler.chain import ModelChain
+    from profiler.profile import DeviceIdentity, Profile
+    from tuner.plan import Plan
+    from tuner.runtime.validate import ValidationRun
     from tuner.search import Candidate, TuneResult
 
-__all__ = ["Worker", "default_worker_id"]
+__all__ = ["VALIDATION_WARMUP", "Validator", "Worker", "default_worker_id"]
+
+VALIDATION_WARMUP = 3
+"""Untimed steps before each configuration's timed ones (NOTE [ Measured validation ])."""
 
 log = logging.getLogger("memtune.worker")
 
@@ -48,6 +80,43 @@ def default_worker_id() -> str:
 
 class _LeaseLost(Exception):
     """The job was reclaimed by another worker: stop without writing."""
+
+
+class Validator(Protocol):
+    """Measures plans on the GPU: ``tuner.runtime.validate.validate_plans``'s signature.
+
+    It must raise ``tuner.runtime.validate.ValidationUnavailable`` when it cannot measure here (no CUDA
+    device, another GPU type); the worker then records the validation as skipped, with the reason.
+    """
+
+    def __call__(
+        self,
+        chain: ModelChain | Callable[[], ModelChain],
+        profile: Profile,
+        batch: int,
+        dtype: str,
+        budget_bytes: int,
+        plans: Sequence[tuple[str, str, Plan]],
+        *,
+        gpu_key: str,
+        iters: int = ...,
+        warmup: int = ...,
+        progress: Callable[[int, int, str, DeviceIdentity], None] | None = ...,
+        should_stop: Callable[[], bool] | None = ...,
+    ) -> ValidationRun: ...
+
+
+@dataclass
+class _Validation:
+    """How one job's measured validation went, to be written with the job's finish."""
+
+    state: Literal["done", "skipped", "failed", "cancelled"]
+    note: str
+    device: str | None = None
+    measured: list[ResultIn] = field(default_factory=list)
+    unconstrained_step_ms: float | None = None
+    unconstrained_peak_bytes: int | None = None
+    simulated_stored: bool = False
 
 
 class _Watch:
@@ -102,6 +171,8 @@ class Worker:
         stale_after_s: a running job with no heartbeat for this long is reclaimed.
         poll_interval_s: idle wait between claim attempts, seconds.
         progress_interval_s: least seconds between two progress writes.
+        validator: measures a job's top plans on the GPU (NOTE [ Measured validation ]); None for
+            ``tuner.runtime.validate.validate_plans``, which measures on this process's CUDA device.
     """
 
     def __init__(
@@ -114,6 +185,7 @@ class Worker:
         stale_after_s: float = 30.0,
         poll_interval_s: float = 0.5,
         progress_interval_s: float = 0.5,
+        validator: Validator | None = None,
     ) -> None:
         if heartbeat_interval_s >= stale_after_s:
             raise ValueError(
@@ -127,6 +199,7 @@ class Worker:
         self.stale_after_s = stale_after_s
         self.poll_interval_s = poll_interval_s
         self.progress_interval_s = progress_interval_s
+        self.validator = validator
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._optuna: optuna.storages.RDBStorage | None = None
@@ -208,7 +281,13 @@ class Worker:
             result = self._tune(job, lease, profile, watch)
             if watch.lost:
                 raise _LeaseLost
-            self._store(job, lease, result, profile_id, cancelled=watch.cancel)
+            rows = _simulated_rows(job, result)
+            validation = None
+            if job.validate_top_k > 0:
+                validation = self._validate(job, lease, profile, profile_id, rows, watch)
+                if watch.lost:
+                    raise _LeaseLost
+            self._store(job, lease, result, profile_id, rows, validation, cancelled=watch.cancel)
         except _LeaseLost:
             log.warning("worker %s lost job %s to another worker; dropping it", self.worker_id, job.id)
         except Exception as e:
@@ -268,14 +347,103 @@ class Worker:
             should_stop=watch.should_stop,
         )
 
-    def _store(self, job: Job, lease: JobLease, result: TuneResult, profile_id: int, *, cancelled: bool) -> None:
-        rows = [_result_in(c, "baseline") for c in result.policies]
-        if result.best is not None:
-            rows.append(_result_in(result.best, "optuna", name="optuna"))
-        if job.mode == "pareto":
-            baseline_names = {c.name for c in result.policies}
-            rows.extend(_result_in(c, "pareto") for c in result.pareto if c.name not in baseline_names)
+    def _validate(
+        self, job: Job, lease: JobLease, profile: Profile, profile_id: int, rows: list[ResultIn], watch: _Watch
+    ) -> _Validation:
+        """Measure the job's top plans on the GPU (NOTE [ Measured validation ]); never raises but _LeaseLost."""
+        chosen = _top_plans(rows, job.validate_top_k)
+        if watch.cancel:
+            return _Validation("cancelled", "the job was cancelled before its plans were validated")
+        if not chosen:
+            return self._skipped(job, "no plan fits the budget, so there is nothing to validate")
+        if job.optimizer != "sgd":
+            return self._skipped(
+                job,
+                f"the measured step updates with SGD and momentum (tuner.runtime.bench), but this job was tuned "
+                f"for optimizer {job.optimizer!r}: its plans' memory would not match; submit with optimizer 'sgd'",
+            )
+        with self.db.session() as s:  # NOTE [ Measured validation ] step 1: the simulated results first
+            st = JobRepository(s).set_validation(
+                lease, "running", note=f"validating the top {len(chosen)} plan(s) on the GPU"
+            )
+            if st.lost:
+                raise _LeaseLost
+            ResultRepository(s).add_for_job(job, rows, profile_id=profile_id)
+        watch.note(st.lost, st.cancel)
+
+        def progress(index: int, total: int, name: str, device: DeviceIdentity) -> None:
+            if index == 0:
+                text = f"measuring the unplanned step (reference) on {device.name}"
+            else:
+                text = f"validating plan {index}/{total} ({name}) on {device.name}"
+            log.info("job %s: %s", job.id, text)
+            try:
+                with self.db.session() as s:
+                    st = JobRepository(s).set_validation(lease, "running", device=device.name, note=text)
+                watch.note(st.lost, st.cancel)
+            except Exception as e:  # like a missed heartbeat: the measurement goes on
+                log.warning("job %s: validation progress write failed: %s", job.id, e)
+
+        def should_stop() -> bool:
+            """Between two plans: ask the database (a heartbeat) whether the job was cancelled or reclaimed."""
+            try:
+                with self.db.session() as s:
+                    st = JobRepository(s).heartbeat(lease)
+                watch.note(st.lost, st.cancel)
+            except Exception as e:  # the heartbeat thread keeps trying; measure on
+                log.warning("job %s: lease check between plans failed: %s", job.id, e)
+            return watch.should_stop()
+
+        from tuner.plan import Plan
+        from tuner.runtime.validate import ValidationUnavailable, validate_plans
+
+        validator: Validator = self.validator or validate_plans
+        try:
+            model = self._model(job)
+            run = validator(
+                lambda: _build_chain(model),
+                profile,
+                job.batch,
+                job.dtype,
+                job.budget_bytes,
+                [(r.name, r.kind, Plan.model_validate(r.plan)) for r in chosen],
+                gpu_key=job.gpu_key,
+                iters=job.validate_iters,
+                warmup=VALIDATION_WARMUP,
+                progress=progress,
+                should_stop=should_stop,
+            )
+        except ValidationUnavailable as e:
+            out = self._skipped(job, str(e))
+            out.simulated_stored = True
+            return out
+        except Exception as e:
+            log.exception("job %s: validation failed; its simulated results stand", job.id)
+            text = f"validation failed, the simulated results stand: {type(e).__name__}: {e}"
+            return _Validation("failed", text[:4000], simulated_stored=True)
+        return _measured(job, chosen, run, cancelled=watch.cancel)
+
+    def _skipped(self, job: Job, reason: str) -> _Validation:
+        log.warning("job %s: validation skipped: %s", job.id, reason)
+        return _Validation("skipped", f"validation skipped: {reason}")
+
+    def _model(self, job: Job) -> ModelRecord:
+        with self.db.session() as s:
+            return ModelRepository(s).get(job.model_id)
+
+    def _store(
+        self,
+        job: Job,
+        lease: JobLease,
+        result: TuneResult,
+        profile_id: int,
+        rows: list[ResultIn],
+        validation: _Validation | None,
+        *,
+        cancelled: bool,
+    ) -> None:
         best = result.best
+        v = validation
         with self.db.session() as s:
             ok = JobRepository(s).finish(
                 lease,
@@ -287,10 +455,109 @@ class Worker:
                 unconstrained_step_ms=result.unconstrained.step_ms,
                 unconstrained_peak_bytes=result.unconstrained.peak_bytes,
                 error=None if best is not None else "no plan fits the budget; try a larger budget or a smaller batch",
+                validation_state=v.state if v else None,
+                validation_device=v.device if v else None,
+                validation_note=v.note if v else None,
+                measured_unconstrained_step_ms=v.unconstrained_step_ms if v else None,
+                measured_unconstrained_peak_bytes=v.unconstrained_peak_bytes if v else None,
             )
             if not ok:
                 raise _LeaseLost
-            ResultRepository(s).add_for_job(job, rows, profile_id=profile_id)
+            results = ResultRepository(s)
+            if v is None or not v.simulated_stored:
+                results.add_for_job(job, rows, profile_id=profile_id)
+            if v is not None and v.measured:
+                results.add_measured(job, v.measured, profile_id=profile_id)
+
+
+def _simulated_rows(job: Job, result: TuneResult) -> list[ResultIn]:
+    """The search's results to store: every baseline, the Optuna best, and (pareto mode) the front."""
+    rows = [_result_in(c, "baseline") for c in result.policies]
+    if result.best is not None:
+        rows.append(_result_in(result.best, "optuna", name="optuna"))
+    if job.mode == "pareto":
+        baseline_names = {c.name for c in result.policies}
+        rows.extend(_result_in(c, "pareto") for c in result.pareto if c.name not in baseline_names)
+    return rows
+
+
+_KIND_ORDER = {"optuna": 0, "pareto": 1, "baseline": 2}
+
+
+def _top_plans(rows: Sequence[ResultIn], k: int) -> list[ResultIn]:
+    """The ``k`` fastest distinct plans that fit, by simulated step ms (ties: optuna, pareto, baseline).
+
+    Plans are distinct by content: the label (which policy or search made the plan) is not compared."""
+    fitting = sorted((r for r in rows if r.feasible), key=lambda r: (r.step_ms, _KIND_ORDER.get(r.kind, 3), r.name))
+    seen: set[str] = set()
+    out: list[ResultIn] = []
+    for r in fitting:
+        key = json.dumps({k2: v for k2, v in r.plan.items() if k2 != "label"}, sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(r)
+        if len(out) == k:
+            break
+    return out
+
+
+def _measured(job: Job, chosen: list[ResultIn], run: ValidationRun, *, cancelled: bool) -> _Validation:
+    """Measured results (the simulated numbers beside them) and the note, from a validation run."""
+    measured: list[ResultIn] = []
+    problems: list[str] = []
+    for sim, row in zip(chosen, run.rows, strict=False):
+        if row.step_ms is None or row.peak_bytes is None:
+            problems.append(f"{sim.name!r} did not run: {row.error or 'no measurement'}")
+            continue
+        measured.append(
+            ResultIn(
+                name=sim.name,
+                kind=sim.kind,
+                plan=sim.plan,
+                step_ms=float(row.step_ms),
+                peak_bytes=int(row.peak_bytes),
+                feasible=bool(row.fits),
+                source="measured",
+                predicted_step_ms=sim.step_ms,
+                predicted_peak_bytes=sim.peak_bytes,
+                reserved_peak_bytes=row.reserved_bytes,
+                samples_per_s=row.samples_per_s,
+            )
+        )
+    device = run.device.name
+    parts = [
+        f"measured {len(measured)} of {len(chosen)} plan(s) on {device} "
+        f"({job.validate_iters} timed steps each after {VALIDATION_WARMUP} warm-up steps)"
+    ]
+    if run.unconstrained.step_ms is None:
+        parts.append(f"the unplanned reference step did not run: {run.unconstrained.error}")
+    parts.extend(problems)
+    if run.stopped:
+        parts.append(f"stopped after {len(run.rows)} plan(s): the job was cancelled or reclaimed")
+    note = "; ".join(parts)
+    if problems:
+        log.warning("job %s: %s", job.id, note)
+    return _Validation(
+        "cancelled" if run.stopped and cancelled else "done",
+        note[:8000],
+        device=device,
+        measured=measured,
+        unconstrained_step_ms=run.unconstrained.step_ms,
+        unconstrained_peak_bytes=run.unconstrained.peak_bytes,
+        simulated_stored=True,
+    )
+
+
+def _build_chain(model: ModelRecord) -> ModelChain:
+    """The model's chain with real (CPU) parameters, for measuring on the GPU."""
+    if model.kind == "zoo":
+        from profiler.zoo import build
+
+        return build(str(model.definition["zoo"]), model.definition.get("params"))
+    from profiler.spec import from_spec
+
+    return from_spec(model.definition["spec"])
 
 
 def _result_in(c: Candidate, kind: Any, *, name: str | None = None) -> ResultIn:

@@ -10,6 +10,7 @@ from profiler.profile import Profile
 
 __all__ = [
     "TERMINAL_STATES",
+    "VALIDATION_STATES",
     "ApiKey",
     "Claim",
     "GpuType",
@@ -19,10 +20,18 @@ __all__ = [
     "ProfileRecord",
     "Result",
     "ResultIn",
+    "ValidationState",
 ]
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+ValidationState = Literal["pending", "running", "done", "skipped", "failed", "cancelled"]
+"""How a job's measured validation went (NOTE [ Measured validation ] in ``api.worker``):
+``pending`` (asked, not started), ``running``, ``done`` (every chosen plan was run; some may have run
+out of memory, the note says), ``skipped`` (not run: no CUDA device, another GPU type, nothing fits …),
+``failed`` (an unexpected error; the simulated results stand), ``cancelled`` (the job was cancelled)."""
+VALIDATION_STATES: frozenset[str] = frozenset({"pending", "running", "done", "skipped", "failed", "cancelled"})
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,11 @@ class ProfileRecord:
 
 @dataclass(frozen=True)
 class Job:
-    """A tuning job and its progress. ``budget_bytes`` is the resolved budget; ``trials`` the target count."""
+    """A tuning job and its progress. ``budget_bytes`` is the resolved budget; ``trials`` the target count.
+
+    ``validate_top_k`` (0 = off) plans are to be measured on the GPU with ``validate_iters`` timed steps
+    each; ``validation_state`` is None until the worker gets there (see ``ValidationState``).
+    """
 
     id: str
     model_id: str
@@ -92,6 +105,13 @@ class Job:
     best_peak_bytes: int | None
     unconstrained_step_ms: float | None
     unconstrained_peak_bytes: int | None
+    validate_top_k: int
+    validate_iters: int
+    validation_state: ValidationState | None
+    validation_device: str | None
+    validation_note: str | None
+    measured_unconstrained_step_ms: float | None
+    measured_unconstrained_peak_bytes: int | None
     error: str | None
     owner: str
     idempotency_key: str | None
@@ -125,7 +145,11 @@ class Claim:
 
 @dataclass(frozen=True)
 class ResultIn:
-    """A plan to store for a job. ``kind``: ``baseline`` (a policy), ``optuna`` (the best) or ``pareto``."""
+    """A plan to store for a job. ``kind``: ``baseline`` (a policy), ``optuna`` (the best) or ``pareto``.
+
+    A ``measured`` result carries the GPU's step ms and peak allocated bytes in ``step_ms``/``peak_bytes``
+    and the simulator's numbers for the same plan in ``predicted_step_ms``/``predicted_peak_bytes``.
+    """
 
     name: str
     kind: Literal["baseline", "optuna", "pareto"]
@@ -134,11 +158,19 @@ class ResultIn:
     peak_bytes: int
     feasible: bool
     source: Literal["simulated", "measured"] = "simulated"
+    predicted_step_ms: float | None = None
+    predicted_peak_bytes: int | None = None
+    reserved_peak_bytes: int | None = None
+    samples_per_s: float | None = None
 
 
 @dataclass(frozen=True)
 class Result:
-    """A stored plan result with its numbers (ms, bytes) and where they came from."""
+    """A stored plan result with its numbers (ms, bytes) and where they came from (``source``).
+
+    For ``measured`` results ``predicted_*`` hold the simulator's numbers for the same plan, and
+    ``reserved_peak_bytes`` the caching allocator's peak (bytes) and ``samples_per_s`` the throughput.
+    """
 
     id: int
     job_id: str
@@ -157,6 +189,10 @@ class Result:
     source: str
     profile_id: int | None
     created_at: datetime
+    predicted_step_ms: float | None = None
+    predicted_peak_bytes: int | None = None
+    reserved_peak_bytes: int | None = None
+    samples_per_s: float | None = None
 
 
 @dataclass(frozen=True)

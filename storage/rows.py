@@ -127,7 +127,12 @@ class ProfileRow(Base):
 
 
 class JobRow(Base):
-    """A tuning job: queued -> running -> succeeded | failed | cancelled, with progress and ownership."""
+    """A tuning job: queued -> running -> succeeded | failed | cancelled, with progress and ownership.
+
+    ``validate_top_k`` / ``validate_iters`` ask the worker to measure the top plans on the GPU; the
+    ``validation_*`` columns say how that went and ``measured_unconstrained_*`` hold the unplanned step
+    measured beside them (ms, bytes).
+    """
 
     __tablename__ = "mt_jobs"
     __table_args__ = (
@@ -152,6 +157,13 @@ class JobRow(Base):
     best_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     unconstrained_step_ms: Mapped[float | None] = mapped_column(Float)
     unconstrained_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    validate_top_k: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    validate_iters: Mapped[int] = mapped_column(Integer, default=6, server_default="6")
+    validation_state: Mapped[str | None] = mapped_column(String(16))
+    validation_device: Mapped[str | None] = mapped_column(String(200))
+    validation_note: Mapped[str | None] = mapped_column(Text)
+    measured_unconstrained_step_ms: Mapped[float | None] = mapped_column(Float)
+    measured_unconstrained_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     error: Mapped[str | None] = mapped_column(Text)
     owner: Mapped[str] = mapped_column(String(100))
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
@@ -183,7 +195,12 @@ class JobClaimRow(Base):
 
 
 class ResultRow(Base):
-    """One plan found for a job: a baseline policy, the Optuna best, or a Pareto point."""
+    """One plan found for a job: a baseline policy, the Optuna best, or a Pareto point.
+
+    ``source`` is ``simulated`` or ``measured``. A measured row holds the GPU's numbers in ``step_ms`` /
+    ``peak_bytes`` (``max_memory_allocated``) and the simulator's for the same plan in ``predicted_*``;
+    ``reserved_peak_bytes`` and ``samples_per_s`` are measured only.
+    """
 
     __tablename__ = "mt_results"
     __table_args__ = (Index("ix_mt_results_lookup", "gpu_key", "model_id", "batch", "budget_bytes"),)
@@ -205,6 +222,10 @@ class ResultRow(Base):
     source: Mapped[str] = mapped_column(String(16))
     profile_id: Mapped[int | None] = mapped_column(ForeignKey("mt_profiles.id", ondelete="SET NULL"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    predicted_step_ms: Mapped[float | None] = mapped_column(Float)
+    predicted_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    reserved_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    samples_per_s: Mapped[float | None] = mapped_column(Float)
 
 
 class ApiKeyRow(Base):

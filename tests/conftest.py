@@ -1,4 +1,4 @@
-"""Shared test setup: make the hand-made chains importable and register no-GPU skips."""
+"""Shared test setup: make the hand-made chains and service fixtures importable; register no-GPU skips."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent.parent))  # the repository root: `from tests.unit… import …` works
 sys.path.insert(0, str(Path(__file__).parent / "unit" / "tuner"))
 sys.path.insert(0, str(Path(__file__).parent / "unit" / "profiler"))
+sys.path.insert(0, str(Path(__file__).parent / "unit" / "service"))  # service_fixtures, for integration tests too
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -33,8 +33,9 @@ _storage_lock = threading.Lock()
 
 
 def best_result(results: list[Result]) -> Result | None:
-    """The job's best plan: the fastest feasible result (``results`` come fastest first)."""
-    return next((r for r in results if r.feasible), None)
+    """The job's best plan as simulated: the fastest feasible simulated result (``results`` come fastest
+    first). The timeline is a simulation, so a measured row of the same plan does not stand in for it."""
+    return next((r for r in results if r.feasible and r.source == "simulated"), None)
 
 
 def _series(name: str, sim: SimResult) -> TimelineSeries:

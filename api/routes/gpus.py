@@ -26,6 +26,10 @@ _NOTES = {
     "same_architecture": "no result on this GPU type; this plan was tuned on another GPU type of the same "
     "architecture (compute capability) and its peak fits the budget asked",
 }
+_MEASURED_NOTE = (
+    "; its step time and peak were measured on the GPU (the simulator's numbers are in predicted_*), "
+    "and a measured plan is preferred to simulated ones"
+)
 
 
 @router.get("", response_model=GpusPublic)
@@ -55,6 +59,8 @@ def best_plan(
 
     Fallback, stated in ``fallback`` and ``note``: the exact budget; else the largest stored budget not
     above it; else another GPU type of the same architecture (compute capability). 404 otherwise.
+    Within the step that answers, a plan measured to fit on the GPU (``source: measured``) is preferred to
+    every simulated one, the fastest measured first; ``predicted_*`` then hold the simulator's numbers.
     """
     with db.session() as s:
         try:
@@ -102,12 +108,14 @@ def best_plan(
         budget_bytes=budget_bytes,
         plan_budget_bytes=r.budget_bytes,
         fallback=answer.fallback,
-        note=_NOTES[answer.fallback],
+        note=_NOTES[answer.fallback] + (_MEASURED_NOTE if r.source == "measured" else ""),
         name=r.name,
         kind=r.kind,
         step_ms=r.step_ms,
         peak_bytes=r.peak_bytes,
         source=r.source,  # type: ignore[arg-type]
+        predicted_step_ms=r.predicted_step_ms,
+        predicted_peak_bytes=r.predicted_peak_bytes,
         job_id=r.job_id,
         profile_id=r.profile_id,
         plan=r.plan,

@@ -39,7 +39,12 @@ IdempotencyKey = Annotated[
 
 
 def _request_hash(body: JobCreate) -> str:
-    text = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    data = body.model_dump(mode="json")
+    # a request that asks for no validation hashes as it did before the validation fields existed, so an
+    # idempotent retry across the upgrade still finds its job
+    if data["validate_top_k"] == 0 and data["validate_iters"] == JobCreate.model_fields["validate_iters"].default:
+        del data["validate_top_k"], data["validate_iters"]
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -49,13 +54,18 @@ def _request_hash(body: JobCreate) -> str:
     response_model=JobPublic,
     responses={
         409: {"description": "Idempotency-Key reused for a different request"},
-        422: {"description": "unknown GPU, bad budget, bad model spec (names the layer and field)"},
+        422: {"description": "unknown GPU, bad budget, bad model spec (names the layer and field), bad field"},
     },
 )
 def create_job(
     body: JobCreate, db: DbDep, key: WriteKey, response: Response, idempotency_key: IdempotencyKey = None
 ) -> JobPublic:
-    """Queue a tuning job; 202 with ``Location: /v1/jobs/{id}``."""
+    """Queue a tuning job; 202 with ``Location: /v1/jobs/{id}``.
+
+    With ``validate_top_k`` > 0 the worker then measures that many of the best plans on a GPU of the job's
+    type and stores them labeled ``measured`` beside the simulated ones (``validation`` on the job says
+    how it went: done, or skipped and why).
+    """
     request_hash = _request_hash(body)
     for attempt in (0, 1):  # a concurrent identical model create or idempotent retry: read the winner
         try:
@@ -80,6 +90,8 @@ def create_job(
                     trials=body.trials,
                     mode=body.mode,
                     optimizer=body.optimizer,
+                    validate_top_k=body.validate_top_k,
+                    validate_iters=body.validate_iters,
                     owner=key.name,
                     request_hash=request_hash,
                     idempotency_key=idempotency_key,
@@ -118,7 +130,8 @@ def get_job(job_id: str, db: DbDep, _read: ReadAccess) -> JobPublic:
 
 @router.get("/{job_id}/results", response_model=ResultsPublic)
 def job_results(job_id: str, db: DbDep, _read: ReadAccess, plans: Annotated[bool, Query()] = False) -> ResultsPublic:
-    """The plans a job stored (baselines, the Optuna best, Pareto points), fastest first."""
+    """The plans a job stored (baselines, the Optuna best, Pareto points), fastest first; measured rows (if the
+    job validated plans on the GPU) are listed with the simulated ones, labeled by ``source``."""
     with db.session() as s:
         JobRepository(s).get(job_id)
         results = ResultRepository(s).for_job(job_id)

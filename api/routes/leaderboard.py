@@ -1,4 +1,4 @@
-"""``/v1/leaderboard``: ranked plans with baselines marked and Pareto-optimal rows flagged, paginated."""
+"""``/v1/leaderboard``: ranked plans, simulated and measured (labeled), baselines marked, paginated."""
 
 from __future__ import annotations
 
@@ -32,8 +32,16 @@ def leaderboard(
     page_token: Annotated[str | None, Query(max_length=500)] = None,
     plans: Annotated[bool, Query(description="include each plan's JSON")] = False,
     include_infeasible: Annotated[bool, Query(description="also rank plans over their budget")] = False,
+    source: Annotated[
+        Literal["simulated", "measured"] | None, Query(description="only simulated, or only measured, results")
+    ] = None,
 ) -> LeaderboardPublic:
-    """Feasible stored plans ranked by ``order_by`` (ascending); pass ``next_page_token`` back for the next page."""
+    """Feasible stored plans ranked by ``order_by`` (ascending); pass ``next_page_token`` back for the next page.
+
+    Measured and simulated results are ranked together, each labeled by ``source``; a measured row carries
+    the simulator's prediction for the same plan (``predicted_step_ms``, ``predicted_peak_bytes``,
+    ``step_error``). ``source=measured`` lists only what was measured on a GPU.
+    """
     with db.session() as s:
         gpu_key = None
         budget_bytes = None
@@ -57,6 +65,7 @@ def leaderboard(
                 page_size=page_size,
                 page_token=page_token,
                 include_infeasible=include_infeasible,
+                source=source,
             )
         except ValueError as e:
             raise ProblemError(400, "invalid_page_token", "Invalid page token", str(e)) from e

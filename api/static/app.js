@@ -7,7 +7,7 @@
   const C = {
     fwd: "#0072b2", d2h: "#e69f00", front: "#009e73", best: "#d55e00", budget: "#d55e00",
     trial: "#9aa3ad", baseline: "#1d232b", unplanned: "#5b6673",
-    keep: "#c9d3dd", offload: "#e69f00", recompute: "#cc79a7",
+    keep: "#c9d3dd", offload: "#e69f00", recompute: "#cc79a7", measured: "#56b4e9",
   };
 
   // ---- small helpers ---------------------------------------------------------------------------
@@ -163,18 +163,22 @@
   }
 
   // ---- (b) the Pareto front: every trial, the baselines, the best plan --------------------------
-  function drawPareto(container, job, results, trials) {
+  function drawPareto(container, job, allResults, trials) {
+    // the chart is the search's (simulated) view; plans measured on the GPU are drawn beside their prediction
+    const results = allResults.filter((r) => r.source !== "measured");
+    const measured = allResults.filter((r) => r.source === "measured");
     const feasibleResults = results.filter((r) => r.feasible);
     const best = feasibleResults[0] || null; // results come fastest first
     const baselines = results.filter((r) => r.baseline);
     const pts = trials.map((t) => ({ x: gib(t.peak_bytes), y: t.step_ms, t }));
-    const all = pts.concat(results.map((r) => ({ x: gib(r.peak_bytes), y: r.step_ms })));
+    const all = pts.concat(allResults.map((r) => ({ x: gib(r.peak_bytes), y: r.step_ms })));
     if (!all.length) return message(container, "No plans were evaluated yet.");
     const fr = frame(container, {
       width: 600, height: 400, margin: { top: 34, right: 18, bottom: 46, left: 62 },
       title: "Step time versus peak GPU memory of every plan tried",
       desc: `${trials.length} trials, ${baselines.length} baseline policies, budget ${fmtGiB(job.budget_bytes)}` +
-        (best ? `; best plan ${fmtMs(best.step_ms)} at ${fmtGiB(best.peak_bytes)}` : "; no plan fits"),
+        (best ? `; best plan ${fmtMs(best.step_ms)} at ${fmtGiB(best.peak_bytes)}` : "; no plan fits") +
+        (measured.length ? `; ${measured.length} plan(s) measured on the GPU` : ""),
     });
     const xs = all.map((p) => p.x).concat([gib(job.budget_bytes)]);
     const ys = all.map((p) => p.y);
@@ -227,12 +231,30 @@
       taken.push({ x0: px - 8, x1: px + 8, y0: py - 8, y1: py + 8 });
       labels.unshift({ x: px, y: py, text: `best: ${fmtMs(best.step_ms)}, ${fmtGiB(best.peak_bytes)}`, bold: true });
     }
+    // measured plans: a square at the measured numbers, a dotted line back to the simulator's prediction
+    const mg = el("g", { class: "measured-plans", "data-count": measured.length }, plot);
+    for (const r of measured) {
+      const px = x.f(gib(r.peak_bytes)), py = y.f(r.step_ms);
+      if (r.predicted_step_ms != null && r.predicted_peak_bytes != null) {
+        el("line", {
+          x1: px, y1: py, x2: x.f(gib(r.predicted_peak_bytes)), y2: y.f(r.predicted_step_ms),
+          stroke: C.measured, "stroke-width": 1.3, "stroke-dasharray": "2 3",
+        }, mg);
+      }
+      const m = el("rect", {
+        class: "measured", x: px - 5, y: py - 5, width: 10, height: 10, fill: C.measured, stroke: "#1d232b", "stroke-width": 1,
+      }, mg);
+      el("title", {}, m, `${r.name}, measured: ${fmtMs(r.step_ms)}, ${fmtGiB(r.peak_bytes)}` +
+        (r.predicted_step_ms != null ? ` (simulated ${fmtMs(r.predicted_step_ms)}, ${fmtGiB(r.predicted_peak_bytes)})` : ""));
+      taken.push({ x0: px - 6, x1: px + 6, y0: py - 6, y1: py + 6 });
+    }
     placeLabels(fr, el("g", { class: "labels" }, plot), labels, taken);
     legend(fr, [
       { label: "trial", mark: markDot(C.trial) },
-      { label: "Pareto front", mark: markLine(C.front) },
+      { label: measured.length ? "front" : "Pareto front", mark: markLine(C.front) },
       { label: "baseline", mark: (g, cx, cy) => el("path", { d: diamond(cx, cy, 5), fill: C.baseline }, g) },
       { label: "best plan", mark: markDot(C.best) },
+      ...(measured.length ? [{ label: "measured", mark: markBox(C.measured) }] : []),
       { label: `budget ${fmtGiB(job.budget_bytes)}`, mark: markLine(C.budget, "6 4", 1.5) },
     ]);
   }
@@ -350,6 +372,17 @@
   }
   const link = (href, text) => el("a", { href }, null, text);
   const badge = (text, cls) => el("span", { class: `badge ${cls || text}` }, null, text);
+  const sourceBadge = (r) => badge(r.source, r.source === "measured" ? "measured" : "simulated");
+  // a measured row's simulated prediction and the simulator's error, e.g. "188.6 ms (+1.2%)"
+  function predictedCell(r) {
+    if (r.source !== "measured" || r.predicted_step_ms == null) return "–";
+    const err = r.step_error != null ? ` (${r.step_error >= 0 ? "+" : ""}${(r.step_error * 100).toFixed(1)}%)` : "";
+    return `${fmtMs(r.predicted_step_ms)}${err}`;
+  }
+  function predictedPeakCell(r) {
+    if (r.source !== "measured" || r.predicted_peak_bytes == null) return "–";
+    return fmtGiB(r.predicted_peak_bytes);
+  }
   function progressCell(j) {
     const span = el("span");
     el("progress", { max: j.progress.trials_total, value: j.progress.trials_done, "aria-label": "trials done" }, span);
@@ -373,7 +406,7 @@
     form.addEventListener("submit", (ev) => {
       ev.preventDefault();
       const q = new URLSearchParams();
-      for (const k of ["model", "gpu", "batch", "order_by"]) if (form.elements[k].value) q.set(k, form.elements[k].value);
+      for (const k of ["model", "gpu", "batch", "order_by", "source"]) if (form.elements[k].value) q.set(k, form.elements[k].value);
       location.search = q.toString();
     });
     try {
@@ -394,7 +427,7 @@
       message(jobsBox, `Could not load jobs: ${e.message}`, "error");
     }
     const q = new URLSearchParams({ page_size: "25" });
-    for (const k of ["model", "gpu", "batch", "order_by", "page_token"]) if (params.get(k)) q.set(k, params.get(k));
+    for (const k of ["model", "gpu", "batch", "order_by", "source", "page_token"]) if (params.get(k)) q.set(k, params.get(k));
     try {
       const board = await api(`/v1/leaderboard?${q}`);
       if (!board.count) return message(boardBox, "No stored plans match.");
@@ -402,10 +435,12 @@
       table(boardBox, [
         { label: "#", num: true }, { label: "model" }, { label: "GPU" }, { label: "batch", num: true }, { label: "dtype" },
         { label: "budget", num: true }, { label: "plan" }, { label: "step", num: true }, { label: "peak", num: true },
-        { label: "source" }, { label: "Pareto" }, { label: "job" },
+        { label: "source" }, { label: "simulated step (error)", num: true }, { label: "simulated peak", num: true },
+        { label: "Pareto" }, { label: "job" },
       ], board.data.map((r, i) => [
         String(r.rank), names[i], r.gpu, String(r.batch), r.dtype, fmtGiB(r.budget_bytes),
-        badge(r.name, r.baseline ? "baseline" : r.kind), fmtMs(r.step_ms), fmtGiB(r.peak_bytes), r.source,
+        badge(r.name, r.baseline ? "baseline" : r.kind), fmtMs(r.step_ms), fmtGiB(r.peak_bytes), sourceBadge(r),
+        predictedCell(r), predictedPeakCell(r),
         r.pareto_optimal ? el("span", { class: "pareto", title: "on the Pareto front of its job" }, null, "★") : "",
         link(`/jobs/${r.job_id}`, r.job_id.slice(0, 8)),
       ]));
@@ -443,6 +478,14 @@
       stat(stats, "best plan peak", fmtGiB(best.peak_bytes), un ? `${((1 - best.peak_bytes / un.peak_bytes) * 100).toFixed(0)}% below unplanned` : "");
     }
     if (un) stat(stats, "unplanned (PyTorch default)", fmtMs(un.step_ms), `peak ${fmtGiB(un.peak_bytes)}`);
+    const v = job.validation;
+    if (v) {
+      stat(stats, `GPU validation (top ${job.validate_top_k})`, v.state, v.device || "");
+      if (v.unconstrained) {
+        stat(stats, "unplanned, measured", fmtMs(v.unconstrained.step_ms), `peak ${fmtGiB(v.unconstrained.peak_bytes)} on ${v.device || "the GPU"}`);
+      }
+      if (v.note) el("p", { class: `validation-note ${v.state === "skipped" || v.state === "failed" ? "warning" : "muted"}` }, box, v.note);
+    }
     if (job.started_at && job.finished_at) {
       const s = (Date.parse(job.finished_at) - Date.parse(job.started_at)) / 1000;
       stat(stats, "tuning time", `${s.toFixed(1)} s`, `${job.progress.trials_done} trials, ${job.attempts} attempt(s)`);
@@ -477,7 +520,7 @@
     if (timeline instanceof Error) message(tlBox, timeline.message, timeline.status === 404 ? "muted" : "error");
     else drawTimeline(tlBox, timeline);
     const profBox = document.getElementById("chart-profile");
-    const bestRow = results instanceof Error ? null : results.data.find((r) => r.feasible);
+    const bestRow = results instanceof Error ? null : results.data.find((r) => r.feasible && r.source !== "measured");
     if (profile === null) message(profBox, "The job has no profile yet.");
     else if (profile instanceof Error) message(profBox, `Could not load the profile: ${profile.message}`, "error");
     else drawProfile(profBox, profile.profile, bestRow ? bestRow.plan : null);
@@ -487,13 +530,15 @@
       else table(resBox, [
         { label: "plan" }, { label: "kind" }, { label: "step", num: true }, { label: "peak", num: true },
         { label: "fits budget" }, { label: "Pareto" }, { label: "keep / offload / recompute" }, { label: "source" },
+        { label: "simulated step (error)", num: true }, { label: "simulated peak", num: true },
       ], results.data.map((r) => {
         const a = (r.plan && r.plan.actions) || [];
         const count = (k) => a.filter((v) => v === k).length;
         return [
           r.name, badge(r.kind), fmtMs(r.step_ms), fmtGiB(r.peak_bytes), r.feasible ? "yes" : "no",
           r.pareto_optimal ? el("span", { class: "pareto" }, null, "★") : "",
-          `${count("keep")} / ${count("offload")} / ${count("recompute")}`, r.source,
+          `${count("keep")} / ${count("offload")} / ${count("recompute")}`, sourceBadge(r),
+          predictedCell(r), predictedPeakCell(r),
         ];
       }));
     }

@@ -27,7 +27,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from storage.errors import ConflictError, IdempotencyConflictError, NotFoundError
-from storage.records import TERMINAL_STATES, Claim, Job
+from storage.records import TERMINAL_STATES, VALIDATION_STATES, Claim, Job, ValidationState
 from storage.repositories._convert import to_claim, to_job
 from storage.rows import JobClaimRow, JobRow, utcnow
 
@@ -73,9 +73,14 @@ class JobRepository:
         owner: str,
         request_hash: str,
         idempotency_key: str | None = None,
+        validate_top_k: int = 0,
+        validate_iters: int = 6,
     ) -> tuple[Job, bool]:
         """Queue a job; ``(job, created)``. With an ``idempotency_key`` already used by ``owner``, the
-        earlier job is returned (``created`` False) when the request is the same, else ``ConflictError``."""
+        earlier job is returned (``created`` False) when the request is the same, else ``ConflictError``.
+
+        ``validate_top_k`` plans (0 = none) are to be measured on the GPU after the search, with
+        ``validate_iters`` timed steps each."""
         if idempotency_key is not None:
             existing = self.find_by_idempotency_key(owner, idempotency_key)
             if existing is not None:
@@ -98,6 +103,8 @@ class JobRepository:
             trials=trials,
             mode=mode,
             optimizer=optimizer,
+            validate_top_k=validate_top_k,
+            validate_iters=validate_iters,
             state="queued",
             trials_done=0,
             owner=owner,
@@ -250,6 +257,23 @@ class JobRepository:
     def set_profile(self, lease: JobLease, profile_id: int) -> LeaseStatus:
         return self._lease_write(lease, {"profile_id": profile_id})
 
+    def set_validation(
+        self,
+        lease: JobLease,
+        state: ValidationState,
+        *,
+        device: str | None = None,
+        note: str | None = None,
+    ) -> LeaseStatus:
+        """Record where the job's measured validation stands (``state``, the device's name, a note saying
+        what is being measured or why it was skipped); also a heartbeat."""
+        if state not in VALIDATION_STATES:
+            raise ValueError(f"unknown validation state {state!r}; one of {sorted(VALIDATION_STATES)}")
+        values: dict[str, Any] = {"validation_state": state, "validation_note": note}
+        if device is not None:
+            values["validation_device"] = device
+        return self._lease_write(lease, values)
+
     def finish(
         self,
         lease: JobLease,
@@ -262,8 +286,15 @@ class JobRepository:
         best_peak_bytes: int | None = None,
         unconstrained_step_ms: float | None = None,
         unconstrained_peak_bytes: int | None = None,
+        validation_state: ValidationState | None = None,
+        validation_device: str | None = None,
+        validation_note: str | None = None,
+        measured_unconstrained_step_ms: float | None = None,
+        measured_unconstrained_peak_bytes: int | None = None,
     ) -> bool:
-        """Move the job to a terminal ``state``; False when the lease was lost (nothing written)."""
+        """Move the job to a terminal ``state``; False when the lease was lost (nothing written).
+
+        The ``validation_*`` and ``measured_unconstrained_*`` values (ms, bytes) are written when given."""
         if state not in TERMINAL_STATES:
             raise ValueError(f"finish() needs a terminal state {sorted(TERMINAL_STATES)}, got {state!r}")
         now = utcnow()
@@ -285,6 +316,17 @@ class JobRepository:
             values.update(
                 unconstrained_step_ms=unconstrained_step_ms,
                 unconstrained_peak_bytes=unconstrained_peak_bytes,
+            )
+        if validation_state is not None:
+            if validation_state not in VALIDATION_STATES:
+                raise ValueError(f"unknown validation state {validation_state!r}; one of {sorted(VALIDATION_STATES)}")
+            values.update(validation_state=validation_state, validation_note=validation_note)
+            if validation_device is not None:
+                values["validation_device"] = validation_device
+        if measured_unconstrained_step_ms is not None:
+            values.update(
+                measured_unconstrained_step_ms=measured_unconstrained_step_ms,
+                measured_unconstrained_peak_bytes=measured_unconstrained_peak_bytes,
             )
         res = self.s.execute(
             update(JobRow).where(self._held(lease)).values(**values).execution_options(synchronize_session=False)

@@ -10,8 +10,20 @@ budget" in three steps, and says which one answered:
 3. ``same_architecture``: else, the same two steps on the other GPU types of the same architecture
    (compute capability), in key order; only plans whose peak fits the asked budget are used.
 
-Among candidates the fastest feasible plan wins; a ``measured`` plan beats a ``simulated`` one of the
-same budget only by being faster, and its label tells the caller which it is.
+Among the candidates of the step that answers, a ``measured`` plan that fitted on the GPU (its measured
+peak within the asked budget) wins over every ``simulated`` one, the fastest measured first; only when
+none was measured does the fastest simulated plan answer. The measurement is what the plan does; the
+simulation is what it is predicted to do. The fallback order comes first: a simulated plan tuned for
+exactly this budget still answers before a measured one tuned for a smaller budget. The result's
+``source`` tells the caller which kind answered.
+
+# NOTE [ Measured results ]
+A job that asked for validation stores, beside its simulated plans, one ``measured`` row per plan that
+ran on the GPU: ``step_ms`` is the measured median step, ``peak_bytes`` the measured peak allocated bytes,
+``feasible`` whether that peak fitted the budget, and ``predicted_step_ms`` / ``predicted_peak_bytes``
+the simulator's numbers for the same plan. The leaderboard ranks measured and simulated rows together by
+the asked order (each labeled by ``source``; ``source=`` filters to one kind). Pareto flags are
+computed within one job and one source: measured and simulated numbers are not compared.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session
 
 from storage.records import Job, Result, ResultIn
@@ -32,6 +44,7 @@ from storage.rows import ResultRow
 __all__ = ["BestAnswer", "LeaderboardPage", "ResultRepository", "pareto_flags"]
 
 OrderBy = Literal["step_ms", "peak_bytes", "created_at"]
+Source = Literal["simulated", "measured"]
 
 
 def pareto_flags(points: Sequence[tuple[float, int, bool]]) -> list[bool]:
@@ -92,10 +105,33 @@ class ResultRepository:
         self.s = session
 
     def add_for_job(self, job: Job, results: Sequence[ResultIn], *, profile_id: int | None) -> list[Result]:
-        """Store a job's results (replacing earlier ones of the job) with Pareto flags over the set."""
+        """Store a job's results (replacing earlier ones of the job) with Pareto flags per source."""
         for old in self.s.scalars(select(ResultRow).where(ResultRow.job_id == job.id)):
             self.s.delete(old)
-        flags = pareto_flags([(r.step_ms, r.peak_bytes, r.feasible) for r in results])
+        return self._add(job, results, profile_id)
+
+    def add_measured(self, job: Job, results: Sequence[ResultIn], *, profile_id: int | None) -> list[Result]:
+        """Store a job's ``measured`` results (replacing earlier measured ones of the job), keeping its
+        simulated results. See NOTE [ Measured results ].
+
+        Raises:
+            ValueError: a result is not labeled ``measured``.
+        """
+        bad = [r.name for r in results if r.source != "measured"]
+        if bad:
+            raise ValueError(f"add_measured stores measured results only; {bad} are labeled otherwise")
+        q = select(ResultRow).where(ResultRow.job_id == job.id, ResultRow.source == "measured")
+        for old in self.s.scalars(q):
+            self.s.delete(old)
+        return self._add(job, results, profile_id)
+
+    def _add(self, job: Job, results: Sequence[ResultIn], profile_id: int | None) -> list[Result]:
+        flags = [False] * len(results)
+        for source in {r.source for r in results}:
+            idx = [i for i, r in enumerate(results) if r.source == source]
+            points = [(results[i].step_ms, results[i].peak_bytes, results[i].feasible) for i in idx]
+            for i, flag in zip(idx, pareto_flags(points), strict=True):
+                flags[i] = flag
         rows = [
             ResultRow(
                 job_id=job.id,
@@ -113,6 +149,10 @@ class ResultRepository:
                 pareto_optimal=flag,
                 source=r.source,
                 profile_id=profile_id,
+                predicted_step_ms=r.predicted_step_ms,
+                predicted_peak_bytes=r.predicted_peak_bytes,
+                reserved_peak_bytes=r.reserved_peak_bytes,
+                samples_per_s=r.samples_per_s,
             )
             for r, flag in zip(results, flags, strict=True)
         ]
@@ -120,9 +160,12 @@ class ResultRepository:
         self.s.flush()
         return [to_result(r) for r in rows]
 
-    def for_job(self, job_id: str) -> list[Result]:
-        q = select(ResultRow).where(ResultRow.job_id == job_id).order_by(ResultRow.step_ms, ResultRow.id)
-        return [to_result(r) for r in self.s.scalars(q)]
+    def for_job(self, job_id: str, *, source: Source | None = None) -> list[Result]:
+        """A job's results, fastest first (measured and simulated together unless ``source`` is given)."""
+        q = select(ResultRow).where(ResultRow.job_id == job_id)
+        if source is not None:
+            q = q.where(ResultRow.source == source)
+        return [to_result(r) for r in self.s.scalars(q.order_by(ResultRow.step_ms, ResultRow.id))]
 
     # ---- best --------------------------------------------------------------------------------------
     def _fastest(
@@ -152,7 +195,12 @@ class ResultRepository:
             )
             if target is None:
                 return None
-        q = select(ResultRow).where(*base, ResultRow.budget_bytes == target).order_by(ResultRow.step_ms, ResultRow.id)
+        measured_first = case((ResultRow.source == "measured", 0), else_=1)  # NOTE [ Best-plan fallback ]
+        q = (
+            select(ResultRow)
+            .where(*base, ResultRow.budget_bytes == target)
+            .order_by(measured_first, ResultRow.step_ms, ResultRow.id)
+        )
         row = self.s.scalars(q.limit(1)).first()
         return None if row is None else to_result(row)
 
@@ -166,7 +214,8 @@ class ResultRepository:
         dtype: str | None = None,
         same_architecture: Sequence[str] = (),
     ) -> BestAnswer | None:
-        """The best plan by NOTE [ Best-plan fallback ]; None when no step finds one.
+        """The best plan by NOTE [ Best-plan fallback ] (a measured fit before any simulated plan of the
+        same step); None when no step finds one.
 
         Args:
             same_architecture: other GPU type keys of the same architecture, tried in this order.
@@ -199,10 +248,13 @@ class ResultRepository:
         page_size: int = 50,
         page_token: str | None = None,
         include_infeasible: bool = False,
+        source: Source | None = None,
     ) -> LeaderboardPage:
         """Ranked results, keyset-paginated: ``next_page_token`` continues after the last row.
 
-        Plans over their budget are left out unless ``include_infeasible``.
+        Plans over their budget are left out unless ``include_infeasible``. Measured and simulated results
+        are ranked together, each labeled by its ``source``; ``source`` keeps one kind only (NOTE
+        [ Measured results ]).
 
         Raises:
             ValueError: ``page_token`` is malformed or was made for another ``order_by``.
@@ -223,6 +275,8 @@ class ResultRepository:
             filters.append(ResultRow.budget_bytes == budget_bytes)
         if not include_infeasible:
             filters.append(ResultRow.feasible.is_(True))
+        if source is not None:
+            filters.append(ResultRow.source == source)
         count = self.s.scalar(select(func.count()).select_from(ResultRow).where(*filters)) or 0
         q = select(ResultRow).where(*filters)
         offset = 0

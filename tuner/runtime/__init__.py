@@ -4,7 +4,9 @@
 saved activations as the plan says (NOTE [ Plan semantics ] in ``tuner.plan``); ``load_plan`` reads a
 plan file or ``tune --json`` output; ``budget_guard`` caps CUDA memory and reports out-of-memory as
 ``PlanOutOfMemoryError`` naming the plan and stage; ``check_equivalence`` checks that a plan leaves
-loss, gradients and buffers unchanged.
+loss, gradients and buffers unchanged. ``tuner.runtime.bench`` measures plans side by side and
+``tuner.runtime.validate`` measures a job's chosen plans on this process's GPU (imported on their own:
+they pull in the simulator and cuDNN bindings).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from api.main import create_app
 from api.settings import Settings
 from api.worker import Worker
 from storage.database import Database
+from storage.migrate import head_revision
 from storage.repositories import JobRepository, KeyRepository
 
 PROBLEM = "application/problem+json"
@@ -188,6 +189,6 @@ def test_health_reports_the_embedded_worker(db: Database, tmp_path: object) -> N
         assert r.status_code == 200 and r.json() == {
             "status": "ok",
             "database": "ok",
-            "revision": "0001",
+            "revision": head_revision(),
             "worker": "up",
         }

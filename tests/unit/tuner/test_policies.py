@@ -8,9 +8,9 @@ import sys
 from collections.abc import Callable
 
 import pytest
+from profiles import MiB, conv_profile
 
 from profiler.profile import ConvAlgo, DeviceIdentity, Profile
-from tests.unit.tuner.profiles import MiB, conv_profile
 from tuner.errors import TunerError
 from tuner.plan import Action, ConvChoice, Plan, resolve_storages, segments
 from tuner.policies import POLICIES, run_policy
