@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -564,6 +565,31 @@ def bench(
                 + "\n"
             )
 
+    def show(name: str) -> None:
+        err.print(f"  measuring {name}")
+
+    def measure_more(
+        budget_bytes: int,
+        more: list[tuple[str, str, Plan]],
+        *,
+        pytorch_builtins: bool = False,
+        progress: Callable[[str], None] | None = None,
+    ) -> list[BenchRow]:
+        """Rows at another budget, or PyTorch's built-ins; ``bench_plans``'s own unconstrained row is dropped."""
+        return bench_plans(
+            chain,
+            prof,
+            batch,
+            dtype,
+            budget_bytes,
+            more,
+            pytorch_builtins=pytorch_builtins,
+            warmup=warmup,
+            iters=iters,
+            progress=progress,
+            on_row=lambda row: None if row.kind == "unconstrained" else save(row),
+        )[1:]
+
     rows = bench_plans(
         chain,
         prof,
@@ -574,7 +600,7 @@ def bench(
         pytorch_builtins=False,
         warmup=warmup,
         iters=iters,
-        progress=lambda n: err.print(f"  measuring {n}"),
+        progress=show,
         on_row=save,
     )
     for frac in fractions:
@@ -592,34 +618,11 @@ def bench(
             err.print(f"  without algorithm choice no plan fits {frac:.0%} of the peak ({format_bytes(b)})")
         if not at_budget:
             continue
-        rows += bench_plans(
-            chain,
-            prof,
-            batch,
-            dtype,
-            b,
-            at_budget,
-            pytorch_builtins=False,
-            warmup=warmup,
-            iters=iters,
-            on_row=lambda row: None if row.kind == "unconstrained" else save(row),
-        )[1:]
+        rows += measure_more(b, at_budget)
     if builtins:
         # last: a built-in that fails in backward (checkpoint_sequential on in-place ReLU) has been seen to leave
         # memory behind for the rows after it (bench_plans reports it as leaked_bytes)
-        rows += bench_plans(
-            chain,
-            prof,
-            batch,
-            dtype,
-            main_budget,
-            [],
-            pytorch_builtins=True,
-            warmup=warmup,
-            iters=iters,
-            progress=lambda n: err.print(f"  measuring {n}"),
-            on_row=lambda row: None if row.kind == "unconstrained" else save(row),
-        )[1:]
+        rows += measure_more(main_budget, [], pytorch_builtins=True, progress=show)
     base = rows[0].step_ms or float("nan")
     table = Table(
         "configuration",

@@ -48,7 +48,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 from uuid import uuid4
 
 import optuna
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     from api.settings import Settings
     from profiler.chain import ModelChain
     from profiler.profile import DeviceIdentity, Profile
-    from tuner.plan import Plan
     from tuner.runtime.validate import ValidationRun
     from tuner.search import Candidate, TuneResult
 
@@ -82,28 +81,10 @@ class _LeaseLost(Exception):
     """The job was reclaimed by another worker: stop without writing."""
 
 
-class Validator(Protocol):
-    """Measures plans on the GPU: ``tuner.runtime.validate.validate_plans``'s signature.
-
-    It must raise ``tuner.runtime.validate.ValidationUnavailable`` when it cannot measure here (no CUDA
-    device, another GPU type); the worker then records the validation as skipped, with the reason.
-    """
-
-    def __call__(
-        self,
-        chain: ModelChain | Callable[[], ModelChain],
-        profile: Profile,
-        batch: int,
-        dtype: str,
-        budget_bytes: int,
-        plans: Sequence[tuple[str, str, Plan]],
-        *,
-        gpu_key: str,
-        iters: int = ...,
-        warmup: int = ...,
-        progress: Callable[[int, int, str, DeviceIdentity], None] | None = ...,
-        should_stop: Callable[[], bool] | None = ...,
-    ) -> ValidationRun: ...
+Validator = Callable[..., "ValidationRun"]
+"""Measures plans on the GPU, called like ``tuner.runtime.validate.validate_plans`` (the default). It must raise
+``tuner.runtime.validate.ValidationUnavailable`` when it cannot measure here (no CUDA device, another GPU type);
+the worker then records the validation as skipped, with the reason."""
 
 
 @dataclass

@@ -14,6 +14,7 @@ Everything goes to OUT_DIR/trace-*.json as it comes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -170,7 +171,7 @@ def run_config(out_dir: Path, cfg: str, history: bool) -> None:
     opt = torch.optim.SGD(seq.parameters(), lr=1e-4, momentum=0.9)
     chooses = plan.conv_rule != "default" or bool(plan.conv_algos)
     total = torch.cuda.get_device_properties(0).total_memory
-    with apply_conv_choices(chain, plan, prof) if chooses else _null():
+    with apply_conv_choices(chain, plan, prof) if chooses else contextlib.nullcontext():
         pm = planned(chain, plan)
 
         def step() -> None:
@@ -240,14 +241,6 @@ def run_config(out_dir: Path, cfg: str, history: bool) -> None:
                     f"retries {r['retries_so_far']}",
                     flush=True,
                 )
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def main() -> None:

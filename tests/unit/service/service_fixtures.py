@@ -25,7 +25,21 @@ from tuner.runtime.bench import BenchRow
 from tuner.runtime.validate import ValidationRun
 from tuner.simulator import simulate
 
-__all__ = ["SMALL_SPEC", "FakeValidator", "migration_round_trip"]
+__all__ = ["SMALL_SPEC", "FakeValidator", "migration_round_trip", "schema_diff"]
+
+
+def schema_diff(db: Database) -> list[Any]:
+    """Differences between the migrated database's memtune tables (``mt_*``) and the ORM rows; [] when they match."""
+    with db.engine.connect() as conn:
+        ctx = MigrationContext.configure(
+            conn,
+            opts={
+                "include_object": lambda o, n, t, r, c: t != "table" or (n or "").startswith("mt_"),
+                "compare_type": True,
+            },
+        )
+        return [d for d in compare_metadata(ctx, Base.metadata) if d[0] != "remove_table"]
+
 
 SMALL_SPEC: dict[str, Any] = {
     "name": "tiny-cnn",
@@ -170,16 +184,7 @@ def migration_round_trip(url: str) -> None:
             assert conn.scalar(select(func.count()).select_from(results)) == 2  # the rows survive the downgrade
 
         assert upgrade(db) == head_revision()
-        with db.engine.connect() as conn:
-            ctx = MigrationContext.configure(
-                conn,
-                opts={
-                    "include_object": lambda o, n, t, r, c: t != "table" or (n or "").startswith("mt_"),
-                    "compare_type": True,
-                },
-            )
-            diff = [d for d in compare_metadata(ctx, Base.metadata) if d[0] != "remove_table"]
-        assert diff == []
+        assert schema_diff(db) == []
         with db.session() as s:
             assert {r.source for r in ResultRepository(s).for_job("j1")} == {"simulated", "measured"}
     finally:

@@ -6,8 +6,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from alembic.autogenerate import compare_metadata
-from alembic.migration import MigrationContext
+from service_fixtures import schema_diff
 from sqlalchemy import inspect, update
 
 from profiler.devices import GPUS
@@ -65,16 +64,7 @@ def test_migrations_create_every_table_and_match_the_rows(db: Database) -> None:
     tables = set(inspect(db.engine).get_table_names())
     assert {t.name for t in Base.metadata.sorted_tables} <= tables
     assert {"studies", "trials", "mt_alembic_version"} <= tables  # Optuna's tables share the database
-    with db.engine.connect() as conn:
-        ctx = MigrationContext.configure(
-            conn,
-            opts={
-                "include_object": lambda o, n, t, r, c: t != "table" or (n or "").startswith("mt_"),
-                "compare_type": True,
-            },
-        )
-        diff = [d for d in compare_metadata(ctx, Base.metadata) if d[0] != "remove_table"]
-    assert diff == []
+    assert schema_diff(db) == []
     assert upgrade(db) == head_revision()  # idempotent
 
 
