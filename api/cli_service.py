@@ -50,6 +50,17 @@ def _database(settings: Settings) -> Database:
     return db
 
 
+def _allocator_settings() -> None:
+    """memtune's caching-allocator settings for measured validation, set before CUDA is initialized.
+
+    Set later, they would reach only segments made from then on (NOTE [ Allocator retries ] in
+    ``tuner.runtime.guard``); ``PYTORCH_CUDA_ALLOC_CONF`` in the environment wins.
+    """
+    from tuner.runtime.guard import configure_allocator
+
+    configure_allocator()
+
+
 def serve(
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
@@ -64,6 +75,8 @@ def serve(
     from api.main import create_app
 
     settings = _settings(data_dir, database_url, embedded_worker=worker)
+    if worker:
+        _allocator_settings()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
 
@@ -80,6 +93,8 @@ def worker(
 ) -> None:
     """Claim and run tuning jobs from the database until interrupted (SIGINT/SIGTERM)."""
     from api.worker import Worker
+
+    _allocator_settings()
 
     settings = _settings(
         data_dir,

@@ -171,6 +171,9 @@ def bench_plans(
         One row per configuration, the unconstrained one first.
     """
     device = torch.device("cuda")
+    # parameters and the batch go into fresh segments: carved out of blocks cached by earlier work, they would
+    # pin those whole segments, which no later empty_cache can release and which count against every cap
+    _clean()
     seq = chain.as_sequential().to(device)
     x, y = make_batch(chain, batch, device)
     per_sample = batch * (math.prod(chain.input_shape) if chain.input_kind == "tokens" else 1)
@@ -242,8 +245,11 @@ def bench_plans(
             )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:
             # the allocator's own numbers (tried to allocate, allocated vs reserved) are the diagnosis: keep them
-            text = str(exc).split(" If reserved but unallocated")[0]
-            rows.append(failed(f"out of memory: {text[:600]}"))
+            text = str(exc).split(" If reserved but unallocated")[0][:600]
+            where = exc.reserved if isinstance(exc, PlanOutOfMemoryError) else ""  # where reserved memory sat
+            if where and where not in text:
+                text += f" Reserved at the failure: {where}."
+            rows.append(failed(f"out of memory: {text}"))
         except RuntimeError as exc:  # e.g. checkpoint_sequential on in-place ReLU
             rows.append(failed(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
         finally:

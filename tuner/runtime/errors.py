@@ -36,6 +36,8 @@ class PlanOutOfMemoryError(TunerError):
         phase: ``forward`` or ``backward``.
         budget_bytes: the budget the step ran under, if a ``budget_guard`` was active.
         detail: the allocator's own message.
+        reserved: where the allocator's reserved memory sat at the failure, by stream and pool
+            (``tuner.runtime.allocator.reserved_summary``), or "".
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class PlanOutOfMemoryError(TunerError):
         phase: Phase,
         budget_bytes: int | None = None,
         detail: str = "",
+        reserved: str = "",
     ) -> None:
         plan = f"plan {label!r}" if label else "an unlabeled plan"
         where = f"stage {stage} ({stage_name})" if stage is not None else "an unknown stage"
@@ -55,7 +58,9 @@ class PlanOutOfMemoryError(TunerError):
         super().__init__(
             f"{plan} ran out of GPU memory in the {phase} of {where}{budget}. "
             "Pick a plan simulated for a smaller budget (more offload/recompute), lower the batch, "
-            "or raise the budget." + (f" Allocator said: {first_line}" if first_line else "")
+            "or raise the budget."
+            + (f" Allocator said: {first_line}" if first_line else "")
+            + (f" Reserved at the failure: {reserved}." if reserved else "")
         )
         self.label = label
         self.stage = stage
@@ -63,3 +68,4 @@ class PlanOutOfMemoryError(TunerError):
         self.phase = phase
         self.budget_bytes = budget_bytes
         self.detail = detail
+        self.reserved = reserved

@@ -41,6 +41,7 @@ from torch import nn
 from profiler.chain import ModelChain, flatten
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan, segments
+from tuner.runtime.allocator import reserved_summary
 from tuner.runtime.errors import Phase, PlanOutOfMemoryError
 from tuner.runtime.offload import OffloadRuntime, OffloadStats, StepState
 from tuner.runtime.pool import HostPool
@@ -251,6 +252,7 @@ class PlannedModel(nn.Module):
     # ---- out of memory ---------------------------------------------------------------------------
     def _oom(self, exc: BaseException, phase: Phase, stage: int | None) -> PlanOutOfMemoryError:
         """Free what the failed step holds and build the error that names plan and stage."""
+        reserved = reserved_summary()  # before anything is freed: where the memory sat when the step failed
         if exc.__traceback__ is not None:
             traceback.clear_frames(exc.__traceback__)  # frames keep activations alive
         self._runtime.abandon(self._step)
@@ -264,6 +266,7 @@ class PlannedModel(nn.Module):
             phase=phase,
             budget_bytes=self._budget_bytes,
             detail=str(exc),
+            reserved=reserved,
         )
 
     @contextlib.contextmanager

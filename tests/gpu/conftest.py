@@ -1,0 +1,16 @@
+"""GPU tests run with memtune's caching-allocator settings from the process's first CUDA allocation.
+
+``configure_allocator`` (NOTE [ Allocator retries ] in ``tuner.runtime.guard``) is what ``memtune bench``, the
+worker and measured validation use. Applied only when a test first needs it, the settings reach segments made
+from then on, while segments an earlier test made stay ordinary ones, and a live block in such a segment pins
+all of it: measured on the H200 (2026-11-21, run twice), the validation test then ran out of memory under its
+2 GiB cap with "stream 0x0 large: 1 segment(s), 2.08 GiB reserved, 0.11 GiB allocated" (the account that
+``PlanOutOfMemoryError`` now carries), while alone it passed. Setting them here, before CUDA is initialized,
+is what a worker process does at start.
+"""
+
+from __future__ import annotations
+
+from tuner.runtime.guard import configure_allocator
+
+configure_allocator()  # before CUDA is initialized: the settings go into the environment
