@@ -147,11 +147,14 @@ class MemtuneClient:
         idempotency_key: str | None = None,
         validate_top_k: int = 0,
         validate_iters: int | None = None,
+        headroom: float | None = None,
     ) -> JobPublic:
         """``POST /v1/jobs``. ``model``: ``{"zoo": …, "params": …}``, ``{"spec": …}``, or a stored model id.
 
         ``validate_top_k`` > 0 asks the worker to measure that many of the best plans on a GPU of type
         ``gpu`` (``validate_iters`` timed steps each, server default 6); they are stored labeled ``measured``.
+        ``headroom`` (in [0, 0.5)) is the fraction of the budget the search keeps free for the caching
+        allocator; left out, the server uses the GPU type's calibrated headroom. The job shows the one used.
         """
         ref = {"id": model} if isinstance(model, str) else dict(model)
         body: dict[str, Any] = {
@@ -168,6 +171,8 @@ class MemtuneClient:
             body["validate_top_k"] = validate_top_k
         if validate_iters is not None:
             body["validate_iters"] = validate_iters
+        if headroom is not None:
+            body["headroom"] = headroom
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         return JobPublic.model_validate(self._request("POST", "/v1/jobs", json=body, headers=headers).json())
 

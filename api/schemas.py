@@ -152,6 +152,15 @@ class JobCreate(_Request):
     validate_iters: int = Field(
         default=6, ge=1, le=50, description="timed training steps per validated plan (after 3 warm-up steps)"
     )
+    headroom: float | None = Field(
+        default=None,
+        ge=0.0,
+        lt=0.5,
+        description="fraction of the budget kept free for the CUDA caching allocator, in [0, 0.5): plans are "
+        "searched against budget * (1 - headroom) and 'feasible' means fitting that; the job's budget stays "
+        "the one asked for. null (default): the calibrated headroom of the GPU type (0.05 on the H200, 0 "
+        "where none was measured). The job shows the headroom it was tuned at",
+    )
 
 
 class BestSoFar(BaseModel):
@@ -207,6 +216,11 @@ class JobPublic(BaseModel):
     trials: int
     mode: str
     optimizer: str
+    headroom: float = Field(
+        default=0.0,
+        description="fraction of the budget the search kept free: plans were searched against "
+        "budget_bytes * (1 - headroom); results' 'feasible' is judged there",
+    )
     validate_top_k: int = 0
     validate_iters: int = 6
     progress: JobProgress
@@ -257,7 +271,10 @@ class ResultPublic(BaseModel):
     pareto_optimal: bool
     step_ms: float
     peak_bytes: int
-    feasible: bool
+    feasible: bool = Field(
+        description="simulated rows: peak within the job's budget less its headroom (what the search required); "
+        "measured rows: measured peak within the budget"
+    )
     source: Literal["simulated", "measured"]
     profile_id: int | None
     created_at: datetime
@@ -397,7 +414,10 @@ class TrialPoint(BaseModel):
     number: int
     step_ms: float
     peak_bytes: int
-    feasible: bool = Field(description="peak within the job's budget")
+    feasible: bool = Field(
+        description="peak within the job's budget less its headroom, budget_bytes * (1 - headroom), as the "
+        "search required"
+    )
     policy: str | None = Field(description="the baseline policy enqueued as this trial, if any")
 
 

@@ -65,6 +65,7 @@ def job_public(j: Job) -> JobPublic:
         trials=j.trials,
         mode=j.mode,
         optimizer=j.optimizer,
+        headroom=j.headroom,
         validate_top_k=j.validate_top_k,
         validate_iters=j.validate_iters,
         progress=JobProgress(

@@ -7,6 +7,12 @@ another worker; its Optuna study lives in the same database (``RDBStorage``) und
 ``study_name``, so ``tuner.search.tune`` resumes it with every finished trial kept and fails the dead
 worker's stale RUNNING trial (Optuna heartbeat, ``grace_period`` shorter than ``stale_after_s``).
 
+Headroom: the search runs at the job's ``headroom`` (resolved when the job was submitted: the GPU type's
+calibration unless the request gave one), like ``memtune tune``: a plan is feasible when its simulated
+peak fits ``budget_bytes * (1 - headroom)`` (NOTE [ Headroom ] in ``tuner.search``), which leaves the
+caching allocator slack under the real cap. The job's ``budget_bytes`` and the stored results' stay the
+budget asked for; their ``feasible`` flag is the search's, judged with the headroom.
+
 Profiles: a stored profile for (model, GPU type, batch, dtype) is reused; else a committed measured
 profile from ``profiler.library`` (zoo models at their default parameters); else a roofline profile
 (``profiler.modeled``), built on the ``meta`` device so no memory is allocated. The search's results are
@@ -18,13 +24,14 @@ A job with ``validate_top_k`` > 0 asks the worker to measure its best plans on t
 
 1. The simulated results are stored first (they are served while the plans are measured) and the job's
    ``validation_state`` becomes ``running``.
-2. The top ``validate_top_k`` distinct plans that fit the budget, by simulated step ms (a tie goes to the
-   Optuna best, then Pareto points, then baselines), are measured in this process by
-   ``tuner.runtime.validate.validate_plans``: the unplanned step first, then each plan under
-   ``budget_guard`` at the job's budget (allocator settings as for ``memtune bench``: NOTE [ Allocator
-   retries ]), ``validate_iters`` timed steps after 3 warm-up steps. Each
-   start is written to the job (``validation_note``: "validating plan i/k (name) on <device>"), so the
-   events stream shows it. Cancellation and a lost lease are checked between two plans.
+2. The top ``validate_top_k`` distinct plans that fit the budget less the job's headroom (feasible in
+   the search), by simulated step ms (a tie goes to the Optuna best, then Pareto points, then baselines),
+   are measured in this process by ``tuner.runtime.validate.validate_plans``: the unplanned step first,
+   then each plan under ``budget_guard`` at the job's full budget, the headroom being the allocator's
+   slack (allocator settings as for ``memtune bench``: NOTE [ Allocator retries ]), ``validate_iters``
+   timed steps after 3 warm-up steps. Each start is written to the job (``validation_note``: "validating
+   plan i/k (name) on <device>"), so the events stream shows it. Cancellation and a lost lease are checked
+   between two plans.
 3. Each plan that ran is stored as a ``measured`` result under the name and kind of its simulated row,
    with the simulated numbers beside it (``predicted_step_ms``, ``predicted_peak_bytes``); a plan that ran
    out of memory or failed is named, with the error, in the note. The unplanned step's measurement is
@@ -295,6 +302,12 @@ class Worker:
         return profile, profile_id
 
     def _tune(self, job: Job, lease: JobLease, profile: Profile, watch: _Watch) -> TuneResult:
+        """Run (or resume) the job's Optuna study at the job's headroom (NOTE [ Headroom ] in ``tuner.search``).
+
+        Candidates are feasible when their simulated peak fits ``job.search_budget_bytes`` (the budget less
+        the headroom); the result, and every row stored from it, keeps ``job.budget_bytes``, the budget asked
+        for, so results and the leaderboard are filed under the user's budget with ``feasible`` judged with
+        the slack."""
         from tuner.search import tune
 
         last_write = [0.0]
@@ -326,6 +339,7 @@ class Worker:
             optimizer=job.optimizer,
             progress=progress,
             should_stop=watch.should_stop,
+            headroom=job.headroom,
         )
 
     def _validate(
@@ -435,7 +449,7 @@ class Worker:
                 best_peak_bytes=best.peak_bytes if best else None,
                 unconstrained_step_ms=result.unconstrained.step_ms,
                 unconstrained_peak_bytes=result.unconstrained.peak_bytes,
-                error=None if best is not None else "no plan fits the budget; try a larger budget or a smaller batch",
+                error=None if best is not None else _no_plan_fits(job),
                 validation_state=v.state if v else None,
                 validation_device=v.device if v else None,
                 validation_note=v.note if v else None,
@@ -449,6 +463,12 @@ class Worker:
                 results.add_for_job(job, rows, profile_id=profile_id)
             if v is not None and v.measured:
                 results.add_measured(job, v.measured, profile_id=profile_id)
+
+
+def _no_plan_fits(job: Job) -> str:
+    """The error of a job whose search found no plan within its budget (less its headroom)."""
+    within = "" if job.headroom == 0 else f" less its {job.headroom * 100:g}% headroom for the allocator"
+    return f"no plan fits the budget{within}; try a larger budget or a smaller batch"
 
 
 def _simulated_rows(job: Job, result: TuneResult) -> list[ResultIn]:

@@ -84,6 +84,11 @@ class ProfileRecord:
 class Job:
     """A tuning job and its progress. ``budget_bytes`` is the resolved budget; ``trials`` the target count.
 
+    ``headroom`` is the fraction of the budget the search kept free for the caching allocator: plans are
+    feasible when their simulated peak is at most ``search_budget_bytes`` = ``budget_bytes * (1 - headroom)``
+    (NOTE [ Headroom ] in ``tuner.search``); ``budget_bytes`` stays the budget asked for (what results are
+    stored and looked up under, and the cap that measured validation runs at).
+
     ``validate_top_k`` (0 = off) plans are to be measured on the GPU with ``validate_iters`` timed steps
     each; ``validation_state`` is None until the worker gets there (see ``ValidationState``).
     """
@@ -98,6 +103,7 @@ class Job:
     trials: int
     mode: str
     optimizer: str
+    headroom: float
     state: JobState
     trials_done: int
     best_name: str | None
@@ -130,6 +136,11 @@ class Job:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def search_budget_bytes(self) -> int:
+        """The budget the plans were searched against: ``budget_bytes * (1 - headroom)``, as ``tune`` computes it."""
+        return int(self.budget_bytes * (1.0 - self.headroom))
 
 
 @dataclass(frozen=True)

@@ -129,9 +129,11 @@ class ProfileRow(Base):
 class JobRow(Base):
     """A tuning job: queued -> running -> succeeded | failed | cancelled, with progress and ownership.
 
-    ``validate_top_k`` / ``validate_iters`` ask the worker to measure the top plans on the GPU; the
-    ``validation_*`` columns say how that went and ``measured_unconstrained_*`` hold the unplanned step
-    measured beside them (ms, bytes).
+    ``budget_bytes`` is the budget asked for; ``headroom`` the fraction of it kept free for the caching
+    allocator, so the plans are searched against ``budget_bytes * (1 - headroom)`` (NOTE [ Headroom ] in
+    ``tuner.search``). ``validate_top_k`` / ``validate_iters`` ask the worker to measure the top plans on the
+    GPU; the ``validation_*`` columns say how that went and ``measured_unconstrained_*`` hold the unplanned
+    step measured beside them (ms, bytes).
     """
 
     __tablename__ = "mt_jobs"
@@ -150,6 +152,7 @@ class JobRow(Base):
     trials: Mapped[int] = mapped_column(Integer)
     mode: Mapped[str] = mapped_column(String(16))
     optimizer: Mapped[str] = mapped_column(String(16))
+    headroom: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     state: Mapped[str] = mapped_column(String(16))
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
     best_name: Mapped[str | None] = mapped_column(String(100))

@@ -132,7 +132,7 @@ def job_trials(
                 number=t.number,
                 step_ms=float(attrs["step_ms"]),
                 peak_bytes=peak,
-                feasible=peak <= job.budget_bytes,
+                feasible=peak <= job.search_budget_bytes,  # as the search judged it (headroom)
                 policy=str(policy) if policy is not None else None,
             )
         )

@@ -23,6 +23,7 @@ from storage.errors import ConflictError, IdempotencyConflictError
 from storage.records import Job
 from storage.repositories import JobRepository, ModelRepository, ResultRepository
 from tuner.budget import parse_budget
+from tuner.calibration import calibration_for
 
 __all__ = ["router"]
 
@@ -44,6 +45,9 @@ def _request_hash(body: JobCreate) -> str:
     # idempotent retry across the upgrade still finds its job
     if data["validate_top_k"] == 0 and data["validate_iters"] == JobCreate.model_fields["validate_iters"].default:
         del data["validate_top_k"], data["validate_iters"]
+    # likewise a request that leaves the headroom to the GPU type's calibration
+    if data["headroom"] is None:
+        del data["headroom"]
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -65,6 +69,10 @@ def create_job(
     With ``validate_top_k`` > 0 the worker then measures that many of the best plans on a GPU of the job's
     type and stores them labeled ``measured`` beside the simulated ones (``validation`` on the job says
     how it went: done, or skipped and why).
+
+    ``headroom`` (default: the GPU type's calibration, ``tuner.calibration``) is resolved here and stored on
+    the job, which shows it: the worker searches plans against ``budget_bytes * (1 - headroom)`` while the
+    job's ``budget_bytes`` stays the budget asked for.
     """
     request_hash = _request_hash(body)
     for attempt in (0, 1):  # a concurrent identical model create or idempotent retry: read the winner
@@ -72,6 +80,7 @@ def create_job(
             with db.session() as s:
                 gpu = resolve_gpu(s, body.gpu)
                 budget_bytes = parse_budget(body.budget, gpu.gpu.memory_bytes)
+                headroom = body.headroom if body.headroom is not None else calibration_for(gpu.gpu.key).headroom
                 ref = body.model
                 if ref.id is not None:
                     model = ModelRepository(s).get(ref.id)
@@ -92,6 +101,7 @@ def create_job(
                     optimizer=body.optimizer,
                     validate_top_k=body.validate_top_k,
                     validate_iters=body.validate_iters,
+                    headroom=headroom,
                     owner=key.name,
                     request_hash=request_hash,
                     idempotency_key=idempotency_key,

@@ -180,7 +180,9 @@
         (best ? `; best plan ${fmtMs(best.step_ms)} at ${fmtGiB(best.peak_bytes)}` : "; no plan fits") +
         (measured.length ? `; ${measured.length} plan(s) measured on the GPU` : ""),
     });
-    const xs = all.map((p) => p.x).concat([gib(job.budget_bytes)]);
+    // the limit the search used: the budget less the headroom kept free for the caching allocator
+    const searched = job.headroom ? Math.floor(job.budget_bytes * (1 - job.headroom)) : null;
+    const xs = all.map((p) => p.x).concat([gib(job.budget_bytes)], searched != null ? [gib(searched)] : []);
     const ys = all.map((p) => p.y);
     const xMin = Math.min(...xs), xMax = Math.max(...xs), xPad = Math.max((xMax - xMin) * 0.06, xMax * 0.01);
     const x = linear(Math.max(0, xMin - xPad), xMax + xPad, fr.x0, fr.x1, 7);
@@ -193,6 +195,13 @@
     const bx = x.f(gib(job.budget_bytes));
     el("rect", { x: bx, y: fr.y1, width: Math.max(0, fr.x1 - bx), height: fr.y0 - fr.y1, fill: "#fbeee6", opacity: 0.55 }, plot);
     el("line", { x1: bx, x2: bx, y1: fr.y1, y2: fr.y0, stroke: C.budget, "stroke-width": 1.5, "stroke-dasharray": "6 4" }, plot);
+    if (searched != null) {
+      const sx = x.f(gib(searched));
+      const sl = el("line", {
+        class: "searched-budget", x1: sx, x2: sx, y1: fr.y1, y2: fr.y0, stroke: C.budget, "stroke-width": 1, "stroke-dasharray": "2 3",
+      }, plot);
+      el("title", {}, sl, `${headroomText(job)}: plans over this line do not fit`);
+    }
     // trials
     const tg = el("g", { class: "trials", "data-count": trials.length }, plot);
     for (const p of pts) {
@@ -462,13 +471,19 @@
     el("div", { class: "v" }, d, v);
     if (s) el("div", { class: "s" }, d, s);
   }
+  // plans are searched against the budget less the headroom kept free for the caching allocator
+  function headroomText(job) {
+    const h = job.headroom || 0;
+    if (!h) return "headroom 0%";
+    return `headroom ${+(h * 100).toFixed(2)}% (plans fit ${fmtGiB(Math.floor(job.budget_bytes * (1 - h)))})`;
+  }
   async function renderSummary(box, job, name) {
     clear(box);
     const p = el("p", { class: "facts" }, box);
     p.appendChild(badge(job.state));
     p.appendChild(document.createTextNode(
       ` ${name} · batch ${job.batch} · ${job.dtype} · ${job.gpu} · budget ${job.budget} (${fmtGiB(job.budget_bytes)}) · ` +
-      `mode ${job.mode} · optimizer ${job.optimizer} · `));
+      `mode ${job.mode} · optimizer ${job.optimizer} · ${headroomText(job)} · `));
     p.appendChild(progressCell(job));
     if (job.error) el("p", { class: "error" }, box, job.error);
     const stats = el("div", { class: "stats" }, box);

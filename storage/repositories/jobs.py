@@ -75,12 +75,14 @@ class JobRepository:
         idempotency_key: str | None = None,
         validate_top_k: int = 0,
         validate_iters: int = 6,
+        headroom: float = 0.0,
     ) -> tuple[Job, bool]:
         """Queue a job; ``(job, created)``. With an ``idempotency_key`` already used by ``owner``, the
         earlier job is returned (``created`` False) when the request is the same, else ``ConflictError``.
 
         ``validate_top_k`` plans (0 = none) are to be measured on the GPU after the search, with
-        ``validate_iters`` timed steps each."""
+        ``validate_iters`` timed steps each. ``headroom`` is the fraction of ``budget_bytes`` the search keeps
+        free (plans must fit ``budget_bytes * (1 - headroom)``), resolved by the caller: stored as given."""
         if idempotency_key is not None:
             existing = self.find_by_idempotency_key(owner, idempotency_key)
             if existing is not None:
@@ -105,6 +107,7 @@ class JobRepository:
             optimizer=optimizer,
             validate_top_k=validate_top_k,
             validate_iters=validate_iters,
+            headroom=headroom,
             state="queued",
             trials_done=0,
             owner=owner,

@@ -131,8 +131,9 @@ class FakeValidator:
 
 
 def migration_round_trip(url: str) -> None:
-    """0001 with a job and a result in it -> head (defaults filled in, measured rows storable) -> 0001
-    (the new columns gone, the rows kept) -> head again, matching the ORM rows. Used on SQLite and PostgreSQL."""
+    """0001 with a job and a result in it -> head (defaults filled in: no validation, headroom 0; measured rows
+    storable) -> 0001 (the new columns gone, the rows kept) -> head again, matching the ORM rows. Used on SQLite
+    and PostgreSQL."""
     db = Database(url)
     try:
         assert upgrade(db, "0001", optuna_tables=False) == "0001"
@@ -165,6 +166,7 @@ def migration_round_trip(url: str) -> None:
         with db.session() as s:
             job = JobRepository(s).get("j1")
             assert (job.validate_top_k, job.validate_iters, job.validation_state) == (0, 6, None)
+            assert job.headroom == 0.0  # tuned before jobs carried a headroom, i.e. without one
             assert job.measured_unconstrained_step_ms is None
             (old,) = ResultRepository(s).for_job("j1")
             assert old.source == "simulated" and old.predicted_step_ms is None
@@ -176,7 +178,7 @@ def migration_round_trip(url: str) -> None:
         command.downgrade(alembic_config(db.url), "0001")
         assert current_revision(db) == "0001"
         insp = inspect(db.engine)
-        assert "validate_top_k" not in {c["name"] for c in insp.get_columns("mt_jobs")}
+        assert not {"validate_top_k", "headroom"} & {c["name"] for c in insp.get_columns("mt_jobs")}
         assert "predicted_step_ms" not in {c["name"] for c in insp.get_columns("mt_results")}
         with db.engine.connect() as conn:
             meta = MetaData()
