@@ -3,8 +3,9 @@
 # NOTE [ Allocator retries ]
 The simulator counts allocated bytes; the cap (``set_per_process_memory_fraction``) counts what the caching
 allocator has *reserved*. Freed blocks stay reserved, and when a request fits no cached block and growing would
-pass the cap, the allocator releases every cached block and retries (``num_alloc_retries``): a device
-synchronization, then re-mapping memory for each later allocation while the GPU waits on the host. Measured on
+pass the cap, the allocator releases every cached block and retries (``num_alloc_retries``): by PyTorch's
+allocator source, it synchronizes the stream and unmaps every free 20 MiB page of the cache, and this and later
+allocations map pages again while the GPU waits on the host. Measured on
 the H200 (``scripts/memory_trace.py``, per-stage trace): a VGG-16 b256 fp32 plan whose allocated bytes matched the
 simulator within 0.07 GiB at every stage ran 267.7 ms uncapped (simulated 273.4) but 394.8 ms under a cap 0.85
 GiB above its peak, 8 retries costing 5-37 ms each; a GPT b16 bf16 plan paid one retry (about 14 ms) at the
