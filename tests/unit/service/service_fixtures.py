@@ -10,7 +10,7 @@ from typing import Any
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import MetaData, Table, func, inspect, select
+from sqlalchemy import Connection, MetaData, Table, func, inspect, select
 
 from profiler.devices import GPUS
 from profiler.identity import spec_identity
@@ -130,6 +130,26 @@ class FakeValidator:
         return ValidationRun(device, unconstrained, rows, stopped=False)
 
 
+def insert_old_job(conn: Connection, meta: MetaData, **columns: object) -> None:
+    """Insert model ``m1`` and its succeeded job ``j1`` as an older schema stores them (``columns``: that
+    schema's extra job columns), through reflected tables, for migration tests."""
+    now = utcnow()
+    models, jobs = (Table(t, meta, autoload_with=conn) for t in ("mt_models", "mt_jobs"))
+    conn.execute(
+        models.insert().values(
+            id="m1", name="vgg16", kind="zoo", content_hash="c1", definition={"zoo": "vgg16"}, created_at=now
+        )
+    )
+    conn.execute(
+        jobs.insert().values(
+            id="j1", model_id="m1", gpu_key="h200", batch=8, dtype="float32", budget_text="1GiB",
+            budget_bytes=1 << 30, trials=5, mode="fastest", optimizer="sgd", state="succeeded",
+            trials_done=5, owner="t", request_hash="h", study_name="memtune-job-j1", attempts=1,
+            cancel_requested=False, created_at=now, updated_at=now, **columns,
+        )
+    )  # fmt: skip
+
+
 def migration_round_trip(url: str) -> None:
     """0001 with a job and a result in it -> head (defaults filled in: no validation, headroom 0; measured rows
     storable) -> 0001 (the new columns gone, the rows kept) -> head again, matching the ORM rows. Used on SQLite
@@ -140,20 +160,8 @@ def migration_round_trip(url: str) -> None:
         now = utcnow()
         with db.engine.begin() as conn:
             meta = MetaData()
-            models, jobs, results = (Table(t, meta, autoload_with=conn) for t in ("mt_models", "mt_jobs", "mt_results"))
-            conn.execute(
-                models.insert().values(
-                    id="m1", name="vgg16", kind="zoo", content_hash="c1", definition={"zoo": "vgg16"}, created_at=now
-                )
-            )
-            conn.execute(
-                jobs.insert().values(
-                    id="j1", model_id="m1", gpu_key="h200", batch=8, dtype="float32", budget_text="1GiB",
-                    budget_bytes=1 << 30, trials=5, mode="fastest", optimizer="sgd", state="succeeded",
-                    trials_done=5, owner="t", request_hash="h", study_name="memtune-job-j1", attempts=1,
-                    cancel_requested=False, created_at=now, updated_at=now,
-                )
-            )  # fmt: skip
+            results = Table("mt_results", meta, autoload_with=conn)
+            insert_old_job(conn, meta)
             conn.execute(
                 results.insert().values(
                     job_id="j1", model_id="m1", gpu_key="h200", batch=8, dtype="float32", budget_bytes=1 << 30,

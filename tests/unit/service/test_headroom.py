@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from alembic import command
 from fastapi.testclient import TestClient
-from service_fixtures import SMALL_SPEC, schema_diff
+from service_fixtures import SMALL_SPEC, insert_old_job, schema_diff
 from sqlalchemy import MetaData, Table, inspect
 
 from api.client import MemtuneClient
@@ -23,7 +23,6 @@ from api.worker import Worker
 from storage.database import Database
 from storage.migrate import alembic_config, current_revision, head_revision, upgrade
 from storage.repositories import JobRepository, ResultRepository
-from storage.rows import utcnow
 from tuner.calibration import calibration_for
 
 JOB: dict[str, Any] = {"model": {"zoo": "vgg16"}, "batch": 32, "gpu": "h200", "budget": "12GiB", "trials": 10}
@@ -167,23 +166,8 @@ def test_migration_0003_adds_headroom_and_removes_it(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'headroom.db'}")
     try:
         assert upgrade(db, "0002", optuna_tables=False) == "0002"
-        now = utcnow()
         with db.engine.begin() as conn:
-            meta = MetaData()
-            models, jobs = (Table(t, meta, autoload_with=conn) for t in ("mt_models", "mt_jobs"))
-            conn.execute(
-                models.insert().values(
-                    id="m1", name="vgg16", kind="zoo", content_hash="c1", definition={"zoo": "vgg16"}, created_at=now
-                )
-            )
-            conn.execute(
-                jobs.insert().values(
-                    id="j1", model_id="m1", gpu_key="h200", batch=8, dtype="float32", budget_text="1GiB",
-                    budget_bytes=1 << 30, trials=5, mode="fastest", optimizer="sgd", state="succeeded",
-                    trials_done=5, owner="t", request_hash="h", study_name="memtune-job-j1", attempts=1,
-                    cancel_requested=False, created_at=now, updated_at=now, validate_top_k=2, validate_iters=4,
-                )
-            )  # fmt: skip
+            insert_old_job(conn, MetaData(), validate_top_k=2, validate_iters=4)
 
         assert upgrade(db) == head_revision() == "0003"
         assert schema_diff(db) == []
