@@ -20,7 +20,7 @@ from rich.table import Table
 from profiler.chain import ModelChain
 from profiler.errors import ProfilerError
 from profiler.profile import Profile
-from tuner.budget import format_bytes, parse_budget
+from tuner.budget import format_bytes, parse_budget, search_budget
 from tuner.calibration import calibration_for
 from tuner.errors import TunerError
 from tuner.plan import Action, Plan
@@ -416,7 +416,7 @@ def tune(
     if result.best is None:
         kept = (
             f" less the {result.headroom:.0%} kept free for the allocator "
-            f"({format_bytes(int(budget_bytes * (1 - result.headroom)))}; --headroom to change it)"
+            f"({format_bytes(search_budget(budget_bytes, result.headroom))}; --headroom to change it)"
             if result.headroom
             else ""
         )

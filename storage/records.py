@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from profiler.profile import Profile
+from tuner.budget import search_budget
 
 __all__ = [
     "TERMINAL_STATES",
@@ -140,7 +141,7 @@ class Job:
     @property
     def search_budget_bytes(self) -> int:
         """The budget the plans were searched against: ``budget_bytes * (1 - headroom)``, as ``tune`` computes it."""
-        return int(self.budget_bytes * (1.0 - self.headroom))
+        return search_budget(self.budget_bytes, self.headroom)
 
 
 @dataclass(frozen=True)

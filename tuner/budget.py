@@ -6,7 +6,7 @@ import re
 
 from tuner.errors import BudgetError
 
-__all__ = ["format_bytes", "parse_budget"]
+__all__ = ["format_bytes", "parse_budget", "search_budget"]
 
 _UNITS = {
     "": 1,
@@ -90,3 +90,9 @@ def format_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def search_budget(budget_bytes: int, headroom: float) -> int:
+    """The bytes plans are searched against: ``budget_bytes`` less the ``headroom`` fraction kept free for the
+    caching allocator (NOTE [ Headroom ] in ``tuner.search``)."""
+    return int(budget_bytes * (1.0 - headroom))

@@ -31,6 +31,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from profiler.profile import Profile
+from tuner.budget import search_budget
 from tuner.errors import SearchError
 from tuner.plan import Action, Plan
 from tuner.simulator import SimResult, Simulator
@@ -445,7 +446,7 @@ def tune(
     # serialises offloads with compute. Plans are therefore searched against a budget less a calibrated
     # fraction (``tuner.calibration``); the reported budget stays the one asked for.
     requested_budget = budget_bytes
-    budget_bytes = int(budget_bytes * (1.0 - headroom))
+    budget_bytes = search_budget(budget_bytes, headroom)
 
     search = _Search(profile, budget_bytes, mode, seed, optimizer)
     policies = evaluate_policies(profile, budget_bytes, search.sim)

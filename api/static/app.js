@@ -181,7 +181,7 @@
         (measured.length ? `; ${measured.length} plan(s) measured on the GPU` : ""),
     });
     // the limit the search used: the budget less the headroom kept free for the caching allocator
-    const searched = job.headroom ? Math.floor(job.budget_bytes * (1 - job.headroom)) : null;
+    const searched = job.headroom ? searchedBytes(job) : null;
     const xs = all.map((p) => p.x).concat([gib(job.budget_bytes)], searched != null ? [gib(searched)] : []);
     const ys = all.map((p) => p.y);
     const xMin = Math.min(...xs), xMax = Math.max(...xs), xPad = Math.max((xMax - xMin) * 0.06, xMax * 0.01);
@@ -472,10 +472,13 @@
     if (s) el("div", { class: "s" }, d, s);
   }
   // plans are searched against the budget less the headroom kept free for the caching allocator
+  function searchedBytes(job) {
+    return Math.floor(job.budget_bytes * (1 - (job.headroom || 0)));
+  }
   function headroomText(job) {
     const h = job.headroom || 0;
     if (!h) return "headroom 0%";
-    return `headroom ${+(h * 100).toFixed(2)}% (plans fit ${fmtGiB(Math.floor(job.budget_bytes * (1 - h)))})`;
+    return `headroom ${+(h * 100).toFixed(2)}% (plans fit ${fmtGiB(searchedBytes(job))})`;
   }
   async function renderSummary(box, job, name) {
     clear(box);

@@ -187,12 +187,17 @@ def peak_step_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
     return torch.cuda.max_memory_allocated() - before
 
 
-def test_offload_and_recompute_reduce_peak_memory() -> None:
+def _small_resnet50() -> tuple[ModelChain, torch.Tensor]:
+    """ResNet-50 at 128x128, 10 classes, on the GPU (seeded), with a batch of 32 inputs."""
     torch.manual_seed(0)
     chain = zoo.build("resnet50", {"image_size": 128, "num_classes": 10})
     for stage in chain.stages:
         stage.module.to(DEVICE)
-    x = model_input(chain, 32, DEVICE)
+    return chain, model_input(chain, 32, DEVICE)
+
+
+def test_offload_and_recompute_reduce_peak_memory() -> None:
+    chain, x = _small_resnet50()
     n = len(chain)
     keep = peak_step_bytes(planned(chain, Plan.uniform(n)), x)
     offload = peak_step_bytes(planned(chain, Plan.uniform(n, Action.OFFLOAD, sync="layer")), x)
@@ -204,11 +209,7 @@ def test_offload_and_recompute_reduce_peak_memory() -> None:
 def test_deferred_frees_where_the_plan_says_however_far_the_host_runs_ahead() -> None:
     """NOTE [ Deferred frees ]: the free is a stream wait at a planned stage, not a host poll. Freed one stage
     after packing, offloaded storages leave the peak; deferred past the forward's end, they all stay."""
-    torch.manual_seed(0)
-    chain = zoo.build("resnet50", {"image_size": 128, "num_classes": 10})
-    for stage in chain.stages:
-        stage.module.to(DEVICE)
-    x = model_input(chain, 32, DEVICE)
+    chain, x = _small_resnet50()
     n = len(chain)
     keep = peak_step_bytes(planned(chain, Plan.uniform(n)), x)
     soon = peak_step_bytes(planned(chain, Plan.uniform(n, Action.OFFLOAD, sync_delay=1, prefetch_lookahead=1)), x)

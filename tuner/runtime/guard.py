@@ -41,8 +41,10 @@ def configure_allocator() -> str:
     Before CUDA is initialized the settings go into the environment (read at initialization); after, through
     ``torch.cuda.memory._set_allocator_settings``, which applies to segments allocated from then on, so the
     cache is emptied first: a free block of an old segment would otherwise take the next allocations, and a
-    segment holding one live block cannot be released (measured on the H200: a validation after other CUDA
-    work in the same process ran out of memory under a 2 GiB cap with 1.97 GiB reserved but unallocated).
+    segment holding one live block cannot be released (on the H200, a validation after other CUDA work in the
+    same process ran out of memory under a 2 GiB cap with 1.97 GiB reserved but unallocated, in a segment made
+    before the switch; emptying here did not cure that test, setting the allocator before CUDA initialized
+    did: ``tests/gpu/conftest.py``, ``memtune worker``). Call it before the first CUDA allocation.
     """
     chosen = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
     if chosen:

@@ -7,7 +7,7 @@ were tuned without headroom.
 
 Revision ID: 0003
 Revises: 0002
-Create Date: 2026-11-28
+Create Date: 2026-11-21
 """
 
 from __future__ import annotations
