@@ -1,20 +1,25 @@
 """Where does a plan's measured memory part from the simulator's? A per-stage trace of both.
 
-    python scripts/memory_trace.py OUT_DIR model:batch:dtype:frac[:nochoice] ...
+    python scripts/memory_trace.py OUT_DIR model:batch:dtype:frac[:nochoice][:policy=NAME] ...
 
 For each configuration: tunes a plan at ``frac`` of the unconstrained simulated peak (with the calibrated
-headroom; ``nochoice`` drops the cuDNN algorithm tables first), then runs it on CUDA twice, uncapped and
+headroom; ``nochoice`` drops the cuDNN algorithm tables first), or takes the baseline policy ``NAME``'s plan
+at that budget, then runs it on CUDA twice, uncapped and
 under ``budget_guard(budget)``, recording at every stage boundary (forward pre-hooks of the stage modules,
 the runtime's backward pre-hooks) the bytes allocated and the peak since the previous boundary, beside the
 simulator's live bytes over the same stretch of its timeline. A capped step that runs out of memory prints
 the allocator's whole message and statistics; with ``MEMTRACE_HISTORY=1`` it also leaves a memory snapshot
-(``torch.cuda.memory``) in OUT_DIR for ``python -m torch.cuda._memory_viz``.
+(``torch.cuda.memory``) in OUT_DIR for ``python -m torch.cuda._memory_viz``, and always the capped run's
+allocator events (from before its warm-up, so every block's life is in it) as ``events-*.json.gz``: one
+``[action, addr, size, stream]`` row per event (a retry shows as a run of ``segment_unmap`` events before
+the allocation that needed it; NOTE [ Allocator retries ] in ``tuner/runtime/guard.py``).
 Everything goes to OUT_DIR/trace-*.json as it comes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import sys
@@ -31,6 +36,7 @@ from profiler.loss import step_loss
 from profiler.zoo import build
 from tuner.calibration import calibration_for
 from tuner.plan import Plan
+from tuner.policies import run_policy
 from tuner.runtime.bench import _autocast, make_batch
 from tuner.runtime.conv import apply_conv_choices
 from tuner.runtime.guard import budget_guard
@@ -138,10 +144,20 @@ def _install(pm: Any, tracer: Tracer) -> Callable[[], None]:
     return undo
 
 
+def _dump_events(path: Path) -> None:
+    """Write the recorded allocator events (device 0) as gzipped JSON rows ``[action, addr, size, stream]``."""
+    snap = torch.cuda.memory._snapshot()
+    rows = [[e["action"], e["addr"], e["size"], e["stream"]] for e in snap["device_traces"][0]]
+    with gzip.open(path, "wt") as f:
+        json.dump({"retries": torch.cuda.memory_stats().get("num_alloc_retries", 0), "events": rows}, f)
+    print(f"  {len(rows)} allocator events -> {path.name}", flush=True)
+
+
 def run_config(out_dir: Path, cfg: str, history: bool) -> None:
     parts = cfg.split(":")
     model, batch, dtype, frac = parts[0], int(parts[1]), parts[2], float(parts[3])
-    nochoice = len(parts) > 4 and parts[4] == "nochoice"
+    nochoice = "nochoice" in parts[4:]
+    policy = next((p.removeprefix("policy=") for p in parts[4:] if p.startswith("policy=")), None)
     chain = build(model, {})
     prof = resolve_profile(chain, batch, dtype, "h200")
     if nochoice:
@@ -149,15 +165,19 @@ def run_config(out_dir: Path, cfg: str, history: bool) -> None:
     base_peak = simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes
     budget = int(frac * base_peak)
     headroom = calibration_for("h200").headroom
-    best = tune(prof, budget, trials=300, headroom=headroom).best
     record: dict[str, Any] = {"config": cfg, "budget_bytes": budget, "base_peak_bytes": base_peak}
-    path = out_dir / f"trace-{cfg.replace(':', '-')}.json"
-    if best is None:
-        record["error"] = "no plan fits"
-        path.write_text(json.dumps(record, indent=1))
-        print(cfg, "no plan fits", flush=True)
-        return
-    plan = best.plan
+    name = cfg.replace(":", "-").replace("=", "-")
+    path = out_dir / f"trace-{name}.json"
+    if policy is not None:
+        plan = run_policy(policy, prof, budget)
+    else:
+        best = tune(prof, budget, trials=300, headroom=headroom).best
+        if best is None:
+            record["error"] = "no plan fits"
+            path.write_text(json.dumps(record, indent=1))
+            print(cfg, "no plan fits", flush=True)
+            return
+        plan = best.plan
     sim = simulate(prof, plan)
     record.update(plan=plan.compact(), sim_step_ms=sim.step_ms, sim_peak_bytes=sim.peak_bytes)
     record["sim_stretches"] = _sim_stretches(plan, prof)
@@ -185,6 +205,9 @@ def run_config(out_dir: Path, cfg: str, history: bool) -> None:
             tracer = Tracer()
             try:
                 with budget_guard(cap, pm):
+                    if cap_name == "capped":
+                        # no stacks: recording them on frees loses checkpoint's early-stop exception (see below)
+                        torch.cuda.memory._record_memory_history(context=None, stacks="python", max_entries=2_000_000)
                     for _ in range(2):
                         step()
                     torch.cuda.synchronize()
@@ -194,7 +217,7 @@ def run_config(out_dir: Path, cfg: str, history: bool) -> None:
                         # NOTE: not by default: recording stacks on frees while checkpoint's early-stop exception
                         # unwinds loses that exception (run_backward "returned NULL without setting an exception",
                         # seen on the H200 with torch 2.11)
-                        torch.cuda.memory._record_memory_history(max_entries=100_000)
+                        torch.cuda.memory._record_memory_history(max_entries=2_000_000)
                     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
                     try:
                         step()
@@ -228,6 +251,8 @@ def run_config(out_dir: Path, cfg: str, history: bool) -> None:
                 if cap_name == "capped" and history:
                     torch.cuda.memory._dump_snapshot(str(out_dir / f"snapshot-{cfg.replace(':', '-')}.pickle"))
             finally:
+                if cap_name == "capped":
+                    _dump_events(out_dir / f"events-{name}.json.gz")
                 torch.cuda.memory._record_memory_history(enabled=None)
                 opt.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()

@@ -186,3 +186,46 @@ def test_deferred_waits_sync_delay_stages_after_the_pack_stage() -> None:
     late = simulate(p, Plan.from_actions("kokkkk", sync="deferred", sync_delay=5))
     assert late.d2h_bytes == 100 * MiB and late.h2d_bytes == 0
     assert late.step_ms == pytest.approx(plain) and late.peak_bytes == keep.peak_bytes
+
+
+def test_a_stage_copies_what_it_saves_while_it_computes() -> None:
+    """NOTE [ Copies during the forward ]: stage 1 makes and saves 100 MiB (12.5 ms of copy) in 10 ms of compute.
+    Under layer sync its forward ends when both are done (max), not one after the other (sum)."""
+    from profiles import D2H_MS_PER_MIB, Layer, chain_profile
+
+    p = chain_profile(
+        [Layer("s0", "linear", 1.0, 8), Layer("s1", "mix", 10.0, 8, extra_mib=100), Layer("s2", "linear", 1.0, 8)]
+    )
+    copy = 100 * D2H_MS_PER_MIB
+    keep = simulate(p, Plan.from_actions("kkk", sync="layer"))
+    r = simulate(p, Plan.from_actions("kok", sync="layer"))
+    assert r.d2h_bytes == 100 * MiB
+    assert r.forward_stalls_ms[1] == pytest.approx(copy - 10.0)
+    assert r.forward_ms == pytest.approx(keep.forward_ms + copy - 10.0)
+    # a copy shorter than the compute costs nothing; the stage's input (packed by it, made before it) still
+    # waits for the stage's end: it is queued when the stage before ends
+    fast = chain_profile(
+        [Layer("s0", "linear", 1.0, 8), Layer("s1", "mix", 20.0, 8, extra_mib=100), Layer("s2", "linear", 1.0, 8)]
+    )
+    assert simulate(fast, Plan.from_actions("kok", sync="layer")).forward_stalls_ms[1] == 0.0
+
+
+def test_the_first_convolution_runs_only_its_weight_pass() -> None:
+    """NOTE [ Convolution costs ]: the model input needs no gradient, so stage 0's first convolution costs its
+    chosen weight pass (against the fastest one) and its weight pass's workspace, never its data pass."""
+    from profiles import conv_profile
+
+    p = conv_profile()
+    stages = list(p.stages)
+    for k in (0, 2):  # give both convolutions the framework's timings, so chosen algorithms replace them
+        conv = stages[k].convs[0].model_copy(update={"default_ms": 1.0, "default_bwd_ms": 4.0})
+        stages[k] = stages[k].model_copy(update={"convs": (conv,)})
+    p = p.model_copy(update={"stages": tuple(stages)})
+    sim = Simulator(p)
+    base = sim.bwd
+    _, fastest_bwd, _, fastest_ws = sim.stage_costs(Plan.uniform(p.n_stages, conv_rule="fastest"))
+    _, lean_bwd, _, lean_ws = sim.stage_costs(Plan.uniform(p.n_stages, conv_rule="memory_optimal"))
+    assert fastest_bwd[0] == pytest.approx(base[0]) and fastest_ws[0] == 20 * MiB  # bwd_filter 1, not bwd_data's 50
+    assert lean_bwd[0] == pytest.approx(base[0] + 6.0 - 2.0) and lean_ws[0] == 0
+    # stage 2's convolution reads a gradient-carrying input: both of its passes count
+    assert lean_bwd[2] == pytest.approx(base[2] + 6.0 + 6.0 - 4.0)
