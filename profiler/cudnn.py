@@ -716,24 +716,40 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, geom: ConvGeometry, algo: int
 
 
 def conv_backward_data(
-    w: torch.Tensor, dy: torch.Tensor, geom: ConvGeometry, algo: int, math_type: int
+    w: torch.Tensor,
+    dy: torch.Tensor,
+    geom: ConvGeometry,
+    algo: int,
+    math_type: int,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The input gradient ``dx`` with backward-data algorithm ``algo`` at ``math_type``."""
+    """The input gradient ``dx`` with backward-data algorithm ``algo`` at ``math_type``.
+
+    ``workspace``: a uint8 CUDA tensor to use when it is large enough, else one is allocated.
+    """
     _check_tensor(w, geom.weight_shape, geom, "weight")
     _check_tensor(dy, geom.output_shape, geom, "output gradient")
     dx = torch.empty(geom.input_shape, dtype=dy.dtype, device=dy.device)
-    _run("bwd_data", geom, w, dy, dx, algo, math_type)
+    _run("bwd_data", geom, w, dy, dx, algo, math_type, workspace)
     return dx
 
 
 def conv_backward_filter(
-    x: torch.Tensor, dy: torch.Tensor, geom: ConvGeometry, algo: int, math_type: int
+    x: torch.Tensor,
+    dy: torch.Tensor,
+    geom: ConvGeometry,
+    algo: int,
+    math_type: int,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The weight gradient ``dw`` with backward-filter algorithm ``algo`` at ``math_type``."""
+    """The weight gradient ``dw`` with backward-filter algorithm ``algo`` at ``math_type``.
+
+    ``workspace``: a uint8 CUDA tensor to use when it is large enough, else one is allocated.
+    """
     _check_tensor(x, geom.input_shape, geom, "input")
     _check_tensor(dy, geom.output_shape, geom, "output gradient")
     dw = torch.empty(geom.weight_shape, dtype=dy.dtype, device=dy.device)
-    _run("bwd_filter", geom, x, dy, dw, algo, math_type)
+    _run("bwd_filter", geom, x, dy, dw, algo, math_type, workspace)
     return dw
 
 

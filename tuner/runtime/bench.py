@@ -67,6 +67,8 @@ class BenchRow:
     re-mapping memory (NOTE [ Allocator retries ])"""
     leaked_bytes: int | None = None
     """bytes still allocated after the row was measured and cleaned up, above what was allocated before it"""
+    plan_json: dict[str, Any] | None = None
+    """the whole plan (``Plan`` as JSON), so its prediction can be recomputed when the simulator changes"""
 
     @property
     def step_error(self) -> float | None:
@@ -214,6 +216,7 @@ def bench_plans(
                 budget_bytes,
                 plan.compact() if plan else None,
                 error=error,
+                plan_json=plan.model_dump(mode="json") if plan else None,
             )
 
         try:
@@ -241,6 +244,7 @@ def bench_plans(
                     offload_stats=stats,
                     reserved_bytes=reserved,
                     alloc_retries=retries / (warmup + iters),
+                    plan_json=plan.model_dump(mode="json") if plan else None,
                 )
             )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:

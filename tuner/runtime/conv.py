@@ -44,6 +44,7 @@ from profiler.cudnn import (
     cudnn_available,
     load_cudnn,
     module_padding,
+    workspace_bytes,
 )
 from profiler.errors import ProfilerError
 from profiler.profile import ConvProfile, Profile
@@ -164,17 +165,40 @@ class CudnnConv2dFunction(torch.autograd.Function):
         choice: AlgoChoice = ctx.choice
         stride, padding, dilation, groups = ctx.settings
         dx = dw = None
+        ws = _backward_workspace(geom, choice, ctx.needs_input_grad[:2], dy.device) if geom is not None else None
         if ctx.needs_input_grad[0]:
             if geom is not None:
-                dx = conv_backward_data(w, dy, geom, choice.bwd_data, choice.bwd_data_math)
+                dx = conv_backward_data(w, dy, geom, choice.bwd_data, choice.bwd_data_math, ws)
             else:
                 dx = conv2d_input(x.shape, w, dy, stride, padding, dilation, groups)
         if ctx.needs_input_grad[1]:
             if geom is not None:
-                dw = conv_backward_filter(x, dy, geom, choice.bwd_filter, choice.bwd_filter_math)
+                dw = conv_backward_filter(x, dy, geom, choice.bwd_filter, choice.bwd_filter_math, ws)
             else:
                 dw = conv2d_weight(x, w.shape, dy, stride, padding, dilation, groups)
         return dx, dw, None, None, None, None, None
+
+
+def _backward_workspace(
+    geom: ConvGeometry, choice: AlgoChoice, needs: tuple[bool, ...], device: torch.device
+) -> torch.Tensor | None:
+    """One workspace for both backward passes, the larger of their sizes, allocated before either runs.
+
+    # NOTE [ One backward workspace ]
+    Allocating each pass's workspace in turn made the caching allocator grow under a memory cap: on the H200
+    (``scripts/memory_trace.py``, VGG-16 fp32 at 70%, 2026-11-21) ``features.12``'s data pass took 1570.25 MiB
+    and its weight pass, right after, 1577.0 MiB; the freed 1570.25 MiB block was 6.75 MiB short, mapping
+    one more page crossed the cap, and the allocator's retry unmapped all its free memory (that block too) to
+    map it again, 4 times a step. One block of the larger size serves both passes on the same stream, and the
+    simulator already counts a stage's backward workspace as that maximum (NOTE [ Convolution costs ]).
+    """
+    sizes = []
+    if needs[0]:
+        sizes.append(workspace_bytes(geom, "bwd_data", choice.bwd_data, choice.bwd_data_math, device))
+    if needs[1]:
+        sizes.append(workspace_bytes(geom, "bwd_filter", choice.bwd_filter, choice.bwd_filter_math, device))
+    size = max(sizes, default=0)
+    return torch.empty(size, dtype=torch.uint8, device=device) if size else None
 
 
 def cudnn_conv2d(
