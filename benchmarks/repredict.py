@@ -39,7 +39,12 @@ def _plan_of(row: dict[str, Any], profile: Profile) -> Plan | None:
 
 def repredict_file(path: Path) -> list[str]:
     """Markdown table rows (configuration, measured, stored and current predictions) for one bench JSON."""
-    run = json.loads(path.read_text())
+    try:
+        run = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SystemExit(f"{path}: cannot read a bench JSON ({exc})") from exc
+    if not isinstance(run, dict) or not {"model", "batch", "dtype", "rows"} <= run.keys():
+        raise SystemExit(f"{path}: not a `memtune bench --json-out` file (needs model, batch, dtype and rows)")
     profile = resolve_profile(build(run["model"], {}), run["batch"], run["dtype"], "h200")
     lines = []
     for row in run["rows"]:

@@ -249,7 +249,7 @@ def run_config(out_dir: Path, cfg: str, history: bool) -> None:
                 }
                 print(f"  {cap_name}: {type(exc).__name__}: {detail[:1200]}", flush=True)
                 if cap_name == "capped" and history:
-                    torch.cuda.memory._dump_snapshot(str(out_dir / f"snapshot-{cfg.replace(':', '-')}.pickle"))
+                    torch.cuda.memory._dump_snapshot(str(out_dir / f"snapshot-{name}.pickle"))
             finally:
                 if cap_name == "capped":
                     _dump_events(out_dir / f"events-{name}.json.gz")

@@ -27,7 +27,7 @@ input) are queued at the end of the stage before it, which is when that pack hap
 simulator queued every copy at the stage's end, which serialised compute and copies under ``layer`` sync:
 on the H200 (``scripts/memory_trace.py … policy=vdnn_all_p``, 2026-11-21) a GPT fp32 block's forward took
 19.45 ms against 28.3 ms simulated (10.04 ms compute, 19.51 ms of copies: the measured time is their max),
-and ResNet-50 bf16 ``vdnn_all_m`` forward stages ran 23–33% faster than simulated, while every backward
+and ResNet-50 bf16 ``vdnn_all_m`` forward stages (4–19) took 21–32% less time than simulated, while every backward
 stage was within 3%. Treating every member alike keeps ``merge_storages`` exact.
 
 The simulator is deterministic and pure Python. ``Simulator(profile)`` precomputes the per-profile

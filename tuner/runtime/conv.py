@@ -189,8 +189,9 @@ def _backward_workspace(
     (``scripts/memory_trace.py``, VGG-16 fp32 at 70%, 2026-11-21) ``features.12``'s data pass took 1570.25 MiB
     and its weight pass, right after, 1577.0 MiB; the freed 1570.25 MiB block was 6.75 MiB short, mapping
     one more page crossed the cap, and the allocator's retry unmapped all its free memory (that block too) to
-    map it again, 4 times a step. One block of the larger size serves both passes on the same stream, and the
-    simulator already counts a stage's backward workspace as that maximum (NOTE [ Convolution costs ]).
+    map it again: two of the step's four retries were such pairs (``features.12``/``14`` and ``features.7``).
+    One block of the larger size serves both passes on the same stream, and the simulator already counts a
+    stage's backward workspace as that maximum (NOTE [ Convolution costs ]).
     """
     sizes = []
     if needs[0]:
