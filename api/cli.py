@@ -432,6 +432,11 @@ def tune(
         f"({best.step_ms / result.unconstrained.step_ms:.2f}x unconstrained), "
         f"peak {best.peak_bytes / GiB:.2f} GiB  [dim]{best.plan.compact()}[/]"
     )
+    if best.alloc_retries:
+        out.print(
+            f"  [dim]of which {best.allocator_ms:.1f} ms are {best.alloc_retries:.1f} allocator retries per step "
+            "predicted under the budget's cap (NOTE [ Allocator placement ])[/]"
+        )
     if pareto:
         table = Table("step ms", "peak GiB", "plan", title="Pareto front (time vs memory)")
         for c in result.pareto:
@@ -638,7 +643,8 @@ def bench(
         "peak err",
         "retries",
         title=f"{prof.model} batch {batch} {dtype} on {ident.name} (torch {torch.__version__})",
-        caption="retries: allocations per step that fit the cap only after the allocator released its cache",
+        caption="retries: allocations per step that fit the cap only after the allocator released its cache, "
+        "measured / predicted by the placement model (its calibrated cost is in sim ms)",
     )
     for row in rows:
         table.add_row(
@@ -653,13 +659,18 @@ def bench(
             _fmt(row.step_error, "+.1%"),
             _fmt(row.predicted_peak_bytes / GiB if row.predicted_peak_bytes else None, ".2f"),
             _fmt(row.peak_error, "+.1%"),
-            _fmt(row.alloc_retries, ".1f"),
+            _retries_text(row.alloc_retries, row.predicted_retries),
         )
         if row.error:
             table.add_row(f"  [dim]{row.error}[/]")
         if row.leaked_bytes:
             table.add_row(f"  [yellow]{format_bytes(row.leaked_bytes)} stayed allocated after this row[/]")
     out.print(table)
+
+
+def _retries_text(measured: float | None, predicted: float | None) -> str:
+    """Measured allocator retries per step, and the placement model's prediction where there is one."""
+    return _fmt(measured, ".1f") + (f" / {predicted:.1f}" if predicted is not None else "")
 
 
 def _conv_text(plan: Plan) -> str:

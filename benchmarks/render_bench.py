@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main", "render"]
 
@@ -16,6 +17,12 @@ GiB = float(1 << 30)
 
 def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
+
+
+def _retries(row: dict[str, Any]) -> str:
+    """Measured allocator retries per step, and the placement model's prediction where the row has one."""
+    predicted = row.get("predicted_retries")
+    return _f(row.get("alloc_retries"), ".1f") + ("" if predicted is None else f" / {predicted:.1f}")
 
 
 def render(path: Path) -> str:
@@ -29,7 +36,7 @@ def render(path: Path) -> str:
         f"{dev['torch_version']}, cuDNN {dev['cudnn_version']}; `{path.name}`)",
         "",
         "| configuration | budget GiB | step ms | × unconstrained | peak GiB | fits | sim ms | sim err | "
-        "sim peak GiB | peak err | retries |",
+        "sim peak GiB | peak err | retries (measured / predicted) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -41,7 +48,7 @@ def render(path: Path) -> str:
             f"{'-' if r['fits'] is None else ('yes' if r['fits'] else 'no')} | {_f(r['predicted_step_ms'], '.1f')} | "
             f"{_f(r['step_error'], '+.1%')} | "
             f"{_f(r['predicted_peak_bytes'] and r['predicted_peak_bytes'] / GiB, '.2f')} | "
-            f"{_f(r['peak_error'], '+.1%')} | {_f(r.get('alloc_retries'), '.1f')} |"
+            f"{_f(r['peak_error'], '+.1%')} | {_retries(r)} |"
         )
     return "\n".join(lines)
 

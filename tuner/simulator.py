@@ -65,6 +65,8 @@ class SimResult:
         forward_stalls_ms / backward_stalls_ms: per stage, ms.
         d2h_bytes / h2d_bytes: bytes copied each way.
         timeline: ``(time ms, live bytes, label)`` after each event, when asked for.
+        blocks: the same events tensor by tensor, ``("alloc" | "free", key, bytes)`` in program order, when a
+            timeline is asked for (NOTE [ Allocator placement ] in ``tuner.placement`` replays them).
     """
 
     step_ms: float
@@ -79,6 +81,7 @@ class SimResult:
     h2d_bytes: int
     base_bytes: int
     timeline: tuple[tuple[float, int, str], ...] = field(default=(), repr=False)
+    blocks: tuple[tuple[str, object, int], ...] = field(default=(), repr=False)
 
     def fits(self, budget_bytes: int) -> bool:
         """True when the simulated peak is within ``budget_bytes``."""
@@ -221,6 +224,8 @@ class Simulator:
 
         events: list[tuple[float, int, str]] = []  # (time, delta bytes, label), in program order
         ev = events.append
+        # the same, tensor by tensor, only on the timeline path (NOTE [ Allocator placement ])
+        blk: list[tuple[str, object, int]] | None = [] if want_timeline else None
 
         # ---- plan-dependent tables --------------------------------------------------------------
         # storages to copy, by the stage at whose forward end the copy is issued
@@ -292,6 +297,9 @@ class Simulator:
             for sid in tab.produced[k]:
                 alloc += s_bytes[sid]
             ev((t, alloc, f"fwd {k} start"))
+            if blk is not None:
+                blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in tab.produced[k]]
+                blk += [("alloc", ("ws", k), ws_f[k]), ("free", ("ws", k), ws_f[k])] if ws_f[k] else []
             t_start = t
             t += fwd[k]
             ev((t, -ws_f[k], f"fwd {k} end"))
@@ -325,8 +333,12 @@ class Simulator:
                 for sid in free_at_sync[k]:
                     freed[sid] = True
                 ev((t, -sum(s_bytes[sid] for sid in free_at_sync[k]), f"fwd {k} offloaded"))
+                if blk is not None:
+                    blk += [("free", ("s", sid), s_bytes[sid]) for sid in free_at_sync[k]]
             if drop_at[k]:
                 ev((t, -sum(s_bytes[sid] for sid in drop_at[k]), f"fwd {k} drop"))
+                if blk is not None:
+                    blk += [("free", ("s", sid), s_bytes[sid]) for sid in drop_at[k]]
         forward_ms = t
 
         # ---- backward ---------------------------------------------------------------------------
@@ -382,6 +394,16 @@ class Simulator:
         t += self.loss_ms / 2
         ev((t, -2 * f32 + (numel * self.out_itemsize if cast else 0), "loss backward: log_softmax"))
         ev((t, -cast, "loss grad"))
+        if blk is not None:
+            # the last "loss" block is the gradient of the output, which stage n-1's backward frees as ("g", n-1)
+            blk += [("alloc", "cast", cast)] if cast else []
+            blk += [("alloc", "log_softmax", f32)]
+            blk += [("free", "cast", cast)] if cast else []
+            blk += [("free", ("s", final_out), out_dies)] if out_dies else []
+            blk += [("alloc", "loss grad", f32), ("alloc", "cast grad" if cast else ("g", n - 1), f32)]
+            blk += [("free", "log_softmax", f32), ("free", "loss grad", f32)]
+            if cast:
+                blk += [("alloc", ("g", n - 1), numel * self.out_itemsize), ("free", "cast grad", f32)]
         bwd_start = t
         for k in range(n - 1, -1, -1):
             for sid in late_wait_at[k]:  # used in place: its first unpack waits for its copy
@@ -394,6 +416,8 @@ class Simulator:
                     continue
                 h2d_bytes += s_bytes[sid]
                 ev((t, s_bytes[sid], f"prefetch {sid}"))
+                if blk is not None:
+                    blk.append(("alloc", ("s", sid), s_bytes[sid]))
                 if inline:
                     t = max(t, copy_done[sid]) + s_h2d[sid]
                     bstall[k] += s_h2d[sid]
@@ -410,6 +434,9 @@ class Simulator:
                 remat = remat_at.get(k, ())
                 transient = max(out[i : k + 1])
                 ev((t, sum(s_bytes[sid] for sid in remat) + transient, f"recompute {i}..{k}"))
+                if blk is not None:
+                    blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in remat]
+                    blk += [("alloc", ("r", k), transient), ("free", ("r", k), transient)]
                 seg_ms = sum(fwd[i : k + 1])
                 t += seg_ms
                 recompute_ms += seg_ms
@@ -423,6 +450,13 @@ class Simulator:
             t += bwd[k]
             freed_now = ws_b[k] + out[k] + sum(s_bytes[sid] for sid in release_at[k])
             ev((t, -freed_now, f"bwd {k} end"))
+            if blk is not None:
+                blk += [("alloc", ("wsb", k), ws_b[k])] if ws_b[k] else []
+                blk += [("alloc", ("g", k - 1), grad_in)] if k > 0 else []
+                blk += [("alloc", ("p", k), self.pgrad[k])] if self.pgrad[k] else []
+                blk += [("free", ("wsb", k), ws_b[k])] if ws_b[k] else []
+                blk += [("free", ("g", k), out[k])]
+                blk += [("free", ("s", sid), s_bytes[sid]) for sid in release_at[k]]
 
         # ---- peak -------------------------------------------------------------------------------
         live = self.base
@@ -449,6 +483,7 @@ class Simulator:
             h2d_bytes=h2d_bytes,
             base_bytes=self.base,
             timeline=tuple(tl),
+            blocks=tuple(blk) if blk is not None else (),
         )
 
 

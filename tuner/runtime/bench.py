@@ -32,6 +32,8 @@ from torch import nn
 from profiler.chain import ModelChain
 from profiler.loss import loss_classes, step_loss
 from profiler.profile import Profile
+from tuner.calibration import calibration_for
+from tuner.placement import predict_retries
 from tuner.plan import Plan
 from tuner.runtime.conv import apply_conv_choices
 from tuner.runtime.errors import PlanOutOfMemoryError
@@ -69,6 +71,11 @@ class BenchRow:
     """bytes still allocated after the row was measured and cleaned up, above what was allocated before it"""
     plan_json: dict[str, Any] | None = None
     """the whole plan (``Plan`` as JSON), so its prediction can be recomputed when the simulator changes"""
+    predicted_retries: float | None = None
+    """allocator retries per step (warm-up included) that the placement model predicts under the budget
+    (NOTE [ Allocator placement ]), beside ``alloc_retries``"""
+    predicted_allocator_ms: float | None = None
+    """of ``predicted_step_ms``, what those retries are predicted to cost (``tuner.calibration``), ms"""
 
     @property
     def step_error(self) -> float | None:
@@ -189,6 +196,7 @@ def bench_plans(
         ctx: Callable[[], Any] = contextlib.nullcontext,
         guard: Callable[[], Any] = contextlib.nullcontext,
         plan: Plan | None = None,
+        guarded: bool = False,
     ) -> None:
         if progress is not None:
             progress(name)
@@ -202,6 +210,13 @@ def bench_plans(
             opt.zero_grad(set_to_none=True)
 
         predicted = simulate(profile, plan) if plan is not None else None
+        # NOTE [ Allocator placement ]: under the cap (every row but the unconstrained one) the retries the
+        # placement model predicts, and their calibrated cost, join the prediction
+        placed = predict_retries(profile, plan, budget_bytes, steps=warmup + iters) if plan and guarded else None
+        remap_ms = calibration_for(profile.device.key).remap_ms_per_gib
+        alloc_ms = placed.cost_ms(remap_ms) if placed is not None and remap_ms is not None else None
+        predicted_ms = predicted.step_ms + (alloc_ms or 0.0) if predicted is not None else None
+        predicted_retries = sum(placed.retries) / max(1, len(placed.retries)) if placed is not None else None
 
         def failed(error: str) -> BenchRow:
             return BenchRow(
@@ -211,12 +226,14 @@ def bench_plans(
                 None,
                 None,
                 False,
-                predicted.step_ms if predicted else None,
+                predicted_ms,
                 predicted.peak_bytes if predicted else None,
                 budget_bytes,
                 plan.compact() if plan else None,
                 error=error,
                 plan_json=plan.model_dump(mode="json") if plan else None,
+                predicted_retries=predicted_retries,
+                predicted_allocator_ms=alloc_ms,
             )
 
         try:
@@ -237,7 +254,7 @@ def bench_plans(
                     peak,
                     per_sample / (ms / 1e3),
                     peak <= budget_bytes,
-                    predicted.step_ms if predicted else None,
+                    predicted_ms,
                     predicted.peak_bytes if predicted else None,
                     budget_bytes,
                     plan.compact() if plan else None,
@@ -245,6 +262,8 @@ def bench_plans(
                     reserved_bytes=reserved,
                     alloc_retries=retries / (warmup + iters),
                     plan_json=plan.model_dump(mode="json") if plan else None,
+                    predicted_retries=predicted_retries,
+                    predicted_allocator_ms=alloc_ms,
                 )
             )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:
@@ -277,7 +296,7 @@ def bench_plans(
         ):
             warnings.filterwarnings("ignore", message=".*are not applied by planned", category=UserWarning)
             pm = planned(chain, plan)  # built inside the block: it sees the chosen convolutions
-            run(name, kind, pm, guard=functools.partial(budget_guard, budget_bytes, pm), plan=plan)
+            run(name, kind, pm, guard=functools.partial(budget_guard, budget_bytes, pm), plan=plan, guarded=True)
             del pm
     if pytorch_builtins:
         run("torch save_on_cpu", "pytorch", seq, ctx=lambda: torch.autograd.graph.save_on_cpu(pin_memory=True))
