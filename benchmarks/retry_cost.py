@@ -18,15 +18,17 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from api.cli import resolve_profile
+from profiler.profile import Profile
 from profiler.zoo import build
 from tuner.calibration import calibration_for
 from tuner.placement import predict_retries
 from tuner.plan import Plan
-from tuner.simulator import simulate
+from tuner.simulator import Simulator
 
-__all__ = ["RetryRow", "fit_ms_per_gib", "rows_of"]
+__all__ = ["RetryRow", "fit_ms_per_gib", "read_run", "rows_of"]
 
 GiB = 2**30
 
@@ -45,15 +47,23 @@ class RetryRow:
     out_of_memory: bool
 
 
-def rows_of(path: Path, steps: int = 8, warmup: int = 2) -> list[RetryRow]:
-    """The rows of one bench file that ran our plans with ``plan_json``, replayed for ``steps`` steps."""
+def read_run(path: Path) -> tuple[dict[str, Any], Profile]:
+    """A ``memtune bench --json-out`` file and the committed H200 profile its rows ran."""
     try:
         run = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise SystemExit(f"{path}: cannot read a bench JSON ({exc})") from exc
     if not isinstance(run, dict) or not {"model", "batch", "dtype", "rows"} <= run.keys():
         raise SystemExit(f"{path}: not a `memtune bench --json-out` file (needs model, batch, dtype and rows)")
-    profile = resolve_profile(build(run["model"], {}), run["batch"], run["dtype"], "h200")
+    return run, resolve_profile(build(run["model"], {}), run["batch"], run["dtype"], "h200")
+
+
+def rows_of(path: Path, steps: int = 8, warmup: int = 2, compute_scale: float | None = None) -> list[RetryRow]:
+    """The rows of one bench file that ran our plans with ``plan_json``, replayed for ``steps`` steps.
+
+    ``compute_scale`` overrides the calibration's factor for the profile (NOTE [ Compute scale ])."""
+    run, profile = read_run(path)
+    sim = Simulator(profile, compute_scale=compute_scale)
     out = []
     for row in run["rows"]:
         if row["step_ms"] is None or not row.get("plan_json") or row["kind"] in ("unconstrained", "pytorch"):
@@ -66,7 +76,7 @@ def rows_of(path: Path, steps: int = 8, warmup: int = 2) -> list[RetryRow]:
                 run=path.stem.removeprefix("bench-"),
                 name=row["name"],
                 measured_ms=row["step_ms"],
-                simulated_ms=simulate(profile, plan).step_ms,
+                simulated_ms=sim.run(plan).step_ms,
                 measured_retries=row.get("alloc_retries") or 0.0,
                 predicted_retries=sum(placed.retries) / max(1, len(placed.retries)),
                 remapped_gib=sum(timed) / max(1, len(timed)) / GiB,

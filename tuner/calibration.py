@@ -2,17 +2,30 @@
 
 A calibration file ``tuner/data/calibration-<gpu key>.json`` holds what ``memtune bench`` taught us
 about a GPU type, with the command and date that measured it: the budget headroom of NOTE [ Headroom ]
-(``tuner.search``) and the time an allocator retry costs per byte it unmaps (NOTE [ Allocator placement ] in
-``tuner.placement``). A GPU type without a file gets no correction.
+(``tuner.search``), the time an allocator retry costs per byte it unmaps (NOTE [ Allocator placement ] in
+``tuner.placement``) and, per measured profile, the factor between its whole unconstrained step and the sum of
+its stages (NOTE [ Compute scale ]). ``python -m benchmarks.calibrate`` derives the last two from committed
+``memtune bench`` runs. A GPU type without a file gets no correction.
+
+# NOTE [ Compute scale ]
+The profiler times each stage alone (forward, then backward, synchronised around each); a training step runs
+them back to back, so launch gaps overlap and caches stay warm. On the H200 every measured profile's simulated
+unconstrained step was 2-8% longer than the measured one (GPT bf16: 120.7 against 112.0 ms). The simulator
+multiplies every compute time of a profile (stages, convolution algorithms, loss; not copies) by measured /
+simulated unconstrained step, the median over the committed bench runs of that profile. It is one number per
+profile, measured on one plan (no plan at all), and applied to every other.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 
-__all__ = ["Calibration", "calibration_for"]
+from profiler.profile import Profile
+
+__all__ = ["Calibration", "calibration_for", "profile_key"]
 
 
 @dataclass(frozen=True)
@@ -31,10 +44,24 @@ class Calibration:
     headroom: float = 0.0
     remap_ms_per_gib: float | None = None
     source: str = "none"
+    compute_scale: dict[str, float] = field(default_factory=dict)
+    """measured / simulated unconstrained step per measured profile, keyed ``model-bBATCH-dtype``"""
+
+    def compute_scale_for(self, profile: Profile) -> float:
+        """The factor on ``profile``'s compute times (NOTE [ Compute scale ]); 1.0 when not calibrated."""
+        if profile.source != "measured" or profile.device.key != self.gpu:
+            return 1.0
+        return self.compute_scale.get(profile_key(profile), 1.0)
 
 
+def profile_key(profile: Profile) -> str:
+    """``model-bBATCH-dtype``: how the calibration names a profile."""
+    return f"{profile.model}-b{profile.batch}-{profile.dtype}"
+
+
+@functools.cache
 def calibration_for(gpu: str) -> Calibration:
-    """The committed calibration of ``gpu``, or an empty one."""
+    """The committed calibration of ``gpu``, or an empty one (read once per process)."""
     path = files("tuner").joinpath("data", f"calibration-{gpu}.json")
     if not path.is_file():
         return Calibration(gpu)
@@ -46,4 +73,5 @@ def calibration_for(gpu: str) -> Calibration:
         headroom=float(data.get("headroom", 0.0)),
         remap_ms_per_gib=float(remap) if remap is not None else None,
         source="; ".join(s for s in sources if s),
+        compute_scale={str(k): float(v) for k, v in data.get("compute_scale", {}).items()},
     )

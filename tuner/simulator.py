@@ -42,6 +42,7 @@ from typing import Literal
 
 from profiler.loss import profile_loss_ms
 from profiler.profile import ConvProfile, Profile, SavedStorage
+from tuner.calibration import calibration_for
 from tuner.conv_choice import ConvTriple, choose_algorithms
 from tuner.plan import Action, Plan, resolve_storages, segments, storage_copy_ms
 
@@ -122,24 +123,36 @@ class Simulator:
         profile: the chain's profile.
         optimizer: ``sgd`` (with momentum), ``adam`` or ``none``; sets the optimizer state bytes.
         merge: use merged storages where that is exact (``merge_storages``); only faster.
+        compute_scale: factor on every compute time (stages, convolution algorithms, loss); None takes the
+            profile's calibrated one (NOTE [ Compute scale ]), 1.0 the profile as measured.
     """
 
-    def __init__(self, profile: Profile, optimizer: str = "sgd", *, merge: bool = True) -> None:
+    def __init__(
+        self, profile: Profile, optimizer: str = "sgd", *, merge: bool = True, compute_scale: float | None = None
+    ) -> None:
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, not {optimizer!r}")
         self.profile = profile
         self.optimizer = optimizer
         st = profile.stages
         self.n = len(st)
-        self.fwd = [s.forward_ms for s in st]
-        self.bwd = [s.backward_ms for s in st]
+        # NOTE [ Compute scale ]: stage times are measured one stage at a time; a whole step runs them back to
+        # back. The calibration's factor per profile (measured unconstrained step / simulated) scales compute
+        if compute_scale is None:
+            compute_scale = calibration_for(profile.device.key).compute_scale_for(profile)
+        self.compute_scale = compute_scale
+        self._fwd0 = [s.forward_ms for s in st]
+        self._bwd0 = [s.backward_ms for s in st]
+        self.fwd = [ms * self.compute_scale for ms in self._fwd0]
+        self.bwd = [ms * self.compute_scale for ms in self._bwd0]
         self.out = [s.output_bytes for s in st]
         self.ws_f = [s.forward_workspace_bytes for s in st]
         self.ws_b = [s.backward_workspace_bytes for s in st]
         self.pgrad = [s.param_bytes for s in st]
         # bytes per element of the output: half precision under autocast, else 4 (NOTE [ Loss memory ])
         self.out_itemsize = 4 if profile.dtype == "float32" else 2
-        self.loss_ms = profile_loss_ms(profile)  # NOTE [ Loss memory ]: its time, measured or estimated
+        # NOTE [ Loss memory ]: its time, measured or estimated
+        self.loss_ms = profile_loss_ms(profile) * self.compute_scale
         self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
         self._conv_costs: dict[object, tuple[list[float], list[float], list[int], list[int]]] = {}
         # merged storages give the same numbers under every sync mode (see merge_storages)
@@ -179,7 +192,7 @@ class Simulator:
         cached = self._conv_costs.get(key)
         if cached is not None:
             return cached
-        fwd, bwd, ws_f, ws_b = list(self.fwd), list(self.bwd), list(self.ws_f), list(self.ws_b)
+        fwd, bwd, ws_f, ws_b = list(self._fwd0), list(self._bwd0), list(self.ws_f), list(self.ws_b)
         chosen = choose_algorithms(self.profile, plan, check=False)
         by_stage: dict[int, list[tuple[ConvProfile, ConvTriple]]] = {}
         for ckey, triple in chosen.items():
@@ -207,7 +220,8 @@ class Simulator:
                 ws_bk = max(ws_bk, tr.bwd_data.workspace_bytes, tr.bwd_filter.workspace_bytes)
             ws_f[k] = max(tr.fwd.workspace_bytes for _, tr in items)
             ws_b[k] = ws_bk
-        result = (fwd, bwd, ws_f, ws_b)
+        scale = self.compute_scale
+        result = ([ms * scale for ms in fwd], [ms * scale for ms in bwd], ws_f, ws_b)
         self._conv_costs[key] = result
         return result
 
