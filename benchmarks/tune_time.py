@@ -1,4 +1,4 @@
-"""Wall time of the documented command `memtune tune vgg16 --batch 256 --gpu h200 --budget 12GiB --trials 300`.
+"""Wall time of the documented command `memtune tune vgg16 --batch 256 --gpu h200 --budget 13GiB --trials 300`.
 
     python -m benchmarks.tune_time [--runs 3]
 
@@ -29,7 +29,7 @@ COMMAND = [
     "--gpu",
     "h200",
     "--budget",
-    "12GiB",
+    "13GiB",
     "--trials",
     "300",
     "--json",
@@ -48,11 +48,13 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
         result = json.loads(done.stdout)
     best = result["best"]
+    if best is None:
+        raise SystemExit(f"{' '.join(COMMAND[2:])} found no plan within the budget; nothing to time")
     print(f"environment: {environment()}")
     print("| command | runs | wall s (median) | min | max | best plan | step ms | peak GiB | profile |")
     print("|---|---|---|---|---|---|---|---|---|")
     print(
-        f"| `memtune tune vgg16 --batch 256 --gpu h200 --budget 12GiB --trials 300` | {args.runs} | "
+        f"| `memtune tune vgg16 --batch 256 --gpu h200 --budget 13GiB --trials 300` | {args.runs} | "
         f"{statistics.median(times):.2f} | {min(times):.2f} | {max(times):.2f} | {best['name']} | "
         f"{best['step_ms']:.1f} | {best['peak_bytes'] / 2**30:.2f} | {result['profile_source']} |"
     )
