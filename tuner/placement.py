@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from profiler.profile import Profile
 from tuner.plan import Plan
 
-__all__ = ["AllocatorModel", "AllocatorOutOfMemory", "PlacementResult", "predict_retries"]
+__all__ = ["AllocatorModel", "AllocatorOutOfMemory", "PlacementResult", "allocator_cost", "predict_retries"]
 
 MIN_BLOCK = 512  #: bytes; every request rounds up to a multiple
 SMALL_SIZE = 1 << 20  #: requests up to this many bytes use the small pool
@@ -328,3 +328,15 @@ def predict_retries(
     except AllocatorOutOfMemory as exc:
         return PlacementResult(tuple(retries), tuple(remapped), model.reserved, out_of_memory=str(exc))
     return PlacementResult(tuple(retries), tuple(remapped), model.reserved)
+
+
+def allocator_cost(
+    profile: Profile, plan: Plan, cap_bytes: int, *, steps: int = 6, optimizer: str = "sgd"
+) -> tuple[PlacementResult, float | None]:
+    """``predict_retries`` and what the retries cost per step at the GPU type's calibrated price, ms (None
+    where the GPU type has no price, ``tuner.calibration``)."""
+    from tuner.calibration import calibration_for
+
+    placed = predict_retries(profile, plan, cap_bytes, steps=steps, optimizer=optimizer)
+    price = calibration_for(profile.device.key).remap_ms_per_gib
+    return placed, placed.cost_ms(price) if price is not None else None

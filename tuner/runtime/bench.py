@@ -32,8 +32,7 @@ from torch import nn
 from profiler.chain import ModelChain
 from profiler.loss import loss_classes, step_loss
 from profiler.profile import Profile
-from tuner.calibration import calibration_for
-from tuner.placement import predict_retries
+from tuner.placement import allocator_cost
 from tuner.plan import Plan
 from tuner.runtime.conv import apply_conv_choices
 from tuner.runtime.errors import PlanOutOfMemoryError
@@ -212,9 +211,9 @@ def bench_plans(
         predicted = simulate(profile, plan) if plan is not None else None
         # NOTE [ Allocator placement ]: under the cap (every row but the unconstrained one) the retries the
         # placement model predicts, and their calibrated cost, join the prediction
-        placed = predict_retries(profile, plan, budget_bytes, steps=warmup + iters) if plan and guarded else None
-        remap_ms = calibration_for(profile.device.key).remap_ms_per_gib
-        alloc_ms = placed.cost_ms(remap_ms) if placed is not None and remap_ms is not None else None
+        placed, alloc_ms = (
+            allocator_cost(profile, plan, budget_bytes, steps=warmup + iters) if plan and guarded else (None, None)
+        )
         predicted_ms = predicted.step_ms + (alloc_ms or 0.0) if predicted is not None else None
         predicted_retries = sum(placed.retries) / max(1, len(placed.retries)) if placed is not None else None
 
