@@ -471,6 +471,13 @@ def bench(
     variants: Annotated[
         bool, typer.Option(help="also measure the tuned plan with layer sync and with lookahead 8 (diagnosis)")
     ] = False,
+    cap_builtins: Annotated[
+        bool,
+        typer.Option(
+            "--cap-builtins",
+            help="run PyTorch's save_on_cpu and checkpoint_sequential under the budget's cap, as our plans run",
+        ),
+    ] = False,
     no_choice: Annotated[
         bool,
         typer.Option(
@@ -589,6 +596,7 @@ def bench(
             budget_bytes,
             more,
             pytorch_builtins=pytorch_builtins,
+            capped_builtins=cap_builtins,
             warmup=warmup,
             iters=iters,
             progress=progress,

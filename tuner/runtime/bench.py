@@ -157,6 +157,7 @@ def bench_plans(
     plans: Sequence[tuple[str, str, Plan]],
     *,
     pytorch_builtins: bool = True,
+    capped_builtins: bool = False,
     warmup: int = 3,
     iters: int = 10,
     progress: Callable[[str], None] | None = None,
@@ -171,6 +172,7 @@ def bench_plans(
         budget_bytes: the budget each plan runs under (``budget_guard``) and ``fits`` is judged by.
         plans: ``(name, kind, plan)`` triples, e.g. every baseline policy and the tuned plan.
         pytorch_builtins: also measure ``save_on_cpu(pin_memory=True)`` and ``checkpoint_sequential``.
+        capped_builtins: run those under ``budget_guard`` too (as our plans run); by default they run uncapped.
         warmup, iters: warm-up and timed steps per configuration.
         progress: called with the name of each configuration as it starts.
         on_row: called with each row as soon as it is measured (e.g. to save partial results).
@@ -298,12 +300,16 @@ def bench_plans(
             run(name, kind, pm, guard=functools.partial(budget_guard, budget_bytes, pm), plan=plan, guarded=True)
             del pm
     if pytorch_builtins:
-        run("torch save_on_cpu", "pytorch", seq, ctx=lambda: torch.autograd.graph.save_on_cpu(pin_memory=True))
+        # uncapped by default (PyTorch's tools as users run them); capped_builtins runs them under our plans' cap
+        cap = functools.partial(budget_guard, budget_bytes) if capped_builtins else contextlib.nullcontext
+        under = " under the cap" if capped_builtins else ""
+        save_on_cpu = functools.partial(torch.autograd.graph.save_on_cpu, pin_memory=True)
+        run(f"torch save_on_cpu{under}", "pytorch", seq, ctx=save_on_cpu, guard=cap)
         segs = max(1, round(math.sqrt(len(chain))))
 
         class _Seq(nn.Module):
             def forward(self, inp: torch.Tensor) -> torch.Tensor:
                 return torch.utils.checkpoint.checkpoint_sequential(seq, segs, inp, use_reentrant=False)
 
-        run(f"torch checkpoint_sequential ({segs})", "pytorch", _Seq())
+        run(f"torch checkpoint_sequential ({segs}){under}", "pytorch", _Seq(), guard=cap)
     return rows
