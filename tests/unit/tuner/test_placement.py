@@ -114,6 +114,29 @@ def test_every_tensor_the_simulator_allocates_it_frees(vgg16) -> None:  # type: 
         assert sum(live.values()) == sum(s.param_bytes for s in vgg16.stages)
 
 
+@pytest.mark.parametrize(("model", "batch", "dtype"), [("resnet50", 256, "bfloat16"), ("gpt", 16, "float32")])
+def test_random_plans_free_every_tensor(model: str, batch: int, dtype: str) -> None:
+    """Random mixes of keep/offload/recompute under every sync mode: the tensor events stay consistent."""
+    import random
+
+    prof = resolve_profile(build(model, {}), batch, dtype, "h200")
+    sim = Simulator(prof, merge=False)
+    rng = random.Random(0)
+    for i in range(40):
+        actions = [rng.choice(list(Action)) for _ in range(prof.n_stages)]
+        sync = ("deferred", "layer", "inline")[i % 3]
+        plan = Plan(actions=actions, sync=sync, prefetch_lookahead=rng.randrange(9), sync_delay=rng.randrange(1, 6))
+        live: dict[object, int] = {}
+        for op, key, nbytes in sim.run(plan, timeline=True).blocks:
+            if op == "alloc":
+                assert key not in live, (plan.compact(), key)
+                live[key] = nbytes
+            else:
+                assert live.pop(key) == nbytes, (plan.compact(), key)
+        assert all(isinstance(k, tuple) and k[0] == "p" for k in live), plan.compact()
+        predict_retries(prof, plan, 2**40, steps=2)  # replays without error
+
+
 def test_predicted_retries_follow_the_budget(vgg16) -> None:  # type: ignore[no-untyped-def]
     plan = Plan.uniform(vgg16.n_stages, Action.KEEP)
     roomy = predict_retries(vgg16, plan, 40 * GiB)

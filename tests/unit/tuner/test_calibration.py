@@ -1,0 +1,54 @@
+"""The committed H200 calibration: compute scale per measured profile (NOTE [ Compute scale ])."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from api.cli import resolve_profile
+from profiler.zoo import build
+from tuner.calibration import calibration_for, profile_key
+from tuner.plan import Action, Plan
+from tuner.simulator import Simulator
+
+
+def test_a_measured_profile_runs_at_its_calibrated_scale() -> None:
+    prof = resolve_profile(build("gpt", {}), 16, "bfloat16", "h200")
+    cal = calibration_for("h200")
+    scale = cal.compute_scale[profile_key(prof)]
+    assert 0.8 < scale < 1.0  # stages timed alone run slower than a whole step
+    plan = Plan.uniform(prof.n_stages)
+    raw = Simulator(prof, compute_scale=1.0).run(plan)
+    scaled = Simulator(prof).run(plan)
+    assert Simulator(prof).compute_scale == scale
+    # compute scales, memory does not: the unconstrained step is all compute
+    assert scaled.step_ms == pytest.approx(raw.step_ms * scale)
+    assert scaled.peak_bytes == raw.peak_bytes
+
+
+def test_copies_are_not_scaled() -> None:
+    """Offloading everything inline (save_on_cpu): every copy stalls compute, and only compute scales."""
+    prof = resolve_profile(build("resnet50", {}), 256, "float32", "h200")
+    plan = Plan.uniform(prof.n_stages, Action.OFFLOAD).with_(sync="inline")
+    raw = Simulator(prof, compute_scale=1.0).run(plan)
+    half = Simulator(prof, compute_scale=0.5).run(plan)
+    assert raw.stall_ms > 0
+    assert half.stall_ms == pytest.approx(raw.stall_ms)
+    assert half.step_ms == pytest.approx(0.5 * (raw.step_ms - raw.stall_ms) + raw.stall_ms)
+
+
+def test_profiles_without_a_calibration_keep_their_times() -> None:
+    prof = resolve_profile(build("vgg16", {}), 64, "float32", "h200")  # measured, not in the calibration
+    assert profile_key(prof) not in calibration_for("h200").compute_scale
+    assert Simulator(prof).compute_scale == 1.0
+    modeled = resolve_profile(build("resnet50", {}), 256, "float32", "k40")  # a roofline profile
+    assert Simulator(modeled).compute_scale == 1.0
+
+
+def test_the_calibration_file_says_where_its_numbers_came_from() -> None:
+    from importlib.resources import files
+
+    data = json.loads(files("tuner").joinpath("data", "calibration-h200.json").read_text())
+    assert "benchmarks.calibrate" in data["compute_source"] and "benchmarks.calibrate" in data["remap_source"]
+    assert data["remap_ms_per_gib"] > 0
