@@ -157,6 +157,8 @@ class Simulator:
         self._conv_costs: dict[object, tuple[list[float], list[float], list[int], list[int]]] = {}
         # merged storages give the same numbers under every sync mode (see merge_storages)
         self._tables = _StorageTables(merge_storages(profile) if merge else profile)
+        # NOTE [ Inline fetches ]: inline plans hold one storage at a time, so merged storages would over-count
+        self._unmerged = self._tables if not merge else None
 
     # ------------------------------------------------------------------------------------------------
     def run(self, plan: Plan, *, timeline: bool = False, check: bool = True) -> SimResult:
@@ -230,9 +232,13 @@ class Simulator:
         out = self.out
         fwd, bwd, ws_f, ws_b = self.stage_costs(plan)
         sync = plan.sync
-        tab = self._tables
-        s_bytes, s_last, s_d2h, s_h2d = tab.s_bytes, tab.s_last_use, tab.s_d2h, tab.s_h2d
         inline = sync == "inline"
+        tab = self._tables
+        if inline:
+            if self._unmerged is None:
+                self._unmerged = _StorageTables(self.profile)
+            tab = self._unmerged
+        s_bytes, s_last, s_d2h, s_h2d = tab.s_bytes, tab.s_last_use, tab.s_d2h, tab.s_h2d
         lookahead = 0 if inline else plan.prefetch_lookahead
         fates = resolve_storages(tab.profile, actions)
 
@@ -362,6 +368,11 @@ class Simulator:
         release_at: list[list[int]] = [[] for _ in range(n)]
         need_at: list[list[int]] = [[] for _ in range(n)]
         remat_at: dict[int, list[int]] = {}
+        # NOTE [ Inline fetches ]: inline, a storage comes back at its first unpack and goes at its last, so a
+        # storage that one stage's backward both needs and releases lives only while that stage's nodes use
+        # it, one or two at a time: the stage holds its largest such storage, not their sum
+        local: set[int] = set()
+        local_max = [0] * n
         for sid, f in enumerate(fates):
             if tab.s_producer[sid] < 0:
                 continue
@@ -369,6 +380,8 @@ class Simulator:
                 prefetch_at[min(n - 1, f.need + lookahead)].append(sid)
                 need_at[f.need].append(sid)
                 release_at[f.release].append(sid)
+                if inline and f.need == f.release:
+                    local.add(sid)
             elif f.fate == "keep":
                 release_at[f.release].append(sid)
         # storages nobody keeps are re-made by the recompute of the segment holding their savers
@@ -429,9 +442,12 @@ class Simulator:
                 if not freed[sid]:  # still on the GPU (never waited for in forward): used in place
                     continue
                 h2d_bytes += s_bytes[sid]
-                ev((t, s_bytes[sid], f"prefetch {sid}"))
-                if blk is not None:
-                    blk.append(("alloc", ("s", sid), s_bytes[sid]))
+                if sid in local:
+                    local_max[k] = max(local_max[k], s_bytes[sid])
+                else:
+                    ev((t, s_bytes[sid], f"prefetch {sid}"))
+                    if blk is not None:
+                        blk.append(("alloc", ("s", sid), s_bytes[sid]))
                 if inline:
                     t = max(t, copy_done[sid]) + s_h2d[sid]
                     bstall[k] += s_h2d[sid]
@@ -460,17 +476,20 @@ class Simulator:
                     bstall[k] += ready[sid] - t
                     t = ready[sid]
             grad_in = out[k - 1] if k > 0 else 0
-            ev((t, grad_in + self.pgrad[k] + ws_b[k], f"bwd {k} start"))
+            held = local_max[k]  # NOTE [ Inline fetches ]
+            ev((t, grad_in + self.pgrad[k] + ws_b[k] + held, f"bwd {k} start"))
             t += bwd[k]
-            freed_now = ws_b[k] + out[k] + sum(s_bytes[sid] for sid in release_at[k])
+            released = [sid for sid in release_at[k] if sid not in local or not freed[sid]]
+            freed_now = ws_b[k] + out[k] + held + sum(s_bytes[sid] for sid in released)
             ev((t, -freed_now, f"bwd {k} end"))
             if blk is not None:
+                blk += [("alloc", ("inline", k), held), ("free", ("inline", k), held)] if held else []
                 blk += [("alloc", ("wsb", k), ws_b[k])] if ws_b[k] else []
                 blk += [("alloc", ("g", k - 1), grad_in)] if k > 0 else []
                 blk += [("alloc", ("p", k), self.pgrad[k])] if self.pgrad[k] else []
                 blk += [("free", ("wsb", k), ws_b[k])] if ws_b[k] else []
                 blk += [("free", ("g", k), out[k])]
-                blk += [("free", ("s", sid), s_bytes[sid]) for sid in release_at[k]]
+                blk += [("free", ("s", sid), s_bytes[sid]) for sid in released]
 
         # ---- peak -------------------------------------------------------------------------------
         live = self.base

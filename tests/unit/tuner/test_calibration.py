@@ -1,4 +1,4 @@
-"""The committed H200 calibration: compute scale per measured profile (NOTE [ Compute scale ])."""
+"""The committed H200 calibration (NOTE [ Compute scale ]) and how inline offload holds storages."""
 
 from __future__ import annotations
 
@@ -52,3 +52,20 @@ def test_the_calibration_file_says_where_its_numbers_came_from() -> None:
     data = json.loads(files("tuner").joinpath("data", "calibration-h200.json").read_text())
     assert "benchmarks.calibrate" in data["compute_source"] and "benchmarks.calibrate" in data["remap_source"]
     assert data["remap_ms_per_gib"] > 0
+
+
+def test_inline_offload_holds_one_storage_of_a_stage_at_a_time() -> None:
+    """NOTE [ Inline fetches ]: save_on_cpu fetches each saved tensor at its first unpack, frees it after its last."""
+    prof = resolve_profile(build("resnet50", {}), 256, "float32", "h200")
+    plan = Plan.uniform(prof.n_stages, Action.OFFLOAD).with_(sync="inline")
+    res = Simulator(prof, compute_scale=1.0).run(plan, timeline=True)
+    k = 6  # layer1.2: an identity bottleneck
+    stage = prof.stages[k]
+    own = [s.bytes for s in prof.storages if s.producer == k and s.saved_by == (k,)]
+    assert len(own) > 3
+    lives = [(label, live) for _, live, label in res.timeline]
+    i = next(j for j, (label, _) in enumerate(lives) if label == f"bwd {k} start")
+    grew = lives[i][1] - lives[i - 1][1]
+    expected = prof.stages[k - 1].output_bytes + stage.param_bytes + stage.backward_workspace_bytes + max(own)
+    assert grew == expected  # the largest of the stage's own storages, not their sum
+    assert grew < expected - max(own) + sum(own)
