@@ -287,6 +287,14 @@ class ResultPublic(BaseModel):
         default=None, description="measured rows: peak bytes the caching allocator reserved"
     )
     samples_per_s: float | None = Field(default=None, description="measured rows: training throughput")
+    alloc_retries: float | None = Field(
+        default=None,
+        description="allocator retries per step under the budget's cap: predicted by the placement model "
+        "(simulated rows the search ranked by it) or counted on the GPU (measured rows)",
+    )
+    allocator_ms: float | None = Field(
+        default=None, description="simulated rows: the predicted retries' price, ms, included in step_ms"
+    )
 
 
 class ResultsPublic(BaseModel):

@@ -115,6 +115,8 @@ def result_public(r: Result, *, with_plan: bool = False) -> ResultPublic:
         peak_error=_relative_error(r.predicted_peak_bytes, r.peak_bytes) if r.source == "measured" else None,
         reserved_peak_bytes=r.reserved_peak_bytes,
         samples_per_s=r.samples_per_s,
+        alloc_retries=r.alloc_retries,
+        allocator_ms=r.allocator_ms,
     )
 
 

@@ -524,6 +524,7 @@ def _measured(job: Job, chosen: list[ResultIn], run: ValidationRun, *, cancelled
                 predicted_peak_bytes=sim.peak_bytes,
                 reserved_peak_bytes=row.reserved_bytes,
                 samples_per_s=row.samples_per_s,
+                alloc_retries=row.alloc_retries,
             )
         )
     device = run.device.name
@@ -570,6 +571,8 @@ def _result_in(c: Candidate, kind: Any, *, name: str | None = None) -> ResultIn:
         peak_bytes=int(c.peak_bytes),
         feasible=bool(c.feasible),
         source=c.source,
+        alloc_retries=c.alloc_retries,
+        allocator_ms=c.allocator_ms if c.alloc_retries is not None else None,
     )
 
 

@@ -174,6 +174,8 @@ class ResultIn:
     predicted_peak_bytes: int | None = None
     reserved_peak_bytes: int | None = None
     samples_per_s: float | None = None
+    alloc_retries: float | None = None
+    allocator_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,8 @@ class Result:
     predicted_peak_bytes: int | None = None
     reserved_peak_bytes: int | None = None
     samples_per_s: float | None = None
+    alloc_retries: float | None = None
+    allocator_ms: float | None = None
 
 
 @dataclass(frozen=True)

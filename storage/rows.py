@@ -202,7 +202,9 @@ class ResultRow(Base):
 
     ``source`` is ``simulated`` or ``measured``. A measured row holds the GPU's numbers in ``step_ms`` /
     ``peak_bytes`` (``max_memory_allocated``) and the simulator's for the same plan in ``predicted_*``;
-    ``reserved_peak_bytes`` and ``samples_per_s`` are measured only.
+    ``reserved_peak_bytes`` and ``samples_per_s`` are measured only. ``alloc_retries`` is the allocator's retries
+    per step under the budget's cap: predicted by the placement model for simulated rows (where
+    ``allocator_ms``, their price, is part of ``step_ms``), counted on the GPU for measured ones.
     """
 
     __tablename__ = "mt_results"
@@ -229,6 +231,8 @@ class ResultRow(Base):
     predicted_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     reserved_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     samples_per_s: Mapped[float | None] = mapped_column(Float)
+    alloc_retries: Mapped[float | None] = mapped_column(Float)
+    allocator_ms: Mapped[float | None] = mapped_column(Float)
 
 
 class ApiKeyRow(Base):

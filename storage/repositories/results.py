@@ -153,6 +153,8 @@ class ResultRepository:
                 predicted_peak_bytes=r.predicted_peak_bytes,
                 reserved_peak_bytes=r.reserved_peak_bytes,
                 samples_per_s=r.samples_per_s,
+                alloc_retries=r.alloc_retries,
+                allocator_ms=r.allocator_ms,
             )
             for r, flag in zip(results, flags, strict=True)
         ]
