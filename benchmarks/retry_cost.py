@@ -78,7 +78,7 @@ def rows_of(path: Path, steps: int = 8, warmup: int = 2, compute_scale: float | 
                 measured_ms=row["step_ms"],
                 simulated_ms=sim.run(plan).step_ms,
                 measured_retries=row.get("alloc_retries") or 0.0,
-                predicted_retries=sum(placed.retries) / max(1, len(placed.retries)),
+                predicted_retries=placed.mean_retries,
                 remapped_gib=sum(timed) / max(1, len(timed)) / GiB,
                 out_of_memory=placed.out_of_memory is not None,
             )

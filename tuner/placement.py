@@ -159,6 +159,8 @@ class AllocatorModel:
 
     def free(self, key: Hashable) -> None:
         """Free ``key``'s block (it merges with free neighbours)."""
+        if key not in self._live:
+            raise ValueError(f"no live allocation {key!r} to free")
         seg, block = self._live.pop(key)
         block.state = "free"
         seg.merge(seg.find(block))
@@ -266,6 +268,11 @@ class PlacementResult:
     out_of_memory: str | None = None
 
     @property
+    def mean_retries(self) -> float:
+        """Mean retries per step over every simulated step (as ``memtune bench`` counts, warm-up included)."""
+        return sum(self.retries) / len(self.retries) if self.retries else 0.0
+
+    @property
     def steady_retries(self) -> float:
         """Mean retries per step after the first (which also creates the optimizer state)."""
         later = self.retries[1:] or self.retries
@@ -304,6 +311,8 @@ def predict_retries(
     """
     from tuner.simulator import OPTIMIZERS, Simulator
 
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, not {steps}")
     sim = Simulator(profile, optimizer, merge=False).run(plan, timeline=True)
     model = AllocatorModel(cap_bytes)
     retries: list[int] = []

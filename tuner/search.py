@@ -35,7 +35,7 @@ from profiler.profile import Profile
 from tuner.budget import search_budget
 from tuner.calibration import calibration_for
 from tuner.errors import SearchError
-from tuner.placement import predict_retries
+from tuner.placement import allocator_cost
 from tuner.plan import Action, Plan
 from tuner.simulator import SimResult, Simulator
 
@@ -434,7 +434,7 @@ def _plan_key(c: Candidate) -> str:
 
 
 def _placed(
-    profile: Profile, feasible: list[Candidate], policies: list[Candidate], cap: int, remap_ms: float, optimizer: str
+    profile: Profile, feasible: list[Candidate], policies: list[Candidate], cap: int, optimizer: str
 ) -> dict[str, Candidate]:
     """The ``_PLACED`` fastest distinct feasible plans, the feasible time-memory front and every feasible
     baseline, by plan, each with its predicted allocator cost under ``cap`` folded into ``step_ms``.
@@ -443,7 +443,7 @@ def _placed(
     The simulator's step assumes every request finds room. Under the budget's cap a plan whose free memory
     is scattered pays allocator retries (NOTE [ Allocator placement ] in ``tuner.placement``), which cost
     VGG-16 fp32 on the H200 13.6-18.3% of its step. The fastest feasible plans of a search are therefore
-    re-ranked by step plus the predicted retries' cost (``remap_ms`` per GiB unmapped, ``tuner.calibration``);
+    re-ranked by step plus the predicted retries' cost (``allocator_cost``: the calibrated ms per GiB unmapped);
     a plan that the allocator model cannot fit even after a retry is infeasible. Only these plans are
     candidates for ``best``: a slower plan outside them was not checked. The search itself stays on the
     simulator (the model costs milliseconds per plan, the simulator microseconds). The fastest plans of a
@@ -465,8 +465,8 @@ def _placed(
                 taken += 1
     out: dict[str, Candidate] = {}
     for c in picked:
-        placed = predict_retries(profile, c.plan, cap, optimizer=optimizer)
-        cost = placed.cost_ms(remap_ms)
+        placed, priced = allocator_cost(profile, c.plan, cap, optimizer=optimizer)
+        cost = priced or 0.0
         out[_plan_key(c)] = dataclasses.replace(
             c,
             step_ms=c.step_ms + cost,
@@ -618,9 +618,9 @@ def tune(
     done_trials = [t for t in all_trials if t.state is TrialState.COMPLETE and "peak_bytes" in t.user_attrs]
     cands = [search._candidate(t) for t in done_trials]
     feasible = [c for c in cands if c.feasible] + [c for c in policies if c.feasible]
-    remap_ms = calibration_for(profile.device.key).remap_ms_per_gib if placement else None
-    if feasible and remap_ms is not None:
-        placed = _placed(profile, feasible, policies, requested_budget, remap_ms, optimizer)
+    priced = placement and calibration_for(profile.device.key).remap_ms_per_gib is not None
+    if feasible and priced:
+        placed = _placed(profile, feasible, policies, requested_budget, optimizer)
         feasible = [c for c in placed.values() if c.feasible]
         policies = [
             dataclasses.replace(placed[k], name=c.name) if (k := _plan_key(c)) in placed else c for c in policies

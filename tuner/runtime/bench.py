@@ -217,7 +217,7 @@ def bench_plans(
             allocator_cost(profile, plan, budget_bytes, steps=warmup + iters) if plan and guarded else (None, None)
         )
         predicted_ms = predicted.step_ms + (alloc_ms or 0.0) if predicted is not None else None
-        predicted_retries = sum(placed.retries) / max(1, len(placed.retries)) if placed is not None else None
+        predicted_retries = placed.mean_retries if placed is not None else None
 
         def failed(error: str) -> BenchRow:
             return BenchRow(

@@ -47,6 +47,17 @@ def test_fragmented_free_memory_costs_a_retry_and_an_impossible_request_fails() 
         m.malloc("too much", 200 * MiB)
 
 
+def test_bad_requests_say_what_is_wrong(vgg16) -> None:  # type: ignore[no-untyped-def]
+    m = AllocatorModel(GiB)
+    m.malloc("a", MiB)
+    with pytest.raises(ValueError, match="'a' is already live"):
+        m.malloc("a", MiB)
+    with pytest.raises(ValueError, match="no live allocation 'b'"):
+        m.free("b")
+    with pytest.raises(ValueError, match="steps must be at least 1"):
+        predict_retries(vgg16, Plan.uniform(vgg16.n_stages), GiB, steps=0)
+
+
 def test_frees_merge_with_free_neighbours() -> None:
     m = AllocatorModel(1000 * MiB)
     for i in range(3):
