@@ -6,6 +6,7 @@ rich progress bars on standard error, so standard output stays clean for scripts
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -485,6 +486,13 @@ def bench(
             help="at every budget also tune and measure without cuDNN algorithm choice (profiles with tables)",
         ),
     ] = False,
+    isolate: Annotated[
+        bool,
+        typer.Option(
+            help="measure every row in a fresh process: PyTorch caches the convolution algorithms a capped row fell "
+            "back to, and later rows of one process would run them (NOTE [ Bench isolation ])"
+        ),
+    ] = True,
 ) -> None:
     """Measure on this GPU: unconstrained, every baseline, PyTorch built-ins and the tuned plan, with predictions."""
     import optuna
@@ -506,6 +514,9 @@ def bench(
 
     ident = cuda_identity()
     chain = load_chain(model, _parse_params(param))
+    from profiler.zoo import build as build_chain
+
+    factory = functools.partial(build_chain, model, _parse_params(param) or {}) if isolate else None
     prof = resolve_profile(chain, batch, dtype, ident.key)
     if prof.source != "measured" or prof.device.key != ident.key:
         from profiler.measure import profile as measure
@@ -587,7 +598,7 @@ def bench(
         pytorch_builtins: bool = False,
         progress: Callable[[str], None] | None = None,
     ) -> list[BenchRow]:
-        """Rows at another budget, or PyTorch's built-ins; ``bench_plans``'s own unconstrained row is dropped."""
+        """Rows at another budget, or PyTorch's built-ins (the unconstrained row is measured once, first)."""
         return bench_plans(
             chain,
             prof,
@@ -600,8 +611,10 @@ def bench(
             warmup=warmup,
             iters=iters,
             progress=progress,
-            on_row=lambda row: None if row.kind == "unconstrained" else save(row),
-        )[1:]
+            on_row=save,
+            chain_factory=factory,
+            unconstrained=False,
+        )
 
     rows = bench_plans(
         chain,
@@ -615,6 +628,7 @@ def bench(
         iters=iters,
         progress=show,
         on_row=save,
+        chain_factory=factory,
     )
     for frac in fractions:
         b = int(frac * base_peak)

@@ -24,7 +24,7 @@ import statistics
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -37,10 +37,11 @@ from tuner.plan import Plan
 from tuner.runtime.conv import apply_conv_choices
 from tuner.runtime.errors import PlanOutOfMemoryError
 from tuner.runtime.guard import budget_guard
+from tuner.runtime.isolate import IsolatedProcessError, run_isolated
 from tuner.runtime.planned import PlannedModel, planned
 from tuner.simulator import simulate
 
-__all__ = ["BenchRow", "bench_plans", "make_batch", "measure_step"]
+__all__ = ["BenchRow", "RowSpec", "bench_plans", "make_batch", "measure_step", "row_specs"]
 
 
 @dataclass(frozen=True)
@@ -148,60 +149,106 @@ def _clean() -> None:
     torch.cuda.empty_cache()
 
 
-def bench_plans(
+Builtin = Literal["save_on_cpu", "checkpoint_sequential"]
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """One configuration to measure: a plan of ours (``plan``), one of PyTorch's tools (``builtin``) or, with
+    neither, the unconstrained step. ``capped``: run under ``budget_guard`` (our plans always are)."""
+
+    name: str
+    kind: str  # "unconstrained", "policy", "tuned", "variant", "pytorch"
+    plan: Plan | None = None
+    builtin: Builtin | None = None
+    capped: bool = False
+
+
+def row_specs(
     chain: ModelChain,
     profile: Profile,
-    batch: int,
-    dtype: str,
-    budget_bytes: int,
     plans: Sequence[tuple[str, str, Plan]],
     *,
     pytorch_builtins: bool = True,
     capped_builtins: bool = False,
-    warmup: int = 3,
-    iters: int = 10,
-    progress: Callable[[str], None] | None = None,
-    on_row: Callable[[BenchRow], None] | None = None,
-) -> list[BenchRow]:
-    """Measure the unconstrained step, each ``(name, kind, plan)`` and PyTorch's built-ins on CUDA.
+    unconstrained: bool = True,
+) -> list[RowSpec]:
+    """The rows ``bench_plans`` measures, in order: unconstrained, each plan, then PyTorch's built-ins."""
+    specs = [RowSpec("unconstrained", "unconstrained", Plan.uniform(profile.n_stages, label="none"))]
+    if not unconstrained:
+        specs.clear()
+    specs += [RowSpec(name, kind, plan, capped=True) for name, kind, plan in plans]
+    if pytorch_builtins:
+        # uncapped by default (PyTorch's tools as users run them); capped_builtins runs them under our plans' cap
+        under = " under the cap" if capped_builtins else ""
+        segs = max(1, round(math.sqrt(len(chain))))
+        specs.append(RowSpec(f"torch save_on_cpu{under}", "pytorch", builtin="save_on_cpu", capped=capped_builtins))
+        specs.append(
+            RowSpec(
+                f"torch checkpoint_sequential ({segs}){under}",
+                "pytorch",
+                builtin="checkpoint_sequential",
+                capped=capped_builtins,
+            )
+        )
+    return specs
 
-    Args:
-        chain: the model (moved to CUDA here).
-        profile: the profile the plans were made for (the simulator's predictions use it).
-        batch: batch size; dtype: ``float32`` or an autocast dtype.
-        budget_bytes: the budget each plan runs under (``budget_guard``) and ``fits`` is judged by.
-        plans: ``(name, kind, plan)`` triples, e.g. every baseline policy and the tuned plan.
-        pytorch_builtins: also measure ``save_on_cpu(pin_memory=True)`` and ``checkpoint_sequential``.
-        capped_builtins: run those under ``budget_guard`` too (as our plans run); by default they run uncapped.
-        warmup, iters: warm-up and timed steps per configuration.
-        progress: called with the name of each configuration as it starts.
-        on_row: called with each row as soon as it is measured (e.g. to save partial results).
 
-    Returns:
-        One row per configuration, the unconstrained one first.
-    """
-    device = torch.device("cuda")
-    # parameters and the batch go into fresh segments: carved out of blocks cached by earlier work, they would
-    # pin those whole segments, which no later empty_cache can release and which count against every cap
-    _clean()
-    seq = chain.as_sequential().to(device)
-    x, y = make_batch(chain, batch, device)
-    per_sample = batch * (math.prod(chain.input_shape) if chain.input_kind == "tokens" else 1)
-    rows: list[BenchRow] = []
-    baseline: int | None = None  # allocated after the first row: libraries keep their workspaces from then on
+class _Bench:
+    """The model, its batch and the measurement of one row at a time, in this process."""
 
-    def run(
-        name: str,
-        kind: str,
+    def __init__(
+        self, chain: ModelChain, profile: Profile, batch: int, dtype: str, budget_bytes: int, warmup: int, iters: int
+    ) -> None:
+        device = torch.device("cuda")
+        # parameters and the batch go into fresh segments: carved out of blocks cached by earlier work, they
+        # would pin those whole segments, which no later empty_cache can release and which count against every cap
+        _clean()
+        self.chain, self.profile, self.dtype = chain, profile, dtype
+        self.budget_bytes, self.warmup, self.iters = budget_bytes, warmup, iters
+        self.seq = chain.as_sequential().to(device)
+        self.x, self.y = make_batch(chain, batch, device)
+        self.per_sample = batch * (math.prod(chain.input_shape) if chain.input_kind == "tokens" else 1)
+        self.baseline: int | None = None  # allocated after the first row: libraries keep their workspaces from then
+
+    def measure(self, spec: RowSpec) -> BenchRow:
+        """Measure one row (NOTE [ Bench step ]); an out-of-memory or runtime error becomes the row's ``error``."""
+        if spec.builtin is not None:
+            cap = functools.partial(budget_guard, self.budget_bytes) if spec.capped else contextlib.nullcontext
+            if spec.builtin == "save_on_cpu":
+                ctx = functools.partial(torch.autograd.graph.save_on_cpu, pin_memory=True)
+                return self._run(spec, self.seq, ctx=ctx, guard=cap)
+            segs = max(1, round(math.sqrt(len(self.chain))))
+            seq = self.seq
+
+            class _Seq(nn.Module):
+                def forward(self, inp: torch.Tensor) -> torch.Tensor:
+                    return torch.utils.checkpoint.checkpoint_sequential(seq, segs, inp, use_reentrant=False)
+
+            return self._run(spec, _Seq(), guard=cap)
+        plan = spec.plan
+        if plan is None or not spec.capped:
+            return self._run(spec, self.seq)
+        chooses = plan.conv_rule != "default" or bool(plan.conv_algos)
+        with (
+            apply_conv_choices(self.chain, plan, self.profile) if chooses else contextlib.nullcontext(),
+            warnings.catch_warnings(),
+        ):
+            warnings.filterwarnings("ignore", message=".*are not applied by planned", category=UserWarning)
+            pm = planned(self.chain, plan)  # built inside the block: it sees the chosen convolutions
+            return self._run(spec, pm, guard=functools.partial(budget_guard, self.budget_bytes, pm))
+
+    def _run(
+        self,
+        spec: RowSpec,
         model: nn.Module,
         ctx: Callable[[], Any] = contextlib.nullcontext,
         guard: Callable[[], Any] = contextlib.nullcontext,
-        plan: Plan | None = None,
-        guarded: bool = False,
-    ) -> None:
-        if progress is not None:
-            progress(name)
-        opt = torch.optim.SGD(seq.parameters(), lr=1e-4, momentum=0.9)
+    ) -> BenchRow:
+        name, kind, plan, budget_bytes = spec.name, spec.kind, spec.plan, self.budget_bytes
+        warmup, iters = self.warmup, self.iters
+        opt = torch.optim.SGD(self.seq.parameters(), lr=1e-4, momentum=0.9)
+        x, y, dtype = self.x, self.y, self.dtype
 
         def step() -> None:
             with ctx(), _autocast(dtype):
@@ -210,11 +257,13 @@ def bench_plans(
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        predicted = simulate(profile, plan) if plan is not None else None
+        predicted = simulate(self.profile, plan) if plan is not None else None
         # NOTE [ Allocator placement ]: under the cap (every row but the unconstrained one) the retries the
         # placement model predicts, and their calibrated cost, join the prediction
         placed, alloc_ms = (
-            allocator_cost(profile, plan, budget_bytes, steps=warmup + iters) if plan and guarded else (None, None)
+            allocator_cost(self.profile, plan, budget_bytes, steps=warmup + iters)
+            if plan is not None and spec.capped
+            else (None, None)
         )
         predicted_ms = predicted.step_ms + (alloc_ms or 0.0) if predicted is not None else None
         predicted_retries = placed.mean_retries if placed is not None else None
@@ -247,25 +296,23 @@ def bench_plans(
                 if before is not None and isinstance(model, PlannedModel):
                     after = dataclasses.asdict(model.stats)
                     stats = {k: (after[k] - before[k]) / (warmup + iters) for k in after}
-            rows.append(
-                BenchRow(
-                    name,
-                    kind,
-                    ms,
-                    peak,
-                    per_sample / (ms / 1e3),
-                    peak <= budget_bytes,
-                    predicted_ms,
-                    predicted.peak_bytes if predicted else None,
-                    budget_bytes,
-                    plan.compact() if plan else None,
-                    offload_stats=stats,
-                    reserved_bytes=reserved,
-                    alloc_retries=retries / (warmup + iters),
-                    plan_json=plan.model_dump(mode="json") if plan else None,
-                    predicted_retries=predicted_retries,
-                    predicted_allocator_ms=alloc_ms,
-                )
+            row = BenchRow(
+                name,
+                kind,
+                ms,
+                peak,
+                self.per_sample / (ms / 1e3),
+                peak <= budget_bytes,
+                predicted_ms,
+                predicted.peak_bytes if predicted else None,
+                budget_bytes,
+                plan.compact() if plan else None,
+                offload_stats=stats,
+                reserved_bytes=reserved,
+                alloc_retries=retries / (warmup + iters),
+                plan_json=plan.model_dump(mode="json") if plan else None,
+                predicted_retries=predicted_retries,
+                predicted_allocator_ms=alloc_ms,
             )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:
             # the allocator's own numbers (tried to allocate, allocated vs reserved) are the diagnosis: keep them
@@ -273,43 +320,106 @@ def bench_plans(
             where = exc.reserved if isinstance(exc, PlanOutOfMemoryError) else ""  # where reserved memory sat
             if where and where not in text:
                 text += f" Reserved at the failure: {where}."
-            rows.append(failed(f"out of memory: {text}"))
+            row = failed(f"out of memory: {text}")
         except RuntimeError as exc:  # e.g. checkpoint_sequential on in-place ReLU
-            rows.append(failed(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
+            row = failed(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
         finally:
             opt.zero_grad(set_to_none=True)
             opt.state.clear()  # the momentum buffers
             _clean()
-        nonlocal baseline
-        if baseline is None:
-            baseline = torch.cuda.memory_allocated()
-        elif (left := torch.cuda.memory_allocated() - baseline) > _LEAK_SLACK_BYTES:
-            rows[-1] = dataclasses.replace(rows[-1], leaked_bytes=left)
+        if self.baseline is None:
+            self.baseline = torch.cuda.memory_allocated()
+        elif (left := torch.cuda.memory_allocated() - self.baseline) > _LEAK_SLACK_BYTES:
+            row = dataclasses.replace(row, leaked_bytes=left)
+        return row
+
+
+def _measure_fresh(
+    chain_factory: Callable[[], ModelChain],
+    profile: Profile,
+    batch: int,
+    dtype: str,
+    budget_bytes: int,
+    spec: RowSpec,
+    warmup: int,
+    iters: int,
+) -> BenchRow:
+    """In a child process: build the model and measure one row (NOTE [ Bench isolation ])."""
+    bench = _Bench(chain_factory(), profile, batch, dtype, budget_bytes, warmup, iters)
+    return bench.measure(spec)
+
+
+def bench_plans(
+    chain: ModelChain,
+    profile: Profile,
+    batch: int,
+    dtype: str,
+    budget_bytes: int,
+    plans: Sequence[tuple[str, str, Plan]],
+    *,
+    pytorch_builtins: bool = True,
+    capped_builtins: bool = False,
+    warmup: int = 3,
+    iters: int = 10,
+    progress: Callable[[str], None] | None = None,
+    on_row: Callable[[BenchRow], None] | None = None,
+    chain_factory: Callable[[], ModelChain] | None = None,
+    unconstrained: bool = True,
+) -> list[BenchRow]:
+    """Measure the unconstrained step, each ``(name, kind, plan)`` and PyTorch's built-ins on CUDA.
+
+    # NOTE [ Bench isolation ]
+    PyTorch's cuDNN convolution caches, per shape and pass, the execution plan that last ran. When that plan's
+    workspace cannot be allocated under a cap it runs the next plan of cuDNN's heuristics that can, caches that
+    one, and keeps it after the cap is gone (``run_single_conv`` in ATen's ``Conv_v8.cpp``). Measured on the H200
+    (``scripts/conv_cache.py``): after one capped row of VGG-16 bf16, the *unconstrained* step of the same process
+    took 457.2 ms instead of 108.0, and ``torch save_on_cpu`` 1,124.4 ms instead of 769.1. Rows measured one
+    after another in one process therefore depend on the rows before them. With ``chain_factory`` every row
+    runs in a fresh process (``spawn``) that builds the model anew: each row starts as a user's training job
+    starts. Without it the rows share this process (faster; right for models without convolutions).
+
+    Args:
+        chain: the model (moved to CUDA here); unused when ``chain_factory`` is given.
+        profile: the profile the plans were made for (the simulator's predictions use it).
+        batch: batch size; dtype: ``float32`` or an autocast dtype.
+        budget_bytes: the budget each plan runs under (``budget_guard``) and ``fits`` is judged by.
+        plans: ``(name, kind, plan)`` triples, e.g. every baseline policy and the tuned plan.
+        pytorch_builtins: also measure ``save_on_cpu(pin_memory=True)`` and ``checkpoint_sequential``.
+        capped_builtins: run those under ``budget_guard`` too (as our plans run); by default they run uncapped.
+        warmup, iters: warm-up and timed steps per configuration.
+        progress: called with the name of each configuration as it starts.
+        on_row: called with each row as soon as it is measured (e.g. to save partial results).
+        chain_factory: a picklable callable that builds the model (e.g. ``functools.partial(zoo.build, name,
+            params)``): measure each row in a fresh process (NOTE [ Bench isolation ]).
+        unconstrained: measure the unconstrained step first (False: only the plans and built-ins).
+
+    Returns:
+        One row per configuration, the unconstrained one first.
+    """
+    specs = row_specs(
+        chain,
+        profile,
+        plans,
+        pytorch_builtins=pytorch_builtins,
+        capped_builtins=capped_builtins,
+        unconstrained=unconstrained,
+    )
+    bench = None if chain_factory is not None else _Bench(chain, profile, batch, dtype, budget_bytes, warmup, iters)
+    rows: list[BenchRow] = []
+    for spec in specs:
+        if progress is not None:
+            progress(spec.name)
+        if bench is not None:
+            row = bench.measure(spec)
+        else:
+            assert chain_factory is not None
+            try:
+                row = run_isolated(
+                    _measure_fresh, chain_factory, profile, batch, dtype, budget_bytes, spec, warmup, iters
+                )
+            except IsolatedProcessError as exc:
+                row = BenchRow(spec.name, spec.kind, None, None, None, False, budget_bytes=budget_bytes, error=str(exc))
+        rows.append(row)
         if on_row is not None:
-            on_row(rows[-1])
-
-    run("unconstrained", "unconstrained", seq, plan=Plan.uniform(profile.n_stages, label="none"))
-    for name, kind, plan in plans:
-        chooses = plan.conv_rule != "default" or bool(plan.conv_algos)
-        with (
-            apply_conv_choices(chain, plan, profile) if chooses else contextlib.nullcontext(),
-            warnings.catch_warnings(),
-        ):
-            warnings.filterwarnings("ignore", message=".*are not applied by planned", category=UserWarning)
-            pm = planned(chain, plan)  # built inside the block: it sees the chosen convolutions
-            run(name, kind, pm, guard=functools.partial(budget_guard, budget_bytes, pm), plan=plan, guarded=True)
-            del pm
-    if pytorch_builtins:
-        # uncapped by default (PyTorch's tools as users run them); capped_builtins runs them under our plans' cap
-        cap = functools.partial(budget_guard, budget_bytes) if capped_builtins else contextlib.nullcontext
-        under = " under the cap" if capped_builtins else ""
-        save_on_cpu = functools.partial(torch.autograd.graph.save_on_cpu, pin_memory=True)
-        run(f"torch save_on_cpu{under}", "pytorch", seq, ctx=save_on_cpu, guard=cap)
-        segs = max(1, round(math.sqrt(len(chain))))
-
-        class _Seq(nn.Module):
-            def forward(self, inp: torch.Tensor) -> torch.Tensor:
-                return torch.utils.checkpoint.checkpoint_sequential(seq, segs, inp, use_reentrant=False)
-
-        run(f"torch checkpoint_sequential ({segs}){under}", "pytorch", _Seq(), guard=cap)
+            on_row(row)
     return rows

@@ -1,0 +1,59 @@
+"""Does a capped row change the convolution algorithms of the rows after it? Measure the same rows before and after.
+
+    python scripts/conv_cache.py OUT.json vgg16:256:bfloat16:0.7 [...]
+
+PyTorch's cuDNN convolution caches, per shape, the execution plan that last ran. When a plan's workspace cannot be
+allocated under a cap, it tries the next heuristic plan and caches that one, and it keeps using it after the cap is
+lifted (``run_single_conv`` in ATen's ``Conv_v8.cpp``). In one process, then, a capped row can slow every later row
+that runs PyTorch's convolution. For each configuration this measures, in order: the unconstrained step and PyTorch's
+``save_on_cpu`` (fresh), the ``checkpoint_sqrt`` and ``save_on_cpu`` policies under the budget's cap, then the
+unconstrained step and ``save_on_cpu`` again, uncapped. Rows go to OUT.json as they come.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from api.cli import resolve_profile
+from profiler.zoo import build
+from tuner.plan import Plan
+from tuner.policies import POLICIES
+from tuner.runtime.bench import BenchRow, bench_plans
+from tuner.runtime.guard import configure_allocator
+from tuner.simulator import simulate
+
+__all__: list[str] = []
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    configure_allocator()
+    results: list[dict[str, object]] = []
+    for cfg in sys.argv[2:]:
+        model, batch_s, dtype, frac_s = cfg.split(":")
+        batch, frac = int(batch_s), float(frac_s)
+        chain = build(model, {})
+        prof = resolve_profile(chain, batch, dtype, "h200")
+        budget = int(frac * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes)
+        capped = [(name, "policy", POLICIES[name](prof, budget)) for name in ("checkpoint_sqrt", "save_on_cpu")]
+        for phase, plans, builtins in (("fresh", [], True), ("capped", capped, False), ("after", [], True)):
+
+            def show(r: BenchRow, cfg: str = cfg, phase: str = phase) -> None:
+                print(
+                    f"{cfg} {phase:7s} {r.name:40s} {r.step_ms and round(r.step_ms, 1)} ms "
+                    f"peak {r.peak_bytes and round(r.peak_bytes / 2**30, 2)} GiB retries {r.alloc_retries} "
+                    f"{r.error or ''}"[:200],
+                    flush=True,
+                )
+                results.append({"config": cfg, "phase": phase, **r.to_dict()})
+                out.write_text(json.dumps(results, indent=1) + "\n")
+
+            bench_plans(
+                chain, prof, batch, dtype, budget, plans, pytorch_builtins=builtins, warmup=2, iters=6, on_row=show
+            )
+
+
+if __name__ == "__main__":
+    main()
