@@ -5,7 +5,8 @@
 A bench row's prediction is the simulator's at the time of the run. When the cost model changes, the
 measurements stay valid but the predictions beside them do not; this prints, for every row that ran, the
 measured step and peak beside the prediction stored with the run and today's (for rows under the cap, the
-simulator plus the calibrated price of the retries the placement model predicts, as ``memtune bench`` prints).
+simulator on the plan as PyTorch's convolutions run it under the cap, plus the calibrated price of the retries
+the placement model predicts: ``tuner.capped.predict_capped``, as ``memtune bench`` prints).
 A row's plan is rebuilt from ``plan_json`` when the run stored it, else (runs before that field) by running
 the baseline policy again at the row's budget (policies are deterministic); tuned rows of older runs are
 skipped (their knobs are not all in the file). Nothing is measured here: it reads JSON and simulates on the CPU.
@@ -19,7 +20,7 @@ from typing import Any
 
 from benchmarks.retry_cost import read_run
 from profiler.profile import Profile
-from tuner.placement import allocator_cost
+from tuner.capped import predict_capped
 from tuner.plan import Plan
 from tuner.policies import run_policy
 from tuner.simulator import simulate
@@ -47,11 +48,12 @@ def repredict_file(path: Path) -> list[str]:
         plan = _plan_of(row, profile)
         if plan is None:
             continue
-        sim = simulate(profile, plan)
-        now = sim.step_ms
-        if row["kind"] != "unconstrained":  # under the cap: the predicted retries' price joins (as in bench)
-            _, alloc_ms = allocator_cost(profile, plan, row["budget_bytes"], steps=8)
-            now += alloc_ms or 0.0
+        if row["kind"] != "unconstrained":  # under the cap: fallbacks and the retries' price, as in bench
+            capped = predict_capped(profile, plan, row["budget_bytes"], steps=8)
+            sim, now = capped.sim, capped.step_ms
+        else:
+            sim = simulate(profile, plan)
+            now = sim.step_ms
         ms, peak = row["step_ms"], row["peak_bytes"]
         lines.append(
             f"| {path.stem.removeprefix('bench-')} | {row['name']} | {ms:.1f} | {row['predicted_step_ms']:.1f} "

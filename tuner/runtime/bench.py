@@ -32,7 +32,7 @@ from torch import nn
 from profiler.chain import ModelChain
 from profiler.loss import loss_classes, step_loss
 from profiler.profile import Profile
-from tuner.placement import allocator_cost
+from tuner.capped import predict_capped
 from tuner.plan import Plan
 from tuner.runtime.conv import apply_conv_choices
 from tuner.runtime.errors import PlanOutOfMemoryError
@@ -76,6 +76,9 @@ class BenchRow:
     (NOTE [ Allocator placement ]), beside ``alloc_retries``"""
     predicted_allocator_ms: float | None = None
     """of ``predicted_step_ms``, what those retries are predicted to cost (``tuner.calibration``), ms"""
+    predicted_fallbacks: int | None = None
+    """convolutions left to PyTorch that are predicted to fall back to a smaller workspace under the cap
+    (NOTE [ Framework fallback ] in ``tuner.capped``); the prediction is for the plan with those algorithms"""
 
     @property
     def step_error(self) -> float | None:
@@ -257,16 +260,19 @@ class _Bench:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        predicted = simulate(self.profile, plan) if plan is not None else None
-        # NOTE [ Allocator placement ]: under the cap (every row but the unconstrained one) the retries the
-        # placement model predicts, and their calibrated cost, join the prediction
-        placed, alloc_ms = (
-            allocator_cost(self.profile, plan, budget_bytes, steps=warmup + iters)
+        # under the cap (every row of ours but the unconstrained one) the prediction is for the plan as PyTorch's
+        # convolutions will run it (NOTE [ Framework fallback ]) plus the retries the placement model predicts at
+        # their calibrated cost (NOTE [ Allocator placement ])
+        capped = (
+            predict_capped(self.profile, plan, budget_bytes, steps=warmup + iters)
             if plan is not None and spec.capped
-            else (None, None)
+            else None
         )
+        predicted = capped.sim if capped is not None else simulate(self.profile, plan) if plan is not None else None
+        alloc_ms = capped.allocator_ms if capped is not None else None
         predicted_ms = predicted.step_ms + (alloc_ms or 0.0) if predicted is not None else None
-        predicted_retries = placed.mean_retries if placed is not None else None
+        predicted_retries = capped.placed.mean_retries if capped is not None else None
+        fallbacks = capped.fallbacks if capped is not None else None
 
         def failed(error: str) -> BenchRow:
             return BenchRow(
@@ -284,6 +290,7 @@ class _Bench:
                 plan_json=plan.model_dump(mode="json") if plan else None,
                 predicted_retries=predicted_retries,
                 predicted_allocator_ms=alloc_ms,
+                predicted_fallbacks=fallbacks,
             )
 
         try:
@@ -313,6 +320,7 @@ class _Bench:
                 plan_json=plan.model_dump(mode="json") if plan else None,
                 predicted_retries=predicted_retries,
                 predicted_allocator_ms=alloc_ms,
+                predicted_fallbacks=fallbacks,
             )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:
             # the allocator's own numbers (tried to allocate, allocated vs reserved) are the diagnosis: keep them
