@@ -5,7 +5,8 @@ their cost (NOTE [ Allocator placement ] in ``tuner.placement``).
     python -m benchmarks.retry_cost --fit FILE...                               # least-squares ms per GiB
 
 For every row of a ``memtune bench --json-out`` file that ran one of our plans under the cap and stored its
-plan (``plan_json``), it replays as many steps as the bench ran (warm-up + timed) through the allocator model
+plan (``plan_json``), it takes the plan as PyTorch's convolutions run it under the cap (NOTE [ Framework fallback ]
+in ``tuner.capped``), replays as many steps as the bench ran (warm-up + timed) through the allocator model
 at the row's budget and prints the measured and predicted retries per step, the GiB the predicted retries
 unmap per timed step, and the step error of the simulator alone and with the retries priced. ``--fit`` finds
 the ms per GiB unmapped that best explains measured-minus-simulated step time over the rows (least squares
@@ -24,6 +25,7 @@ from api.cli import resolve_profile
 from profiler.profile import Profile
 from profiler.zoo import build
 from tuner.calibration import calibration_for
+from tuner.capped import framework_fallback
 from tuner.placement import predict_retries
 from tuner.plan import Plan
 from tuner.simulator import Simulator
@@ -68,7 +70,8 @@ def rows_of(path: Path, steps: int = 8, warmup: int = 2, compute_scale: float | 
     for row in run["rows"]:
         if row["step_ms"] is None or not row.get("plan_json") or row["kind"] in ("unconstrained", "pytorch"):
             continue
-        plan = Plan.model_validate(row["plan_json"])
+        # as it runs under the cap: PyTorch's convolutions fall back where their workspace does not fit
+        plan = framework_fallback(profile, Plan.model_validate(row["plan_json"]), row["budget_bytes"], sim)
         placed = predict_retries(profile, plan, row["budget_bytes"], steps=steps)
         timed = placed.remapped_bytes[warmup:] or placed.remapped_bytes
         out.append(
