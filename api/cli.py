@@ -513,10 +513,11 @@ def bench(
     from profiler.identity import cuda_identity
 
     ident = cuda_identity()
-    chain = load_chain(model, _parse_params(param))
+    params = _parse_params(param)
+    chain = load_chain(model, params)
     from profiler.zoo import build as build_chain
 
-    factory = functools.partial(build_chain, model, _parse_params(param) or {}) if isolate else None
+    factory = functools.partial(build_chain, model, params or {}) if isolate else None
     prof = resolve_profile(chain, batch, dtype, ident.key)
     if prof.source != "measured" or prof.device.key != ident.key:
         from profiler.measure import profile as measure

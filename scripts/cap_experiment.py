@@ -15,13 +15,11 @@ from pathlib import Path
 
 import optuna
 import torch
+from configs import read_config
 
-from api.cli import resolve_profile
-from profiler.zoo import build
 from tuner.plan import Action, Plan
 from tuner.runtime.bench import BenchRow, bench_plans
 from tuner.search import tune
-from tuner.simulator import simulate
 
 __all__: list[str] = []
 
@@ -35,13 +33,9 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     results: list[dict[str, object]] = []
     for cfg in sys.argv[2:]:
-        model, batch_s, dtype, frac_s = cfg.split(":")
-        batch, frac = int(batch_s), float(frac_s)
-        chain = build(model, {})
-        prof = resolve_profile(chain, batch, dtype, "h200")
+        c = read_config(cfg)
+        chain, prof, batch, dtype, budget = c.chain, c.profile, c.batch, c.dtype, c.budget_bytes
         n = prof.n_stages
-        peak = simulate(prof, Plan.uniform(n)).peak_bytes
-        budget = int(frac * peak)
         best = tune(prof, budget, trials=300).best
         plans = [("all offload, layer", "variant", Plan.uniform(n, Action.OFFLOAD, sync="layer"))]
         plans.append(("all offload, deferred 1", "variant", Plan.uniform(n, Action.OFFLOAD, sync_delay=1)))

@@ -16,13 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-from api.cli import resolve_profile
-from profiler.zoo import build
-from tuner.plan import Plan
+from configs import read_config
+
 from tuner.policies import POLICIES
 from tuner.runtime.bench import BenchRow, bench_plans
 from tuner.runtime.guard import configure_allocator
-from tuner.simulator import simulate
 
 __all__: list[str] = []
 
@@ -32,11 +30,8 @@ def main() -> None:
     configure_allocator()
     results: list[dict[str, object]] = []
     for cfg in sys.argv[2:]:
-        model, batch_s, dtype, frac_s = cfg.split(":")
-        batch, frac = int(batch_s), float(frac_s)
-        chain = build(model, {})
-        prof = resolve_profile(chain, batch, dtype, "h200")
-        budget = int(frac * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes)
+        c = read_config(cfg)
+        chain, prof, batch, dtype, budget = c.chain, c.profile, c.batch, c.dtype, c.budget_bytes
         capped = [(name, "policy", POLICIES[name](prof, budget)) for name in ("checkpoint_sqrt", "save_on_cpu")]
         for phase, plans, builtins in (("fresh", [], True), ("capped", capped, False), ("after", [], True)):
 

@@ -36,6 +36,7 @@ from tuner.simulator import SimResult, Simulator
 __all__ = ["CappedPrediction", "framework_fallback", "predict_capped"]
 
 _ROUNDS = 8  #: re-simulations at most (each round only moves to algorithms that fit the room it saw)
+_UNLIMITED = 1 << 62  #: bytes: no workspace limit
 
 
 def _fitting(conv: ConvProfile, pass_: str, room: int) -> ConvAlgo | None:
@@ -47,6 +48,22 @@ def _fitting(conv: ConvProfile, pass_: str, room: int) -> ConvAlgo | None:
     if within:
         return min(within, key=lambda a: (a.ms or 0.0, a.workspace_bytes, a.algo))
     return min(usable, key=lambda a: (a.workspace_bytes, a.ms or 0.0, a.algo))
+
+
+def _fallen_back(conv: ConvProfile, passes: tuple[str, ...], room: int, old: ConvChoice | None) -> ConvChoice | None:
+    """The triple of ``conv`` when ``passes`` must fit ``room`` bytes: those passes take what fits, the others
+    keep an earlier fallback's algorithm or else the fastest one (standing in for the framework's). None when a
+    pass has no working algorithm."""
+    algos: dict[str, int] = {}
+    for p in PASSES:
+        if old is not None and p not in passes:
+            algos[p] = getattr(old, p)
+            continue
+        pick = _fitting(conv, p, room if p in passes else _UNLIMITED)
+        if pick is None:
+            return None
+        algos[p] = pick.algo
+    return ConvChoice(**algos)
 
 
 def framework_fallback(profile: Profile, plan: Plan, cap_bytes: int, sim: Simulator | None = None) -> Plan:
@@ -68,17 +85,13 @@ def framework_fallback(profile: Profile, plan: Plan, cap_bytes: int, sim: Simula
         raise ValueError(f"cap must be positive, not {cap_bytes} bytes")
     sim = sim or Simulator(profile)
     chosen = set(choose_algorithms(profile, plan))
-    framework = [
-        (stage.index, conv)
-        for stage in profile.stages
-        for conv in stage.convs
-        if conv.algos and conv_key(stage.index, conv) not in chosen
-    ]
-    if not framework:
-        return plan
     by_stage: dict[int, list[ConvProfile]] = {}
-    for k, conv in framework:
-        by_stage.setdefault(k, []).append(conv)
+    for stage in profile.stages:
+        for conv in stage.convs:
+            if conv.algos and conv_key(stage.index, conv) not in chosen:
+                by_stage.setdefault(stage.index, []).append(conv)
+    if not by_stage:
+        return plan
     overrides = dict(plan.conv_algos)
     current = plan
     for _ in range(_ROUNDS):
@@ -96,20 +109,10 @@ def framework_fallback(profile: Profile, plan: Plan, cap_bytes: int, sim: Simula
                 room = max(0, cap_bytes - (need - ws))
                 for conv in convs:
                     key = conv_key(k, conv)
-                    old = overrides.get(key)
-                    triple: dict[str, int] = {}
-                    for p in PASSES:
-                        limit = room if p in passes else (1 << 62)
-                        kept = getattr(old, p) if old is not None and p not in passes else None
-                        pick = _fitting(conv, p, limit)
-                        if pick is None:
-                            break
-                        triple[p] = kept if kept is not None else pick.algo
-                    else:
-                        new = ConvChoice(**triple)
-                        if new != old:
-                            overrides[key] = new
-                            changed = True
+                    new = _fallen_back(conv, passes, room, overrides.get(key))
+                    if new is not None and new != overrides.get(key):
+                        overrides[key] = new
+                        changed = True
         if not changed:
             break
         current = plan.with_(conv_algos=overrides)

@@ -41,7 +41,7 @@ from tuner.runtime.isolate import IsolatedProcessError, run_isolated
 from tuner.runtime.planned import PlannedModel, planned
 from tuner.simulator import simulate
 
-__all__ = ["BenchRow", "RowSpec", "bench_plans", "make_batch", "measure_step", "row_specs"]
+__all__ = ["BenchRow", "RowSpec", "bench_plans", "checkpoint_segments", "make_batch", "measure_step", "row_specs"]
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,11 @@ class RowSpec:
     capped: bool = False
 
 
+def checkpoint_segments(chain: ModelChain) -> int:
+    """Segments of the ``checkpoint_sequential`` row: √n of the chain's n stages (Chen et al.)."""
+    return max(1, round(math.sqrt(len(chain))))
+
+
 def row_specs(
     chain: ModelChain,
     profile: Profile,
@@ -177,14 +182,13 @@ def row_specs(
     unconstrained: bool = True,
 ) -> list[RowSpec]:
     """The rows ``bench_plans`` measures, in order: unconstrained, each plan, then PyTorch's built-ins."""
-    specs = [RowSpec("unconstrained", "unconstrained", Plan.uniform(profile.n_stages, label="none"))]
-    if not unconstrained:
-        specs.clear()
+    first = RowSpec("unconstrained", "unconstrained", Plan.uniform(profile.n_stages, label="none"))
+    specs = [first] if unconstrained else []
     specs += [RowSpec(name, kind, plan, capped=True) for name, kind, plan in plans]
     if pytorch_builtins:
         # uncapped by default (PyTorch's tools as users run them); capped_builtins runs them under our plans' cap
         under = " under the cap" if capped_builtins else ""
-        segs = max(1, round(math.sqrt(len(chain))))
+        segs = checkpoint_segments(chain)
         specs.append(RowSpec(f"torch save_on_cpu{under}", "pytorch", builtin="save_on_cpu", capped=capped_builtins))
         specs.append(
             RowSpec(
@@ -221,7 +225,7 @@ class _Bench:
             if spec.builtin == "save_on_cpu":
                 ctx = functools.partial(torch.autograd.graph.save_on_cpu, pin_memory=True)
                 return self._run(spec, self.seq, ctx=ctx, guard=cap)
-            segs = max(1, round(math.sqrt(len(self.chain))))
+            segs = checkpoint_segments(self.chain)
             seq = self.seq
 
             class _Seq(nn.Module):
@@ -380,7 +384,7 @@ def bench_plans(
     PyTorch's cuDNN convolution caches, per shape and pass, the execution plan that last ran. When that plan's
     workspace cannot be allocated under a cap it runs the next plan of cuDNN's heuristics that can, caches that
     one, and keeps it after the cap is gone (``run_single_conv`` in ATen's ``Conv_v8.cpp``). Measured on the H200
-    (``scripts/conv_cache.py``): after one capped row of VGG-16 bf16, the *unconstrained* step of the same process
+    (``scripts/conv_cache.py``): after two capped rows of VGG-16 bf16, the *unconstrained* step of the same process
     took 457.2 ms instead of 108.0, and ``torch save_on_cpu`` 1,124.4 ms instead of 769.1. Rows measured one
     after another in one process therefore depend on the rows before them. With ``chain_factory`` every row
     runs in a fresh process (``spawn``) that builds the model anew: each row starts as a user's training job
@@ -402,7 +406,7 @@ def bench_plans(
         unconstrained: measure the unconstrained step first (False: only the plans and built-ins).
 
     Returns:
-        One row per configuration, the unconstrained one first.
+        One row per configuration, in ``row_specs``'s order (the unconstrained one first, when measured).
     """
     specs = row_specs(
         chain,
