@@ -8,8 +8,10 @@ Zoo parameters are resolved against the zoo's defaults and ranges and specs are 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import functools
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
@@ -18,7 +20,10 @@ from profiler.zoo import ZOO, normalize_name, zoo_params
 from storage.records import ModelRecord
 from storage.repositories import ModelRepository, content_hash
 
-__all__ = ["store_spec_model", "store_zoo_model"]
+if TYPE_CHECKING:
+    from profiler.chain import ModelChain
+
+__all__ = ["build_stored_chain", "store_spec_model", "store_zoo_model", "stored_chain_builder"]
 
 
 def store_zoo_model(session: Session, name: str, params: Mapping[str, Any] | None) -> tuple[ModelRecord, bool]:
@@ -42,3 +47,28 @@ def store_spec_model(session: Session, spec: Mapping[str, Any]) -> tuple[ModelRe
     return ModelRepository(session).get_or_create(
         name=name[:200], kind="spec", digest=digest, definition=definition, n_stages=len(validated.layers)
     )
+
+
+def build_stored_chain(kind: str, definition_json: str) -> ModelChain:
+    """Build a stored model's chain with real (CPU) parameters from its ``kind`` and JSON ``definition``.
+
+    The definition is the JSON text of ``ModelRecord.definition`` (what ``store_zoo_model`` or
+    ``store_spec_model`` stored: validated data, never code); it is parsed here, so a builder that crosses
+    a process boundary carries only text.
+    """
+    definition = json.loads(definition_json)
+    if kind == "zoo":
+        from profiler.zoo import build
+
+        return build(str(definition["zoo"]), definition.get("params"))
+    if kind == "spec":
+        from profiler.spec import from_spec
+
+        return from_spec(definition["spec"])
+    raise ValueError(f"unknown stored model kind {kind!r} (expected 'zoo' or 'spec')")
+
+
+def stored_chain_builder(model: ModelRecord) -> Callable[[], ModelChain]:
+    """A picklable function building ``model``'s chain, for measuring it in a fresh process (NOTE [ Bench
+    isolation ] in ``tuner.runtime.bench``): ``build_stored_chain`` bound to the model's kind and definition."""
+    return functools.partial(build_stored_chain, model.kind, json.dumps(model.definition, sort_keys=True))

@@ -26,7 +26,9 @@ A job with ``validate_top_k`` > 0 asks the worker to measure its best plans on t
    ``validation_state`` becomes ``running``.
 2. The top ``validate_top_k`` distinct plans that fit the budget less the job's headroom (feasible in
    the search), by simulated step ms (a tie goes to the Optuna best, then Pareto points, then baselines),
-   are measured in this process by ``tuner.runtime.validate.validate_plans``: the unplanned step first,
+   are measured by ``tuner.runtime.validate.validate_plans``, each configuration in a fresh process that
+   builds the model from its stored definition (NOTE [ Bench isolation ] in ``tuner.runtime.bench``: in one
+   process, cuDNN's cached fallbacks of one capped plan slowed the next): the unplanned step first,
    then each plan under ``budget_guard`` at the job's full budget, the headroom being the allocator's
    slack (allocator settings as for ``memtune bench``: NOTE [ Allocator retries ]), ``validate_iters``
    timed steps after 3 warm-up steps. Each start is written to the job (``validation_note``: "validating
@@ -66,7 +68,6 @@ from storage.repositories import JobLease, JobRepository, ModelRepository, Profi
 
 if TYPE_CHECKING:
     from api.settings import Settings
-    from profiler.chain import ModelChain
     from profiler.profile import DeviceIdentity, Profile
     from tuner.runtime.validate import ValidationRun
     from tuner.search import Candidate, TuneResult
@@ -394,9 +395,10 @@ class Worker:
 
         validator: Validator = self.validator or validate_plans
         try:
-            model = self._model(job)
+            from api.model_refs import stored_chain_builder
+
             run = validator(
-                lambda: _build_chain(model),
+                stored_chain_builder(self._model(job)),
                 profile,
                 job.batch,
                 job.dtype,
@@ -549,17 +551,6 @@ def _measured(job: Job, chosen: list[ResultIn], run: ValidationRun, *, cancelled
         unconstrained_peak_bytes=run.unconstrained.peak_bytes,
         simulated_stored=True,
     )
-
-
-def _build_chain(model: ModelRecord) -> ModelChain:
-    """The model's chain with real (CPU) parameters, for measuring on the GPU."""
-    if model.kind == "zoo":
-        from profiler.zoo import build
-
-        return build(str(model.definition["zoo"]), model.definition.get("params"))
-    from profiler.spec import from_spec
-
-    return from_spec(model.definition["spec"])
 
 
 def _result_in(c: Candidate, kind: Any, *, name: str | None = None) -> ResultIn:

@@ -173,7 +173,7 @@ def checkpoint_segments(chain: ModelChain) -> int:
 
 
 def row_specs(
-    chain: ModelChain,
+    chain: ModelChain | None,
     profile: Profile,
     plans: Sequence[tuple[str, str, Plan]],
     *,
@@ -188,6 +188,8 @@ def row_specs(
     if pytorch_builtins:
         # uncapped by default (PyTorch's tools as users run them); capped_builtins runs them under our plans' cap
         under = " under the cap" if capped_builtins else ""
+        if chain is None:
+            raise ValueError("PyTorch's built-in rows need the model (checkpoint_sequential's segments)")
         segs = checkpoint_segments(chain)
         specs.append(RowSpec(f"torch save_on_cpu{under}", "pytorch", builtin="save_on_cpu", capped=capped_builtins))
         specs.append(
@@ -362,7 +364,7 @@ def _measure_fresh(
 
 
 def bench_plans(
-    chain: ModelChain,
+    chain: ModelChain | None,
     profile: Profile,
     batch: int,
     dtype: str,
@@ -391,7 +393,8 @@ def bench_plans(
     starts. Without it the rows share this process (faster; right for models without convolutions).
 
     Args:
-        chain: the model (moved to CUDA here); unused when ``chain_factory`` is given.
+        chain: the model (moved to CUDA here); with ``chain_factory`` only its layer count is read (for
+            ``checkpoint_sequential``'s segments), and None builds it with the factory when that is needed.
         profile: the profile the plans were made for (the simulator's predictions use it).
         batch: batch size; dtype: ``float32`` or an autocast dtype.
         budget_bytes: the budget each plan runs under (``budget_guard``) and ``fits`` is judged by.
@@ -408,6 +411,11 @@ def bench_plans(
     Returns:
         One row per configuration, in ``row_specs``'s order (the unconstrained one first, when measured).
     """
+    if chain is None:
+        if chain_factory is None:
+            raise ValueError("bench_plans needs the model: pass chain or chain_factory")
+        if pytorch_builtins:
+            chain = chain_factory()  # on the CPU, for checkpoint_sequential's segment count
     specs = row_specs(
         chain,
         profile,
@@ -416,7 +424,10 @@ def bench_plans(
         capped_builtins=capped_builtins,
         unconstrained=unconstrained,
     )
-    bench = None if chain_factory is not None else _Bench(chain, profile, batch, dtype, budget_bytes, warmup, iters)
+    bench = None
+    if chain_factory is None:
+        assert chain is not None
+        bench = _Bench(chain, profile, batch, dtype, budget_bytes, warmup, iters)
     rows: list[BenchRow] = []
     for spec in specs:
         if progress is not None:

@@ -9,6 +9,12 @@ with ``measure_step`` (CUDA events after warm-up, median of the timed steps; the
 fails comes back as a row with ``error`` set (``PlanOutOfMemoryError`` names the plan and the stage), not
 as an exception.
 
+Given a picklable function that builds the model, validation measures each configuration in a fresh process
+(NOTE [ Bench isolation ] in ``tuner.runtime.bench``): cuDNN keeps the fallback algorithm a capped plan ran and
+would hand it to the next plan of the same process, so plans measured in one process are not independent. The
+worker passes ``api.model_refs.stored_chain_builder``'s builder, so a job's measured numbers are what its
+plans do in a training job of their own.
+
 Validation refuses (``ValidationUnavailable``) when this process has no CUDA device, or when its GPU is
 not of the GPU type the plans were made for: measured numbers for an H200 plan must come from an H200.
 """
@@ -16,6 +22,7 @@ not of the GPU type the plans were made for: measured numbers for an H200 plan m
 from __future__ import annotations
 
 import gc
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -112,6 +119,7 @@ def validate_plans(
     warmup: int = 3,
     progress: ValidationProgress | None = None,
     should_stop: Callable[[], bool] | None = None,
+    isolate: bool = True,
 ) -> ValidationRun:
     """Measure each plan on this process's CUDA GPU under ``budget_bytes``, after the unplanned step.
 
@@ -123,7 +131,9 @@ def validate_plans(
     the budget, and the simulator's prediction for the plan (``predicted_*``).
 
     Args:
-        chain: the model (moved to CUDA here), or a function building it (called after the device check).
+        chain: the model (moved to CUDA here, every configuration in this process), or a function building it.
+            A function is called in a fresh process per configuration when ``isolate`` (it must be picklable:
+            a module-level function or a ``functools.partial`` of one), else once here after the device check.
         profile: the profile the plans were made for (its simulated numbers become ``predicted_*``).
         batch: samples per step (the profile's batch).
         dtype: ``float32`` or an autocast dtype (the profile's dtype).
@@ -134,13 +144,15 @@ def validate_plans(
         warmup: untimed steps before them.
         progress: called as each configuration starts (index 0: the unplanned step; then 1..len(plans)).
         should_stop: polled after each configuration; True stops before the next one (``stopped``).
+        isolate: with a builder function for ``chain``, measure each configuration in a fresh process.
 
     Returns:
         A ``ValidationRun``.
 
     Raises:
         ValidationUnavailable: no CUDA device, or another GPU type than ``gpu_key``.
-        TunerError: ``iters``/``warmup`` out of range, or the profile is for another batch or dtype.
+        TunerError: ``iters``/``warmup`` out of range, the profile is for another batch or dtype, or ``chain``
+            is a builder that cannot be pickled while ``isolate`` is set.
 
     Example::
 
@@ -154,9 +166,18 @@ def validate_plans(
             f"the profile is for batch {profile.batch} {profile.dtype}, not batch {batch} {dtype}: "
             "its predictions would not describe the measured step"
         )
+    factory = None if isinstance(chain, ModelChain) or not isolate else chain
+    if factory is not None:
+        try:
+            pickle.dumps(factory)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise TunerError(
+                f"validation measures each plan in a fresh process, so the model builder must be picklable (a "
+                f"module-level function or functools.partial of one), not {factory!r}: {e}; or pass isolate=False"
+            ) from e
     device = check_validation_device(gpu_key)
     configure_allocator()
-    model = chain if isinstance(chain, ModelChain) else chain()
+    model = chain if isinstance(chain, ModelChain) else None if factory is not None else chain()
     total = len(plans)
     started = [0]
     rows: list[BenchRow] = []
@@ -186,6 +207,7 @@ def validate_plans(
             iters=iters,
             progress=on_start,
             on_row=on_row,
+            chain_factory=factory,
         )
     except _Stop:
         stopped = True

@@ -3,6 +3,7 @@ glue around ``bench_plans`` (progress indices, stopping between plans), with ``b
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -106,15 +107,41 @@ def test_measures_the_reference_then_each_plan_and_stops_when_asked(monkeypatch:
         iters=4,
         warmup=1,
         progress=lambda i, k, name, dev: seen.append((i, k, name, dev.key)),
+        isolate=False,
     )
     assert seen == [(0, 3, "unconstrained", "h200"), (1, 3, "a", "h200"), (2, 3, "b", "h200"), (3, 3, "c", "h200")]
     assert run.unconstrained.name == "unconstrained" and [r.name for r in run.rows] == ["a", "b", "c"]
     assert not run.stopped and run.device.key == "h200"
     assert configured == ["set"]  # the allocator settings of NOTE [ Allocator retries ], before measuring
     (call,) = calls
-    assert call["chain"] is chain and call["pytorch_builtins"] is False
+    assert call["chain"] is chain and call["pytorch_builtins"] is False and call["chain_factory"] is None
     assert (call["budget"], call["iters"], call["warmup"]) == (1 << 30, 4, 1)
 
     polls = iter([False, True])
     run = validate_plans(chain, prof, 4, "float32", 1 << 30, plans, gpu_key="h200", should_stop=lambda: next(polls))
     assert run.stopped and [r.name for r in run.rows] == ["a"]  # asked after the reference and after plan a
+
+
+def test_a_builder_is_handed_to_bench_plans_to_measure_each_plan_in_a_fresh_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_cuda(monkeypatch, spec_identity(GPUS["h200"]))
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(validate, "bench_plans", _stand_in(calls))
+    prof = _profile()
+    plan = Plan.uniform(prof.n_stages, Action.KEEP)
+    builder = functools.partial(build, "resnet18", PARAMS)
+
+    run = validate_plans(builder, prof, 4, "float32", 1 << 30, [("a", "optuna", plan)], gpu_key="h200")
+    assert [r.name for r in run.rows] == ["a"]
+    (call,) = calls
+    # NOTE [ Bench isolation ]: nothing is built here; each row's process builds its own model
+    assert call["chain"] is None and call["chain_factory"] is builder
+
+
+def test_an_unpicklable_builder_is_refused_before_anything_is_measured() -> None:
+    prof = _profile()
+    plan = Plan.uniform(prof.n_stages, Action.KEEP)
+    with pytest.raises(TunerError, match="must be picklable") as e:
+        validate_plans(lambda: _never_built(), prof, 4, "float32", 1 << 30, [("p", "optuna", plan)], gpu_key="h200")
+    assert "isolate=False" in str(e.value)

@@ -3,6 +3,7 @@ a small spec model, and a test double for the GPU measurement that the worker ta
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection, MetaData, Table, func, inspect, select
 
+from profiler.chain import ModelChain
 from profiler.devices import GPUS
 from profiler.identity import spec_identity
 from profiler.profile import DeviceIdentity, Profile
@@ -91,6 +93,8 @@ class FakeValidator:
         should_stop: Callable[[], bool] | None = None,
     ) -> ValidationRun:
         assert callable(chain), "the worker hands over a chain factory, built only where a GPU measures"
+        # NOTE [ Bench isolation ]: the factory travels to a fresh process per plan, so it must survive pickling
+        assert isinstance(pickle.loads(pickle.dumps(chain))(), ModelChain)
         self.calls.append(
             {"gpu_key": gpu_key, "iters": iters, "warmup": warmup, "budget_bytes": budget_bytes, "plans": list(plans)}
         )
