@@ -301,6 +301,8 @@ def _policy_table(result: Any) -> Table:
     )
     rows = sorted(result.policies, key=lambda c: (not c.feasible, c.step_ms))
     best = result.best
+    if result.no_choice is not None:  # NOTE [ Measured selection ]: the plan to measure beside the best
+        rows = [result.no_choice, *rows]
     if best is not None and best.name == "optuna":
         rows = [best, *rows]
     for c in rows:

@@ -26,6 +26,10 @@ A job with ``validate_top_k`` > 0 asks the worker to measure its best plans on t
    ``validation_state`` becomes ``running``.
 2. The top ``validate_top_k`` distinct plans that fit the budget less the job's headroom (feasible in
    the search), by simulated step ms (a tie goes to the Optuna best, then Pareto points, then baselines),
+   and after them the search's best plan without algorithm choice when the best plan chooses cuDNN
+   algorithms and it is not among them (stored as ``optuna (no algorithm choice)``; NOTE [ Measured
+   selection ] in ``tuner.search``: the plan served is the fastest measured, so algorithm choice is
+   served only where the GPU measured it faster),
    are measured by ``tuner.runtime.validate.validate_plans``, each configuration in a fresh process that
    builds the model from its stored definition (NOTE [ Bench isolation ] in ``tuner.runtime.bench``: in one
    process, cuDNN's cached fallbacks of one capped plan slowed the next): the unplanned step first,
@@ -347,7 +351,8 @@ class Worker:
         self, job: Job, lease: JobLease, profile: Profile, profile_id: int, rows: list[ResultIn], watch: _Watch
     ) -> _Validation:
         """Measure the job's top plans on the GPU (NOTE [ Measured validation ]); never raises but _LeaseLost."""
-        chosen = _top_plans(rows, job.validate_top_k)
+        top = _top_plans(rows, job.validate_top_k)
+        chosen = _with_no_choice(top, rows)
         if watch.cancel:
             return _Validation("cancelled", "the job was cancelled before its plans were validated")
         if not chosen:
@@ -358,9 +363,10 @@ class Worker:
                 f"the measured step updates with SGD and momentum (tuner.runtime.bench), but this job was tuned "
                 f"for optimizer {job.optimizer!r}: its plans' memory would not match; submit with optimizer 'sgd'",
             )
+        extra = " and the best plan without algorithm choice" if len(chosen) > len(top) else ""
         with self.db.session() as s:  # NOTE [ Measured validation ] step 1: the simulated results first
             st = JobRepository(s).set_validation(
-                lease, "running", note=f"validating the top {len(chosen)} plan(s) on the GPU"
+                lease, "running", note=f"validating the top {len(top)} plan(s){extra} on the GPU"
             )
             if st.lost:
                 raise _LeaseLost
@@ -478,6 +484,8 @@ def _simulated_rows(job: Job, result: TuneResult) -> list[ResultIn]:
     rows = [_result_in(c, "baseline") for c in result.policies]
     if result.best is not None:
         rows.append(_result_in(result.best, "optuna", name="optuna"))
+    if result.no_choice is not None:  # NOTE [ Measured selection ] in tuner.search
+        rows.append(_result_in(result.no_choice, "optuna"))
     if job.mode == "pareto":
         baseline_names = {c.name for c in result.policies}
         rows.extend(_result_in(c, "pareto") for c in result.pareto if c.name not in baseline_names)
@@ -485,6 +493,21 @@ def _simulated_rows(job: Job, result: TuneResult) -> list[ResultIn]:
 
 
 _KIND_ORDER = {"optuna": 0, "pareto": 1, "baseline": 2}
+
+
+def _with_no_choice(chosen: list[ResultIn], rows: Sequence[ResultIn]) -> list[ResultIn]:
+    """``chosen``, and the search's best plan without algorithm choice after them when it is not among them
+    (NOTE [ Measured selection ] in ``tuner.search``): the GPU settles whether choosing algorithms is faster."""
+    from tuner.search import NO_CHOICE
+
+    keys = {_plan_text(r) for r in chosen}
+    extra = [r for r in rows if r.name == NO_CHOICE and r.feasible and _plan_text(r) not in keys]
+    return chosen + extra[:1] if chosen else chosen
+
+
+def _plan_text(r: ResultIn) -> str:
+    """A plan's content as text, its label left out: two rows with equal text run the same plan."""
+    return json.dumps({k: v for k, v in r.plan.items() if k != "label"}, sort_keys=True)
 
 
 def _top_plans(rows: Sequence[ResultIn], k: int) -> list[ResultIn]:
@@ -495,7 +518,7 @@ def _top_plans(rows: Sequence[ResultIn], k: int) -> list[ResultIn]:
     seen: set[str] = set()
     out: list[ResultIn] = []
     for r in fitting:
-        key = json.dumps({k2: v for k2, v in r.plan.items() if k2 != "label"}, sort_keys=True)
+        key = _plan_text(r)
         if key in seen:
             continue
         seen.add(key)

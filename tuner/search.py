@@ -39,7 +39,7 @@ from tuner.placement import allocator_cost
 from tuner.plan import Action, Plan
 from tuner.simulator import SimResult, Simulator
 
-__all__ = ["Candidate", "TuneResult", "decode_params", "pareto_front", "tune"]
+__all__ = ["NO_CHOICE", "Candidate", "TuneResult", "decode_params", "leaves_convs_to_framework", "pareto_front", "tune"]
 
 Mode = Literal["fastest", "pareto"]
 _CHOICES = ("auto", "keep", "offload", "recompute")
@@ -52,6 +52,21 @@ _CONV_RULES = ("default", "fastest", "memory_optimal", "fastest_within")
 _MAX_WS_CAP_MIB = 16384
 _PLACED = 12  # NOTE [ Placement ranking ]: feasible plans whose allocator placement is modelled
 _PRE_TRIALS_MIN = 10  # NOTE [ Rule basins ]: fewest trials of the search without algorithm choice
+NO_CHOICE = "optuna (no algorithm choice)"
+"""The name of ``TuneResult.no_choice``.
+
+# NOTE [ Measured selection ]
+The joint search (algorithms with offload and recompute) holds every plan of the search without algorithm
+choice, so in the simulator it is never slower than that search. On the GPU the two searches' best plans are
+often closer than the simulator's error: on the H200, ResNet-50 bf16 b256 at 50% of the peak, the joint plan was
+predicted 1.0% faster and measured 1.9% slower in two runs of fresh processes; VGG-16 bf16 at 90% was predicted
+2.0% faster and measured 3.2% slower (BENCHMARKS.md, issue 5). Two plans the simulator cannot tell apart are
+settled by measuring both: ``tune`` returns, beside ``best``, the fastest feasible plan that leaves every
+convolution's algorithm to the framework (``TuneResult.no_choice``, when ``best`` chooses algorithms), and a
+job's measured validation runs it with its top plans (NOTE [ Measured validation ] in ``api.worker``). The plan
+served for the GPU type is the fastest measured one, so algorithm choice is only served where the GPU measured
+it faster.
+"""
 _Knobs = tuple[int, str, int, str, int | None]
 """lookahead, sync, sync_delay, conv_rule, conv workspace cap bytes: a plan's knobs in the local descent"""
 
@@ -103,6 +118,9 @@ class TuneResult:
     seed: int
     headroom: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the fastest feasible plan that leaves every convolution's algorithm to the framework, when the profile has
+    #: algorithm tables and ``best`` chooses algorithms (NOTE [ Measured selection ]); else None
+    no_choice: Candidate | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The object ``memtune tune --json`` prints (documented in the README)."""
@@ -125,6 +143,7 @@ class TuneResult:
             "policies": [c.to_dict() for c in self.policies],
             "best": self.best.to_dict(with_plan=True) if self.best else None,
             "pareto": [c.to_dict() for c in self.pareto],
+            "no_algorithm_choice": self.no_choice.to_dict(with_plan=True) if self.no_choice else None,
         }
 
 
@@ -436,8 +455,9 @@ def _plan_key(c: Candidate) -> str:
 def _placed(
     profile: Profile, feasible: list[Candidate], policies: list[Candidate], cap: int, optimizer: str
 ) -> dict[str, Candidate]:
-    """The ``_PLACED`` fastest distinct feasible plans, the feasible time-memory front and every feasible
-    baseline, by plan, each with its predicted allocator cost under ``cap`` folded into ``step_ms``.
+    """The ``_PLACED`` fastest distinct feasible plans, the feasible time-memory front, every feasible
+    baseline and the three fastest plans without algorithm choice, by plan, each with its predicted allocator
+    cost under ``cap`` folded into ``step_ms``.
 
     # NOTE [ Placement ranking ]
     The simulator's step assumes every request finds room. Under the budget's cap a plan whose free memory
@@ -455,7 +475,9 @@ def _placed(
     seen: set[str] = set()
     picked: list[Candidate] = []
     fastest = sorted(feasible, key=lambda c: (c.step_ms, c.peak_bytes))
-    for group, most in ((fastest, _PLACED), (pareto_front(feasible), _PLACED), (policies, len(policies))):
+    framework = [c for c in fastest if leaves_convs_to_framework(c.plan)]  # NOTE [ Measured selection ]
+    groups = ((fastest, _PLACED), (pareto_front(feasible), _PLACED), (policies, len(policies)), (framework, 3))
+    for group, most in groups:
         taken = 0
         for c in group:
             key = _plan_key(c)
@@ -626,10 +648,14 @@ def tune(
             dataclasses.replace(placed[k], name=c.name) if (k := _plan_key(c)) in placed else c for c in policies
         ]
     best: Candidate | None = None
+    no_choice: Candidate | None = None
     if feasible:
         best = min(feasible, key=lambda c: (c.step_ms, c.peak_bytes))
         if best.name.startswith("trial "):
             best = dataclasses.replace(best, name="optuna")
+        framework = [c for c in feasible if leaves_convs_to_framework(c.plan)]
+        if search.has_conv_algos and framework and not leaves_convs_to_framework(best.plan):
+            no_choice = dataclasses.replace(min(framework, key=lambda c: (c.step_ms, c.peak_bytes)), name=NO_CHOICE)
     front = pareto_front(cands + policies)
     return TuneResult(
         profile=profile,
@@ -643,4 +669,10 @@ def tune(
         study_name=study.study_name,
         seed=seed,
         headroom=headroom,
+        no_choice=no_choice,
     )
+
+
+def leaves_convs_to_framework(plan: Plan) -> bool:
+    """Whether ``plan`` runs every convolution with the framework's own algorithm (no algorithm choice)."""
+    return plan.conv_rule == "default" and not plan.conv_algos

@@ -24,6 +24,7 @@ from storage.database import Database
 from storage.records import Job
 from storage.repositories import JobRepository, ResultRepository
 from storage.rows import JobRow
+from tuner.search import NO_CHOICE, leaves_convs_to_framework
 
 BUDGET = "64MiB"
 
@@ -258,3 +259,44 @@ def test_request_hash_of_a_job_without_validation_is_as_before(http: TestClient,
     assert http.post("/v1/jobs", json=JOB, headers=headers).status_code == 202
     r = http.post("/v1/jobs", json=dict(JOB, validate_top_k=2), headers=headers)
     assert r.status_code == 409 and r.json()["code"] == "idempotency_key_reused"
+
+
+def test_the_best_plan_without_algorithm_choice_is_measured_too_and_served_if_faster(
+    client: MemtuneClient, db: Database
+) -> None:
+    """NOTE [ Measured selection ]: with cuDNN algorithm tables (the committed ResNet-50 H200 profile) the
+    joint search's best chooses algorithms; the best plan that leaves them to the framework is measured after
+    the top k, and the GPU's verdict decides which one is served."""
+    fake = FakeValidator(step_scale_of={NO_CHOICE: 0.5})  # here the framework's algorithms measure faster
+    job = client.submit_job(
+        {"zoo": "resnet50"}, batch=256, gpu="h200", budget="11GiB", trials=60, validate_top_k=1, headroom=0.05
+    )
+    assert _worker(db, fake).run_once() == job.id
+    done = client.get_job(job.id)
+    assert done.state == "succeeded", done.error
+
+    (call,) = fake.calls
+    (top_name, _, top), (name, _, no_choice) = call["plans"]
+    assert top_name == "optuna" and not leaves_convs_to_framework(top)
+    assert name == NO_CHOICE and leaves_convs_to_framework(no_choice)
+    v = done.validation
+    assert v is not None and v.state == "done" and v.note is not None and "measured 2 of 2" in v.note
+
+    results = client.job_results(job.id, plans=True).data
+    simulated = {r.name: r for r in results if r.source == "simulated"}
+    measured = {r.name: r for r in results if r.source == "measured"}
+    assert simulated["optuna"].step_ms < simulated[NO_CHOICE].step_ms  # the simulator prefers choosing
+    assert measured[NO_CHOICE].step_ms < measured["optuna"].step_ms  # the GPU (here) does not
+    best = client.best("h200", model=job.model_id, batch=256, budget="11GiB")
+    assert best.source == "measured" and best.name == NO_CHOICE and best.step_ms == measured[NO_CHOICE].step_ms
+
+
+def test_a_job_whose_best_plan_leaves_algorithms_to_the_framework_measures_only_its_top_k(
+    client: MemtuneClient, db: Database
+) -> None:
+    fake = FakeValidator()
+    job = _submit(client, validate_top_k=1)  # a roofline profile: no algorithm tables, so no choice to check
+    assert _worker(db, fake).run_once() == job.id
+    (call,) = fake.calls
+    assert len(call["plans"]) == 1
+    assert NO_CHOICE not in {r.name for r in client.job_results(job.id).data}

@@ -142,3 +142,23 @@ def test_the_joint_search_is_never_slower_than_its_search_without_algorithm_choi
         plain = tune(prof.without_conv_algos(), budget, trials=40, seed=seed, placement=False).best
         assert joint is not None and plain is not None
         assert joint.step_ms <= plain.step_ms + 1e-9, (seed, joint.step_ms, plain.step_ms)
+
+
+def test_the_best_plan_without_algorithm_choice_comes_back_beside_the_joint_best() -> None:
+    """NOTE [ Measured selection ]: on the committed ResNet-50 fp32 H200 profile at half the peak the joint best
+    chooses algorithms, and ``no_choice`` is the fastest feasible plan that leaves them to the framework."""
+    from api.cli import resolve_profile
+    from profiler.zoo import build
+    from tuner.search import NO_CHOICE, leaves_convs_to_framework
+    from tuner.simulator import simulate
+
+    prof = resolve_profile(build("resnet50", {}), 256, "float32", "h200")
+    budget = int(0.5 * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes)
+    result = tune(prof, budget, trials=80, seed=0, headroom=0.05)
+    best, plain = result.best, result.no_choice
+    assert best is not None and plain is not None and not leaves_convs_to_framework(best.plan)
+    assert plain.name == NO_CHOICE and plain.feasible and leaves_convs_to_framework(plain.plan)
+    assert best.step_ms <= plain.step_ms and plain.peak_bytes <= budget
+    assert result.to_dict()["no_algorithm_choice"]["plan"] == plain.plan.model_dump(mode="json")
+    # the same search without tables has no choice to compare: its best already leaves them to the framework
+    assert tune(prof.without_conv_algos(), budget, trials=20, seed=0).no_choice is None
