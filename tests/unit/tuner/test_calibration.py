@@ -10,7 +10,7 @@ from api.cli import resolve_profile
 from profiler.zoo import build
 from tuner.calibration import calibration_for, profile_key
 from tuner.plan import Action, Plan
-from tuner.simulator import Simulator
+from tuner.simulator import Simulator, backward_transients
 
 
 def test_a_measured_profile_runs_at_its_calibrated_scale() -> None:
@@ -66,6 +66,7 @@ def test_inline_offload_holds_one_storage_of_a_stage_at_a_time() -> None:
     lives = [(label, live) for _, live, label in res.timeline]
     i = next(j for j, (label, _) in enumerate(lives) if label == f"bwd {k} start")
     grew = lives[i][1] - lives[i - 1][1]
-    expected = prof.stages[k - 1].output_bytes + stage.param_bytes + stage.backward_workspace_bytes + max(own)
+    transient = backward_transients(prof)[k]  # NOTE [ Backward transient ]
+    expected = prof.stages[k - 1].output_bytes + stage.param_bytes + transient + max(own)
     assert grew == expected  # the largest of the stage's own storages, not their sum
     assert grew < expected - max(own) + sum(own)

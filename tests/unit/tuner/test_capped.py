@@ -29,9 +29,11 @@ def test_a_plan_that_fits_runs_as_planned(vgg16_bf16: Profile) -> None:
 
 
 def test_save_on_cpu_falls_back_to_fit_the_cap_and_runs_slower(vgg16_bf16: Profile) -> None:
-    """VGG-16 bf16 at 70% of the peak: the simulator's save_on_cpu needs 9.35 GiB with the framework's
-    workspaces; the H200 ran it in 8.21 GiB (benchmarks/results/conv-cache-h200.json), slower."""
-    cap = _cap(vgg16_bf16, 0.7)
+    """VGG-16 bf16 at 70% of the peak (8.58 GiB): the simulator's save_on_cpu needs more with the framework's
+    workspaces; the H200 ran it in 7.36 GiB in a fresh process (benchmarks/results/
+    bench-vgg16-b256-bfloat16-isolated.json), slower. (A shared process, conv-cache-h200.json, gave 8.21 GiB:
+    cuDNN kept the plans of the rows before it, NOTE [ Bench isolation ].)"""
+    cap = 9_208_469_827  # that run's budget
     plan = POLICIES["save_on_cpu"](vgg16_bf16, cap)
     sim = Simulator(vgg16_bf16)
     before = sim.run(plan)
@@ -40,7 +42,7 @@ def test_save_on_cpu_falls_back_to_fit_the_cap_and_runs_slower(vgg16_bf16: Profi
     after = sim.run(fell)
     assert after.peak_bytes <= cap and after.step_ms > before.step_ms
     assert fell.actions == plan.actions and fell.label == plan.label and fell.conv_rule == "default"
-    assert abs(after.peak_bytes / 2**30 - 8.21) < 0.1
+    assert abs(after.peak_bytes / 2**30 - 7.36) < 0.1
     # only the framework's convolutions move, and each moved pass fits what the cap leaves
     assert set(fell.conv_algos) and not set(plan.conv_algos)
     triples = choose_algorithms(vgg16_bf16, fell)

@@ -229,3 +229,35 @@ def test_the_first_convolution_runs_only_its_weight_pass() -> None:
     assert lean_bwd[0] == pytest.approx(base[0] + 6.0 - 2.0) and lean_ws[0] == 0
     # stage 2's convolution reads a gradient-carrying input: both of its passes count
     assert lean_bwd[2] == pytest.approx(base[2] + 6.0 + 6.0 - 4.0)
+
+
+def test_the_backward_transient_does_not_count_the_gradients_twice() -> None:
+    """NOTE [ Backward transient ]: the profiler's W is measured above max(before, after); a max-pool frees its
+    indices as it makes its input's gradient, so its whole W is that gradient, which the simulator adds anyway."""
+    import json
+    from pathlib import Path
+
+    from api.cli import resolve_profile
+    from profiler.zoo import build
+    from tuner.policies import POLICIES
+    from tuner.simulator import backward_transients
+
+    prof = resolve_profile(build("vgg16", {}), 256, "bfloat16", "h200")
+    ws = backward_transients(prof)
+    pool, conv = prof.stages[4], prof.stages[2]
+    assert pool.kind == "maxpool2d" and pool.backward_workspace_bytes == prof.stages[3].output_bytes
+    assert ws[4] == 0  # its W is its input's gradient
+    # a convolution frees only the bf16 copy of its weight: its W stands but for that
+    assert 0 <= conv.backward_workspace_bytes - ws[2] <= conv.param_bytes
+    assert all(0 <= w <= s.backward_workspace_bytes for w, s in zip(ws, prof.stages, strict=True))
+
+    # the H200's uncapped per-stage trace of checkpoint_sqrt (scripts/memory_trace.py) peaked at 9.11 GiB
+    results = Path(__file__).parents[3] / "benchmarks/results/memtrace"
+    trace = results / "trace-vgg16-256-bfloat16-0.7-policy-checkpoint_sqrt.json"
+    rows = json.loads(trace.read_text())["uncapped"]["rows"]
+    measured = max(r["peak_bytes"] for r in rows)
+    by_stretch = {r["stretch"]: r["peak_bytes"] for r in rows}
+    budget = int(0.7 * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes)
+    peak = simulate(prof, POLICIES["checkpoint_sqrt"](prof, budget)).peak_bytes
+    assert abs(peak - measured) / measured < 0.02, (peak / 2**30, measured / 2**30)
+    assert by_stretch["bwd 4"] < by_stretch["bwd 5"]  # the pool's backward is not where it peaks
