@@ -43,7 +43,15 @@ from profiler.modeled import meta_facts, roofline_loss_ms
 from profiler.profile import ConvProfile, DeviceIdentity, Profile, StageProfile
 from profiler.stagefacts import ChainFacts, chain_facts, torch_dtype
 
-__all__ = ["ProgressFn", "StageTiming", "cpu_model_name", "model_input", "profile", "time_stage"]
+__all__ = [
+    "ProgressFn",
+    "StageTiming",
+    "cpu_model_name",
+    "inline_backward_bytes",
+    "model_input",
+    "profile",
+    "time_stage",
+]
 
 _R = TypeVar("_R")
 
@@ -101,6 +109,7 @@ class StageTiming:
     backward_ms: float
     forward_workspace_bytes: int = 0
     backward_workspace_bytes: int = 0
+    backward_inline_bytes: int | None = None
 
 
 def _autocast(device: torch.device, dtype: str) -> AbstractContextManager[Any]:
@@ -159,9 +168,54 @@ def time_stage(
             fwd_times.append(f_ms)
             bwd_times.append(b_ms)
     fwd_ws = bwd_ws = 0
+    inline: int | None = None
     if device.type == "cuda":
         fwd_ws, bwd_ws = _workspaces(forward, fresh_input, grad_inputs(), device)
-    return StageTiming(statistics.median(fwd_times), statistics.median(bwd_times), fwd_ws, bwd_ws)
+        inline = inline_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
+    return StageTiming(statistics.median(fwd_times), statistics.median(bwd_times), fwd_ws, bwd_ws, inline)
+
+
+def inline_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: bool, dtype: str = "float32") -> int:
+    """The transient of one stage's backward when every activation it saves went to host memory in forward
+    and comes back at its first use (NOTE [ Inline fetches ] in ``tuner.simulator``), bytes, CUDA only.
+
+    It is the allocator's peak during the backward minus what was allocated before it and the gradients the
+    backward makes (input and parameter gradients): what the simulator adds above them at the stage's
+    backward under ``inline`` sync (PyTorch's ``save_on_cpu`` fetches the same way). Parameters and buffers
+    stay on the device, as in ``tuner.runtime.offload``.
+    """
+    device = x.device
+    if device.type != "cuda":
+        raise ProfilerError("inline_backward_bytes measures the CUDA allocator: give it a CUDA input")
+    leaf = x.detach()
+    needs_grad = input_needs_grad and leaf.is_floating_point()
+    if needs_grad:
+        leaf.requires_grad_(True)
+    params = [p for p in stage.module.parameters() if p.requires_grad]
+    resident = {t.untyped_storage().data_ptr() for t in (*stage.module.parameters(), *stage.module.buffers())}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        return t if t.untyped_storage().data_ptr() in resident else t.to("cpu")
+
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device)
+
+    inp = leaf.clone()
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), _autocast(device, dtype):
+        y = stage.module(inp)
+    wrt = ([leaf] if needs_grad else []) + params
+    if not (isinstance(y, torch.Tensor) and y.requires_grad and y.is_floating_point() and wrt):
+        return 0
+    g = torch.randn_like(y)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    grads = _backward(y, wrt, g)
+    torch.cuda.synchronize(device)
+    made = sum(t.untyped_storage().nbytes() for t in grads if t is not None)
+    peak = torch.cuda.max_memory_allocated(device)
+    del grads, g, y, inp
+    return max(0, peak - before - made)
 
 
 def _backward(y: torch.Tensor, wrt: list[torch.Tensor], g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -305,6 +359,7 @@ def profile(
             h2d_ms=copies[i][1],
             forward_workspace_bytes=t.forward_workspace_bytes,
             backward_workspace_bytes=t.backward_workspace_bytes,
+            backward_inline_bytes=t.backward_inline_bytes,
             flops=f.count.flops,
             convs=convs[i],
         )

@@ -125,7 +125,15 @@ class StageProfile(_Frozen):
     d2h_ms: float = Field(ge=0, description="copy of S_i to pinned host memory")
     h2d_ms: float = Field(ge=0, description="copy of S_i back from pinned host memory")
     forward_workspace_bytes: int = Field(default=0, ge=0, description="transient peak above in+out")
-    backward_workspace_bytes: int = Field(default=0, ge=0, description="transient peak above grads")
+    backward_workspace_bytes: int = Field(
+        default=0, ge=0, description="backward's peak above max(before, after) (NOTE [ Backward transient ])"
+    )
+    backward_inline_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="backward's peak above before + gradients made, every saved activation fetched from host memory "
+        "at its first use (NOTE [ Inline fetches ]); None where not measured",
+    )
     flops: float = Field(default=0.0, ge=0, description="forward floating-point operations")
     convs: tuple[ConvProfile, ...] = ()
 

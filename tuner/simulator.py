@@ -44,7 +44,7 @@ from profiler.loss import profile_loss_ms
 from profiler.profile import ConvProfile, Profile, SavedStorage
 from tuner.calibration import calibration_for
 from tuner.conv_choice import ConvTriple, choose_algorithms
-from tuner.plan import Action, Plan, resolve_storages, segments, storage_copy_ms
+from tuner.plan import Action, Plan, StorageFate, resolve_storages, segments, storage_copy_ms
 
 __all__ = ["OPTIMIZERS", "SimResult", "Simulator", "backward_transients", "merge_storages", "simulate"]
 
@@ -177,6 +177,7 @@ class Simulator:
         self.out = [s.output_bytes for s in st]
         self.ws_f = [s.forward_workspace_bytes for s in st]
         self.ws_b = backward_transients(profile)  # NOTE [ Backward transient ]
+        self.ws_inline = [s.backward_inline_bytes for s in st]  # NOTE [ Inline fetches ]
         self.pgrad = [s.param_bytes for s in st]
         # bytes per element of the output: half precision under autocast, else 4 (NOTE [ Loss memory ])
         self.out_itemsize = 4 if profile.dtype == "float32" else 2
@@ -255,6 +256,20 @@ class Simulator:
         result = ([ms * scale for ms in fwd], [ms * scale for ms in bwd], ws_f, ws_b)
         self._conv_costs[key] = result
         return result
+
+    def _inline_stages(self, tab: _StorageTables, fates: Sequence[StorageFate]) -> set[int]:
+        """Under ``inline`` sync: the stages whose measured inline transient stands for their backward (NOTE
+        [ Inline fetches ]): the profile measured it, and every storage the stage saves goes to host memory."""
+        saves: list[list[int]] = [[] for _ in range(self.n)]
+        for sid, savers in enumerate(tab.s_saved_by):
+            if tab.s_producer[sid] >= 0:
+                for r in savers:
+                    saves[r].append(sid)
+        return {
+            k
+            for k in range(self.n)
+            if self.ws_inline[k] is not None and all(fates[sid].fate == "offload" for sid in saves[k])
+        }
 
     def _run(self, actions: Sequence[Action], plan: Plan, want_timeline: bool) -> SimResult:
         n = self.n
@@ -399,9 +414,15 @@ class Simulator:
         remat_at: dict[int, list[int]] = {}
         # NOTE [ Inline fetches ]: inline, a storage comes back at its first unpack and goes at its last, so a
         # storage that one stage's backward both needs and releases lives only while that stage's nodes use
-        # it, one or two at a time: the stage holds its largest such storage, not their sum
+        # it, one or two at a time: the stage holds its largest such storage, not their sum. Where the profile
+        # measured it (``backward_inline_bytes``: the stage's backward alone with every saved activation fetched
+        # on demand, ``profiler.measure.inline_backward_bytes``) that measured transient stands instead, and a
+        # storage two such stages share (a block's input, saved by both) is fetched within each: on the H200 the
+        # largest-storage model put ResNet-50's save_on_cpu identity blocks up to 2.0 GiB above their measured
+        # backward peak (benchmarks/results/memtrace/trace-resnet50-256-float32-0.6-policy-save_on_cpu.json)
         local: set[int] = set()
         local_max = [0] * n
+        fetched = self._inline_stages(tab, fates) if inline else set()
         for sid, f in enumerate(fates):
             if tab.s_producer[sid] < 0:
                 continue
@@ -409,7 +430,7 @@ class Simulator:
                 prefetch_at[min(n - 1, f.need + lookahead)].append(sid)
                 need_at[f.need].append(sid)
                 release_at[f.release].append(sid)
-                if inline and f.need == f.release:
+                if inline and (f.need == f.release or all(r in fetched for r in tab.s_saved_by[sid])):
                     local.add(sid)
             elif f.fate == "keep":
                 release_at[f.release].append(sid)
@@ -506,17 +527,20 @@ class Simulator:
                     t = ready[sid]
             grad_in = out[k - 1] if k > 0 else 0
             held = local_max[k]  # NOTE [ Inline fetches ]
-            ev((t, grad_in + self.pgrad[k] + ws_b[k] + held, f"bwd {k} start"))
+            ws_k = ws_b[k]
+            if k in fetched:  # its measured transient holds its fetches
+                held, ws_k = 0, self.ws_inline[k] or 0
+            ev((t, grad_in + self.pgrad[k] + ws_k + held, f"bwd {k} start"))
             t += bwd[k]
             released = [sid for sid in release_at[k] if sid not in local or not freed[sid]]
-            freed_now = ws_b[k] + out[k] + held + sum(s_bytes[sid] for sid in released)
+            freed_now = ws_k + out[k] + held + sum(s_bytes[sid] for sid in released)
             ev((t, -freed_now, f"bwd {k} end"))
             if blk is not None:
                 blk += [("alloc", ("inline", k), held), ("free", ("inline", k), held)] if held else []
-                blk += [("alloc", ("wsb", k), ws_b[k])] if ws_b[k] else []
+                blk += [("alloc", ("wsb", k), ws_k)] if ws_k else []
                 blk += [("alloc", ("g", k - 1), grad_in)] if k > 0 else []
                 blk += [("alloc", ("p", k), self.pgrad[k])] if self.pgrad[k] else []
-                blk += [("free", ("wsb", k), ws_b[k])] if ws_b[k] else []
+                blk += [("free", ("wsb", k), ws_k)] if ws_k else []
                 blk += [("free", ("g", k), out[k])]
                 blk += [("free", ("s", sid), s_bytes[sid]) for sid in released]
 

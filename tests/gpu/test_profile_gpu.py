@@ -50,6 +50,20 @@ def test_cuda_profile_is_measured() -> None:
     assert all(s.d2h_ms == 0 for s in p.stages if s.saved_bytes == 0)
 
 
+def test_inline_backward_is_measured_for_every_stage() -> None:
+    """NOTE [ Inline fetches ]: the max-pool fetches its input and indices on demand and makes its input's
+    gradient; a ReLU fetches its output back (a copy: the chain still holds the original)."""
+    from profiler.measure import profile
+
+    p = profile(small_chain(), 64, device="cuda")
+    inline = [s.backward_inline_bytes for s in p.stages]
+    assert all(v is not None and v >= 0 for v in inline), inline
+    pool = next(s for s in p.stages if s.kind == "maxpool2d")
+    relu = next(s for s in p.stages if s.kind == "relu")
+    assert (pool.backward_inline_bytes or 0) >= p.stages[pool.index - 1].output_bytes  # its input, fetched
+    assert (relu.backward_inline_bytes or 0) >= relu.output_bytes
+
+
 def test_cuda_profile_bfloat16() -> None:
     from profiler.measure import profile
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,28 @@ def test_inline_offload_holds_one_storage_of_a_stage_at_a_time() -> None:
     expected = prof.stages[k - 1].output_bytes + stage.param_bytes + transient + max(own)
     assert grew == expected  # the largest of the stage's own storages, not their sum
     assert grew < expected - max(own) + sum(own)
+
+
+def test_a_measured_inline_transient_stands_for_the_stage_and_the_fetches_it_shares() -> None:
+    """NOTE [ Inline fetches ]: where the profile measured a stage's inline backward, that transient stands for
+    the stage's fetches, and a storage only such stages save is never held whole between them."""
+    prof = resolve_profile(build("resnet50", {}), 256, "float32", "h200")
+    plan = Plan.uniform(prof.n_stages, Action.OFFLOAD).with_(sync="inline")
+    x = 123 << 20
+
+    def with_inline(values: dict[int, int]) -> Any:
+        stages = tuple(s.model_copy(update={"backward_inline_bytes": values.get(s.index)}) for s in prof.stages)
+        return prof.model_copy(update={"stages": stages})
+
+    every = Simulator(with_inline(dict.fromkeys(range(prof.n_stages), x)), compute_scale=1.0).run(plan, timeline=True)
+    lives = [(label, live) for _, live, label in every.timeline]
+    k = 6
+    i = next(j for j, (label, _) in enumerate(lives) if label == f"bwd {k} start")
+    assert lives[i][1] - lives[i - 1][1] == prof.stages[k - 1].output_bytes + prof.stages[k].param_bytes + x
+    assert not [label for label, _ in lives if label.startswith("prefetch")]
+    old = Simulator(prof, compute_scale=1.0).run(plan)
+    assert every.peak_bytes < old.peak_bytes and every.step_ms == old.step_ms  # bytes move, time does not
+
+    # one measured stage alone: its neighbours keep the largest-storage model, and what it shares is held whole
+    one = Simulator(with_inline({k: x}), compute_scale=1.0).run(plan, timeline=True)
+    assert [label for _, _, label in one.timeline if label.startswith("prefetch")]

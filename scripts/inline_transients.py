@@ -1,0 +1,69 @@
+"""Measure every stage's inline backward transient into committed H200 profiles (NOTE [ Inline fetches ]).
+
+    python3 scripts/inline_transients.py profiler/data/*-h200.json
+
+For each profile (on a GPU of the profile's type): rebuild its model, feed each stage the input the chain
+gives it, and measure ``profiler.measure.inline_backward_bytes`` (the stage's backward with every saved
+activation fetched from host memory on demand) into ``StageProfile.backward_inline_bytes``. Every other number
+of the profile stays as it was measured; the file is rewritten in place. Profiles measured after this field
+existed have it already (``memtune profile --device cuda``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from profiler.identity import cuda_identity
+from profiler.measure import inline_backward_bytes, model_input
+from profiler.profile import Profile
+from profiler.zoo import build
+
+
+def _autocast(dtype: str) -> torch.autocast:
+    half = torch.bfloat16 if dtype == "bfloat16" else torch.float16
+    return torch.autocast("cuda", dtype=half, enabled=dtype != "float32")
+
+
+def measure_file(path: Path) -> list[int]:
+    """Measure and write one profile's inline transients; returns them (bytes per stage)."""
+    prof = Profile.from_json(path.read_text())
+    here = cuda_identity().key
+    if prof.device.key != here:
+        raise SystemExit(f"{path}: a {prof.device.key} profile, but this GPU is a {here}")
+    chain = build(prof.model, prof.model_params)
+    dev = torch.device("cuda")
+    for stage in chain.stages:
+        stage.module.to(dev).train()
+    x = model_input(chain, prof.batch, dev)
+    values: list[int] = []
+    for i, stage in enumerate(chain.stages):
+        values.append(inline_backward_bytes(stage, x, input_needs_grad=i > 0, dtype=prof.dtype))
+        with torch.no_grad(), _autocast(prof.dtype):
+            x = stage.module(x)
+    del x, chain
+    torch.cuda.empty_cache()
+    stages = tuple(s.model_copy(update={"backward_inline_bytes": v}) for s, v in zip(prof.stages, values, strict=True))
+    prof.model_copy(update={"stages": stages}).save(path)
+    return values
+
+
+def main() -> None:
+    paths = [Path(p) for p in sys.argv[1:]]
+    if not paths:
+        raise SystemExit(__doc__)
+    for path in paths:
+        started = time.monotonic()
+        values = measure_file(path)
+        print(
+            f"{path.name}: {len(values)} stages, largest {max(values) / 2**30:.2f} GiB, "
+            f"{time.monotonic() - started:.1f} s",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
