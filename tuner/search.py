@@ -456,8 +456,8 @@ def _placed(
     profile: Profile, feasible: list[Candidate], policies: list[Candidate], cap: int, optimizer: str
 ) -> dict[str, Candidate]:
     """The ``_PLACED`` fastest distinct feasible plans, the feasible time-memory front, every feasible
-    baseline and the three fastest plans without algorithm choice, by plan, each with its predicted allocator
-    cost under ``cap`` folded into ``step_ms``.
+    baseline, and the same fastest plans and front among the plans without algorithm choice, by plan, each with
+    its predicted allocator cost under ``cap`` folded into ``step_ms``.
 
     # NOTE [ Placement ranking ]
     The simulator's step assumes every request finds room. Under the budget's cap a plan whose free memory
@@ -476,7 +476,13 @@ def _placed(
     picked: list[Candidate] = []
     fastest = sorted(feasible, key=lambda c: (c.step_ms, c.peak_bytes))
     framework = [c for c in fastest if leaves_convs_to_framework(c.plan)]  # NOTE [ Measured selection ]
-    groups = ((fastest, _PLACED), (pareto_front(feasible), _PLACED), (policies, len(policies)), (framework, 3))
+    groups = (
+        (fastest, _PLACED),
+        (pareto_front(feasible), _PLACED),
+        (policies, len(policies)),
+        (framework, _PLACED),
+        (pareto_front(framework), _PLACED),
+    )
     for group, most in groups:
         taken = 0
         for c in group:

@@ -177,7 +177,12 @@ class Simulator:
         self.out = [s.output_bytes for s in st]
         self.ws_f = [s.forward_workspace_bytes for s in st]
         self.ws_b = backward_transients(profile)  # NOTE [ Backward transient ]
-        self.ws_inline = [s.backward_inline_bytes for s in st]  # NOTE [ Inline fetches ]
+        # NOTE [ Inline fetches ]: what fetching on demand adds to the stage's transient; the workspace part
+        # stays the plan's (chosen or fallen-back convolution algorithms change it, ``stage_costs``)
+        self.ws_inline = [
+            None if s.backward_inline_bytes is None else max(0, s.backward_inline_bytes - w)
+            for s, w in zip(st, self.ws_b, strict=True)
+        ]
         self.pgrad = [s.param_bytes for s in st]
         # bytes per element of the output: half precision under autocast, else 4 (NOTE [ Loss memory ])
         self.out_itemsize = 4 if profile.dtype == "float32" else 2
@@ -529,7 +534,7 @@ class Simulator:
             held = local_max[k]  # NOTE [ Inline fetches ]
             ws_k = ws_b[k]
             if k in fetched:  # its measured transient holds its fetches
-                held, ws_k = 0, self.ws_inline[k] or 0
+                held, ws_k = 0, ws_b[k] + (self.ws_inline[k] or 0)
             ev((t, grad_in + self.pgrad[k] + ws_k + held, f"bwd {k} start"))
             t += bwd[k]
             released = [sid for sid in release_at[k] if sid not in local or not freed[sid]]
