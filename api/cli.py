@@ -660,7 +660,7 @@ def bench(
         "step ms",
         "x unconstr.",
         "peak GiB",
-        "samples/s",
+        "tokens/s" if chain.input_kind == "tokens" else "samples/s",  # BenchRow.samples_per_s counts tokens there
         "fits",
         "sim ms",
         "sim err",

@@ -52,7 +52,7 @@ class BenchRow:
     kind: str  # "unconstrained", "policy", "tuned", "pytorch"
     step_ms: float | None
     peak_bytes: int | None
-    samples_per_s: float | None
+    samples_per_s: float | None  # images per second; for a token model, tokens per second
     fits: bool | None
     predicted_step_ms: float | None = None
     predicted_peak_bytes: int | None = None
