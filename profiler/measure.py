@@ -180,9 +180,10 @@ def inline_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: bo
     and comes back at its first use (NOTE [ Inline fetches ] in ``tuner.simulator``), bytes, CUDA only.
 
     It is the allocator's peak during the backward minus what was allocated before it and the gradients the
-    backward makes (input and parameter gradients): what the simulator adds above them at the stage's
-    backward under ``inline`` sync (PyTorch's ``save_on_cpu`` fetches the same way). Parameters and buffers
-    stay on the device, as in ``tuner.runtime.offload``.
+    backward makes (input and parameter gradients). The output's gradient is made inside the backward (by a
+    ``* 1.0`` after the stage), so, as in a whole step, autograd frees it once the stage's last node has used it;
+    the peak includes it only while it lives. Parameters and buffers stay on the device, as in
+    ``tuner.runtime.offload``; PyTorch's ``save_on_cpu`` fetches the same way.
     """
     device = x.device
     if device.type != "cuda":
@@ -206,15 +207,15 @@ def inline_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: bo
     wrt = ([leaf] if needs_grad else []) + params
     if not (isinstance(y, torch.Tensor) and y.requires_grad and y.is_floating_point() and wrt):
         return 0
-    g = torch.randn_like(y)
+    total = (y * 1.0).sum()  # its backward makes the output's gradient, which autograd then owns
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    grads = _backward(y, wrt, g)
+    grads = torch.autograd.grad(total, wrt, allow_unused=True)
     torch.cuda.synchronize(device)
     made = sum(t.untyped_storage().nbytes() for t in grads if t is not None)
     peak = torch.cuda.max_memory_allocated(device)
-    del grads, g, y, inp
+    del grads, total, y, inp
     return max(0, peak - before - made)
 
 

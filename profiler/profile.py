@@ -132,7 +132,8 @@ class StageProfile(_Frozen):
         default=None,
         ge=0,
         description="backward's peak above before + gradients made, every saved activation fetched from host memory "
-        "at its first use (NOTE [ Inline fetches ]); None where not measured",
+        "at its first use and the output's gradient freed once used (NOTE [ Inline fetches ]); None where not "
+        "measured",
     )
     flops: float = Field(default=0.0, ge=0, description="forward floating-point operations")
     convs: tuple[ConvProfile, ...] = ()

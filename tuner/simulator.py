@@ -178,9 +178,11 @@ class Simulator:
         self.ws_f = [s.forward_workspace_bytes for s in st]
         self.ws_b = backward_transients(profile)  # NOTE [ Backward transient ]
         # NOTE [ Inline fetches ]: what fetching on demand adds to the stage's transient; the workspace part
-        # stays the plan's (chosen or fallen-back convolution algorithms change it, ``stage_costs``)
+        # stays the plan's (chosen or fallen-back convolution algorithms change it, ``stage_costs``). The
+        # measurement counts the output's gradient only while autograd holds it; the simulator holds it (out[k])
+        # through the stage's backward, so it is taken off here
         self.ws_inline = [
-            None if s.backward_inline_bytes is None else max(0, s.backward_inline_bytes - w)
+            None if s.backward_inline_bytes is None else max(0, s.backward_inline_bytes - s.output_bytes - w)
             for s, w in zip(st, self.ws_b, strict=True)
         ]
         self.pgrad = [s.param_bytes for s in st]
