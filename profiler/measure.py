@@ -46,6 +46,7 @@ from profiler.stagefacts import ChainFacts, chain_facts, torch_dtype
 __all__ = [
     "ProgressFn",
     "StageTiming",
+    "chain_inline_backward_bytes",
     "cpu_model_name",
     "inline_backward_bytes",
     "model_input",
@@ -410,6 +411,18 @@ def _time_chain(
         if progress is not None:
             progress(stage.name, i + 1, n)
     return out, tuple(x.shape)
+
+
+def chain_inline_backward_bytes(chain: ModelChain, batch: int, dtype: str, dev: torch.device) -> list[int]:
+    """``inline_backward_bytes`` of every stage, each fed the input the chain gives it (CUDA only), bytes."""
+    x = model_input(chain, batch, dev)
+    out: list[int] = []
+    for i, stage in enumerate(chain.stages):
+        out.append(inline_backward_bytes(stage, x, input_needs_grad=i > 0, dtype=dtype))
+        with torch.no_grad(), _autocast(dev, dtype):
+            x = stage.module(x)
+    torch.cuda.empty_cache()
+    return out
 
 
 def _enumerate_chain_convs(

@@ -18,14 +18,9 @@ from pathlib import Path
 import torch
 
 from profiler.identity import cuda_identity
-from profiler.measure import inline_backward_bytes, model_input
+from profiler.measure import chain_inline_backward_bytes
 from profiler.profile import Profile
 from profiler.zoo import build
-
-
-def _autocast(dtype: str) -> torch.autocast:
-    half = torch.bfloat16 if dtype == "bfloat16" else torch.float16
-    return torch.autocast("cuda", dtype=half, enabled=dtype != "float32")
 
 
 def measure_file(path: Path) -> list[int]:
@@ -38,14 +33,8 @@ def measure_file(path: Path) -> list[int]:
     dev = torch.device("cuda")
     for stage in chain.stages:
         stage.module.to(dev).train()
-    x = model_input(chain, prof.batch, dev)
-    values: list[int] = []
-    for i, stage in enumerate(chain.stages):
-        values.append(inline_backward_bytes(stage, x, input_needs_grad=i > 0, dtype=prof.dtype))
-        with torch.no_grad(), _autocast(prof.dtype):
-            x = stage.module(x)
-    del x, chain
-    torch.cuda.empty_cache()
+    values = chain_inline_backward_bytes(chain, prof.batch, prof.dtype, dev)
+    del chain
     stages = tuple(s.model_copy(update={"backward_inline_bytes": v}) for s, v in zip(prof.stages, values, strict=True))
     prof.model_copy(update={"stages": stages}).save(path)
     return values

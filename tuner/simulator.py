@@ -181,7 +181,7 @@ class Simulator:
         # stays the plan's (chosen or fallen-back convolution algorithms change it, ``stage_costs``). The
         # measurement counts the output's gradient only while autograd holds it; the simulator holds it (out[k])
         # through the stage's backward, so it is taken off here
-        self.ws_inline = [
+        self.inline_extra = [
             None if s.backward_inline_bytes is None else max(0, s.backward_inline_bytes - s.output_bytes - w)
             for s, w in zip(st, self.ws_b, strict=True)
         ]
@@ -275,7 +275,7 @@ class Simulator:
         return {
             k
             for k in range(self.n)
-            if self.ws_inline[k] is not None and all(fates[sid].fate == "offload" for sid in saves[k])
+            if self.inline_extra[k] is not None and all(fates[sid].fate == "offload" for sid in saves[k])
         }
 
     def _run(self, actions: Sequence[Action], plan: Plan, want_timeline: bool) -> SimResult:
@@ -538,7 +538,7 @@ class Simulator:
             held = local_max[k]  # NOTE [ Inline fetches ]
             ws_k = ws_b[k]
             if k in fetched:  # its measured transient holds its fetches
-                held, ws_k = 0, ws_b[k] + (self.ws_inline[k] or 0)
+                held, ws_k = 0, ws_b[k] + (self.inline_extra[k] or 0)
             ev((t, grad_in + self.pgrad[k] + ws_k + held, f"bwd {k} start"))
             t += bwd[k]
             released = [sid for sid in release_at[k] if sid not in local or not freed[sid]]
