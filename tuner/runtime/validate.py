@@ -177,7 +177,11 @@ def validate_plans(
             ) from e
     device = check_validation_device(gpu_key)
     configure_allocator()
-    model = chain if isinstance(chain, ModelChain) else None if factory is not None else chain()
+    model: ModelChain | None = None  # with a factory, each row's process builds its own
+    if isinstance(chain, ModelChain):
+        model = chain
+    elif factory is None:
+        model = chain()
     total = len(plans)
     started = [0]
     rows: list[BenchRow] = []
