@@ -88,8 +88,10 @@ __all__ = [
     "cudnn_version",
     "enumerate_conv",
     "enumerate_stage_convs",
+    "gpu_median_ms",
     "load_cudnn",
     "module_padding",
+    "run_pass",
     "status_kind",
     "symmetric_padding",
     "workspace_bytes",
@@ -624,7 +626,7 @@ def _check_tensor(t: torch.Tensor, shape: tuple[int, ...], geom: ConvGeometry, w
         )
 
 
-def _run(
+def run_pass(
     pass_: Pass,
     geom: ConvGeometry,
     a: torch.Tensor,
@@ -634,7 +636,11 @@ def _run(
     math_type: int,
     workspace: torch.Tensor | None = None,
 ) -> None:
-    """Run one pass into ``out`` on PyTorch's current stream (NOTE [ cuDNN binding ])."""
+    """Run one pass into ``out`` on PyTorch's current stream (NOTE [ cuDNN binding ]); no shape checks.
+
+    Operands: fwd ``(x, w) -> y``, bwd_data ``(w, dy) -> dx``, bwd_filter ``(x, dy) -> dw``, all contiguous
+    CUDA tensors of ``geom``'s shapes and dtype. ``workspace``: a uint8 tensor used when large enough.
+    """
     with torch.cuda.device(out.device):
         _run_on_device(pass_, geom, a, b, out, algo, math_type, workspace)
 
@@ -711,7 +717,7 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, geom: ConvGeometry, algo: int
     _check_tensor(x, geom.input_shape, geom, "input")
     _check_tensor(w, geom.weight_shape, geom, "weight")
     y = torch.empty(geom.output_shape, dtype=x.dtype, device=x.device)
-    _run("fwd", geom, x, w, y, algo, math_type)
+    run_pass("fwd", geom, x, w, y, algo, math_type)
     return y
 
 
@@ -730,7 +736,7 @@ def conv_backward_data(
     _check_tensor(w, geom.weight_shape, geom, "weight")
     _check_tensor(dy, geom.output_shape, geom, "output gradient")
     dx = torch.empty(geom.input_shape, dtype=dy.dtype, device=dy.device)
-    _run("bwd_data", geom, w, dy, dx, algo, math_type, workspace)
+    run_pass("bwd_data", geom, w, dy, dx, algo, math_type, workspace)
     return dx
 
 
@@ -749,7 +755,7 @@ def conv_backward_filter(
     _check_tensor(x, geom.input_shape, geom, "input")
     _check_tensor(dy, geom.output_shape, geom, "output gradient")
     dw = torch.empty(geom.weight_shape, dtype=dy.dtype, device=dy.device)
-    _run("bwd_filter", geom, x, dy, dw, algo, math_type, workspace)
+    run_pass("bwd_filter", geom, x, dy, dw, algo, math_type, workspace)
     return dw
 
 
@@ -767,7 +773,7 @@ def workspace_bytes(
 
 
 # ---- enumeration ---------------------------------------------------------------------------------------
-def _median_ms(fn: Callable[[], object], warmup: int, repeats: int) -> float:
+def gpu_median_ms(fn: Callable[[], object], warmup: int, repeats: int) -> float:
     """Median GPU ms of ``fn`` over ``repeats`` runs after ``warmup`` (NOTE [ Algorithm timing ])."""
     stream = torch.cuda.current_stream()
     for _ in range(warmup):
@@ -879,10 +885,10 @@ def _enumerate_pass(
         if status == "ok" and p is not None:
 
             def run(algo: int = algo, math: int = p.mathType) -> None:
-                _run(pass_, geom, a_in, b_in, out, algo, math, workspace)
+                run_pass(pass_, geom, a_in, b_in, out, algo, math, workspace)
 
             try:
-                ms = _median_ms(run, warmup, repeats)
+                ms = gpu_median_ms(run, warmup, repeats)
             except CudnnError:
                 status = "failed"
         if status == "ok" and p is not None:
@@ -1006,11 +1012,11 @@ def _default_ms(
             x = bufs["x"].detach().requires_grad_(True)
             w = bufs["w"].detach().requires_grad_(True)
             with torch.no_grad():
-                fwd = _median_ms(lambda: F.conv2d(x, w, *args), warmup, repeats)
+                fwd = gpu_median_ms(lambda: F.conv2d(x, w, *args), warmup, repeats)
             with torch.enable_grad():
                 y = F.conv2d(x, w, *args)
                 dy = bufs["dy"]
-                bwd = _median_ms(lambda: torch.autograd.grad(y, (x, w), dy, retain_graph=True), warmup, repeats)
+                bwd = gpu_median_ms(lambda: torch.autograd.grad(y, (x, w), dy, retain_graph=True), warmup, repeats)
     finally:
         torch.backends.cudnn.allow_tf32 = before
     return fwd, bwd

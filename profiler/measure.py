@@ -428,13 +428,16 @@ def chain_inline_backward_bytes(chain: ModelChain, batch: int, dtype: str, dev: 
 def _enumerate_chain_convs(
     chain: ModelChain, batch: int, dtype: str, dev: torch.device, warmup: int, repeats: int
 ) -> list[tuple[ConvProfile, ...]]:
-    """Every stage's cuDNN algorithm tables, each stage fed the input the chain gives it."""
-    from profiler.cudnn import enumerate_stage_convs  # ctypes binding: loaded only when asked for
+    """Every stage's cuDNN algorithm tables with their batch-split runs (NOTE [ Batch split ]), each stage fed the
+    input the chain gives it."""
+    from profiler.conv_split import enumerate_splits  # ctypes binding: loaded only when asked for
+    from profiler.cudnn import enumerate_stage_convs
 
     x = model_input(chain, batch, dev)
     out: list[tuple[ConvProfile, ...]] = []
     for stage in chain.stages:
-        out.append(enumerate_stage_convs(stage, x, dtype=dtype, warmup=warmup, repeats=repeats))
+        convs = enumerate_stage_convs(stage, x, dtype=dtype, warmup=warmup, repeats=repeats)
+        out.append(tuple(enumerate_splits(c, device=dev) for c in convs))
         with torch.no_grad(), _autocast(dev, dtype):
             x = stage.module(x)
         torch.cuda.empty_cache()

@@ -61,13 +61,19 @@ class DeviceIdentity(_Frozen):
 
 
 class ConvAlgo(_Frozen):
-    """One cuDNN algorithm for one convolution pass, as measured (or recorded as failed)."""
+    """One cuDNN algorithm for one convolution pass, as measured (or recorded as failed).
+
+    ``split`` > 1 is the pass run as ``split`` calls on consecutive batch chunks (NOTE [ Batch split ] in
+    ``profiler.cudnn``): ``ms`` is then the whole pass (every chunk, measured back to back) and
+    ``workspace_bytes`` what one chunk's call needs.
+    """
 
     pass_: Literal["fwd", "bwd_data", "bwd_filter"] = Field(alias="pass")
     algo: int
     name: str
-    ms: float | None = Field(default=None, description="median run time, ms; None when it failed")
+    ms: float | None = Field(default=None, description="median run time of the whole pass, ms; None when it failed")
     workspace_bytes: int = 0
+    split: int = Field(default=1, ge=1, description="batch chunks the pass runs as, one cuDNN call each")
     math_type: int = 0
     deterministic: bool = False
     status: Literal["ok", "failed", "unsupported"] = "ok"

@@ -11,6 +11,10 @@ lists as working (status ``ok`` with a time):
 * ``memory_optimal``: the least workspace bytes, then the least ms (vDNN's memory-optimal algorithm).
 * ``fastest_within``: the fastest whose workspace is at most ``conv_workspace_limit_bytes``; when no
   algorithm of a pass fits the cap, the memory-optimal one (the cap cannot be met, the least is used).
+  Only this rule also weighs the batch-split runs the profile measured (NOTE [ Batch split ] in
+  ``profiler.cudnn``): IMPLICIT_PRECOMP_GEMM in four chunks needs a quarter of its workspace at about the
+  same total time, so under a cap it is often far faster than the algorithm that fits unsplit. ``fastest``
+  and ``memory_optimal`` are vDNN's performance- and memory-optimal algorithms and stay unsplit.
 
 A convolution whose table lacks a working algorithm for some pass (a modeled profile, a measured one
 without ``conv_algos``, or every algorithm failed) keeps the framework's choice under a rule. An override
@@ -58,9 +62,9 @@ def conv_key(stage: int, conv: ConvProfile | str) -> str:
     return f"{stage}.{conv if isinstance(conv, str) else conv.name}"
 
 
-def working_algos(algos: Iterable[ConvAlgo], pass_: str) -> list[ConvAlgo]:
-    """The algorithms of ``pass_`` with status ``ok`` and a time."""
-    return [a for a in algos if a.pass_ == pass_ and a.status == "ok" and a.ms is not None]
+def working_algos(algos: Iterable[ConvAlgo], pass_: str, *, split: bool = False) -> list[ConvAlgo]:
+    """The algorithms of ``pass_`` with status ``ok`` and a time; batch-split runs too when ``split``."""
+    return [a for a in algos if a.pass_ == pass_ and a.status == "ok" and a.ms is not None and (split or a.split == 1)]
 
 
 def select_algo(algos: Iterable[ConvAlgo], pass_: str, rule: str, limit_bytes: int | None = None) -> ConvAlgo | None:
@@ -69,15 +73,15 @@ def select_algo(algos: Iterable[ConvAlgo], pass_: str, rule: str, limit_bytes: i
     Raises:
         PlanError: ``rule`` is unknown, or ``fastest_within`` without ``limit_bytes``.
     """
-    usable = working_algos(algos, pass_)
+    usable = working_algos(algos, pass_, split=rule == "fastest_within")
     if rule == "default" or not usable:
         return None
 
-    def fastest(a: ConvAlgo) -> tuple[float, int, int]:
-        return (a.ms or 0.0, a.workspace_bytes, a.algo)
+    def fastest(a: ConvAlgo) -> tuple[float, int, int, int]:
+        return (a.ms or 0.0, a.workspace_bytes, a.algo, a.split)
 
-    def leanest(a: ConvAlgo) -> tuple[int, float, int]:
-        return (a.workspace_bytes, a.ms or 0.0, a.algo)
+    def leanest(a: ConvAlgo) -> tuple[int, float, int, int]:
+        return (a.workspace_bytes, a.ms or 0.0, a.algo, a.split)
 
     if rule == "fastest":
         return min(usable, key=fastest)
@@ -91,8 +95,8 @@ def select_algo(algos: Iterable[ConvAlgo], pass_: str, rule: str, limit_bytes: i
     raise PlanError(f"conv_rule {rule!r} is unknown; use default, fastest, memory_optimal or fastest_within")
 
 
-def _override(key: str, conv: ConvProfile, pass_: str, algo: int) -> ConvAlgo:
-    usable = [a for a in working_algos(conv.algos, pass_) if a.algo == algo]
+def _override(key: str, conv: ConvProfile, pass_: str, algo: int, split: int) -> ConvAlgo:
+    usable = [a for a in working_algos(conv.algos, pass_, split=True) if a.algo == algo and a.split == split]
     if usable:
         return min(usable, key=lambda a: a.ms or 0.0)
     if not conv.algos:
@@ -100,10 +104,11 @@ def _override(key: str, conv: ConvProfile, pass_: str, algo: int) -> ConvAlgo:
             f"conv_algos[{key!r}] chooses algorithms but the profile has no algorithm table for this "
             "convolution; measure it on the GPU with conv_algos=True (scripts/profile_zoo.py --conv-algos)"
         )
-    listed = sorted({a.algo for a in working_algos(conv.algos, pass_)})
+    listed = sorted({a.algo for a in working_algos(conv.algos, pass_, split=True) if a.split == split})
+    at = "" if split == 1 else f" in {split} batch chunks"
     raise PlanError(
-        f"conv_algos[{key!r}].{pass_} is {algo}, which the profile does not list as a working {pass_} "
-        f"algorithm for this convolution (working: {listed or 'none'})"
+        f"conv_algos[{key!r}].{pass_} is {algo}{at}, which the profile does not list as a working {pass_} "
+        f"algorithm{at} for this convolution (working: {listed or 'none'})"
     )
 
 
@@ -135,9 +140,9 @@ def choose_algorithms(profile: Profile, plan: Plan, *, check: bool = True) -> di
             forced = plan.conv_algos.get(key)
             if forced is not None:
                 out[key] = ConvTriple(
-                    _override(key, conv, "fwd", forced.fwd),
-                    _override(key, conv, "bwd_data", forced.bwd_data),
-                    _override(key, conv, "bwd_filter", forced.bwd_filter),
+                    _override(key, conv, "fwd", forced.fwd, forced.fwd_split),
+                    _override(key, conv, "bwd_data", forced.bwd_data, forced.bwd_data_split),
+                    _override(key, conv, "bwd_filter", forced.bwd_filter, forced.bwd_filter_split),
                 )
                 continue
             picked = [select_algo(conv.algos, p, rule, limit) for p in PASSES]

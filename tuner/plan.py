@@ -74,13 +74,19 @@ class Action(str, Enum):
 
 
 class ConvChoice(BaseModel):
-    """An explicit cuDNN algorithm triple for one convolution (ids as in cudnnConvolution*Algo_t)."""
+    """An explicit cuDNN algorithm triple for one convolution (ids as in cudnnConvolution*Algo_t).
+
+    ``*_split``: the batch chunks that pass runs as (NOTE [ Batch split ] in ``profiler.cudnn``); 1 = one call.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     fwd: int = Field(ge=0)
     bwd_data: int = Field(ge=0)
     bwd_filter: int = Field(ge=0)
+    fwd_split: int = Field(default=1, ge=1, le=1024)
+    bwd_data_split: int = Field(default=1, ge=1, le=1024)
+    bwd_filter_split: int = Field(default=1, ge=1, le=1024)
 
 
 ConvRule = Literal["default", "fastest", "memory_optimal", "fastest_within"]

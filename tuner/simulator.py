@@ -43,7 +43,7 @@ from typing import Literal
 from profiler.loss import profile_loss_ms
 from profiler.profile import ConvProfile, Profile, SavedStorage
 from tuner.calibration import calibration_for
-from tuner.conv_choice import ConvTriple, choose_algorithms
+from tuner.conv_choice import ConvTriple, choose_algorithms, working_algos
 from tuner.plan import Action, Plan, StorageFate, resolve_storages, segments, storage_copy_ms
 
 __all__ = ["OPTIMIZERS", "SimResult", "Simulator", "backward_transients", "merge_storages", "simulate"]
@@ -248,7 +248,7 @@ class Simulator:
                 if k == 0 and conv.name == first and conv.default_bwd_ms is not None:
                     # the model input needs no gradient: only the weight pass runs (the stage was timed so),
                     # and the framework's own weight pass is taken to be the fastest one listed
-                    weight_ms = [a.ms for a in conv.algos if a.pass_ == "bwd_filter" and a.ms is not None]
+                    weight_ms = [a.ms or 0.0 for a in working_algos(conv.algos, "bwd_filter")]
                     fastest = min(weight_ms, default=None)
                     if fastest is not None and tr.bwd_filter.ms is not None:
                         bwd[k] = max(0.0, bwd[k] + tr.bwd_filter.ms - fastest)

@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn.grad import conv2d_input, conv2d_weight
 
 from profiler.chain import ModelChain, flatten
+from profiler.conv_split import enumerate_splits, split_workspace_bytes
 from profiler.cudnn import (
     ALGO_NAMES,
     MATH_FMA,
@@ -27,11 +28,10 @@ from profiler.cudnn import (
     cudnn_version,
     enumerate_conv,
     enumerate_stage_convs,
-    workspace_bytes,
 )
 from profiler.profile import ConvAlgo, ConvProfile
 from tuner.conv_choice import select_algo
-from tuner.plan import Plan
+from tuner.plan import ConvChoice, Plan
 from tuner.runtime.conv import AlgoChoice, CudnnConv2dFunction, apply_conv_choices
 
 pytestmark = [
@@ -107,6 +107,35 @@ def test_every_working_algorithm_matches_pytorch(case: Case, fp32_strict: None) 
     assert prof.default_ms is not None and prof.default_ms > 0
     assert prof.default_bwd_ms is not None and prof.default_bwd_ms > 0
 
+    for pass_ in PASSES:
+        rows = [a for a in prof.algos if a.pass_ == pass_]
+        ids = [a.algo for a in rows]
+        assert len(ids) == len(set(ids)), f"{pass_}: an algorithm listed twice: {ids}"
+        assert set(range(len(ALGO_NAMES[pass_]))) == set(ids), f"{pass_}: algorithms dropped or invented: {ids}"
+        assert any(a.status == "ok" for a in rows), f"{pass_}: no working algorithm"
+        for a in rows:
+            assert (a.ms is not None) == (a.status == "ok")
+    failures = _run_every_row(case, conv, prof, prof.algos)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_every_split_run_matches_pytorch(case: Case, fp32_strict: None) -> None:
+    """NOTE [ Batch split ]: every split run the profiler lists as working gives the unsplit values."""
+    conv = _module(case)
+    prof = enumerate_splits(enumerate_conv(conv, case.input_shape, case.dtype, warmup=1, repeats=3), splits=(2, 4))
+    split = [a for a in prof.algos if a.split > 1]
+    _print_table(case.name + " (split runs)", prof.model_copy(update={"algos": tuple(split)}))
+    for a in split:
+        whole = next(b for b in prof.algos if (b.pass_, b.algo, b.split) == (a.pass_, a.algo, 1))
+        assert a.workspace_bytes < whole.workspace_bytes, f"{a.pass_} {a.name} x{a.split}: no workspace saved"
+    failures = _run_every_row(case, conv, prof, tuple(split))
+    assert not failures, "\n".join(failures)
+
+
+def _run_every_row(case: Case, conv: nn.Conv2d, prof: ConvProfile, rows: tuple[ConvAlgo, ...]) -> list[str]:
+    """Run each working row of ``rows`` through ``CudnnConv2dFunction`` (the other passes at their fastest) and
+    compare its pass with float64 PyTorch; checks its workspace against cuDNN's Get. Returns the failures."""
     geom = ConvGeometry.from_module(conv, case.input_shape, case.dtype)
     dt = geom.torch_dtype
     torch.manual_seed(1)
@@ -120,32 +149,27 @@ def test_every_working_algorithm_matches_pytorch(case: Case, fp32_strict: None) 
 
     fastest = _fastest(prof)
     failures: list[str] = []
-    for pass_ in PASSES:
-        rows = [a for a in prof.algos if a.pass_ == pass_]
-        ids = [a.algo for a in rows]
-        assert len(ids) == len(set(ids)), f"{pass_}: an algorithm listed twice: {ids}"
-        assert set(range(len(ALGO_NAMES[pass_]))) == set(ids), f"{pass_}: algorithms dropped or invented: {ids}"
-        working = [a for a in rows if a.status == "ok"]
-        assert working, f"{pass_}: no working algorithm"
-        for a in rows:
-            assert (a.ms is not None) == (a.status == "ok")
-        for a in working:
-            assert a.ms is not None and a.ms > 0
-            ws = workspace_bytes(geom, pass_, a.algo, a.math_type)
-            assert ws == a.workspace_bytes, f"{pass_} {a.name}: Find said {a.workspace_bytes} B, Get says {ws} B"
-            picks = [a if p == pass_ else fastest[p] for p in PASSES]
-            choice = AlgoChoice(*(b.algo for b in picks), *(b.math_type for b in picks))
-            xg = x.clone().requires_grad_(True)
-            wg = w.clone().requires_grad_(True)
-            y = CudnnConv2dFunction.apply(xg, wg, *args, choice)
-            dx, dw = torch.autograd.grad(y, (xg, wg), dy)
-            got, ref = {"fwd": (y, y_ref), "bwd_data": (dx, dx_ref), "bwd_filter": (dw, dw_ref)}[pass_]
-            assert got.dtype == dt
-            err, tol = _rel_err(got, ref), _tolerance(case.dtype, a)
-            print(f"  {pass_:10s} {a.name:22s} math {a.math_type} error {err:.2e} (tolerance {tol:.0e})")
-            if not err <= tol:
-                failures.append(f"{pass_} {a.name} (math {a.math_type}): error {err:.3e} > {tol:.0e}")
-    assert not failures, "\n".join(failures)
+    for a in rows:
+        if a.status != "ok":
+            continue
+        pass_ = a.pass_
+        assert a.ms is not None and a.ms > 0
+        ws = split_workspace_bytes(geom, pass_, a.algo, a.math_type, a.split)
+        assert ws == a.workspace_bytes, f"{pass_} {a.name}: the table says {a.workspace_bytes} B, Get says {ws} B"
+        picks = [a if p == pass_ else fastest[p] for p in PASSES]
+        choice = AlgoChoice(*(b.algo for b in picks), *(b.math_type for b in picks), *(b.split for b in picks))
+        xg = x.clone().requires_grad_(True)
+        wg = w.clone().requires_grad_(True)
+        y = CudnnConv2dFunction.apply(xg, wg, *args, choice)
+        dx, dw = torch.autograd.grad(y, (xg, wg), dy)
+        got, ref = {"fwd": (y, y_ref), "bwd_data": (dx, dx_ref), "bwd_filter": (dw, dw_ref)}[pass_]
+        assert got.dtype == dt
+        err, tol = _rel_err(got, ref), _tolerance(case.dtype, a)
+        label = a.name + (f" x{a.split}" if a.split > 1 else "")
+        print(f"  {pass_:10s} {label:26s} math {a.math_type} error {err:.2e} (tolerance {tol:.0e})")
+        if not err <= tol:
+            failures.append(f"{pass_} {label} (math {a.math_type}): error {err:.3e} > {tol:.0e}")
+    return failures
 
 
 def test_fp32_without_tf32_uses_fma_only(fp32_strict: None) -> None:
@@ -232,13 +256,26 @@ def test_planned_convs_give_the_unplanned_gradients(dtype: str, fp32_strict: Non
 
     want = step(model)
     tol = 3e-2 if dtype == "bfloat16" else 1e-4
-    for rule in ("fastest", "memory_optimal"):
-        plan = Plan.uniform(prof.n_stages, conv_rule=rule)
+    # every pass in the largest split the profile measured for it, where it measured one (NOTE [ Batch split ])
+    chunked: dict[str, ConvChoice] = {}
+    for s in prof.stages:
+        for c in s.convs:
+            picks = {}
+            for p in PASSES:
+                rows = [a for a in c.algos if a.pass_ == p and a.status == "ok"]
+                picks[p] = max(rows, key=lambda a: (a.split, -(a.ms or 0.0)))
+            chunked[f"{s.index}.{c.name}"] = ConvChoice(
+                **{p: a.algo for p, a in picks.items()}, **{f"{p}_split": a.split for p, a in picks.items()}
+            )
+    assert any(v.fwd_split > 1 or v.bwd_data_split > 1 or v.bwd_filter_split > 1 for v in chunked.values())
+    plans = {rule: Plan.uniform(prof.n_stages, conv_rule=rule) for rule in ("fastest", "memory_optimal")}
+    plans["split"] = Plan.uniform(prof.n_stages, conv_algos=chunked)
+    for name, plan in plans.items():
         with apply_conv_choices(chain, plan, prof) as swapped:
             assert sorted(swapped) == sorted(keys)
             got = step(chain.as_sequential())
         for g, r in zip(got, want, strict=True):
-            assert _rel_err(g, r.double()) <= tol, rule
+            assert _rel_err(g, r.double()) <= tol, name
 
 
 def test_stage_convs_see_the_real_input_shapes() -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from profiler.profile import ConvAlgo, ConvProfile, Profile
+from tuner.conv_choice import working_algos
 from tuner.plan import Action, ConvChoice, Plan
 from tuner.policies.vdnn import vdnn_all, vdnn_conv
 from tuner.simulator import Simulator
@@ -56,7 +57,7 @@ def algo_ladder(algos: tuple[ConvAlgo, ...], pass_: str) -> tuple[ConvAlgo, ...]
     (the least workspace, the fastest among equals).
     """
     usable = sorted(
-        (a for a in algos if a.pass_ == pass_ and a.status == "ok" and a.ms is not None),
+        working_algos(algos, pass_),
         key=lambda a: (a.ms, a.workspace_bytes, a.algo),
     )
     ladder: list[ConvAlgo] = []

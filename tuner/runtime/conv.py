@@ -35,17 +35,8 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from torch.nn.grad import conv2d_input, conv2d_weight
 
 from profiler.chain import ModelChain, Stage, conv_modules, flatten
-from profiler.cudnn import (
-    ConvGeometry,
-    algo_name,
-    conv_backward_data,
-    conv_backward_filter,
-    conv_forward,
-    cudnn_available,
-    load_cudnn,
-    module_padding,
-    workspace_bytes,
-)
+from profiler.conv_split import batch_chunks, run_split, split_workspace_bytes
+from profiler.cudnn import ConvGeometry, algo_name, cudnn_available, load_cudnn, module_padding
 from profiler.errors import ProfilerError
 from profiler.profile import ConvProfile, Profile
 from tuner.conv_choice import ConvTriple, choose_algorithms
@@ -60,7 +51,8 @@ _fallback_warned = False
 
 @dataclass(frozen=True)
 class AlgoChoice:
-    """Algorithm ids (``cudnnConvolution*Algo_t``) and math types (``cudnnMathType_t``) of the three passes."""
+    """Algorithm ids (``cudnnConvolution*Algo_t``), math types (``cudnnMathType_t``) and batch splits (NOTE
+    [ Batch split ] in ``profiler.conv_split``) of the three passes."""
 
     fwd: int
     bwd_data: int
@@ -68,6 +60,9 @@ class AlgoChoice:
     fwd_math: int = 0
     bwd_data_math: int = 0
     bwd_filter_math: int = 0
+    fwd_split: int = 1
+    bwd_data_split: int = 1
+    bwd_filter_split: int = 1
 
     @classmethod
     def from_triple(cls, triple: ConvTriple) -> AlgoChoice:
@@ -79,12 +74,21 @@ class AlgoChoice:
             triple.fwd.math_type,
             triple.bwd_data.math_type,
             triple.bwd_filter.math_type,
+            triple.fwd.split,
+            triple.bwd_data.split,
+            triple.bwd_filter.split,
         )
 
     def describe(self) -> str:
-        return (
-            f"fwd {algo_name('fwd', self.fwd)}, bwd_data {algo_name('bwd_data', self.bwd_data)}, "
-            f"bwd_filter {algo_name('bwd_filter', self.bwd_filter)}"
+        def one(pass_: str, algo: int, split: int) -> str:
+            return f"{pass_} {algo_name(pass_, algo)}" + (f" in {split} chunks" if split > 1 else "")  # type: ignore[arg-type]
+
+        return ", ".join(
+            (
+                one("fwd", self.fwd, self.fwd_split),
+                one("bwd_data", self.bwd_data, self.bwd_data_split),
+                one("bwd_filter", self.bwd_filter, self.bwd_filter_split),
+            )
         )
 
 
@@ -122,7 +126,8 @@ class CudnnConv2dFunction(torch.autograd.Function):
     ``apply(x, weight, stride, padding, dilation, groups, choice)``: ``x`` NCHW and ``weight`` of one dtype
     (fp32, bf16, fp16, fp64); ``padding`` symmetric zero padding ``(ph, pw)``; ``choice`` an ``AlgoChoice``.
     Forward runs ``choice.fwd``; backward runs ``choice.bwd_data`` for the input gradient and
-    ``choice.bwd_filter`` for the weight gradient, each only when needed, each at its math type.
+    ``choice.bwd_filter`` for the weight gradient, each only when needed, each at its math type and in its
+    number of batch chunks. The framework's fallback runs the same chunks, so CPU tests check their math.
     """
 
     @staticmethod
@@ -147,10 +152,16 @@ class CudnnConv2dFunction(torch.autograd.Function):
         geom: ConvGeometry | None = None
         if reason is None:
             geom = ConvGeometry.of(x.shape, w.shape, stride, padding, dilation, groups, x.dtype)
-            y = conv_forward(x, w, geom, choice.fwd, choice.fwd_math)
+            y = torch.empty(geom.output_shape, dtype=x.dtype, device=x.device)
+            run_split("fwd", geom, x, w, y, choice.fwd, choice.fwd_math, choice.fwd_split)
         else:
             _warn_fallback(reason)
-            y = F.conv2d(x, w, None, stride, padding, dilation, groups)
+            y = torch.cat(
+                [
+                    F.conv2d(x[s:e], w, None, stride, padding, dilation, groups)
+                    for s, e in batch_chunks(x.shape[0], choice.fwd_split)
+                ]
+            )
         ctx.save_for_backward(x, w)
         c: Any = ctx
         c.geom, c.settings, c.choice = geom, (stride, padding, dilation, groups), choice
@@ -163,20 +174,47 @@ class CudnnConv2dFunction(torch.autograd.Function):
         dy = grad_out.contiguous()
         geom: ConvGeometry | None = ctx.geom
         choice: AlgoChoice = ctx.choice
-        stride, padding, dilation, groups = ctx.settings
         dx = dw = None
-        ws = _backward_workspace(geom, choice, ctx.needs_input_grad[:2], dy.device) if geom is not None else None
+        if geom is None:
+            dx, dw = _fallback_backward(x, w, dy, ctx.settings, choice, ctx.needs_input_grad)
+            return dx, dw, None, None, None, None, None
+        ws = _backward_workspace(geom, choice, ctx.needs_input_grad[:2], dy.device)
         if ctx.needs_input_grad[0]:
-            if geom is not None:
-                dx = conv_backward_data(w, dy, geom, choice.bwd_data, choice.bwd_data_math, ws)
-            else:
-                dx = conv2d_input(x.shape, w, dy, stride, padding, dilation, groups)
+            dx = torch.empty_like(x)
+            run_split("bwd_data", geom, w, dy, dx, choice.bwd_data, choice.bwd_data_math, choice.bwd_data_split, ws)
         if ctx.needs_input_grad[1]:
-            if geom is not None:
-                dw = conv_backward_filter(x, dy, geom, choice.bwd_filter, choice.bwd_filter_math, ws)
-            else:
-                dw = conv2d_weight(x, w.shape, dy, stride, padding, dilation, groups)
+            dw = torch.empty_like(w)
+            run_split(
+                "bwd_filter", geom, x, dy, dw, choice.bwd_filter, choice.bwd_filter_math, choice.bwd_filter_split, ws
+            )
         return dx, dw, None, None, None, None, None
+
+
+def _fallback_backward(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    dy: torch.Tensor,
+    settings: tuple[tuple[int, int], tuple[int, int], tuple[int, int], int],
+    choice: AlgoChoice,
+    needs: tuple[bool, ...],
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """PyTorch's own input and weight gradients, in the chunks ``choice`` runs (NOTE [ Batch split ])."""
+    stride, padding, dilation, groups = settings
+    dx = dw = None
+    if needs[0]:
+        dx = torch.cat(
+            [
+                conv2d_input(x[s:e].shape, w, dy[s:e], stride, padding, dilation, groups)
+                for s, e in batch_chunks(x.shape[0], choice.bwd_data_split)
+            ]
+        )
+    if needs[1]:
+        parts = [
+            conv2d_weight(x[s:e], w.shape, dy[s:e], stride, padding, dilation, groups)
+            for s, e in batch_chunks(x.shape[0], choice.bwd_filter_split)
+        ]
+        dw = torch.stack(parts).sum(0) if len(parts) > 1 else parts[0]
+    return dx, dw
 
 
 def _backward_workspace(
@@ -195,9 +233,17 @@ def _backward_workspace(
     """
     sizes = []
     if needs[0]:
-        sizes.append(workspace_bytes(geom, "bwd_data", choice.bwd_data, choice.bwd_data_math, device))
+        sizes.append(
+            split_workspace_bytes(
+                geom, "bwd_data", choice.bwd_data, choice.bwd_data_math, choice.bwd_data_split, device
+            )
+        )
     if needs[1]:
-        sizes.append(workspace_bytes(geom, "bwd_filter", choice.bwd_filter, choice.bwd_filter_math, device))
+        sizes.append(
+            split_workspace_bytes(
+                geom, "bwd_filter", choice.bwd_filter, choice.bwd_filter_math, choice.bwd_filter_split, device
+            )
+        )
     size = max(sizes, default=0)
     return torch.empty(size, dtype=torch.uint8, device=device) if size else None
 
