@@ -17,10 +17,15 @@ Chunks are ``ceil(N / split)`` rows, the last smaller (``batch_chunks``). ``enum
 run of every algorithm that could gain from one (workspace above the pass's memory-optimal algorithm's, and
 faster than it), for each split of ``DEFAULT_SPLITS`` up to the batch, timing the whole pass (every chunk and
 the additions) as NOTE [ Algorithm timing ] times one call. The table's row keeps ``split``; its ``ms`` is the
-whole pass, its ``workspace_bytes`` one chunk's (``cudnnGet*WorkspaceSize`` at the chunk's shape). Larger splits
-of an algorithm are not measured once its workspace stops shrinking or it is no faster than the memory-optimal
-one. Only the ``fastest_within`` rule and explicit overrides pick split runs (NOTE [ Convolution choice ]); the
-runtime (``tuner.runtime.conv``) runs them with ``run_split``.
+whole pass, its ``workspace_bytes`` one chunk's (``cudnnGet*WorkspaceSize`` at the chunk's shape). A split whose
+workspace is no less than a smaller split's is skipped; larger splits of an algorithm are not measured once one
+needs no workspace or is no faster than the pass's memory-optimal algorithm. Only the ``fastest_within`` rule
+and explicit overrides pick split runs (NOTE [ Convolution choice ]); the runtime (``tuner.runtime.conv``) runs
+them with ``run_split``.
+
+On the H200 (cuDNN 9.19, fp32) IMPLICIT_PRECOMP_GEMM's workspace is proportional to the chunk: 6272 MiB at 256
+rows for VGG-16's second convolution, 784 MiB at 32, 98 MiB at 4; FFT_TILING's is not (289 MiB at 256, 85 at 64,
+18 at 1).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ __all__ = [
     "chunk_geometry",
     "conv_geometry",
     "enumerate_splits",
+    "memory_optimal",
     "profile_with_splits",
     "run_split",
     "split_candidates",
@@ -154,14 +160,22 @@ def _working(conv: ConvProfile, pass_: Pass) -> list[ConvAlgo]:
     return [a for a in conv.algos if a.pass_ == pass_ and a.status == "ok" and a.ms is not None and a.split == 1]
 
 
+def memory_optimal(conv: ConvProfile, pass_: Pass) -> ConvAlgo | None:
+    """The unsplit algorithm of ``pass_`` with the least workspace, the fastest among equals; None if none works."""
+    return min(_working(conv, pass_), key=lambda a: (a.workspace_bytes, a.ms or 0.0), default=None)
+
+
 def split_candidates(conv: ConvProfile, pass_: Pass) -> list[ConvAlgo]:
     """The unsplit algorithms of ``pass_`` a split could make worth having: more workspace than the pass's
     memory-optimal algorithm and faster than it."""
-    working = _working(conv, pass_)
-    if not working:
+    lean = memory_optimal(conv, pass_)
+    if lean is None:
         return []
-    lean = min(working, key=lambda a: (a.workspace_bytes, a.ms or 0.0))
-    return [a for a in working if a.workspace_bytes > lean.workspace_bytes and (a.ms or 0.0) < (lean.ms or 0.0)]
+    return [
+        a
+        for a in _working(conv, pass_)
+        if a.workspace_bytes > lean.workspace_bytes and (a.ms or 0.0) < (lean.ms or 0.0)
+    ]
 
 
 def enumerate_splits(
@@ -200,9 +214,9 @@ def enumerate_splits(
             "bwd_filter": (bufs["x"], bufs["dy"], bufs["dw"]),
         }
         for pass_ in PASSES:
-            lean_ms = min((a.ms or 0.0 for a in _working(conv, pass_)), default=0.0)
+            lean = memory_optimal(conv, pass_)
             for algo in split_candidates(conv, pass_):
-                rows.extend(_measure_algo(geom, pass_, algo, operands[pass_], splits, lean_ms, warmup, repeats, dev))
+                rows.extend(_measure_algo(geom, pass_, algo, operands[pass_], splits, lean, warmup, repeats, dev))
         del bufs, operands
     return conv.model_copy(update={"algos": tuple(a for a in conv.algos if a.split == 1) + tuple(rows)})
 
@@ -213,15 +227,17 @@ def _measure_algo(
     algo: ConvAlgo,
     operands: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     splits: Sequence[int],
-    lean_ms: float,
+    lean: ConvAlgo | None,
     warmup: int,
     repeats: int,
     dev: torch.device,
 ) -> list[ConvAlgo]:
-    """The split rows of one algorithm, smallest split first, until a split stops paying."""
+    """The split rows of one algorithm, smallest split first, until a split stops paying: it needs no workspace
+    or is no faster than ``lean``, the pass's memory-optimal algorithm."""
+    lean_ms = lean.ms or 0.0 if lean is not None else 0.0
     a, b, out = operands
     rows: list[ConvAlgo] = []
-    last_ws = algo.workspace_bytes
+    least_ws = algo.workspace_bytes
     for split in sorted(set(splits)):
         if split < 2 or split > geom.input_shape[0]:
             continue
@@ -231,8 +247,8 @@ def _measure_algo(
         except CudnnError:
             rows.append(ConvAlgo.model_validate({**row, "status": "unsupported"}))
             break
-        if ws >= last_ws:
-            break
+        if ws >= least_ws:
+            continue  # saves nothing over a smaller split
         try:
             workspace = torch.empty(ws, dtype=torch.uint8, device=dev) if ws else None
             ms: float | None = gpu_median_ms(
@@ -253,7 +269,7 @@ def _measure_algo(
                 }
             )
         )
-        last_ws = ws
+        least_ws = ws
         if ms is None or ms >= lean_ms or ws == 0:
             break
     return rows

@@ -35,7 +35,10 @@ cannot know the future) but stays on the GPU: a wasted copy, which the search le
 
 Convolution algorithms: ``conv_rule`` applies to every convolution (``default`` = the framework's
 choice, ``fastest``, ``memory_optimal``, ``fastest_within`` a workspace cap), ``conv_algos`` overrides
-single convolutions by key ``"<stage index>.<conv name>"`` (``"3."`` for a stage that is a conv).
+single convolutions by key ``"<stage index>.<conv name>"`` (``"3."`` for a stage that is a conv). A pass may
+run as several cuDNN calls on batch chunks, each with one chunk's workspace (NOTE [ Batch split ] in
+``profiler.conv_split``): ``fastest_within`` weighs the split runs the profile measured, an override names them
+with ``*_split``. The values are the unsplit convolution's (the weight gradient up to summation order).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+import profiler.conv_split as conv_split
 import tuner.runtime.conv as rconv
 from profiler.conv_split import batch_chunks, conv_geometry, split_candidates
 from profiler.cudnn import ConvGeometry, algo_name
@@ -135,10 +136,15 @@ def test_only_algorithms_faster_than_the_lean_one_and_hungrier_are_split() -> No
 
 
 # ---- choice ---------------------------------------------------------------------------------------------
+def _picked(limit_mib: int) -> tuple[int, int] | None:
+    a = select_algo(TABLE, "fwd", "fastest_within", limit_mib * MiB)
+    return None if a is None else (a.algo, a.split)
+
+
 def test_fastest_within_takes_the_fastest_split_that_fits() -> None:
-    assert (lambda a: (a.algo, a.split))(select_algo(TABLE, "fwd", "fastest_within", 2000 * MiB)) == (1, 4)
-    assert (lambda a: (a.algo, a.split))(select_algo(TABLE, "fwd", "fastest_within", 256 * MiB)) == (1, 32)
-    assert (lambda a: (a.algo, a.split))(select_algo(TABLE, "fwd", "fastest_within", 100 * MiB)) == (0, 1)
+    assert _picked(2000) == (1, 4)
+    assert _picked(256) == (1, 32)
+    assert _picked(100) == (0, 1)
 
 
 def test_vdnn_rules_stay_unsplit() -> None:
@@ -201,3 +207,26 @@ def test_chunked_fallback_gives_the_unsplit_values(
 def test_choice_says_its_chunks() -> None:
     text = AlgoChoice(1, 1, 0, fwd_split=32).describe()
     assert text == "fwd IMPLICIT_PRECOMP_GEMM in 32 chunks, bwd_data ALGO_1, bwd_filter ALGO_0"
+
+
+# ---- what gets measured (the GPU parts replaced) ---------------------------------------------------------
+def test_splits_are_measured_while_they_beat_the_memory_optimal_algorithm(monkeypatch: pytest.MonkeyPatch) -> None:
+    conv = _conv()
+    lean = conv_split.memory_optimal(conv, "fwd")
+    assert lean is not None and (lean.algo, lean.ms) == (0, 40.0)  # IMPLICIT_GEMM: no workspace, 40 ms
+    precomp = next(a for a in TABLE if (a.pass_, a.algo, a.split) == ("fwd", 1, 1))
+    geom = conv_geometry(conv)
+    monkeypatch.setattr(conv_split, "split_workspace_bytes", lambda g, p, a, m, split, dev: 6000 // split)
+    operands = (torch.empty(0), torch.empty(0), torch.empty(0))
+
+    def measure(cost: float) -> list[tuple[int, float | None, int]]:
+        monkeypatch.setattr(conv_split, "gpu_median_ms", lambda fn, w, r: cost * fn.args[-2])  # ms grows with split
+        splits = (2, 4, 8, 16, 32, 64)
+        rows = conv_split._measure_algo(geom, "fwd", precomp, operands, splits, lean, 1, 1, torch.device("cpu"))
+        return [(r.split, r.ms, r.workspace_bytes) for r in rows]
+
+    # every split is faster than the memory-optimal 40 ms, even when slower than the unsplit 7 ms
+    assert [s for s, _, _ in measure(0.5)] == [2, 4, 8, 16, 32, 64]
+    assert measure(0.5)[-1] == (64, 32.0, 93)
+    # a split as slow as the memory-optimal algorithm is recorded, and larger ones are not measured
+    assert measure(10.0) == [(2, 20.0, 3000), (4, 40.0, 1500)]
