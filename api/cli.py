@@ -546,24 +546,34 @@ def bench(
         err.print(f"--no-choice: the {prof.model} profile has no cuDNN algorithm tables; there is no choice to compare")
     plain_profile = prof.without_conv_algos() if no_choice and prof.has_conv_algos else None
 
+    #: (budget, plan) of every tuned plan found with algorithm choice and without, at the calibrated headroom: a
+    #: larger budget's search starts from those of smaller ones, which fit it too
+    found_at: list[tuple[int, Plan]] = []
+
+    def tuned(profile_: Profile, budget_bytes: int, h: float) -> Plan | None:
+        seeds = [p for b, p in found_at if b <= budget_bytes] if h == calibrated else []
+        found = run_tune(profile_, budget_bytes, trials=trials, headroom=h, seeds=seeds).best
+        if found is None:
+            return None
+        if h == calibrated:
+            found_at.append((budget_bytes, found.plan))
+        return found.plan
+
     def tuned_without_choice(budget_bytes: int, h: float) -> Plan | None:
         """The best plan without algorithm choice (``--no-choice``), or None (not asked, or nothing fits)."""
-        if plain_profile is None:
-            return None
-        found = run_tune(plain_profile, budget_bytes, trials=trials, headroom=h).best
-        return found.plan if found is not None else None
+        return None if plain_profile is None else tuned(plain_profile, budget_bytes, h)
 
     for h in sorted({calibrated, *headrooms}):
-        best = run_tune(prof, main_budget, trials=trials, headroom=h).best
+        plain = tuned_without_choice(main_budget, h)  # first: a seed of the joint search
+        best = tuned(prof, main_budget, h)
         if best is not None:
-            knobs = f"{best.plan.sync}, la {best.plan.prefetch_lookahead}, {best.plan.conv_rule}"
-            plans.append((f"tuned (headroom {h:.0%}; {knobs})", "tuned", best.plan))
-            plain = tuned_without_choice(main_budget, h)
+            knobs = f"{best.sync}, la {best.prefetch_lookahead}, {best.conv_rule}"
+            plans.append((f"tuned (headroom {h:.0%}; {knobs})", "tuned", best))
             if plain is not None:
                 plans.append((f"tuned (headroom {h:.0%}), no algorithm choice", "tuned", plain))
             if variants:
-                plans.append((f"tuned {h:.0%}, sync layer", "variant", best.plan.with_(sync="layer")))
-                plans.append((f"tuned {h:.0%}, lookahead 8", "variant", best.plan.with_(prefetch_lookahead=8)))
+                plans.append((f"tuned {h:.0%}, sync layer", "variant", best.with_(sync="layer")))
+                plans.append((f"tuned {h:.0%}, lookahead 8", "variant", best.with_(prefetch_lookahead=8)))
     if variants:
         every = Plan.uniform(prof.n_stages, Action.OFFLOAD, label="all offload")
         plans += [
@@ -633,15 +643,15 @@ def bench(
         on_row=save,
         chain_factory=factory,
     )
-    for frac in fractions:
+    for frac in sorted(fractions):
         b = int(frac * base_peak)
-        found = run_tune(prof, b, trials=trials, headroom=calibrated).best
+        plain = tuned_without_choice(b, calibrated)
+        found = tuned(prof, b, calibrated)
         at_budget = []
         if found is None:
             err.print(f"  no plan fits {frac:.0%} of the peak ({format_bytes(b)})")
         else:
-            at_budget.append((f"tuned@{frac:.0%} (headroom {calibrated:.0%})", "tuned", found.plan))
-        plain = tuned_without_choice(b, calibrated)
+            at_budget.append((f"tuned@{frac:.0%} (headroom {calibrated:.0%})", "tuned", found))
         if plain is not None:
             at_budget.append((f"tuned@{frac:.0%}, no algorithm choice", "tuned", plain))
         elif plain_profile is not None:

@@ -453,11 +453,16 @@ def _plan_key(c: Candidate) -> str:
 
 
 def _placed(
-    profile: Profile, feasible: list[Candidate], policies: list[Candidate], cap: int, optimizer: str
+    profile: Profile,
+    feasible: list[Candidate],
+    policies: list[Candidate],
+    cap: int,
+    optimizer: str,
+    seeded: Sequence[Candidate] = (),
 ) -> dict[str, Candidate]:
     """The ``_PLACED`` fastest distinct feasible plans, the feasible time-memory front, every feasible
-    baseline, and the same fastest plans and front among the plans without algorithm choice, by plan, each with
-    its predicted allocator cost under ``cap`` folded into ``step_ms``.
+    baseline and seeded trial, and the same fastest plans and front among the plans without algorithm choice, by
+    plan, each with its predicted allocator cost under ``cap`` folded into ``step_ms``.
 
     # NOTE [ Placement ranking ]
     The simulator's step assumes every request finds room. Under the budget's cap a plan whose free memory
@@ -469,8 +474,8 @@ def _placed(
     simulator (the model costs milliseconds per plan, the simulator microseconds). The fastest plans of a
     search are often near-copies of one plan with the same fragmentation, so the feasible time-memory front
     (plans that use less memory for more time) joins them: a plan a little slower in the simulator but leaner
-    may not retry. Every feasible baseline joins too, so the result is still never worse than the best of
-    them by the same measure.
+    may not retry. Every feasible baseline and seeded trial joins too, so the result is still never worse than
+    the best of them by the same measure.
     """
     seen: set[str] = set()
     picked: list[Candidate] = []
@@ -480,6 +485,7 @@ def _placed(
         (fastest, _PLACED),
         (pareto_front(feasible), _PLACED),
         (policies, len(policies)),
+        (seeded, len(seeded)),
         (framework, _PLACED),
         (pareto_front(framework), _PLACED),
     )
@@ -521,6 +527,7 @@ def tune(
     should_stop: Callable[[], bool] | None = None,
     headroom: float = 0.0,
     placement: bool = True,
+    seeds: Sequence[Plan] = (),
 ) -> TuneResult:
     """Search plans for ``profile`` within ``budget_bytes``. See NOTE [ Search space ].
 
@@ -540,6 +547,9 @@ def tune(
         placement: rank the fastest feasible plans by their step plus the allocator retries they are
             predicted to pay under the budget (NOTE [ Placement ranking ]), where the GPU type's calibration
             prices retries; False keeps the simulator's step alone.
+        seeds: plans enqueued as first trials beside the baselines, e.g. the best plan of a tighter budget, which
+            fits this one too (a sweep's searches then never get worse with more memory). Their actions and knobs
+            are taken; per-convolution overrides (``conv_algos``) are outside the search space and dropped.
 
     Returns:
         A ``TuneResult``: unconstrained step, every baseline, the best plan and the Pareto front.
@@ -589,6 +599,13 @@ def tune(
             if key not in seen:
                 seen.add(key)
                 study.enqueue_trial(params, user_attrs={"policy": c.name})
+        for plan in seeds:
+            plan.check(profile)
+            params = _params_for(plan, search.has_conv_algos)
+            key = repr(sorted(params.items()))
+            if key not in seen:
+                seen.add(key)
+                study.enqueue_trial(params, user_attrs={"policy": "seed"})
         if search.has_conv_algos and trials >= 4 * _PRE_TRIALS_MIN:
             # NOTE [ Rule basins ]: a short search without algorithm choice first; its best starts this one
             pre = tune(
@@ -648,7 +665,8 @@ def tune(
     feasible = [c for c in cands if c.feasible] + [c for c in policies if c.feasible]
     priced = placement and calibration_for(profile.device.key).remap_ms_per_gib is not None
     if feasible and priced:
-        placed = _placed(profile, feasible, policies, requested_budget, optimizer)
+        seeded = [c for t, c in zip(done_trials, cands, strict=True) if t.user_attrs.get("policy") == "seed"]
+        placed = _placed(profile, feasible, policies, requested_budget, optimizer, seeded)
         feasible = [c for c in placed.values() if c.feasible]
         policies = [
             dataclasses.replace(placed[k], name=c.name) if (k := _plan_key(c)) in placed else c for c in policies
