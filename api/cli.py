@@ -594,6 +594,8 @@ def bench(
                         "dtype": dtype,
                         "device": ident.model_dump(),
                         "unconstrained_simulated_peak_bytes": base_peak,
+                        # NOTE [ Batch split ]: what fastest_within could choose (benchmarks.retry_cost.read_run)
+                        "profile_split_rows": prof.has_split_rows,
                         "rows": [r.to_dict() for r in done],
                     },
                     indent=1,

@@ -50,14 +50,18 @@ class RetryRow:
 
 
 def read_run(path: Path) -> tuple[dict[str, Any], Profile]:
-    """A ``memtune bench --json-out`` file and the committed H200 profile its rows ran."""
+    """A ``memtune bench --json-out`` file and the committed H200 profile its rows ran.
+
+    A run whose file does not say ``profile_split_rows`` ran before profiles had batch-split rows (NOTE [ Batch
+    split ]); it gets the profile without them, so its ``fastest_within`` plans resolve as they ran."""
     try:
         run = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise SystemExit(f"{path}: cannot read a bench JSON ({exc})") from exc
     if not isinstance(run, dict) or not {"model", "batch", "dtype", "rows"} <= run.keys():
         raise SystemExit(f"{path}: not a `memtune bench --json-out` file (needs model, batch, dtype and rows)")
-    return run, resolve_profile(build(run["model"], {}), run["batch"], run["dtype"], "h200")
+    profile = resolve_profile(build(run["model"], {}), run["batch"], run["dtype"], "h200")
+    return run, profile if run.get("profile_split_rows") else profile.without_splits()
 
 
 def rows_of(path: Path, steps: int = 8, warmup: int = 2, compute_scale: float | None = None) -> list[RetryRow]:

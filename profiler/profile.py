@@ -234,6 +234,30 @@ class Profile(_Frozen):
         """Whether any convolution carries a cuDNN algorithm table (the search can then choose algorithms)."""
         return any(c.algos for s in self.stages for c in s.convs)
 
+    @property
+    def has_split_rows(self) -> bool:
+        """Whether any algorithm table lists batch-split runs (NOTE [ Batch split ] in ``profiler.conv_split``)."""
+        return any(a.split > 1 for s in self.stages for c in s.convs for a in c.algos)
+
+    def without_splits(self) -> Profile:
+        """The same profile with the batch-split rows of its algorithm tables removed (as profiles were before
+        they were measured: ``fastest_within`` then means what it meant to runs of that time)."""
+        return self.model_copy(
+            update={
+                "stages": tuple(
+                    s.model_copy(
+                        update={
+                            "convs": tuple(
+                                c.model_copy(update={"algos": tuple(a for a in c.algos if a.split == 1)})
+                                for c in s.convs
+                            )
+                        }
+                    )
+                    for s in self.stages
+                )
+            }
+        )
+
     def without_conv_algos(self) -> Profile:
         """The same profile with its convolution algorithm tables removed: convolutions keep the framework's
         algorithms and workspaces, so a search on it has no algorithm choice."""

@@ -230,3 +230,12 @@ def test_splits_are_measured_while_they_beat_the_memory_optimal_algorithm(monkey
     assert measure(0.5)[-1] == (64, 32.0, 93)
     # a split as slow as the memory-optimal algorithm is recorded, and larger ones are not measured
     assert measure(10.0) == [(2, 20.0, 3000), (4, 40.0, 1500)]
+
+
+def test_a_profile_without_its_split_rows_resolves_as_before_they_existed() -> None:
+    prof = _profile(_conv())
+    plain = prof.without_splits()
+    assert prof.has_split_rows and not plain.has_split_rows
+    plan = Plan.uniform(1, conv_rule="fastest_within", conv_workspace_limit_bytes=256 * MiB)
+    assert choose_algorithms(prof, plan)["0."].fwd.split == 32
+    assert (lambda t: (t.fwd.algo, t.fwd.split))(choose_algorithms(plan=plan, profile=plain)["0."]) == (0, 1)
