@@ -6,7 +6,8 @@ For VGG-16 and ResNet-50 at batch 256 (fp32, committed H200 profiles with cuDNN 
 budget sweep (fractions of the unconstrained simulated peak), ``tune`` runs twice: on the profile as it is
 (the search picks a convolution rule and workspace cap too), and on the same profile without algorithm
 tables (convolutions keep the framework's algorithms and workspaces). Also vDNN's static policies with
-memory-optimal (``_m``) and performance-optimal (``_p``) algorithms. All numbers are simulated.
+memory-optimal (``_m``) and performance-optimal (``_p``) algorithms. All numbers are simulated. As in ``memtune
+bench``, the joint search is seeded with the best plan without algorithm choice (``tune(seeds=...)``).
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def main() -> None:
         peak = simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes
         for frac in FRACTIONS:
             budget = int(frac * peak)
-            joint = tune(prof, budget, trials=args.trials).best
             base = tune(plain, budget, trials=args.trials).best
+            # as `memtune bench` does: the joint search starts from the plan without choice too (``seeds``)
+            joint = tune(prof, budget, trials=args.trials, seeds=[base.plan] if base else []).best
             j = f"{joint.step_ms:.1f}" if joint else "no plan fits"
             b = f"{base.step_ms:.1f}" if base else "no plan fits"
             gain = f"{(base.step_ms - joint.step_ms) / base.step_ms:+.1%}" if joint and base else "-"
