@@ -1,9 +1,10 @@
 """Where does a plan's measured memory part from the simulator's? A per-stage trace of both.
 
-    python scripts/memory_trace.py OUT_DIR model:batch:dtype:frac[:nochoice][:policy=NAME] ...
+    python scripts/memory_trace.py OUT_DIR model:batch:dtype:frac[:nochoice][:policy=NAME][:plan=FILE] ...
 
 For each configuration: tunes a plan at ``frac`` of the unconstrained simulated peak (with the calibrated
-headroom; ``nochoice`` drops the cuDNN algorithm tables first), or takes the baseline policy ``NAME``'s plan
+headroom; ``nochoice`` drops the cuDNN algorithm tables first), or takes the plan JSON in ``FILE`` (e.g. a bench row's
+``plan_json``), or the baseline policy ``NAME``'s plan
 at that budget, then runs it on CUDA twice, uncapped and
 under ``budget_guard(budget)``, recording at every stage boundary (forward pre-hooks of the stage modules,
 the runtime's backward pre-hooks) the bytes allocated and the peak since the previous boundary, beside the
@@ -147,7 +148,8 @@ def _install(pm: Any, tracer: Tracer) -> Callable[[], None]:
 def _dump_events(path: Path) -> None:
     """Write the recorded allocator events (device 0) as gzipped JSON rows ``[action, addr, size, stream]``."""
     snap = torch.cuda.memory._snapshot()
-    rows = [[e["action"], e["addr"], e["size"], e["stream"]] for e in snap["device_traces"][0]]
+    # .get: an "oom" event (a capped step that ran out of memory) has no address
+    rows = [[e["action"], e.get("addr"), e.get("size"), e.get("stream")] for e in snap["device_traces"][0]]
     with gzip.open(path, "wt") as f:
         json.dump({"retries": torch.cuda.memory_stats().get("num_alloc_retries", 0), "events": rows}, f)
     print(f"  {len(rows)} allocator events -> {path.name}", flush=True)
@@ -158,6 +160,7 @@ def run_config(out_dir: Path, cfg: str, history: bool) -> None:
     model, batch, dtype, frac = parts[0], int(parts[1]), parts[2], float(parts[3])
     nochoice = "nochoice" in parts[4:]
     policy = next((p.removeprefix("policy=") for p in parts[4:] if p.startswith("policy=")), None)
+    plan_file = next((Path(p.removeprefix("plan=")) for p in parts[4:] if p.startswith("plan=")), None)
     chain = build(model, {})
     prof = resolve_profile(chain, batch, dtype, "h200")
     if nochoice:
@@ -166,9 +169,11 @@ def run_config(out_dir: Path, cfg: str, history: bool) -> None:
     budget = int(frac * base_peak)
     headroom = calibration_for("h200").headroom
     record: dict[str, Any] = {"config": cfg, "budget_bytes": budget, "base_peak_bytes": base_peak}
-    name = cfg.replace(":", "-").replace("=", "-")
-    path = out_dir / f"trace-{name}.json"
-    if policy is not None:
+    name = ":".join(p for p in parts if not p.startswith("plan=")) + (f":{plan_file.stem}" if plan_file else "")
+    path = out_dir / f"trace-{name.replace(':', '-').replace('=', '-')}.json"
+    if plan_file is not None:
+        plan = Plan.model_validate_json(plan_file.read_text())
+    elif policy is not None:
         plan = run_policy(policy, prof, budget)
     else:
         best = tune(prof, budget, trials=300, headroom=headroom).best
