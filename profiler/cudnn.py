@@ -4,9 +4,9 @@
 convolution (``cudnnFindConvolution*AlgorithmEx`` on real buffers), times each working one with CUDA
 events (median of ``repeats`` after ``warmup``) and returns a ``ConvProfile`` whose table keeps the
 failed and unsupported algorithms too, with their status. ``enumerate_stage_convs`` does it for every
-``nn.Conv2d`` of a stage at the input shapes the stage really feeds them. ``conv_forward``,
-``conv_backward_data`` and ``conv_backward_filter`` run one chosen algorithm; ``tuner.runtime.conv``
-builds its autograd Function on them.
+``nn.Conv2d`` of a stage at the input shapes the stage really feeds them. ``run_pass`` runs one chosen
+algorithm; ``profiler.conv_split.run_split`` runs it in batch chunks, and ``tuner.runtime.conv`` builds its
+autograd Function on that.
 
 # NOTE [ cuDNN binding ]
 memtune talks to cuDNN's legacy convolution API, which cuDNN 9 still ships, through ctypes on the
@@ -81,9 +81,6 @@ __all__ = [
     "CudnnError",
     "Pass",
     "algo_name",
-    "conv_backward_data",
-    "conv_backward_filter",
-    "conv_forward",
     "cudnn_available",
     "cudnn_version",
     "enumerate_conv",
@@ -618,14 +615,6 @@ def _scalars(geom: ConvGeometry) -> tuple[ctypes.c_double | ctypes.c_float, ctyp
     return ctypes.c_float(1.0), ctypes.c_float(0.0)
 
 
-def _check_tensor(t: torch.Tensor, shape: tuple[int, ...], geom: ConvGeometry, what: str) -> None:
-    if tuple(t.shape) != shape or t.dtype != geom.torch_dtype or not t.is_cuda or not t.is_contiguous():
-        raise ValueError(
-            f"{what} must be a contiguous CUDA {geom.dtype} tensor of shape {shape} for {geom.describe()}; "
-            f"got {tuple(t.shape)} {t.dtype} on {t.device} (contiguous: {t.is_contiguous()})"
-        )
-
-
 def run_pass(
     pass_: Pass,
     geom: ConvGeometry,
@@ -707,56 +696,6 @@ def _run_on_device(
             po,
             context=ctx,
         )
-
-
-def conv_forward(x: torch.Tensor, w: torch.Tensor, geom: ConvGeometry, algo: int, math_type: int) -> torch.Tensor:
-    """``y = conv2d(x, w)`` (no bias) with forward algorithm ``algo`` at ``math_type``, on the current stream.
-
-    The workspace (``cudnnGetConvolutionForwardWorkspaceSize`` bytes) comes from PyTorch's allocator.
-    """
-    _check_tensor(x, geom.input_shape, geom, "input")
-    _check_tensor(w, geom.weight_shape, geom, "weight")
-    y = torch.empty(geom.output_shape, dtype=x.dtype, device=x.device)
-    run_pass("fwd", geom, x, w, y, algo, math_type)
-    return y
-
-
-def conv_backward_data(
-    w: torch.Tensor,
-    dy: torch.Tensor,
-    geom: ConvGeometry,
-    algo: int,
-    math_type: int,
-    workspace: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The input gradient ``dx`` with backward-data algorithm ``algo`` at ``math_type``.
-
-    ``workspace``: a uint8 CUDA tensor to use when it is large enough, else one is allocated.
-    """
-    _check_tensor(w, geom.weight_shape, geom, "weight")
-    _check_tensor(dy, geom.output_shape, geom, "output gradient")
-    dx = torch.empty(geom.input_shape, dtype=dy.dtype, device=dy.device)
-    run_pass("bwd_data", geom, w, dy, dx, algo, math_type, workspace)
-    return dx
-
-
-def conv_backward_filter(
-    x: torch.Tensor,
-    dy: torch.Tensor,
-    geom: ConvGeometry,
-    algo: int,
-    math_type: int,
-    workspace: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The weight gradient ``dw`` with backward-filter algorithm ``algo`` at ``math_type``.
-
-    ``workspace``: a uint8 CUDA tensor to use when it is large enough, else one is allocated.
-    """
-    _check_tensor(x, geom.input_shape, geom, "input")
-    _check_tensor(dy, geom.output_shape, geom, "output gradient")
-    dw = torch.empty(geom.weight_shape, dtype=dy.dtype, device=dy.device)
-    run_pass("bwd_filter", geom, x, dy, dw, algo, math_type, workspace)
-    return dw
 
 
 def workspace_bytes(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from api.cli import resolve_profile
 from profiler.chain import ModelChain
@@ -11,7 +15,7 @@ from profiler.zoo import build
 from tuner.plan import Plan
 from tuner.simulator import simulate
 
-__all__ = ["Config", "read_config"]
+__all__ = ["Config", "read_config", "rewrite_profiles"]
 
 
 @dataclass(frozen=True)
@@ -41,3 +45,26 @@ def read_config(text: str) -> Config:
     profile = resolve_profile(chain, int(batch_s), dtype, "h200")
     peak = simulate(profile, Plan.uniform(profile.n_stages)).peak_bytes
     return Config(model, int(batch_s), dtype, chain, profile, int(float(frac_s) * peak))
+
+
+def rewrite_profiles(usage: str, measure: Callable[[Profile], tuple[Profile, str]]) -> None:
+    """For each profile file named on the command line: check it is of this GPU's type, ``measure`` it into a new
+    profile and a summary line, write the new one in place, and print the line with the time it took.
+
+    Raises:
+        SystemExit: no file named (``usage`` is printed), or a profile of another GPU type.
+    """
+    from profiler.identity import cuda_identity
+
+    paths = [Path(p) for p in sys.argv[1:]]
+    if not paths:
+        raise SystemExit(usage)
+    here = cuda_identity().key
+    for path in paths:
+        started = time.monotonic()
+        prof = Profile.from_json(path.read_text())
+        if prof.device.key != here:
+            raise SystemExit(f"{path}: a {prof.device.key} profile, but this GPU is a {here}")
+        out, line = measure(prof)
+        out.save(path)
+        print(f"{path.name}: {line}, {time.monotonic() - started:.1f} s", flush=True)

@@ -11,24 +11,16 @@ existed have it already (``memtune profile --device cuda``).
 
 from __future__ import annotations
 
-import sys
-import time
-from pathlib import Path
-
 import torch
+from configs import rewrite_profiles
 
-from profiler.identity import cuda_identity
 from profiler.measure import chain_inline_backward_bytes
 from profiler.profile import Profile
 from profiler.zoo import build
 
 
-def measure_file(path: Path) -> list[int]:
-    """Measure and write one profile's inline transients; returns them (bytes per stage)."""
-    prof = Profile.from_json(path.read_text())
-    here = cuda_identity().key
-    if prof.device.key != here:
-        raise SystemExit(f"{path}: a {prof.device.key} profile, but this GPU is a {here}")
+def measure(prof: Profile) -> tuple[Profile, str]:
+    """``prof`` with every stage's inline transient measured (bytes), and a summary line."""
     chain = build(prof.model, prof.model_params)
     dev = torch.device("cuda")
     for stage in chain.stages:
@@ -36,23 +28,9 @@ def measure_file(path: Path) -> list[int]:
     values = chain_inline_backward_bytes(chain, prof.batch, prof.dtype, dev)
     del chain
     stages = tuple(s.model_copy(update={"backward_inline_bytes": v}) for s, v in zip(prof.stages, values, strict=True))
-    prof.model_copy(update={"stages": stages}).save(path)
-    return values
-
-
-def main() -> None:
-    paths = [Path(p) for p in sys.argv[1:]]
-    if not paths:
-        raise SystemExit(__doc__)
-    for path in paths:
-        started = time.monotonic()
-        values = measure_file(path)
-        print(
-            f"{path.name}: {len(values)} stages, largest {max(values) / 2**30:.2f} GiB, "
-            f"{time.monotonic() - started:.1f} s",
-            flush=True,
-        )
+    line = f"{len(values)} stages, largest {max(values) / 2**30:.2f} GiB"
+    return prof.model_copy(update={"stages": stages}), line
 
 
 if __name__ == "__main__":
-    main()
+    rewrite_profiles(__doc__ or "", measure)

@@ -10,37 +10,20 @@ rewritten in place. Profiles measured with ``conv_algos=True`` after this existe
 
 from __future__ import annotations
 
-import sys
-import time
-from pathlib import Path
+from configs import rewrite_profiles
 
 from profiler.conv_split import profile_with_splits
-from profiler.identity import cuda_identity
 from profiler.profile import Profile
 
 
-def measure_file(path: Path) -> int:
-    """Measure and write one profile's split runs; returns how many working ones it has."""
-    prof = Profile.from_json(path.read_text())
-    here = cuda_identity().key
-    if prof.device.key != here:
-        raise SystemExit(f"{path}: a {prof.device.key} profile, but this GPU is a {here}")
+def measure(prof: Profile) -> tuple[Profile, str]:
+    """``prof`` with the split runs of its convolutions measured, and a summary line."""
     if not prof.has_conv_algos:
-        raise SystemExit(f"{path}: no cuDNN algorithm tables to split (profile it with conv_algos=True)")
+        raise SystemExit(f"{prof.model}: no cuDNN algorithm tables to split (profile it with conv_algos=True)")
     out = profile_with_splits(prof, progress=lambda line: print(f"  {line}", flush=True))
-    out.save(path)
-    return sum(a.split > 1 and a.status == "ok" for s in out.stages for c in s.convs for a in c.algos)
-
-
-def main() -> None:
-    paths = [Path(p) for p in sys.argv[1:]]
-    if not paths:
-        raise SystemExit(__doc__)
-    for path in paths:
-        started = time.monotonic()
-        n = measure_file(path)
-        print(f"{path.name}: {n} working split runs, {time.monotonic() - started:.1f} s", flush=True)
+    n = sum(a.split > 1 and a.status == "ok" for s in out.stages for c in s.convs for a in c.algos)
+    return out, f"{n} working split runs"
 
 
 if __name__ == "__main__":
-    main()
+    rewrite_profiles(__doc__ or "", measure)

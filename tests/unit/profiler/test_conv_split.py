@@ -8,12 +8,14 @@ import warnings
 
 import pytest
 import torch
+from algo_tables import MiB
+from algo_tables import algo as _algo
 from torch import nn
 
 import profiler.conv_split as conv_split
 import tuner.runtime.conv as rconv
 from profiler.conv_split import batch_chunks, conv_geometry, split_candidates
-from profiler.cudnn import ConvGeometry, algo_name
+from profiler.cudnn import ConvGeometry
 from profiler.errors import ProfilerError
 from profiler.profile import ConvAlgo, ConvProfile, DeviceIdentity, Profile, StageProfile
 from tuner.conv_choice import choose_algorithms, select_algo
@@ -21,23 +23,6 @@ from tuner.errors import PlanError
 from tuner.plan import ConvChoice, Plan
 from tuner.runtime.conv import AlgoChoice, CudnnConv2dFunction
 from tuner.simulator import Simulator
-
-MiB = 1 << 20
-
-
-def _algo(pass_: str, algo: int, ms: float | None, ws_mib: float, split: int = 1, status: str = "ok") -> ConvAlgo:
-    return ConvAlgo.model_validate(
-        {
-            "pass": pass_,
-            "algo": algo,
-            "name": algo_name(pass_, algo),  # type: ignore[arg-type]
-            "ms": ms,
-            "workspace_bytes": int(ws_mib * MiB),
-            "status": status,
-            "split": split,
-        }
-    )
-
 
 #: like VGG-16's second conv: PRECOMP fast with a workspace that shrinks with the chunk, GEMM lean and slow
 TABLE = (

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from algo_tables import MiB
+from algo_tables import algo as _algo
 from torch import nn
 
 import profiler.cudnn as cudnn
@@ -20,8 +22,6 @@ from tuner.conv_choice import ConvTriple, choose_algorithms, conv_key, select_al
 from tuner.errors import PlanError
 from tuner.plan import ConvChoice, Plan
 from tuner.runtime.conv import AlgoChoice, ChosenConv2d, CudnnConv2dFunction, apply_conv_choices, cudnn_conv2d
-
-MiB = 1 << 20
 
 
 # ---- the binding's layout and names ----------------------------------------------------------------
@@ -151,20 +151,6 @@ def test_cpu_profile_refuses_conv_algos() -> None:
 
 
 # ---- plan -> algorithms -----------------------------------------------------------------------------
-def _algo(pass_: str, algo: int, ms: float | None, ws_mib: float, status: str = "ok", math: int = 0) -> ConvAlgo:
-    return ConvAlgo.model_validate(
-        {
-            "pass": pass_,
-            "algo": algo,
-            "name": cudnn.algo_name(pass_, algo),  # type: ignore[arg-type]
-            "ms": ms,
-            "workspace_bytes": int(ws_mib * MiB),
-            "math_type": math,
-            "status": status,
-        }
-    )
-
-
 #: a 64->64 3x3 conv like DESIGN's: PRECOMP fastest with a big workspace, FFT_TILING between, GEMM lean
 TABLE = (
     _algo("fwd", 0, 10.5, 0),
