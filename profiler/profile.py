@@ -64,7 +64,7 @@ class ConvAlgo(_Frozen):
     """One cuDNN algorithm for one convolution pass, as measured (or recorded as failed).
 
     ``split`` > 1 is the pass run as ``split`` calls on consecutive batch chunks (NOTE [ Batch split ] in
-    ``profiler.cudnn``): ``ms`` is then the whole pass (every chunk, measured back to back) and
+    ``profiler.conv_split``): ``ms`` is then the whole pass (every chunk, measured back to back) and
     ``workspace_bytes`` what one chunk's call needs.
     """
 

@@ -12,7 +12,7 @@ lists as working (status ``ok`` with a time):
 * ``fastest_within``: the fastest whose workspace is at most ``conv_workspace_limit_bytes``; when no
   algorithm of a pass fits the cap, the memory-optimal one (the cap cannot be met, the least is used).
   Only this rule also weighs the batch-split runs the profile measured (NOTE [ Batch split ] in
-  ``profiler.cudnn``): IMPLICIT_PRECOMP_GEMM in four chunks needs a quarter of its workspace at about the
+  ``profiler.conv_split``): IMPLICIT_PRECOMP_GEMM in four chunks needs a quarter of its workspace at about the
   same total time, so under a cap it is often far faster than the algorithm that fits unsplit. ``fastest``
   and ``memory_optimal`` are vDNN's performance- and memory-optimal algorithms and stay unsplit.
 

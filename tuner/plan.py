@@ -79,7 +79,7 @@ class Action(str, Enum):
 class ConvChoice(BaseModel):
     """An explicit cuDNN algorithm triple for one convolution (ids as in cudnnConvolution*Algo_t).
 
-    ``*_split``: the batch chunks that pass runs as (NOTE [ Batch split ] in ``profiler.cudnn``); 1 = one call.
+    ``*_split``: the batch chunks that pass runs as (NOTE [ Batch split ] in ``profiler.conv_split``); 1 = one call.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -36,7 +36,7 @@ from torch.nn.grad import conv2d_input, conv2d_weight
 
 from profiler.chain import ModelChain, Stage, conv_modules, flatten
 from profiler.conv_split import batch_chunks, run_split, split_workspace_bytes
-from profiler.cudnn import ConvGeometry, algo_name, cudnn_available, load_cudnn, module_padding
+from profiler.cudnn import ConvGeometry, Pass, algo_name, cudnn_available, load_cudnn, module_padding
 from profiler.errors import ProfilerError
 from profiler.profile import ConvProfile, Profile
 from tuner.conv_choice import ConvTriple, choose_algorithms
@@ -80,8 +80,8 @@ class AlgoChoice:
         )
 
     def describe(self) -> str:
-        def one(pass_: str, algo: int, split: int) -> str:
-            return f"{pass_} {algo_name(pass_, algo)}" + (f" in {split} chunks" if split > 1 else "")  # type: ignore[arg-type]
+        def one(pass_: Pass, algo: int, split: int) -> str:
+            return f"{pass_} {algo_name(pass_, algo)}" + (f" in {split} chunks" if split > 1 else "")
 
         return ", ".join(
             (
