@@ -30,6 +30,17 @@ on the H200 (``scripts/memory_trace.py … policy=vdnn_all_p``, 2026-11-21) a GP
 and ResNet-50 bf16 ``vdnn_all_m`` forward stages (4–19) took 21–32% less time than simulated, while every backward
 stage was within 3%. Treating every member alike keeps ``merge_storages`` exact.
 
+# NOTE [ Re-made copies ]
+A re-run makes a fresh tensor for everything its stages save, including a storage that is also kept or
+offloaded for a stage after the segment: the last stage's output when it saves it itself (a residual block
+ending in ``ReLU(inplace=True)``, which saves its result) and the next stage saves it as its input. The
+original serves the next stage; the re-run's copy serves the segment's own stages and lives from the re-run
+to the backward of its first saver in the segment. The simulator counted the storage once, under its kept
+or offloaded fate: on the H200 (``scripts/memory_trace.py resnet50:256:float32:0.4:plan=…``) the tuned
+plan's segment ``layer1.0``–``layer1.1`` peaked in ``layer1.1``'s backward at 8.72 GiB against 7.94
+simulated, one 784 MiB block output short, and the bench's run at that budget (8.41 GiB) ran out of memory
+allocating it. With the copy counted the stage is simulated at 8.71 GiB.
+
 The simulator is deterministic and pure Python. ``Simulator(profile)`` precomputes the per-profile
 tables once, so that ``run(plan)`` costs a few hundred microseconds for a 40-stage chain.
 """
@@ -419,6 +430,10 @@ class Simulator:
         release_at: list[list[int]] = [[] for _ in range(n)]
         need_at: list[list[int]] = [[] for _ in range(n)]
         remat_at: dict[int, list[int]] = {}
+        # second copies of kept or offloaded storages that a re-run makes for its own stages (by segment end),
+        # and the backward stage whose end frees them
+        copy_at_seg: dict[int, list[int]] = {}
+        copy_release_at: list[list[int]] = [[] for _ in range(n)]
         # NOTE [ Inline fetches ]: inline, a storage comes back at its first unpack and goes at its last, so a
         # storage that one stage's backward both needs and releases lives only while that stage's nodes use
         # it, one or two at a time: the stage holds its largest such storage, not their sum. Where the profile
@@ -456,6 +471,15 @@ class Simulator:
                 if savers:
                     remat_at.setdefault(max(seg_of[r] for r in savers), []).append(sid)
                     release_at[min(savers)].append(sid)
+            # NOTE [ Re-made copies ]
+            for sid, f in enumerate(fates):
+                p = tab.s_producer[sid]
+                if f.fate == "none" or p < 0 or seg_of[p] < 0:
+                    continue
+                inside = [r for r in tab.s_saved_by[sid] if seg_of[r] == seg_of[p]]
+                if inside:
+                    copy_at_seg.setdefault(seg_of[p], []).append(sid)
+                    copy_release_at[min(inside)].append(sid)
 
         recompute_ms = 0.0
         h2d_free = 0.0
@@ -521,10 +545,13 @@ class Simulator:
                     bstall[k] += ready[src] - t
                     t = ready[src]
                 remat = remat_at.get(k, ())
+                remade = copy_at_seg.get(k, ())
                 transient = max(out[i : k + 1])
-                ev((t, sum(s_bytes[sid] for sid in remat) + transient, f"recompute {i}..{k}"))
+                made = sum(s_bytes[sid] for sid in remat) + sum(s_bytes[sid] for sid in remade)
+                ev((t, made + transient, f"recompute {i}..{k}"))
                 if blk is not None:
                     blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in remat]
+                    blk += [("alloc", ("c", sid), s_bytes[sid]) for sid in remade]
                     blk += [("alloc", ("r", k), transient), ("free", ("r", k), transient)]
                 seg_ms = sum(fwd[i : k + 1])
                 t += seg_ms
@@ -542,7 +569,8 @@ class Simulator:
             ev((t, grad_in + self.pgrad[k] + ws_k + held, f"bwd {k} start"))
             t += bwd[k]
             released = [sid for sid in release_at[k] if sid not in local or not freed[sid]]
-            freed_now = ws_k + out[k] + held + sum(s_bytes[sid] for sid in released)
+            copies = copy_release_at[k]
+            freed_now = ws_k + out[k] + held + sum(s_bytes[sid] for sid in released) + sum(s_bytes[sid] for sid in copies)
             ev((t, -freed_now, f"bwd {k} end"))
             if blk is not None:
                 blk += [("alloc", ("inline", k), held), ("free", ("inline", k), held)] if held else []
@@ -552,6 +580,7 @@ class Simulator:
                 blk += [("free", ("wsb", k), ws_k)] if ws_k else []
                 blk += [("free", ("g", k), out[k])]
                 blk += [("free", ("s", sid), s_bytes[sid]) for sid in released]
+                blk += [("free", ("c", sid), s_bytes[sid]) for sid in copies]
 
         # ---- peak -------------------------------------------------------------------------------
         live = self.base

@@ -42,6 +42,7 @@ from profiler.chain import ModelChain, flatten
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan, segments
 from tuner.runtime.allocator import reserved_summary
+from tuner.runtime.conv import ChosenConv2d
 from tuner.runtime.errors import Phase, PlanOutOfMemoryError
 from tuner.runtime.offload import OffloadRuntime, OffloadStats, StepState
 from tuner.runtime.pool import HostPool
@@ -136,7 +137,8 @@ class PlannedModel(nn.Module):
         bad = [p for p in plan.sync_points if not 0 <= p < len(modules)]
         if bad:
             raise PlanError(f"sync_points {bad} are outside the stage range 0..{len(modules) - 1}")
-        if plan.conv_rule != "default" or plan.conv_algos:
+        swapped = any(isinstance(sub, ChosenConv2d) for m in modules for sub in m.modules())
+        if (plan.conv_rule != "default" or plan.conv_algos) and not swapped:
             warnings.warn(
                 f"plan {plan.label!r}: conv_rule {plan.conv_rule!r}/conv_algos are not applied by planned() "
                 "alone; run steps inside tuner.runtime.conv.apply_conv_choices(model, plan, profile) to use "

@@ -425,3 +425,18 @@ def test_apply_restores_on_error_and_checks_the_model(fresh_warning: None) -> No
     with pytest.raises(PlanError, match="differs from the profile"), apply_conv_choices(other, plan, WITH_TABLE):
         pass
     assert not isinstance(block.a, ChosenConv2d)
+
+
+def test_planned_warns_only_when_the_plan_s_algorithms_are_not_swapped_in(fresh_warning: None) -> None:
+    """planned() alone cannot run a plan's algorithms and says so; built inside apply_conv_choices it is silent."""
+    from tuner.runtime import planned
+
+    seq, _ = _model()
+    plan = Plan.uniform(3, conv_rule="fastest", conv_algos=OVERRIDE)
+    with pytest.warns(UserWarning, match="not applied by planned"):
+        planned(seq, plan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the CPU fallback's notice
+        with apply_conv_choices(seq, plan, WITH_TABLE):
+            warnings.simplefilter("error", UserWarning)
+            planned(seq, plan)

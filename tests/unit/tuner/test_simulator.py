@@ -261,3 +261,24 @@ def test_the_backward_transient_does_not_count_the_gradients_twice() -> None:
     peak = simulate(prof, POLICIES["checkpoint_sqrt"](prof, budget)).peak_bytes
     assert abs(peak - measured) / measured < 0.02, (peak / 2**30, measured / 2**30)
     assert by_stretch["bwd 4"] < by_stretch["bwd 5"]  # the pool's backward is not where it peaks
+
+
+def test_a_re_run_makes_its_own_copy_of_a_kept_storage() -> None:
+    """NOTE [ Re-made copies ]: stage 2 saves its own output (an in-place ReLU saves its result) and stage 3
+    keeps it as its input; re-running segment 1..2 makes a second copy for stage 2, freed after its backward."""
+    p = linear_chain(5)
+    x2 = p.storages[2]
+    p = p.model_copy(
+        update={"storages": (*p.storages[:2], x2.model_copy(update={"saved_by": (2, 3)}), *p.storages[3:])}
+    )
+    r = simulate(p, Plan.from_actions("krrkk"), timeline=True)
+    live = {label: b for _, b, label in r.timeline}
+    labels = [label for _, _, label in r.timeline]
+    at = labels.index("recompute 1..2")
+    made = r.timeline[at][1] - r.timeline[at - 1][1]
+    # x_1 (re-made for stage 2), the copy of x_2, and one output in flight
+    assert made == 3 * 100 * MiB
+    # stage 2's backward frees its output's gradient, x_1 and the copy: what stays is its parameters' gradient
+    assert live["bwd 2 end"] == r.timeline[at - 1][1] + 10 * MiB
+    plain = simulate(linear_chain(5), Plan.from_actions("krrkk"), timeline=True)
+    assert live["bwd 2 start"] - {label: b for _, b, label in plain.timeline}["bwd 2 start"] == 100 * MiB
