@@ -51,6 +51,7 @@ __all__ = [
     "inline_backward_bytes",
     "model_input",
     "profile",
+    "stage_workspaces",
     "time_stage",
 ]
 
@@ -171,9 +172,35 @@ def time_stage(
     fwd_ws = bwd_ws = 0
     inline: int | None = None
     if device.type == "cuda":
-        fwd_ws, bwd_ws = _workspaces(forward, fresh_input, grad_inputs(), device)
+        fwd_ws, bwd_ws = stage_workspaces(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
         inline = inline_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
     return StageTiming(statistics.median(fwd_times), statistics.median(bwd_times), fwd_ws, bwd_ws, inline)
+
+
+def stage_workspaces(
+    stage: Stage, x: torch.Tensor, *, input_needs_grad: bool, dtype: str = "float32"
+) -> tuple[int, int]:
+    """One stage's transient workspace of forward and of backward on CUDA input ``x``: the allocator's peak during
+    the pass minus the larger of what was allocated before and after it, bytes (NOTE [ Backward transient ] in
+    ``tuner.simulator`` reads the backward's)."""
+    device = x.device
+    if device.type != "cuda":
+        raise ProfilerError("stage_workspaces measures the CUDA allocator: give it a CUDA input")
+    leaf = x.detach()
+    needs_grad = input_needs_grad and leaf.is_floating_point()
+    if needs_grad:
+        leaf.requires_grad_(True)
+    params = [p for p in stage.module.parameters() if p.requires_grad]
+
+    def forward(inp: torch.Tensor) -> torch.Tensor:
+        with _autocast(device, dtype):
+            out = stage.module(inp)
+        if not isinstance(out, torch.Tensor):
+            raise ProfilerError(f"stage {stage.name} returned {type(out).__name__}, not a tensor")
+        return out
+
+    wrt: list[torch.Tensor] = [leaf] if needs_grad else []
+    return _workspaces(forward, leaf.clone, [*wrt, *params], device)
 
 
 def inline_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: bool, dtype: str = "float32") -> int:

@@ -141,6 +141,18 @@ class StageProfile(_Frozen):
         "at its first use and the output's gradient freed once used (NOTE [ Inline fetches ]); None where not "
         "measured",
     )
+    lean_forward_workspace_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="forward_workspace_bytes with every convolution of the stage run by its memory-optimal cuDNN "
+        "algorithms (NOTE [ Lean transients ] in tuner.simulator); None where not measured",
+    )
+    lean_backward_workspace_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="backward_workspace_bytes with every convolution of the stage run by its memory-optimal cuDNN "
+        "algorithms (NOTE [ Lean transients ] in tuner.simulator); None where not measured",
+    )
     flops: float = Field(default=0.0, ge=0, description="forward floating-point operations")
     convs: tuple[ConvProfile, ...] = ()
 

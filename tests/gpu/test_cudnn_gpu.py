@@ -304,3 +304,31 @@ def _print_table(title: str, prof: ConvProfile) -> None:
             f"  {a.pass_:10s} {a.algo} {a.name:22s} {a.status:11s} {ms} "
             f"{a.workspace_bytes / MiB:9.1f} MiB math {a.math_type} det {int(a.deterministic)}"
         )
+
+
+def test_lean_transients_are_measured_for_convolution_stages() -> None:
+    """NOTE [ Lean transients ]: each convolution stage measured with its memory-optimal algorithms; a stage that is
+    a convolution then holds no more than that algorithm's workspace (up to the allocator's 2 MiB rounding)."""
+    from profiler.measure import profile
+    from tuner.runtime.lean import measure_lean_transients
+
+    chain = _chain()
+    prof = profile(chain, 4, "float32", device="cuda", warmup=1, repeats=2, conv_algos=True)
+    lean = measure_lean_transients(chain, prof)
+    for s in lean.stages:
+        if not s.convs:
+            assert s.lean_forward_workspace_bytes is None and s.lean_backward_workspace_bytes is None
+            continue
+        assert s.lean_forward_workspace_bytes is not None and s.lean_backward_workspace_bytes is not None
+        if s.kind == "conv2d":
+            (conv,) = s.convs
+            fwd = select_algo(conv.algos, "fwd", "memory_optimal")
+            assert fwd is not None
+            assert s.lean_forward_workspace_bytes <= fwd.workspace_bytes + 2 * MiB
+        print(
+            s.name,
+            s.forward_workspace_bytes,
+            s.lean_forward_workspace_bytes,
+            s.backward_workspace_bytes,
+            s.lean_backward_workspace_bytes,
+        )

@@ -282,3 +282,27 @@ def test_a_re_run_makes_its_own_copy_of_a_kept_storage() -> None:
     assert live["bwd 2 end"] == r.timeline[at - 1][1] + 10 * MiB
     plain = simulate(linear_chain(5), Plan.from_actions("krrkk"), timeline=True)
     assert live["bwd 2 start"] - {label: b for _, b, label in plain.timeline}["bwd 2 start"] == 100 * MiB
+
+
+def test_a_chosen_stage_keeps_its_transient_besides_the_convolution_workspace() -> None:
+    """NOTE [ Lean transients ]: with the lean transients measured, a stage's transient under chosen algorithms is
+    the lean one plus what the chosen workspace adds to the memory-optimal one; unmeasured, the chosen workspace."""
+    from profiles import conv_profile
+
+    p = conv_profile()
+    stages = list(p.stages)
+    # conv1.0 is stage 0 (weight pass only); give conv2's stage (2) 30 MiB forward, 70 MiB backward lean transients
+    stages[2] = stages[2].model_copy(
+        update={"lean_forward_workspace_bytes": 30 * MiB, "lean_backward_workspace_bytes": 70 * MiB}
+    )
+    measured = p.model_copy(update={"stages": tuple(stages)})
+    fastest = Plan.uniform(p.n_stages, conv_rule="fastest")
+    lean = Plan.uniform(p.n_stages, conv_rule="memory_optimal")
+    _, _, ws_f, ws_b = Simulator(p).stage_costs(fastest)
+    assert (ws_f[2], ws_b[2]) == (40 * MiB, 0)  # conv2: fwd algo 1 (40 MiB); its backward passes need none
+    _, _, ws_f, ws_b = Simulator(measured).stage_costs(fastest)
+    # its backward frees no storage it made itself, so nothing comes off (NOTE [ Backward transient ])
+    assert (ws_f[2], ws_b[2]) == (30 * MiB + 40 * MiB, 70 * MiB)
+    _, _, ws_f, ws_b = Simulator(measured).stage_costs(lean)
+    assert (ws_f[2], ws_b[2]) == (30 * MiB, 70 * MiB)
+    assert Simulator(measured).stage_costs(fastest)[2][0] == Simulator(p).stage_costs(fastest)[2][0]  # unmeasured
