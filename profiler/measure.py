@@ -47,6 +47,7 @@ __all__ = [
     "ProgressFn",
     "StageTiming",
     "chain_inline_backward_bytes",
+    "chained_backward_bytes",
     "cpu_model_name",
     "inline_backward_bytes",
     "model_input",
@@ -213,9 +214,23 @@ def inline_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: bo
     the peak includes it only while it lives. Parameters and buffers stay on the device, as in
     ``tuner.runtime.offload``; PyTorch's ``save_on_cpu`` fetches the same way.
     """
+    return _chained_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype, fetch=True)
+
+
+def chained_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: bool, dtype: str = "float32") -> int:
+    """The transient of one stage's backward as it runs inside a chain, bytes, CUDA only: the allocator's peak
+    during the backward minus what was allocated before it and the gradients it makes, with the output's gradient
+    made inside the backward so that autograd frees it once used (as ``inline_backward_bytes``, activations kept
+    on the device). A bottleneck block's in-place ReLU backward frees the incoming gradient as it makes its own,
+    which a gradient held by the caller (``stage_workspaces``) counts once too often (NOTE [ Lean transients ] in
+    ``tuner.simulator``)."""
+    return _chained_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype, fetch=False)
+
+
+def _chained_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: bool, dtype: str, fetch: bool) -> int:
     device = x.device
     if device.type != "cuda":
-        raise ProfilerError("inline_backward_bytes measures the CUDA allocator: give it a CUDA input")
+        raise ProfilerError("a stage's backward transient is measured on the CUDA allocator: give it a CUDA input")
     leaf = x.detach()
     needs_grad = input_needs_grad and leaf.is_floating_point()
     if needs_grad:
@@ -230,7 +245,10 @@ def inline_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: bo
         return t.to(device)
 
     inp = leaf.clone()
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), _autocast(device, dtype):
+    hooks: AbstractContextManager[Any] = (
+        torch.autograd.graph.saved_tensors_hooks(pack, unpack) if fetch else nullcontext()
+    )
+    with hooks, _autocast(device, dtype):
         y = stage.module(inp)
     wrt = ([leaf] if needs_grad else []) + params
     if not (isinstance(y, torch.Tensor) and y.requires_grad and y.is_floating_point() and wrt):

@@ -141,6 +141,13 @@ class StageProfile(_Frozen):
         "at its first use and the output's gradient freed once used (NOTE [ Inline fetches ]); None where not "
         "measured",
     )
+    chained_backward_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="backward's peak above before + gradients made, the output's gradient freed once used, as in a "
+        "chain (profiler.measure.chained_backward_bytes; NOTE [ Backward transient ] in tuner.simulator); None where "
+        "not measured",
+    )
     lean_forward_workspace_bytes: int | None = Field(
         default=None,
         ge=0,
@@ -150,8 +157,9 @@ class StageProfile(_Frozen):
     lean_backward_workspace_bytes: int | None = Field(
         default=None,
         ge=0,
-        description="backward_workspace_bytes with every convolution of the stage run by its memory-optimal cuDNN "
-        "algorithms (NOTE [ Lean transients ] in tuner.simulator); None where not measured",
+        description="backward's peak above before + gradients made, the output's gradient freed once used "
+        "(profiler.measure.chained_backward_bytes), with every convolution of the stage run by its memory-optimal "
+        "cuDNN algorithms (NOTE [ Lean transients ] in tuner.simulator); None where not measured",
     )
     flops: float = Field(default=0.0, ge=0, description="forward floating-point operations")
     convs: tuple[ConvProfile, ...] = ()

@@ -100,10 +100,9 @@ class SimResult:
         return self.peak_bytes <= budget_bytes
 
 
-def backward_transients(profile: Profile, *, lean: bool = False) -> list[int]:
+def backward_transients(profile: Profile) -> list[int]:
     """Each stage's backward transient as the simulator adds it: bytes above what was live before the stage's
-    backward *and* the gradients it makes (input gradient and parameter gradients). ``lean``: from
-    ``lean_backward_workspace_bytes`` (NOTE [ Lean transients ]; -1 where not measured).
+    backward *and* the gradients it makes (input gradient and parameter gradients).
 
     # NOTE [ Backward transient ]
     The profiler measures a stage's backward alone (``profiler.measure._workspaces``) as W = peak − max(before,
@@ -116,6 +115,15 @@ def backward_transients(profile: Profile, *, lean: bool = False) -> list[int]:
     ``benchmarks/results/memtrace/``) VGG-16 bf16 ``checkpoint_sqrt`` peaked at the first max-pool's backward at
     8.34 GiB against 9.80 simulated; the second and third pools were 0.70 and 0.32 GiB over, their input sizes.
     A profile without measured workspaces (W = 0) is unchanged.
+
+    W itself is measured with the output's gradient held by the caller. Inside a chain autograd frees that gradient
+    once its first node has used it, and a bottleneck block's in-place ReLU backward makes its own gradient as it
+    frees the incoming one: W counted one output-sized gradient too many for ResNet-50 fp32's ``layer1.1`` (1,568 MiB
+    measured alone; as in a chain, with memory-optimal convolutions, 784 MiB: the output's gradient, which the
+    simulator holds already). Where the profile has
+    ``chained_backward_bytes`` (``profiler.measure.chained_backward_bytes``: the peak above what was live before
+    and the gradients made, the output's gradient made inside the backward so that autograd frees it once used),
+    the simulator takes that minus the output's gradient, which it holds through the stage's backward, instead.
     """
     stages = profile.stages
     freed = [0] * len(stages)
@@ -126,8 +134,10 @@ def backward_transients(profile: Profile, *, lean: bool = False) -> list[int]:
     out = []
     for k, st in enumerate(stages):
         grads = (stages[k - 1].output_bytes if k > 0 else 0) + st.param_bytes
-        w = st.lean_backward_workspace_bytes if lean else st.backward_workspace_bytes
-        out.append(-1 if w is None else max(0, w - min(grads, freed[k])))
+        if st.chained_backward_bytes is not None:  # as the chain runs it, the output's gradient held here
+            out.append(max(0, st.chained_backward_bytes - st.output_bytes))
+        else:
+            out.append(max(0, st.backward_workspace_bytes - min(grads, freed[k])))
     return out
 
 
@@ -190,7 +200,12 @@ class Simulator:
         self.out = [s.output_bytes for s in st]
         self.ws_f = [s.forward_workspace_bytes for s in st]
         self.ws_b = backward_transients(profile)  # NOTE [ Backward transient ]
-        self.lean_b = backward_transients(profile, lean=True)  # NOTE [ Lean transients ]
+        # NOTE [ Lean transients ]: measured above the gradients made, the output's gradient counted while it
+        # lives; the simulator holds that gradient (out[k]) through the stage's backward; -1: not measured
+        self.lean_b = [
+            -1 if s.lean_backward_workspace_bytes is None else max(0, s.lean_backward_workspace_bytes - s.output_bytes)
+            for s in st
+        ]
         # NOTE [ Inline fetches ]: what fetching on demand adds to the stage's transient; the workspace part
         # stays the plan's (chosen or fallen-back convolution algorithms change it, ``stage_costs``). The
         # measurement counts the output's gradient only while autograd holds it; the simulator holds it (out[k])
@@ -238,13 +253,19 @@ class Simulator:
         # NOTE [ Lean transients ]
         A stage's measured transient is the framework's convolution workspace *and* what the stage allocates for
         a moment besides (a batch norm's and a residual sum's gradients in a bottleneck's backward). Taking the
-        chosen algorithms' workspace alone for the stage's transient dropped the second part: ResNet-50 fp32's
-        ``layer1.0`` backward was measured 1,372 MiB transient with the framework's algorithms, simulated 51 MiB
-        with a 92 MiB cap, and traced on the H200 0.59 GiB above the simulator. Where the profile measured the
-        stage with every convolution run by its memory-optimal algorithms (``lean_*_workspace_bytes``,
+        chosen algorithms' workspace alone for the stage's transient drops the second part. Where the profile
+        measured the stage with every convolution run by its memory-optimal algorithms (``lean_*_workspace_bytes``,
         ``tuner.runtime.lean``), the transient is that, plus what the chosen workspace exceeds the memory-optimal
         one by: a workspace coexists with whatever the stage holds during that convolution, so the sum bounds it
         from above. Without the measurement it stays the chosen workspace.
+        The backward is measured as it runs in a chain (``profiler.measure.chained_backward_bytes``): above the
+        gradients it makes, with the incoming gradient freed once used. Measured like ``backward_workspace_bytes``
+        instead (the incoming gradient held by the caller), ResNet-50 fp32's ``layer1.x`` showed 1,568 MiB with
+        the memory-optimal algorithms as with the framework's, and the H200 trace of a tuned plan
+        (``scripts/memory_trace.py resnet50:256:float32:0.4:plan=…``) ran 0.2-0.75 GiB below that simulation in
+        every backward stage: the in-place ReLU that ends a bottleneck frees the incoming gradient as it makes its
+        own. The forward is measured as ``forward_workspace_bytes`` is; with it ``layer4.0``'s forward is
+        simulated at the 7.15 GiB the trace shows (7.06 with the chosen workspace alone).
         """
         if plan.conv_rule == "default" and not plan.conv_algos:
             return self.fwd, self.bwd, self.ws_f, self.ws_b

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from profiler.chain import ModelChain
-from profiler.measure import model_input, stage_workspaces
+from profiler.measure import chained_backward_bytes, model_input, stage_workspaces
 from profiler.profile import Profile
 from profiler.stagefacts import torch_dtype
 from tuner.errors import PlanError
@@ -26,10 +26,12 @@ __all__ = ["measure_lean_transients"]
 def measure_lean_transients(
     chain: ModelChain, profile: Profile, *, progress: Callable[[str, int, int], None] | None = None
 ) -> Profile:
-    """``profile`` with ``lean_{forward,backward}_workspace_bytes`` measured for every stage that has convolutions.
+    """``profile`` with every stage's ``chained_backward_bytes`` measured, and the
+    ``lean_{forward,backward}_workspace_bytes`` of every stage that has convolutions.
 
-    Each stage is fed the input the chain gives it and measured as ``profiler.measure.stage_workspaces`` does,
-    with every convolution of the chain swapped for a ``ChosenConv2d`` running the memory-optimal triple of the
+    Each stage is fed the input the chain gives it; its forward is measured as ``profiler.measure.stage_workspaces``
+    does, its backward as ``profiler.measure.chained_backward_bytes`` (above the gradients it makes), with every
+    convolution of the chain swapped for a ``ChosenConv2d`` running the memory-optimal triple of the
     profile's tables (unsplit: ``tuner.conv_choice.select_algo``'s ``memory_optimal`` rule). Stages without
     convolutions keep None. CUDA only; the chain's modules are moved to the GPU in training mode.
 
@@ -54,11 +56,19 @@ def measure_lean_transients(
         stage.module.to(dev).train()
     plan = Plan.uniform(profile.n_stages, conv_rule="memory_optimal")
     stages = list(profile.stages)
+    # every stage's backward as in a chain, with the framework's algorithms (NOTE [ Backward transient ])
+    x = model_input(chain, profile.batch, dev)
+    for i, stage in enumerate(chain.stages):
+        chained = chained_backward_bytes(stage, x, input_needs_grad=i > 0, dtype=profile.dtype)
+        stages[i] = stages[i].model_copy(update={"chained_backward_bytes": chained})
+        with torch.no_grad(), _autocast(profile.dtype):
+            x = stage.module(x)
     with apply_conv_choices(chain, plan, profile):
         x = model_input(chain, profile.batch, dev)
         for i, stage in enumerate(chain.stages):
             if profile.stages[i].convs:
-                fwd, bwd = stage_workspaces(stage, x, input_needs_grad=i > 0, dtype=profile.dtype)
+                fwd, _ = stage_workspaces(stage, x, input_needs_grad=i > 0, dtype=profile.dtype)
+                bwd = chained_backward_bytes(stage, x, input_needs_grad=i > 0, dtype=profile.dtype)
                 stages[i] = stages[i].model_copy(
                     update={"lean_forward_workspace_bytes": fwd, "lean_backward_workspace_bytes": bwd}
                 )

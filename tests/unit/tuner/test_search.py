@@ -145,7 +145,7 @@ def test_the_joint_search_is_never_slower_than_its_search_without_algorithm_choi
 
 
 def test_the_best_plan_without_algorithm_choice_comes_back_beside_the_joint_best() -> None:
-    """NOTE [ Measured selection ]: on the committed ResNet-50 fp32 H200 profile at half the peak the joint best
+    """NOTE [ Measured selection ]: on the committed ResNet-50 fp32 H200 profile at 55% of the peak the joint best
     chooses algorithms, and ``no_choice`` is the fastest feasible plan that leaves them to the framework."""
     from api.cli import resolve_profile
     from profiler.zoo import build
@@ -153,7 +153,7 @@ def test_the_best_plan_without_algorithm_choice_comes_back_beside_the_joint_best
     from tuner.simulator import simulate
 
     prof = resolve_profile(build("resnet50", {}), 256, "float32", "h200")
-    budget = int(0.5 * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes)
+    budget = int(0.55 * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes)
     result = tune(prof, budget, trials=80, seed=0, headroom=0.05)
     best, plain = result.best, result.no_choice
     assert best is not None and plain is not None and not leaves_convs_to_framework(best.plan)

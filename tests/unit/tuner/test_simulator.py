@@ -243,7 +243,16 @@ def test_the_backward_transient_does_not_count_the_gradients_twice() -> None:
     from tuner.simulator import backward_transients
 
     prof = resolve_profile(build("vgg16", {}), 256, "bfloat16", "h200")
-    ws = backward_transients(prof)
+    assert all(s.chained_backward_bytes is not None for s in prof.stages)  # measured as in a chain too
+    # as in a chain: the measured transient less the output's gradient, which the simulator holds already
+    chained = backward_transients(prof)
+    assert chained == [max(0, (s.chained_backward_bytes or 0) - s.output_bytes) for s in prof.stages]
+    assert chained[4] <= 1 << 20  # the max-pool: its input's gradient and nothing else (up to rounding)
+    # measured alone (the rule for profiles without the chained measurement)
+    alone = prof.model_copy(
+        update={"stages": tuple(s.model_copy(update={"chained_backward_bytes": None}) for s in prof.stages)}
+    )
+    ws = backward_transients(alone)
     pool, conv = prof.stages[4], prof.stages[2]
     assert pool.kind == "maxpool2d" and pool.backward_workspace_bytes == prof.stages[3].output_bytes
     assert ws[4] == 0  # its W is its input's gradient
@@ -258,8 +267,9 @@ def test_the_backward_transient_does_not_count_the_gradients_twice() -> None:
     measured = max(r["peak_bytes"] for r in rows)
     by_stretch = {r["stretch"]: r["peak_bytes"] for r in rows}
     budget = int(0.7 * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes)
-    peak = simulate(prof, POLICIES["checkpoint_sqrt"](prof, budget)).peak_bytes
-    assert abs(peak - measured) / measured < 0.02, (peak / 2**30, measured / 2**30)
+    for profile in (prof, alone):
+        peak = simulate(profile, POLICIES["checkpoint_sqrt"](profile, budget)).peak_bytes
+        assert abs(peak - measured) / measured < 0.02, (peak / 2**30, measured / 2**30)
     assert by_stretch["bwd 4"] < by_stretch["bwd 5"]  # the pool's backward is not where it peaks
 
 
@@ -301,8 +311,8 @@ def test_a_chosen_stage_keeps_its_transient_besides_the_convolution_workspace() 
     _, _, ws_f, ws_b = Simulator(p).stage_costs(fastest)
     assert (ws_f[2], ws_b[2]) == (40 * MiB, 0)  # conv2: fwd algo 1 (40 MiB); its backward passes need none
     _, _, ws_f, ws_b = Simulator(measured).stage_costs(fastest)
-    # its backward frees no storage it made itself, so nothing comes off (NOTE [ Backward transient ])
-    assert (ws_f[2], ws_b[2]) == (30 * MiB + 40 * MiB, 70 * MiB)
+    # the backward was measured with its output's gradient (64 MiB), which the simulator holds already
+    assert (ws_f[2], ws_b[2]) == (30 * MiB + 40 * MiB, 6 * MiB)
     _, _, ws_f, ws_b = Simulator(measured).stage_costs(lean)
-    assert (ws_f[2], ws_b[2]) == (30 * MiB, 70 * MiB)
+    assert (ws_f[2], ws_b[2]) == (30 * MiB, 6 * MiB)
     assert Simulator(measured).stage_costs(fastest)[2][0] == Simulator(p).stage_costs(fastest)[2][0]  # unmeasured
