@@ -366,9 +366,14 @@ class Simulator:
         drop_at: list[list[int]] = [[] for _ in range(n)]
         sync_points = sorted(plan.sync_points) if sync == "points" else []
         prog_end = list(range(n))
+        # NOTE [ In-place at segment boundaries ] (tuner.runtime.segments): a segment whose first stage writes its
+        # input in place runs on a clone of it, which lives beside the input from that stage's forward to its backward
+        clone = [0] * n
         for i, j in segments(actions):
             for r in range(i, j + 1):
                 prog_end[r] = j
+            if i > 0 and tab.profile.stages[i].inplace:
+                clone[i] = out[i - 1]
         # the model's output is read by the loss, which frees it (NOTE [ Loss memory ])
         final_out = tab.output_storage[n - 1]
         copy_during = [False] * len(s_bytes)
@@ -419,11 +424,12 @@ class Simulator:
         freed = [False] * len(s_bytes)
 
         for k in range(n):
-            alloc = ws_f[k]
+            alloc = ws_f[k] + clone[k]
             for sid in tab.produced[k]:
                 alloc += s_bytes[sid]
             ev((t, alloc, f"fwd {k} start"))
             if blk is not None:
+                blk += [("alloc", ("clone", k), clone[k])] if clone[k] else []
                 blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in tab.produced[k]]
                 blk += [("alloc", ("ws", k), ws_f[k]), ("free", ("ws", k), ws_f[k])] if ws_f[k] else []
             t_start = t
@@ -615,7 +621,12 @@ class Simulator:
             released = [sid for sid in release_at[k] if sid not in local or not freed[sid]]
             copies = copy_release_at[k]
             freed_now = (
-                ws_k + out[k] + held + sum(s_bytes[sid] for sid in released) + sum(s_bytes[sid] for sid in copies)
+                ws_k
+                + out[k]
+                + held
+                + clone[k]
+                + sum(s_bytes[sid] for sid in released)
+                + sum(s_bytes[sid] for sid in copies)
             )
             ev((t, -freed_now, f"bwd {k} end"))
             if blk is not None:
@@ -627,6 +638,7 @@ class Simulator:
                 blk += [("free", ("g", k), out[k])]
                 blk += [("free", ("s", sid), s_bytes[sid]) for sid in released]
                 blk += [("free", ("c", sid), s_bytes[sid]) for sid in copies]
+                blk += [("free", ("clone", k), clone[k])] if clone[k] else []
 
         # ---- peak -------------------------------------------------------------------------------
         live = self.base

@@ -316,3 +316,29 @@ def test_a_chosen_stage_keeps_its_transient_besides_the_convolution_workspace() 
     _, _, ws_f, ws_b = Simulator(measured).stage_costs(lean)
     assert (ws_f[2], ws_b[2]) == (30 * MiB, 6 * MiB)
     assert Simulator(measured).stage_costs(fastest)[2][0] == Simulator(p).stage_costs(fastest)[2][0]  # unmeasured
+
+
+def test_a_segment_starting_in_place_holds_a_clone_of_its_input() -> None:
+    """NOTE [ In-place at segment boundaries ]: the runtime runs such a segment on a clone of its input, which the
+    storage table counts as one with the input; the simulator adds it from the stage's forward to its backward."""
+    from profiles import Layer, chain_profile
+
+    layers = [
+        Layer("lin0", "linear", 1.0, 64, 1),
+        Layer("relu", "relu", 0.5, 64, inplace=True),
+        Layer("lin1", "linear", 1.0, 64, 1, saves_input=True),
+        Layer("lin2", "linear", 1.0, 64, 1, saves_input=True),
+    ]
+    p = chain_profile(layers)
+    plain = simulate(p, Plan.from_actions("kkrk"), timeline=True)  # the segment starts at lin1: no clone
+    cloned = simulate(p, Plan.from_actions("krkk"), timeline=True)  # it starts at the in-place ReLU
+
+    def grew(r, label: str) -> int:
+        at = [lbl for _, _, lbl in r.timeline].index(label)
+        return r.timeline[at][1] - r.timeline[at - 1][1]
+
+    assert grew(cloned, "fwd 1 start") == 64 * MiB  # the clone; the ReLU itself makes nothing
+    assert grew(plain, "fwd 2 start") == 64 * MiB  # lin1's own output
+    live = {lbl: b for _, b, lbl in cloned.timeline}
+    # after the ReLU's backward: lin1's and lin2's parameter gradients and x_0's gradient; the clone is gone
+    assert live["bwd 1 end"] == cloned.base_bytes + 2 * MiB + 64 * MiB
