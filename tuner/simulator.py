@@ -367,13 +367,26 @@ class Simulator:
         sync_points = sorted(plan.sync_points) if sync == "points" else []
         prog_end = list(range(n))
         # NOTE [ In-place at segment boundaries ] (tuner.runtime.segments): a segment whose first stage writes its
-        # input in place runs on a clone of it, which lives beside the input from that stage's forward to its backward
+        # input in place runs on a clone of it; the storage table counts the two as one. Where the input is kept, the
+        # clone is a second tensor: made at stage i's forward (``clone``), freed at the end of stage i+1's forward
+        # when the segment goes on (``clone_fwd_free``), else kept by the next stage until stage i's backward
+        # (``clone_bwd_free``); inside a longer segment the re-run clones again (``reclone``, by segment end)
         clone = [0] * n
+        clone_fwd_free = [0] * n
+        clone_bwd_free = [0] * n
+        reclone: dict[int, int] = {}
         for i, j in segments(actions):
             for r in range(i, j + 1):
                 prog_end[r] = j
-            if i > 0 and tab.profile.stages[i].inplace:
-                clone[i] = out[i - 1]
+            src = tab.output_storage[i - 1] if i > 0 else None
+            if src is None or not tab.profile.stages[i].inplace or actions[i - 1] != Action.KEEP:
+                continue
+            if j > i:
+                clone[i] = clone_fwd_free[i + 1] = out[i - 1]
+                reclone[j] = out[i - 1]
+                clone_bwd_free[i] = out[i - 1]
+            elif j + 1 < n and actions[j + 1] == Action.KEEP and j + 1 in tab.s_saved_by[src]:
+                clone[i] = clone_bwd_free[i] = out[i - 1]
         # the model's output is read by the loss, which frees it (NOTE [ Loss memory ])
         final_out = tab.output_storage[n - 1]
         copy_during = [False] * len(s_bytes)
@@ -471,6 +484,10 @@ class Simulator:
                 ev((t, -sum(s_bytes[sid] for sid in drop_at[k]), f"fwd {k} drop"))
                 if blk is not None:
                     blk += [("free", ("s", sid), s_bytes[sid]) for sid in drop_at[k]]
+            if clone_fwd_free[k]:
+                ev((t, -clone_fwd_free[k], f"fwd {k} clone"))
+                if blk is not None:
+                    blk.append(("free", ("clone", k - 1), clone_fwd_free[k]))
         forward_ms = t
 
         # ---- backward ---------------------------------------------------------------------------
@@ -597,11 +614,12 @@ class Simulator:
                 remat = remat_at.get(k, ())
                 remade = copy_at_seg.get(k, ())
                 transient = max(out[i : k + 1])
-                made = sum(s_bytes[sid] for sid in remat) + sum(s_bytes[sid] for sid in remade)
+                made = sum(s_bytes[sid] for sid in remat) + sum(s_bytes[sid] for sid in remade) + reclone.get(k, 0)
                 ev((t, made + transient, f"recompute {i}..{k}"))
                 if blk is not None:
                     blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in remat]
                     blk += [("alloc", ("c", sid), s_bytes[sid]) for sid in remade]
+                    blk += [("alloc", ("clone", i), reclone[k])] if k in reclone else []
                     blk += [("alloc", ("r", k), transient), ("free", ("r", k), transient)]
                 seg_ms = sum(fwd[i : k + 1])
                 t += seg_ms
@@ -624,7 +642,7 @@ class Simulator:
                 ws_k
                 + out[k]
                 + held
-                + clone[k]
+                + clone_bwd_free[k]
                 + sum(s_bytes[sid] for sid in released)
                 + sum(s_bytes[sid] for sid in copies)
             )
@@ -638,7 +656,7 @@ class Simulator:
                 blk += [("free", ("g", k), out[k])]
                 blk += [("free", ("s", sid), s_bytes[sid]) for sid in released]
                 blk += [("free", ("c", sid), s_bytes[sid]) for sid in copies]
-                blk += [("free", ("clone", k), clone[k])] if clone[k] else []
+                blk += [("free", ("clone", k), clone_bwd_free[k])] if clone_bwd_free[k] else []
 
         # ---- peak -------------------------------------------------------------------------------
         live = self.base

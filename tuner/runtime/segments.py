@@ -5,20 +5,21 @@
 stage modifies its input in place (VGG's ``ReLU(inplace=True)`` right after a conv), the saved input is
 overwritten during the forward: ``checkpoint_sequential`` then fails in backward ("modified by an
 inplace operation"), and with an offloaded input the asynchronous copy could even read half-written
-data. We *clone the segment input inside the checkpointed function* when the first stage may write
-its input: the clone is what the stage mutates, x_{i-1} stays intact, and the re-run clones again.
-The cost is one device copy and one activation: x_{i-1} (kept or offloaded for the re-run) and the
-stage's result are now two storages. Any correct runtime needs both, since the re-run reads the
-values from before the in-place write. The profile's storage table (NOTE [ Saved storages ]) counts
-them as one; the simulator adds the clone from the first stage's forward to its backward where the
-profile marks that stage ``inplace`` (on the H200 a VGG-16 bf16 plan whose segment starts at
-``features.15`` peaked at 7.97 GiB, simulated 7.53 without the clone and 7.91 with it). Its copy, when
-the stage after the segment offloads what it saves, is still not counted. We prefer this to running the
-module out of place because it works for any stage (a block that calls ``x.relu_()``), not only for
-modules with an ``inplace`` flag. "May write its input" is decided before the forward: the stage
-module (or, for a container stage, its first leaf module) has ``inplace=True``, or the caller forces
-``clone_inputs=True``. A stage that mutates its input without saying so is caught by the input's
-version counter after the segment's forward, with a ``PlanError`` that says to pass
+data. We *clone the segment input inside the checkpointed function* when the first stage may write its
+input: the clone is what the stage mutates, x_{i-1} stays intact, and the re-run clones again. The cost
+is one device copy and one activation: x_{i-1} (kept or offloaded for the re-run) and the stage's result
+are now two storages. Any correct runtime needs both, since the re-run reads the values from before the
+in-place write. The profile's storage table (NOTE [ Saved storages ]) counts them as one; where the
+profile marks the stage ``inplace`` and the segment input is kept, the simulator adds the clone
+(``tuner.simulator``: to the next stage's forward inside a longer segment, and again in the re-run; to
+the stage's backward for a one-stage segment whose next stage keeps it). On the H200 a VGG-16 bf16 plan
+whose segment starts at ``features.15`` peaked at 7.97 GiB, simulated 7.53 without the clone and 7.91
+with it. Where the input or the clone is offloaded, the clone is not counted. We prefer this to running
+the module out of place because it works for any stage (a block that calls ``x.relu_()``), not only for
+modules with an ``inplace`` flag. "May write its input" is decided before the forward: the stage module
+(or, for a container stage, its first leaf module) has ``inplace=True``, or the caller forces
+``clone_inputs=True``. A stage that mutates its input without saying so is caught by the input's version
+counter after the segment's forward, with a ``PlanError`` that says to pass
 ``clone_segment_inputs=True``.
 
 # NOTE [ Buffers during recompute ]

@@ -342,3 +342,10 @@ def test_a_segment_starting_in_place_holds_a_clone_of_its_input() -> None:
     live = {lbl: b for _, b, lbl in cloned.timeline}
     # after the ReLU's backward: lin1's and lin2's parameter gradients and x_0's gradient; the clone is gone
     assert live["bwd 1 end"] == cloned.base_bytes + 2 * MiB + 64 * MiB
+    # inside a longer segment the clone lives to the next stage's forward end, and the re-run clones again
+    longer = simulate(p, Plan.from_actions("krrk"), timeline=True)
+    assert grew(longer, "fwd 1 start") == 64 * MiB
+    assert grew(longer, "fwd 2 clone") == -64 * MiB
+    assert grew(longer, "recompute 1..2") == 2 * 64 * MiB  # the clone again, and one output in flight
+    # an offloaded input leaves the clone the only copy on the GPU: nothing to add
+    assert grew(simulate(p, Plan.from_actions("orkk"), timeline=True), "fwd 1 start") == 0
