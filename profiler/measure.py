@@ -106,13 +106,14 @@ class _Timer:
 
 @dataclass(frozen=True)
 class StageTiming:
-    """Measured costs of one stage: medians in ms, transient workspaces in bytes (CUDA only, else 0)."""
+    """Measured costs of one stage: medians in ms, transient workspaces in bytes (CUDA only, else 0 or None)."""
 
     forward_ms: float
     backward_ms: float
     forward_workspace_bytes: int = 0
     backward_workspace_bytes: int = 0
     backward_inline_bytes: int | None = None
+    chained_backward_bytes: int | None = None
 
 
 def _autocast(device: torch.device, dtype: str) -> AbstractContextManager[Any]:
@@ -172,10 +173,12 @@ def time_stage(
             bwd_times.append(b_ms)
     fwd_ws = bwd_ws = 0
     inline: int | None = None
+    chained: int | None = None
     if device.type == "cuda":
         fwd_ws, bwd_ws = stage_workspaces(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
         inline = inline_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
-    return StageTiming(statistics.median(fwd_times), statistics.median(bwd_times), fwd_ws, bwd_ws, inline)
+        chained = chained_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
+    return StageTiming(statistics.median(fwd_times), statistics.median(bwd_times), fwd_ws, bwd_ws, inline, chained)
 
 
 def stage_workspaces(
@@ -407,6 +410,7 @@ def profile(
             forward_workspace_bytes=t.forward_workspace_bytes,
             backward_workspace_bytes=t.backward_workspace_bytes,
             backward_inline_bytes=t.backward_inline_bytes,
+            chained_backward_bytes=t.chained_backward_bytes,
             flops=f.count.flops,
             convs=convs[i],
         )

@@ -110,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
                 except ProfilerError as exc:
                     print(f"\r{label}: {exc}", file=sys.stderr, flush=True)
                     return 1
+                if args.conv_algos:  # NOTE [ Lean transients ]: needs the runtime's convolution, so measured here
+                    from tuner.runtime.lean import measure_lean_transients
+
+                    prof = measure_lean_transients(chain, prof)
                 path = out_dir / profile_filename(model, batch, dtype, prof.device.key)
                 prof.save(path)
                 written += 1

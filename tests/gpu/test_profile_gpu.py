@@ -62,6 +62,11 @@ def test_inline_backward_is_measured_for_every_stage() -> None:
     relu = next(s for s in p.stages if s.kind == "relu")
     assert (pool.backward_inline_bytes or 0) >= p.stages[pool.index - 1].output_bytes  # its input, fetched
     assert (relu.backward_inline_bytes or 0) >= relu.output_bytes
+    # NOTE [ Backward transient ]: measured as a chain runs it too; the incoming gradient is made inside and counted
+    # while it lives, so every stage's is at least what it makes besides, and the max-pool's is its output's gradient
+    chained = [s.chained_backward_bytes for s in p.stages]
+    assert all(v is not None and v >= 0 for v in chained), chained
+    assert (pool.chained_backward_bytes or 0) >= pool.output_bytes
 
 
 def test_cuda_profile_bfloat16() -> None:
