@@ -26,8 +26,8 @@ __all__ = ["measure_lean_transients"]
 def measure_lean_transients(
     chain: ModelChain, profile: Profile, *, progress: Callable[[str, int, int], None] | None = None
 ) -> Profile:
-    """``profile`` with every stage's ``chained_backward_bytes`` measured, and the
-    ``lean_{forward,backward}_workspace_bytes`` of every stage that has convolutions.
+    """``profile`` with every stage's ``chained_backward_bytes`` measured, and, where the profile has cuDNN algorithm
+    tables, the ``lean_{forward,backward}_workspace_bytes`` of every stage that has convolutions.
 
     Each stage is fed the input the chain gives it; its forward is measured as ``profiler.measure.stage_workspaces``
     does, its backward as ``profiler.measure.chained_backward_bytes`` (above the gradients it makes), with every
@@ -37,15 +37,17 @@ def measure_lean_transients(
 
     Args:
         chain: the model the profile was measured on.
-        profile: a profile with cuDNN algorithm tables, of this GPU's type.
+        profile: a profile of this GPU's type (with cuDNN algorithm tables for the lean transients).
         progress: ``progress(stage_name, done, total)`` after each stage.
 
     Raises:
-        PlanError: the profile has no algorithm tables, or it does not match the chain.
+        PlanError: the profile does not match the chain.
         ProfilerError: CUDA is not available.
     """
-    if not profile.has_conv_algos:
-        raise PlanError(f"profile {profile.model!r} has no cuDNN algorithm tables; profile it with conv_algos=True")
+    if len(chain.stages) != profile.n_stages:
+        raise PlanError(
+            f"the model has {len(chain.stages)} stages but profile {profile.model!r} has {profile.n_stages}"
+        )
     if not torch.cuda.is_available():
         from profiler.errors import ProfilerError
 
@@ -63,19 +65,22 @@ def measure_lean_transients(
         stages[i] = stages[i].model_copy(update={"chained_backward_bytes": chained})
         with torch.no_grad(), _autocast(profile.dtype):
             x = stage.module(x)
-    with apply_conv_choices(chain, plan, profile):
-        x = model_input(chain, profile.batch, dev)
-        for i, stage in enumerate(chain.stages):
-            if profile.stages[i].convs:
-                fwd, _ = stage_workspaces(stage, x, input_needs_grad=i > 0, dtype=profile.dtype)
-                bwd = chained_backward_bytes(stage, x, input_needs_grad=i > 0, dtype=profile.dtype)
-                stages[i] = stages[i].model_copy(
-                    update={"lean_forward_workspace_bytes": fwd, "lean_backward_workspace_bytes": bwd}
-                )
-            with torch.no_grad(), _autocast(profile.dtype):
-                x = stage.module(x)
-            if progress is not None:
-                progress(stage.name, i + 1, len(chain.stages))
+        if progress is not None and not profile.has_conv_algos:
+            progress(stage.name, i + 1, len(chain.stages))
+    if profile.has_conv_algos:
+        with apply_conv_choices(chain, plan, profile):
+            x = model_input(chain, profile.batch, dev)
+            for i, stage in enumerate(chain.stages):
+                if profile.stages[i].convs:
+                    fwd, _ = stage_workspaces(stage, x, input_needs_grad=i > 0, dtype=profile.dtype)
+                    bwd = chained_backward_bytes(stage, x, input_needs_grad=i > 0, dtype=profile.dtype)
+                    stages[i] = stages[i].model_copy(
+                        update={"lean_forward_workspace_bytes": fwd, "lean_backward_workspace_bytes": bwd}
+                    )
+                with torch.no_grad(), _autocast(profile.dtype):
+                    x = stage.module(x)
+                if progress is not None:
+                    progress(stage.name, i + 1, len(chain.stages))
     torch.cuda.empty_cache()
     return profile.model_copy(update={"stages": tuple(stages)})
 
