@@ -332,3 +332,17 @@ def test_lean_transients_are_measured_for_convolution_stages() -> None:
             s.backward_workspace_bytes,
             s.lean_backward_workspace_bytes,
         )
+
+
+def test_a_profile_without_tables_gets_the_chained_transients_only() -> None:
+    from profiler.measure import profile
+    from tuner.runtime.lean import measure_lean_transients
+
+    chain = _chain()
+    prof = profile(chain, 4, "float32", device="cuda", warmup=1, repeats=2)
+    bare = prof.model_copy(
+        update={"stages": tuple(s.model_copy(update={"chained_backward_bytes": None}) for s in prof.stages)}
+    )
+    out = measure_lean_transients(chain, bare)
+    assert all(s.chained_backward_bytes is not None for s in out.stages)
+    assert all(s.lean_backward_workspace_bytes is None for s in out.stages)
