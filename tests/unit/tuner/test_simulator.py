@@ -349,3 +349,18 @@ def test_a_segment_starting_in_place_holds_a_clone_of_its_input() -> None:
     assert grew(longer, "recompute 1..2") == 2 * 64 * MiB  # the clone again, and one output in flight
     # an offloaded input leaves the clone the only copy on the GPU: nothing to add
     assert grew(simulate(p, Plan.from_actions("orkk"), timeline=True), "fwd 1 start") == 0
+
+
+def test_the_choice_bound_takes_the_largest_workspace_memory_optimal_algorithms_free() -> None:
+    """``benchmarks.choice_bound``: F is the most bytes memory-optimal algorithms free at one stage against the
+    framework's measured transients (here the hand-made chain's conv1 forward, 100 MiB of workspace measured)."""
+    from profiles import conv_profile
+
+    from benchmarks.choice_bound import freeable_bytes
+
+    p = conv_profile()
+    stages = list(p.stages)
+    stages[0] = stages[0].model_copy(update={"forward_workspace_bytes": 100 * MiB})
+    sim = Simulator(p.model_copy(update={"stages": tuple(stages)}))
+    free, where = freeable_bytes(sim)
+    assert (free, where) == (100 * MiB, "conv1.0")  # memory-optimal conv1 forward needs none
