@@ -138,32 +138,14 @@ def time_stage(
     """
     device = x.device
     timer = _Timer(device)
-    leaf = x.detach()
-    needs_grad = input_needs_grad and leaf.is_floating_point()
-    if needs_grad:
-        leaf.requires_grad_(True)
-    params = [p for p in stage.module.parameters() if p.requires_grad]
-
-    def fresh_input() -> torch.Tensor:
-        return leaf.clone()  # a non-leaf when needs_grad: in-place stages may modify it
-
-    def forward(inp: torch.Tensor) -> torch.Tensor:
-        with _autocast(device, dtype):
-            out = stage.module(inp)
-        if not isinstance(out, torch.Tensor):
-            raise ProfilerError(f"stage {stage.name} returned {type(out).__name__}, not a tensor")
-        return out
-
-    def grad_inputs() -> list[torch.Tensor]:
-        return ([leaf] if needs_grad else []) + params
-
+    leaf, wrt = _grad_leaf(stage, x, input_needs_grad)
+    forward = _stage_forward(stage, device, dtype)
     fwd_times: list[float] = []
     bwd_times: list[float] = []
     for k in range(warmup + repeats):
-        inp = fresh_input()
+        inp = leaf.clone()  # a non-leaf when it needs a gradient: in-place stages may modify it
         y, f_ms = timer.run(forward, inp)
         b_ms = 0.0
-        wrt = grad_inputs()
         if y.requires_grad and y.is_floating_point() and wrt:
             g = torch.randn_like(y)
             _, b_ms = timer.run(_backward, y, wrt, g)
@@ -190,11 +172,23 @@ def stage_workspaces(
     device = x.device
     if device.type != "cuda":
         raise ProfilerError("stage_workspaces measures the CUDA allocator: give it a CUDA input")
+    leaf, wrt = _grad_leaf(stage, x, input_needs_grad)
+    return _workspaces(_stage_forward(stage, device, dtype), leaf.clone, wrt, device)
+
+
+def _grad_leaf(stage: Stage, x: torch.Tensor, input_needs_grad: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``x`` detached (requiring a gradient when the stage's input needs one), and what a backward of the stage
+    differentiates: that leaf where it needs a gradient, and the stage's trainable parameters."""
     leaf = x.detach()
     needs_grad = input_needs_grad and leaf.is_floating_point()
     if needs_grad:
         leaf.requires_grad_(True)
-    params = [p for p in stage.module.parameters() if p.requires_grad]
+    params: list[torch.Tensor] = [p for p in stage.module.parameters() if p.requires_grad]
+    return leaf, ([leaf] if needs_grad else []) + params
+
+
+def _stage_forward(stage: Stage, device: torch.device, dtype: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The stage's forward under the dtype's autocast; raises ``ProfilerError`` when it returns no tensor."""
 
     def forward(inp: torch.Tensor) -> torch.Tensor:
         with _autocast(device, dtype):
@@ -203,8 +197,7 @@ def stage_workspaces(
             raise ProfilerError(f"stage {stage.name} returned {type(out).__name__}, not a tensor")
         return out
 
-    wrt: list[torch.Tensor] = [leaf] if needs_grad else []
-    return _workspaces(forward, leaf.clone, [*wrt, *params], device)
+    return forward
 
 
 def inline_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: bool, dtype: str = "float32") -> int:
@@ -234,11 +227,7 @@ def _chained_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: 
     device = x.device
     if device.type != "cuda":
         raise ProfilerError("a stage's backward transient is measured on the CUDA allocator: give it a CUDA input")
-    leaf = x.detach()
-    needs_grad = input_needs_grad and leaf.is_floating_point()
-    if needs_grad:
-        leaf.requires_grad_(True)
-    params = [p for p in stage.module.parameters() if p.requires_grad]
+    leaf, wrt = _grad_leaf(stage, x, input_needs_grad)
     resident = {t.untyped_storage().data_ptr() for t in (*stage.module.parameters(), *stage.module.buffers())}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -253,7 +242,6 @@ def _chained_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: 
     )
     with hooks, _autocast(device, dtype):
         y = stage.module(inp)
-    wrt = ([leaf] if needs_grad else []) + params
     if not (isinstance(y, torch.Tensor) and y.requires_grad and y.is_floating_point() and wrt):
         return 0
     total = (y * 1.0).sum()  # its backward makes the output's gradient, which autograd then owns

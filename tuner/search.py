@@ -263,26 +263,11 @@ class _Search:
 
     def descend(self, plan: Plan, budget: int) -> tuple[Plan, SimResult]:
         actions = list(plan.actions)
-        knobs: _Knobs = (
-            plan.prefetch_lookahead,
-            plan.sync,
-            plan.sync_delay,
-            plan.conv_rule,
-            plan.conv_workspace_limit_bytes,
-        )
+        knobs = _knobs_of(plan)
 
         def template(k: _Knobs) -> Plan:
             if k not in self._templates:
-                la_, sync_, delay_, rule_, cap_ = k
-                self._templates[k] = Plan(
-                    actions=tuple(actions),
-                    prefetch_lookahead=la_,
-                    sync=sync_,  # type: ignore[arg-type]
-                    sync_delay=delay_,
-                    conv_rule=rule_,  # type: ignore[arg-type]
-                    conv_workspace_limit_bytes=cap_,
-                    label="optuna",
-                )
+                self._templates[k] = _with_knobs(Plan(actions=tuple(actions), label="optuna"), actions, k)
             return self._templates[k]
 
         best_r = self.sim.run_actions(actions, template(knobs))
@@ -331,28 +316,23 @@ class _Search:
     def descend_placed(
         self, start: Candidate, cap: int, optimizer: str, *, max_placed: int = _PLACED_DESCENT
     ) -> Candidate:
-        """First-improvement hill climbing from ``start`` on step plus the allocator's predicted cost.
+        """Hill climbing from ``start`` on step plus the allocator's predicted cost.
 
         # NOTE [ Placed descent ]
         The trials descend on the simulator alone and only their fastest plans are priced (NOTE [ Placement
         ranking ]), so a search can settle among plans that the placement model then prices out, and fall back
         to a slower plan that nothing descended from: GPT bf16 b16 at 80% of its peak found plans of 124.5 ms
-        simulated, priced them at about 138 ms, and returned 137.2 ms, while that plan's neighbours keep more
-        blocks for free (133.5 ms, no retries predicted). So the best placed plan is descended further, one edit
-        at a time, scoring each edit that fits the search budget and beats the incumbent on the simulator alone
-        by its simulated step plus its priced retries; at most ``max_placed`` placements are modelled.
+        simulated, which the ranking priced above 137.2 ms or found out of memory, and returned a 137.2 ms plan
+        whose neighbours keep more blocks for free (133.5 ms, no retries predicted). So the best placed plan is
+        descended further, one edit at a time: of the edits that fit the search budget and beat the incumbent on
+        the simulator alone, the fastest there is priced first, and the first whose simulated step plus priced
+        retries beats the incumbent is taken; at most ``max_placed`` placements are modelled in all.
         """
         from tuner.placement import allocator_cost
 
         plan = start.plan
         actions = list(plan.actions)
-        knobs: _Knobs = (
-            plan.prefetch_lookahead,
-            plan.sync,
-            plan.sync_delay,
-            plan.conv_rule,
-            plan.conv_workspace_limit_bytes,
-        )
+        knobs = _knobs_of(plan)
         best = start
         placed = 0
         improved = True
@@ -360,17 +340,8 @@ class _Search:
             improved = False
             # the moves that fit and beat the incumbent on the simulator alone, most promising first
             tried: list[tuple[float, int, Plan, int]] = []
-            for i, (acts, (la_, sync_, delay_, rule_, cap_)) in enumerate(self._moves(actions, knobs)):
-                cand = plan.model_copy(
-                    update={
-                        "actions": tuple(acts),
-                        "prefetch_lookahead": la_,
-                        "sync": sync_,
-                        "sync_delay": delay_,
-                        "conv_rule": rule_,
-                        "conv_workspace_limit_bytes": cap_,
-                    }
-                )
+            for i, (acts, k2) in enumerate(self._moves(actions, knobs)):
+                cand = _with_knobs(plan, acts, k2)
                 r = self.sim.run_actions(acts, cand)
                 if r.peak_bytes <= self.budget and r.step_ms < best.step_ms:
                     tried.append((r.step_ms, i, cand, r.peak_bytes))
@@ -391,13 +362,7 @@ class _Search:
                         alloc_retries=where.steady_retries,
                     )
                     actions = list(cand.actions)
-                    knobs = (
-                        cand.prefetch_lookahead,
-                        cand.sync,
-                        cand.sync_delay,
-                        cand.conv_rule,
-                        cand.conv_workspace_limit_bytes,
-                    )
+                    knobs = _knobs_of(cand)
                     plan = cand
                     improved = True
                     break
@@ -496,6 +461,26 @@ class _Search:
         )
         peak = int(attrs["peak_bytes"])
         return Candidate(f"trial {t.number}", plan, float(t.user_attrs["step_ms"]), peak, peak <= self.budget)
+
+
+def _knobs_of(plan: Plan) -> _Knobs:
+    """A plan's knobs as the local descent varies them."""
+    return plan.prefetch_lookahead, plan.sync, plan.sync_delay, plan.conv_rule, plan.conv_workspace_limit_bytes
+
+
+def _with_knobs(plan: Plan, actions: Sequence[Action], knobs: _Knobs) -> Plan:
+    """``plan`` with ``actions`` and ``knobs`` (not validated again: both come from valid plans' moves)."""
+    la, sync, delay, rule, cap = knobs
+    return plan.model_copy(
+        update={
+            "actions": tuple(actions),
+            "prefetch_lookahead": la,
+            "sync": sync,
+            "sync_delay": delay,
+            "conv_rule": rule,
+            "conv_workspace_limit_bytes": cap,
+        }
+    )
 
 
 def _params_for(plan: Plan, with_conv: bool = False) -> dict[str, Any]:

@@ -325,13 +325,6 @@ def test_lean_transients_are_measured_for_convolution_stages() -> None:
             fwd = select_algo(conv.algos, "fwd", "memory_optimal")
             assert fwd is not None
             assert s.lean_forward_workspace_bytes <= fwd.workspace_bytes + 2 * MiB
-        print(
-            s.name,
-            s.forward_workspace_bytes,
-            s.lean_forward_workspace_bytes,
-            s.backward_workspace_bytes,
-            s.lean_backward_workspace_bytes,
-        )
 
 
 def test_a_profile_without_tables_gets_the_chained_transients_only() -> None:
