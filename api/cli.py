@@ -488,6 +488,13 @@ def bench(
             help="at every budget also tune and measure without cuDNN algorithm choice (profiles with tables)",
         ),
     ] = False,
+    no_selective: Annotated[
+        bool,
+        typer.Option(
+            "--no-selective",
+            help="at every budget also tune and measure without selective stages (profiles that measured them)",
+        ),
+    ] = False,
     isolate: Annotated[
         bool,
         typer.Option(
@@ -545,6 +552,11 @@ def bench(
     if no_choice and not prof.has_conv_algos:
         err.print(f"--no-choice: the {prof.model} profile has no cuDNN algorithm tables; there is no choice to compare")
     plain_profile = prof.without_conv_algos() if no_choice and prof.has_conv_algos else None
+    if no_selective and not prof.has_selective:
+        err.print(
+            f"--no-selective: the {prof.model} profile has no selective measurements; there is nothing to compare"
+        )
+    unselective = prof.without_selective() if no_selective and prof.has_selective else None
 
     #: (budget, plan) of every tuned plan found with algorithm choice and without, at the calibrated headroom: a
     #: larger budget's search starts from those of smaller ones, which fit it too
@@ -565,12 +577,15 @@ def bench(
 
     for h in sorted({calibrated, *headrooms}):
         plain = tuned_without_choice(main_budget, h)  # first: a seed of the joint search
+        unsel = None if unselective is None else tuned(unselective, main_budget, h)
         best = tuned(prof, main_budget, h)
         if best is not None:
             knobs = f"{best.sync}, la {best.prefetch_lookahead}, {best.conv_rule}"
             plans.append((f"tuned (headroom {h:.0%}; {knobs})", "tuned", best))
             if plain is not None:
                 plans.append((f"tuned (headroom {h:.0%}), no algorithm choice", "tuned", plain))
+            if unsel is not None:
+                plans.append((f"tuned (headroom {h:.0%}), no selective stages", "tuned", unsel))
             if variants:
                 plans.append((f"tuned {h:.0%}, sync layer", "variant", best.with_(sync="layer")))
                 plans.append((f"tuned {h:.0%}, lookahead 8", "variant", best.with_(prefetch_lookahead=8)))
@@ -648,6 +663,7 @@ def bench(
     for frac in sorted(fractions):
         b = int(frac * base_peak)
         plain = tuned_without_choice(b, calibrated)
+        unsel = None if unselective is None else tuned(unselective, b, calibrated)
         found = tuned(prof, b, calibrated)
         at_budget = []
         if found is None:
@@ -658,6 +674,8 @@ def bench(
             at_budget.append((f"tuned@{frac:.0%}, no algorithm choice", "tuned", plain))
         elif plain_profile is not None:
             err.print(f"  without algorithm choice no plan fits {frac:.0%} of the peak ({format_bytes(b)})")
+        if unsel is not None:
+            at_budget.append((f"tuned@{frac:.0%}, no selective stages", "tuned", unsel))
         if not at_budget:
             continue
         rows += measure_more(b, at_budget)

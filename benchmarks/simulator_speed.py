@@ -14,7 +14,7 @@ import statistics
 import time
 
 from benchmarks.common import environment, zoo_profile
-from tuner.plan import Action, Plan
+from tuner.plan import Plan, stage_actions
 from tuner.simulator import Simulator
 
 __all__ = ["main"]
@@ -26,7 +26,7 @@ def measure(model: str, plans: int, seed: int = 0) -> tuple[int, float, str]:
     rng = random.Random(seed)
     batch = [
         Plan(
-            actions=tuple(rng.choice(list(Action)) for _ in range(profile.n_stages)),
+            actions=tuple(rng.choice(acts) for acts in stage_actions(profile)),
             prefetch_lookahead=rng.randint(0, 8),
             sync=rng.choice(["deferred", "layer"]),
         )

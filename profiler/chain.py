@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-__all__ = ["ModelChain", "Stage", "conv_modules", "flatten"]
+__all__ = ["ModelChain", "Stage", "conv_modules", "flatten", "may_write_input"]
 
 
 @dataclass(frozen=True)
@@ -77,3 +77,17 @@ def conv_modules(stage: Stage) -> Iterator[tuple[str, nn.Conv2d]]:
     for name, m in stage.module.named_modules():
         if isinstance(m, nn.Conv2d):
             yield name, m
+
+
+def _first_leaf(module: nn.Module) -> nn.Module:
+    while True:
+        children = list(module.children())
+        if not children:
+            return module
+        module = children[0]
+
+
+def may_write_input(module: nn.Module) -> bool:
+    """True when ``module`` declares it writes its input in place (``inplace=True`` on it or its first leaf): the
+    runtime clones such a stage's input where a checkpoint saves it (NOTE [ In-place at segment boundaries ])."""
+    return bool(getattr(module, "inplace", False)) or bool(getattr(_first_leaf(module), "inplace", False))

@@ -17,6 +17,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from profiler.selective import KeptOutputs
+
 __all__ = ["StageCount", "count_stage"]
 
 # ops that allocate or describe without touching memory
@@ -32,12 +34,15 @@ class StageCount:
         conv_flops: the part of ``flops`` spent in convolutions.
         bytes_moved: bytes read plus written by its ATen ops (no fusion), bytes.
         ops: ATen ops that move memory (each one at least a kernel launch).
+        selective_saved_bytes: what the stage would hold under selective checkpointing besides its input (NOTE
+            [ Selective stages ] in ``profiler.selective``), bytes.
     """
 
     flops: float = 0.0
     conv_flops: float = 0.0
     bytes_moved: int = 0
     ops: int = 0
+    selective_saved_bytes: int = 0
 
 
 def _tensor_bytes(tree: Any) -> int:
@@ -85,8 +90,10 @@ def count_stage() -> Iterator[StageCount]:
     """
     count = StageCount()
     flop_mode = FlopCounterMode(display=False)
-    with flop_mode, _TrafficMode(count):
+    kept = KeptOutputs()
+    with flop_mode, _TrafficMode(count), kept:
         yield count
+    count.selective_saved_bytes = kept.kept_bytes
     per_op = flop_mode.get_flop_counts().get("Global", {})
     count.flops = float(sum(per_op.values()))
     count.conv_flops = float(sum(v for op, v in per_op.items() if "conv" in str(op)))

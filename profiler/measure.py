@@ -34,13 +34,14 @@ from typing import Any, TypeVar
 
 import torch
 
-from profiler.chain import ModelChain, Stage
+from profiler.chain import ModelChain, Stage, may_write_input
 from profiler.devices import get_gpu
 from profiler.errors import ProfilerError
 from profiler.identity import cuda_identity, spec_identity, transfer_ms
 from profiler.loss import measure_loss_ms
 from profiler.modeled import meta_facts, roofline_loss_ms
 from profiler.profile import ConvProfile, DeviceIdentity, Profile, StageProfile
+from profiler.selective import selective_checkpoint
 from profiler.stagefacts import ChainFacts, chain_facts, torch_dtype
 
 __all__ = [
@@ -52,6 +53,8 @@ __all__ = [
     "inline_backward_bytes",
     "model_input",
     "profile",
+    "selective_backward_bytes",
+    "selective_held_bytes",
     "stage_workspaces",
     "time_stage",
 ]
@@ -114,6 +117,9 @@ class StageTiming:
     backward_workspace_bytes: int = 0
     backward_inline_bytes: int | None = None
     chained_backward_bytes: int | None = None
+    selective_forward_ms: float | None = None
+    selective_backward_ms: float | None = None
+    selective_backward_bytes: int | None = None
 
 
 def _autocast(device: torch.device, dtype: str) -> AbstractContextManager[Any]:
@@ -142,25 +148,61 @@ def time_stage(
     forward = _stage_forward(stage, device, dtype)
     fwd_times: list[float] = []
     bwd_times: list[float] = []
+    sel_fwd_times: list[float] = []
+    sel_times: list[float] = []
+    sel_forward = _selective_forward(stage, forward)
     for k in range(warmup + repeats):
         inp = leaf.clone()  # a non-leaf when it needs a gradient: in-place stages may modify it
         y, f_ms = timer.run(forward, inp)
-        b_ms = 0.0
+        b_ms = sf_ms = s_ms = 0.0
         if y.requires_grad and y.is_floating_point() and wrt:
             g = torch.randn_like(y)
             _, b_ms = timer.run(_backward, y, wrt, g)
+            # NOTE [ Selective stages ]: the forward under the caching mode, the backward re-running the cheap
+            # operations first
+            del y
+            y, sf_ms = timer.run(sel_forward, leaf.clone())
+            _, s_ms = timer.run(_backward, y, wrt, g)
         del y, inp
         if k >= warmup:
             fwd_times.append(f_ms)
             bwd_times.append(b_ms)
+            sel_fwd_times.append(sf_ms)
+            sel_times.append(s_ms)
     fwd_ws = bwd_ws = 0
     inline: int | None = None
     chained: int | None = None
+    selective: int | None = None
     if device.type == "cuda":
         fwd_ws, bwd_ws = stage_workspaces(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
         inline = inline_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
         chained = chained_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
-    return StageTiming(statistics.median(fwd_times), statistics.median(bwd_times), fwd_ws, bwd_ws, inline, chained)
+        selective = selective_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
+    return StageTiming(
+        statistics.median(fwd_times),
+        statistics.median(bwd_times),
+        fwd_ws,
+        bwd_ws,
+        inline,
+        chained,
+        statistics.median(sel_fwd_times),
+        statistics.median(sel_times),
+        selective,
+    )
+
+
+def _selective_forward(
+    stage: Stage, forward: Callable[[torch.Tensor], torch.Tensor]
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``forward`` under selective checkpointing as the runtime runs a ``selective`` stage: on a clone of its input
+    when the stage writes its input in place (``tuner.runtime.segments``), so that the checkpoint's copy stays
+    intact."""
+    clone = may_write_input(stage.module)
+
+    def run(inp: torch.Tensor) -> torch.Tensor:
+        return forward(inp.clone() if clone else inp)
+
+    return lambda inp: selective_checkpoint(run, inp)
 
 
 def stage_workspaces(
@@ -223,7 +265,37 @@ def chained_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: b
     return _chained_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype, fetch=False)
 
 
-def _chained_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: bool, dtype: str, fetch: bool) -> int:
+def selective_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: bool, dtype: str = "float32") -> int:
+    """``chained_backward_bytes`` of the stage run under selective checkpointing (NOTE [ Selective stages ] in
+    ``profiler.selective``): what its backward holds above what was live before it and the gradients it makes,
+    the tensors it re-makes included, bytes, CUDA only."""
+    return _chained_backward_bytes(
+        stage, x, input_needs_grad=input_needs_grad, dtype=dtype, fetch=False, selective=True
+    )
+
+
+def selective_held_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: bool, dtype: str = "float32") -> int:
+    """What one forward of the stage under selective checkpointing leaves allocated besides its input and output,
+    bytes, CUDA only: the allocator's count, against which ``profiler.selective.selective_saved_bytes`` (which
+    counts storages) is checked."""
+    device = x.device
+    if device.type != "cuda":
+        raise ProfilerError("selective_held_bytes reads the CUDA allocator: give it a CUDA input")
+    leaf, _ = _grad_leaf(stage, x, input_needs_grad)
+    inp = leaf.clone()
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    y = _selective_forward(stage, _stage_forward(stage, device, dtype))(inp)
+    torch.cuda.synchronize(device)
+    after = torch.cuda.memory_allocated(device)
+    out = y.untyped_storage().nbytes() if y.untyped_storage().data_ptr() != inp.untyped_storage().data_ptr() else 0
+    del y, inp
+    return max(0, after - before - out)
+
+
+def _chained_backward_bytes(
+    stage: Stage, x: torch.Tensor, *, input_needs_grad: bool, dtype: str, fetch: bool, selective: bool = False
+) -> int:
     device = x.device
     if device.type != "cuda":
         raise ProfilerError("a stage's backward transient is measured on the CUDA allocator: give it a CUDA input")
@@ -240,8 +312,11 @@ def _chained_backward_bytes(stage: Stage, x: torch.Tensor, *, input_needs_grad: 
     hooks: AbstractContextManager[Any] = (
         torch.autograd.graph.saved_tensors_hooks(pack, unpack) if fetch else nullcontext()
     )
-    with hooks, _autocast(device, dtype):
-        y = stage.module(inp)
+    if selective:
+        y = _selective_forward(stage, _stage_forward(stage, device, dtype))(inp)
+    else:
+        with hooks, _autocast(device, dtype):
+            y = stage.module(inp)
     if not (isinstance(y, torch.Tensor) and y.requires_grad and y.is_floating_point() and wrt):
         return 0
     total = (y * 1.0).sum()  # its backward makes the output's gradient, which autograd then owns
@@ -399,6 +474,10 @@ def profile(
             backward_workspace_bytes=t.backward_workspace_bytes,
             backward_inline_bytes=t.backward_inline_bytes,
             chained_backward_bytes=t.chained_backward_bytes,
+            selective_saved_bytes=f.count.selective_saved_bytes if t.selective_backward_ms is not None else None,
+            selective_forward_ms=t.selective_forward_ms,
+            selective_backward_ms=t.selective_backward_ms,
+            selective_backward_bytes=t.selective_backward_bytes,
             flops=f.count.flops,
             convs=convs[i],
         )

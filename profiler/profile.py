@@ -161,8 +161,45 @@ class StageProfile(_Frozen):
         "(profiler.measure.chained_backward_bytes), with every convolution of the stage run by its memory-optimal "
         "cuDNN algorithms (NOTE [ Lean transients ] in tuner.simulator); None where not measured",
     )
+    selective_saved_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="what the stage holds from its forward to its backward under the plan action ``selective`` "
+        "besides its input: the outputs of its costly operations (NOTE [ Selective stages ] in profiler.selective); "
+        "None where not measured",
+    )
+    selective_forward_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="forward under ``selective`` (selective checkpointing's caching mode runs in Python on every "
+        "operation); None where not measured",
+    )
+    selective_backward_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="backward under ``selective``, the re-run of its cheap operations included; None where not "
+        "measured",
+    )
+    selective_backward_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="backward's peak under ``selective`` above before + gradients made, as in a chain (as "
+        "chained_backward_bytes); None where not measured",
+    )
     flops: float = Field(default=0.0, ge=0, description="forward floating-point operations")
     convs: tuple[ConvProfile, ...] = ()
+
+    @property
+    def selective_measured(self) -> bool:
+        """Whether the stage was measured under selective checkpointing (it may take the plan action ``selective``)."""
+        return self.selective_saved_bytes is not None and self.selective_backward_ms is not None
+
+    @property
+    def selective_extra_ms(self) -> tuple[float, float]:
+        """What ``selective`` adds to the stage's forward and backward, ms, as measured (0 where not measured)."""
+        fwd = 0.0 if self.selective_forward_ms is None else self.selective_forward_ms - self.forward_ms
+        bwd = 0.0 if self.selective_backward_ms is None else self.selective_backward_ms - self.backward_ms
+        return fwd, bwd
 
 
 class Profile(_Frozen):
@@ -282,6 +319,17 @@ class Profile(_Frozen):
         """The same profile with its convolution algorithm tables removed: convolutions keep the framework's
         algorithms and workspaces, so a search on it has no algorithm choice."""
         return self.model_copy(update={"stages": tuple(s.model_copy(update={"convs": ()}) for s in self.stages)})
+
+    @property
+    def has_selective(self) -> bool:
+        """Whether any stage was measured under selective checkpointing (the plan action ``selective``)."""
+        return any(s.selective_measured for s in self.stages)
+
+    def without_selective(self) -> Profile:
+        """The same profile with no stage measured under selective checkpointing: a search on it never offers the
+        plan action ``selective`` (NOTE [ Selective stages ] in ``profiler.selective``)."""
+        stages = tuple(s.model_copy(update={"selective_saved_bytes": None}) for s in self.stages)
+        return self.model_copy(update={"stages": stages})
 
     # ---- serialisation ---------------------------------------------------------------------------
     def to_json(self, *, indent: int | None = None) -> str:

@@ -28,7 +28,7 @@ from profiler.errors import ProfilerError
 from profiler.meta import CudaSemantics
 from profiler.profile import SavedStorage
 
-__all__ = ["ChainTrace", "saved_storage_table", "stage_saved_bytes", "trace_chain"]
+__all__ = ["ChainTrace", "saved_storage_table", "stage_saved_bytes", "storage_key", "trace_chain"]
 
 
 @dataclass
@@ -56,7 +56,7 @@ class ChainTrace:
     output_requires_grad: list[bool] = field(default_factory=list)
 
 
-def _storage_key(t: torch.Tensor) -> int | tuple[str, int]:
+def storage_key(t: torch.Tensor) -> int | tuple[str, int]:
     """An identity for ``t``'s storage, equal for views and in-place results."""
     s = t.untyped_storage()
     ptr = s.data_ptr()
@@ -82,7 +82,7 @@ class _Table:
         """Index of ``t``'s storage, registering it with ``producer`` if new; None for params/empty."""
         if t.untyped_storage().nbytes() == 0:
             return None
-        key = _storage_key(t)
+        key = storage_key(t)
         if key in self.excluded:
             return None
         k = self.index.get(key)
@@ -148,8 +148,8 @@ def trace_chain(
                     "move the model to the input's device (for meta use profiler.meta.meta_chain)"
                 )
             if t.untyped_storage().nbytes():
-                excluded.add(_storage_key(t))
-    table = _Table(excluded, input_key=_storage_key(x) if x.untyped_storage().nbytes() else None)
+                excluded.add(storage_key(t))
+    table = _Table(excluded, input_key=storage_key(x) if x.untyped_storage().nbytes() else None)
     output_storage: list[int | None] = []
     inplace: list[bool] = []
     output_bytes: list[int] = []
@@ -167,7 +167,7 @@ def trace_chain(
                 for name, m in stage.module.named_modules()
                 if isinstance(m, torch.nn.Conv2d)
             ]
-            in_key = _storage_key(cur) if cur.untyped_storage().nbytes() else None
+            in_key = storage_key(cur) if cur.untyped_storage().nbytes() else None
             try:
                 ctx = stage_context(i) if stage_context is not None else nullcontext()
                 with ctx as result:
@@ -181,7 +181,7 @@ def trace_chain(
                     "a chain stage must map one tensor to one tensor"
                 )
             output_storage.append(table.lookup(out, i))
-            inplace.append(in_key is not None and out.untyped_storage().nbytes() > 0 and _storage_key(out) == in_key)
+            inplace.append(in_key is not None and out.untyped_storage().nbytes() > 0 and storage_key(out) == in_key)
             output_bytes.append(out.numel() * out.element_size())
             output_shapes.append(tuple(out.shape))
             results.append(result)

@@ -3,19 +3,20 @@
 It enumerates the same space the search explores (NOTE [ Search space ] in ``tuner.search``): every
 per-stage action, every prefetch lookahead 0..8, ``layer`` sync and ``deferred`` sync with every distinct
 ``sync_delay`` (1..n: a delay of n or more never waits in forward, so larger ones are the same plan; 0 is
-``layer``), 3^n × 9 × (n + 1) plans. That is exact for the cost model and affordable up to about 9 stages
-(1.8 million plans, a few minutes on one core).
+``layer``), 3^n × 9 × (n + 1) plans (4/3 times more for each stage that may be ``selective``). That is exact
+for the cost model and affordable up to about 9 stages (1.8 million plans, a few minutes on one core).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from profiler.profile import Profile
 from tuner.errors import SearchError
-from tuner.plan import Action, Plan
+from tuner.plan import Action, Plan, stage_actions
 from tuner.search import _MAX_LOOKAHEAD, _MAX_SYNC_DELAY
 from tuner.simulator import Simulator
 
@@ -60,13 +61,15 @@ def exact_front(
     n = profile.n_stages
     if n > MAX_EXACT_STAGES:
         raise SearchError(
-            f"the exact optimum enumerates 3^n plans; {profile.model!r} has {n} stages, the limit is "
+            f"the exact optimum enumerates 3^n plans (or more, with selective stages); {profile.model!r} has {n} "
+            "stages, the limit is "
             f"{MAX_EXACT_STAGES} (use Profile.prefix to take the first stages)"
         )
     sim = Simulator(profile, optimizer)
     syncs = [("layer", 0)] + [("deferred", d) for d in range(1, min(n, _MAX_SYNC_DELAY) + 1)]
     knobs = [(la, s, d) for s, d in syncs for la in range(_MAX_LOOKAHEAD + 1)]
-    total = 3**n * len(knobs)
+    choices = stage_actions(profile)
+    total = math.prod(len(c) for c in choices) * len(knobs)
     points: list[tuple[float, int, tuple[Action, ...], int, str, int]] = []
     count = 0
     for la, sync, delay in knobs:
@@ -77,7 +80,7 @@ def exact_front(
             sync_delay=delay,
             label="exact",
         )
-        for actions in itertools.product(tuple(Action), repeat=n):
+        for actions in itertools.product(*choices):
             r = sim.run_actions(actions, template)
             points.append((r.step_ms, r.peak_bytes, actions, la, sync, delay))
             count += 1

@@ -2,7 +2,8 @@
 
 # NOTE [ Search space ]
 A trial chooses a cumulative-threshold value ``threshold`` (Layup's rule, ``tuner.policies.layup_cumulative``,
-gives every stage a default action), an override per stage ``aNNN`` in {auto, keep, offload, recompute},
+gives every stage a default action), an override per stage ``aNNN`` in {auto, keep, offload, recompute}, and
+``selective`` for the stages where it can beat recompute (``tuner.plan.stage_actions``),
 ``lookahead`` (prefetch stages), ``sync`` (deferred or layer) and ``sync_delay`` (stages a deferred copy may
 overlap before compute waits for it). ``auto`` takes the threshold rule's action,
 so the search starts from the published policy and edits it stage by stage.
@@ -36,13 +37,12 @@ from tuner.budget import search_budget
 from tuner.calibration import calibration_for
 from tuner.errors import SearchError
 from tuner.placement import allocator_cost
-from tuner.plan import Action, Plan
+from tuner.plan import Action, Plan, stage_actions
 from tuner.simulator import SimResult, Simulator
 
 __all__ = ["NO_CHOICE", "Candidate", "TuneResult", "decode_params", "leaves_convs_to_framework", "pareto_front", "tune"]
 
 Mode = Literal["fastest", "pareto"]
-_CHOICES = ("auto", "keep", "offload", "recompute")
 _SYNCS = ("deferred", "layer")
 _MAX_LOOKAHEAD = 8
 _MAX_SYNC_DELAY = 16
@@ -205,6 +205,9 @@ class _Search:
         self.descent_evals = max(60, 4 * self.n)
         self._templates: dict[_Knobs, Plan] = {}
         self.has_conv_algos = profile.has_conv_algos
+        # per stage, the actions it may take, and its override parameter's choices (NOTE [ Search space ])
+        self.actions = stage_actions(profile)
+        self.choices = [("auto", *(a.value for a in acts)) for acts in self.actions]
 
     def threshold_actions(self, threshold: float) -> tuple[Action, ...]:
         key = round(threshold, 6)
@@ -220,7 +223,7 @@ class _Search:
     def suggest(self, trial: optuna.Trial) -> Plan:
         params: dict[str, Any] = {"threshold": trial.suggest_float("threshold", *_THRESHOLD_RANGE, log=True)}
         for k in range(self.n):
-            params[f"a{k:03d}"] = trial.suggest_categorical(f"a{k:03d}", _CHOICES)
+            params[f"a{k:03d}"] = trial.suggest_categorical(f"a{k:03d}", self.choices[k])
         params["lookahead"] = trial.suggest_int("lookahead", 0, _MAX_LOOKAHEAD)
         params["sync"] = trial.suggest_categorical("sync", _SYNCS)
         params["sync_delay"] = trial.suggest_int("sync_delay", 0, _MAX_SYNC_DELAY)
@@ -294,7 +297,7 @@ class _Search:
         la, sync, delay, rule, cap = knobs
         moves: list[tuple[list[Action], _Knobs]] = []
         for k in range(self.n):
-            for a in Action:
+            for a in self.actions[k]:
                 if a is not actions[k]:
                     acts = actions.copy()
                     acts[k] = a
@@ -426,7 +429,7 @@ class _Search:
         for _ in range(rng.choice((1, 1, 2, 3))):
             k = rng.randrange(self.n)
             key = f"a{k:03d}"
-            p[key] = rng.choice([c for c in _CHOICES if c != p.get(key, "auto")])
+            p[key] = rng.choice([c for c in self.choices[k] if c != p.get(key, "auto")])
         if rng.random() < 0.2:  # a run of recompute: the shape checkpointing wants
             i = rng.randrange(self.n)
             for k in range(i, min(self.n, i + rng.randint(2, 4))):

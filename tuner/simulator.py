@@ -55,11 +55,13 @@ from profiler.loss import profile_loss_ms
 from profiler.profile import ConvProfile, Profile, SavedStorage
 from tuner.calibration import calibration_for
 from tuner.conv_choice import PASSES, ConvTriple, choose_algorithms, select_algo, working_algos
-from tuner.plan import Action, Plan, StorageFate, resolve_storages, segments, storage_copy_ms
+from tuner.plan import Action, Plan, StorageFate, resolve_storages, segments, selective_gain_bytes, storage_copy_ms
 
 __all__ = ["OPTIMIZERS", "SimResult", "Simulator", "backward_transients", "merge_storages", "simulate"]
 
 Optimizer = Literal["sgd", "adam", "none"]
+#: actions that hold the stage's input on the GPU (NOTE [ Plan semantics ])
+_HOLDS = (Action.KEEP, Action.SELECTIVE)
 #: optimizer state bytes per parameter byte
 OPTIMIZERS: dict[str, float] = {"sgd": 1.0, "adam": 2.0, "none": 0.0}
 
@@ -72,7 +74,7 @@ class SimResult:
         step_ms: wall time of forward + backward, ms.
         peak_bytes: maximum of the memory timeline, bytes.
         forward_ms / backward_ms: compute-stream end of each phase, ms (backward_ms is its duration).
-        recompute_ms: extra forward time spent re-running recompute segments, ms.
+        recompute_ms: extra forward time spent re-running recompute segments and selective stages' cheap operations, ms.
         stall_ms: total time compute waited for copies, ms.
         forward_stalls_ms / backward_stalls_ms: per stage, ms.
         d2h_bytes / h2d_bytes: bytes copied each way.
@@ -215,6 +217,20 @@ class Simulator:
             for s, w in zip(st, self.ws_b, strict=True)
         ]
         self.pgrad = [s.param_bytes for s in st]
+        # NOTE [ Selective stages ] (profiler.selective): what a selective stage keeps beyond the table, the extra
+        # time of its forward (the caching mode) and of its backward (the cheap operations re-run), and its
+        # backward's transient; where the transient was not measured (CPU profiles) every storage it re-makes is
+        # taken to live through its backward
+        scale = compute_scale
+        self.sel_keep = [s.selective_saved_bytes or 0 for s in st]
+        self.sel_extra_fwd_ms = [max(0.0, s.selective_extra_ms[0]) * scale for s in st]
+        self.sel_extra_ms = [max(0.0, s.selective_extra_ms[1]) * scale for s in st]
+        self.sel_ws = [
+            max(0, s.selective_backward_bytes - s.output_bytes)
+            if s.selective_backward_bytes is not None
+            else self.ws_b[k] + selective_gain_bytes(profile, k)
+            for k, s in enumerate(st)
+        ]
         # bytes per element of the output: half precision under autocast, else 4 (NOTE [ Loss memory ])
         self.out_itemsize = 4 if profile.dtype == "float32" else 2
         # NOTE [ Loss memory ]: its time, measured or estimated
@@ -379,14 +395,15 @@ class Simulator:
             for r in range(i, j + 1):
                 prog_end[r] = j
             src = tab.output_storage[i - 1] if i > 0 else None
-            if src is None or not tab.profile.stages[i].inplace or actions[i - 1] != Action.KEEP:
+            if src is None or not tab.profile.stages[i].inplace or actions[i - 1] not in _HOLDS:
                 continue
             if j > i:
                 clone[i] = clone_fwd_free[i + 1] = out[i - 1]
                 reclone[j] = out[i - 1]
                 clone_bwd_free[i] = out[i - 1]
-            elif j + 1 < n and actions[j + 1] == Action.KEEP and j + 1 in tab.s_saved_by[src]:
+            elif j + 1 < n and actions[j + 1] in _HOLDS and j + 1 in tab.s_saved_by[src]:
                 clone[i] = clone_bwd_free[i] = out[i - 1]
+        selective = [a is Action.SELECTIVE for a in actions]
         # the model's output is read by the loss, which frees it (NOTE [ Loss memory ])
         final_out = tab.output_storage[n - 1]
         copy_during = [False] * len(s_bytes)
@@ -446,7 +463,7 @@ class Simulator:
                 blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in tab.produced[k]]
                 blk += [("alloc", ("ws", k), ws_f[k]), ("free", ("ws", k), ws_f[k])] if ws_f[k] else []
             t_start = t
-            t += fwd[k]
+            t += fwd[k] + (self.sel_extra_fwd_ms[k] if selective[k] else 0.0)
             ev((t, -ws_f[k], f"fwd {k} end"))
             if inline:
                 for sid in copy_at[k]:
@@ -488,6 +505,10 @@ class Simulator:
                 ev((t, -clone_fwd_free[k], f"fwd {k} clone"))
                 if blk is not None:
                     blk.append(("free", ("clone", k - 1), clone_fwd_free[k]))
+            if selective[k] and self.sel_keep[k]:  # NOTE [ Selective stages ]: what it keeps, the rest dropped above
+                ev((t, self.sel_keep[k], f"fwd {k} selective"))
+                if blk is not None:
+                    blk.append(("alloc", ("sel", k), self.sel_keep[k]))
         forward_ms = t
 
         # ---- backward ---------------------------------------------------------------------------
@@ -632,16 +653,23 @@ class Simulator:
             grad_in = out[k - 1] if k > 0 else 0
             held = local_max[k]  # NOTE [ Inline fetches ]
             ws_k = ws_b[k]
+            bwd_k = bwd[k]
+            kept_k = 0
             if k in fetched:  # its measured transient holds its fetches
                 held, ws_k = 0, ws_b[k] + (self.inline_extra[k] or 0)
+            elif selective[k]:  # NOTE [ Selective stages ]: re-runs its cheap operations, then frees what it kept
+                ws_k, kept_k = max(ws_k, self.sel_ws[k]), self.sel_keep[k]
+                bwd_k += self.sel_extra_ms[k]
+                recompute_ms += self.sel_extra_ms[k]
             ev((t, grad_in + self.pgrad[k] + ws_k + held, f"bwd {k} start"))
-            t += bwd[k]
+            t += bwd_k
             released = [sid for sid in release_at[k] if sid not in local or not freed[sid]]
             copies = copy_release_at[k]
             freed_now = (
                 ws_k
                 + out[k]
                 + held
+                + kept_k
                 + clone_bwd_free[k]
                 + sum(s_bytes[sid] for sid in released)
                 + sum(s_bytes[sid] for sid in copies)
@@ -657,6 +685,7 @@ class Simulator:
                 blk += [("free", ("s", sid), s_bytes[sid]) for sid in released]
                 blk += [("free", ("c", sid), s_bytes[sid]) for sid in copies]
                 blk += [("free", ("clone", k), clone_bwd_free[k])] if clone_bwd_free[k] else []
+                blk += [("free", ("sel", k), kept_k)] if kept_k else []
 
         # ---- peak -------------------------------------------------------------------------------
         live = self.base

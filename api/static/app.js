@@ -7,7 +7,7 @@
   const C = {
     fwd: "#0072b2", d2h: "#e69f00", front: "#009e73", best: "#d55e00", budget: "#d55e00",
     trial: "#9aa3ad", baseline: "#1d232b", unplanned: "#5b6673",
-    keep: "#c9d3dd", offload: "#e69f00", recompute: "#cc79a7", measured: "#56b4e9",
+    keep: "#c9d3dd", offload: "#e69f00", recompute: "#cc79a7", selective: "#009e73", measured: "#56b4e9",
   };
 
   // ---- small helpers ---------------------------------------------------------------------------
@@ -360,6 +360,7 @@
         "stage index (hover a bar for its name); the strip is the best plan's action per stage");
       items.push({ label: "keep", mark: markBox(C.keep) }, { label: "offload", mark: markBox(C.offload) },
         { label: "recompute", mark: markBox(C.recompute) });
+      if (actions.includes("selective")) items.push({ label: "selective", mark: markBox(C.selective) });
     }
     legend(fr, items);
   }
@@ -547,7 +548,7 @@
       if (!results.count) message(resBox, "The job stored no plans.");
       else table(resBox, [
         { label: "plan" }, { label: "kind" }, { label: "step", num: true }, { label: "peak", num: true },
-        { label: "fits budget" }, { label: "Pareto" }, { label: "keep / offload / recompute" }, { label: "source" },
+        { label: "fits budget" }, { label: "Pareto" }, { label: "keep / offload / recompute / selective" }, { label: "source" },
         { label: "simulated step (error)", num: true }, { label: "simulated peak", num: true },
       ], results.data.map((r) => {
         const a = (r.plan && r.plan.actions) || [];
@@ -555,7 +556,7 @@
         return [
           r.name, badge(r.kind), fmtMs(r.step_ms), fmtGiB(r.peak_bytes), r.feasible ? "yes" : "no",
           r.pareto_optimal ? el("span", { class: "pareto" }, null, "★") : "",
-          `${count("keep")} / ${count("offload")} / ${count("recompute")}`, sourceBadge(r),
+          `${count("keep")} / ${count("offload")} / ${count("recompute")} / ${count("selective")}`, sourceBadge(r),
           predictedCell(r), predictedPeakCell(r),
         ];
       }));

@@ -110,3 +110,33 @@ def test_cuda_profile_measures_the_loss_at_the_output_shape() -> None:
     # a language model's logits take milliseconds, far above a 10-class output's launch-bound time
     big = measure_loss_ms((8, 1024, 50304), 50304, torch.bfloat16, torch.device("cuda"))
     assert big > 10 * p.loss_ms
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_selective_bytes_are_what_the_allocator_holds(dtype: str) -> None:
+    """A transformer block and a bottleneck at realistic sizes (NOTE [ Selective stages ] in ``profiler.selective``):
+    the storages counted are the bytes allocated (within 1 MiB), and the selective passes and the selective backward's
+    transient are measured."""
+    from profiler import zoo
+    from profiler.measure import selective_held_bytes, time_stage
+    from profiler.selective import selective_saved_bytes
+
+    device = torch.device("cuda")
+    gpt = zoo.build("gpt", {"layers": 1, "width": 1024, "heads": 16, "seq_len": 1024, "vocab": 1024})
+    resnet = zoo.build("resnet50", {})
+    low = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    cases = [(gpt.stages[1], (8, 1024, 1024)), (resnet.stages[5], (64, 256, 56, 56))]
+    for stage, shape in cases:
+        stage.module.to(device).train()
+        x = torch.randn(*shape, device=device)
+
+        def autocast() -> torch.autocast:
+            return torch.autocast("cuda", dtype=low, enabled=dtype != "float32")
+
+        counted = selective_saved_bytes(stage.module, x, autocast=autocast)
+        held = selective_held_bytes(stage, x, input_needs_grad=True, dtype=dtype)
+        assert abs(counted - held) <= 1 << 20, (stage.name, counted, held)
+        t = time_stage(stage, x, input_needs_grad=True, dtype=dtype, warmup=2, repeats=5)
+        assert t.selective_backward_ms is not None and t.selective_forward_ms is not None, (stage.name, t)
+        assert t.selective_backward_bytes is not None and t.selective_backward_bytes > 0
+        stage.module.cpu()

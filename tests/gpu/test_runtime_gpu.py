@@ -249,3 +249,19 @@ def test_budget_guard_raises_plan_oom_and_the_next_step_runs() -> None:
         loss.backward()
     assert torch.isfinite(loss)
     keep(x).square().mean().backward()
+
+
+@pytest.mark.parametrize("name", ["resnet50", "gpt", "vgg16"])
+def test_selective_plans_keep_the_math_on_cuda(name: str) -> None:
+    """Selective stages (NOTE [ Selective stages ] in ``profiler.selective``): all of them, alternating with keep, and
+    mixed with recompute and offload."""
+    chain, x = build(name)
+    n = len(chain)
+    rtol = tolerance(chain, x)
+    ref = reference_step(chain, x)
+    failures = []
+    for letters in ("s" * n, ("sk" * n)[:n], ("sro" * n)[:n], ("kso" * n)[:n]):
+        eq, _ = check_equivalence(chain, Plan.from_actions(letters), x, steps=2, reference=ref)
+        if not eq.ok(rtol):
+            failures.append(f"{letters}: {eq}")
+    assert not failures, f"rtol {rtol:g}\n" + "\n".join(failures)

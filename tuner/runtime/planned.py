@@ -11,10 +11,12 @@ Two lines in a training loop::
 
 Each stage runs as NOTE [ Plan semantics ] (``tuner.plan``) says: ``keep`` stages run as usual,
 ``offload`` stages run under the offload hooks of NOTE [ Offload runtime ] (``tuner.runtime.offload``),
-and each maximal run of ``recompute`` stages is one non-reentrant checkpoint
+each maximal run of ``recompute`` stages is one non-reentrant checkpoint
 (``tuner.runtime.segments``), called under the offload hooks when the stage before it is ``offload``
-so that its input is offloaded too. The plan never changes the math: loss, gradients and buffers are
-those of the unplanned model (tests check it for every zoo model and policy).
+so that its input is offloaded too, and a ``selective`` stage is a one-stage checkpoint under PyTorch's
+selective checkpointing (NOTE [ Selective stages ] in ``profiler.selective``). The plan never changes the
+math: loss, gradients and buffers are those of the unplanned model (tests check it for every zoo model and
+policy).
 
 Convolution algorithm choices (``conv_rule``, ``conv_algos``) are applied by
 ``tuner.runtime.conv.apply_conv_choices(model, plan, profile)``, which needs the profile's algorithm
@@ -154,12 +156,15 @@ class PlannedModel(nn.Module):
         self._budget_bytes: int | None = None  # set by oom_guard, for error messages
         # the forward as a program: ("stage", k, k) or ("segment", i, j)
         segs = {i: Segment(i, j, modules, names, clone_segment_inputs) for i, j in segments(plan.actions)}
+        for k, a in enumerate(plan.actions):  # NOTE [ Selective stages ] (profiler.selective)
+            if a is Action.SELECTIVE:
+                segs[k] = Segment(k, k, modules, names, clone_segment_inputs, selective=True)
         self._segments = segs
         self._program: list[tuple[str, int, int]] = []
         k = 0
         while k < len(modules):
             if k in segs:
-                self._program.append(("segment", k, segs[k].last))
+                self._program.append(("selective" if segs[k].selective else "segment", k, segs[k].last))
                 k = segs[k].last + 1
             else:
                 self._program.append(("stage", k, k))
@@ -232,11 +237,11 @@ class PlannedModel(nn.Module):
                 step.forward_stage = i
                 if kind == "segment":  # the segment input x_{i-1} follows stage i-1's action
                     offloading = i > 0 and actions[i - 1] is Action.OFFLOAD
-                else:
+                else:  # a selective stage holds its input and what it keeps on the GPU
                     offloading = actions[i] is Action.OFFLOAD
                 # what is packed here is first needed by the backward of stage j
                 with step.hooks(i, j) if offloading else contextlib.nullcontext():
-                    if kind == "segment":
+                    if kind != "stage":
                         x = self._segments[i](x, modules, mark, started)
                     else:
                         x = modules[i](x)

@@ -35,26 +35,16 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
+from profiler.chain import may_write_input
+from profiler.selective import selective_context
 from tuner.errors import PlanError
 
-__all__ = ["Segment", "may_write_input"]
+__all__ = ["Segment"]
 
 StageHook = Callable[[int, torch.Tensor], None]
-
-
-def _first_leaf(module: nn.Module) -> nn.Module:
-    while True:
-        children = list(module.children())
-        if not children:
-            return module
-        module = children[0]
-
-
-def may_write_input(module: nn.Module) -> bool:
-    """True when ``module`` declares it writes its input in place (``inplace=True`` on it or its first leaf)."""
-    return bool(getattr(module, "inplace", False)) or bool(getattr(_first_leaf(module), "inplace", False))
 
 
 class Segment:
@@ -68,6 +58,8 @@ class Segment:
         modules: the chain's stage modules now (all of them; decides ``clone_input``).
         names: the chain's stage names, for error messages.
         clone_input: clone the input inside the segment (None: decide by ``may_write_input``).
+        selective: run it under selective checkpointing (NOTE [ Selective stages ] in ``profiler.selective``): keep
+            the outputs of its costly operations and re-run only the rest in backward, for a ``selective`` stage.
     """
 
     def __init__(
@@ -77,11 +69,14 @@ class Segment:
         modules: Sequence[nn.Module],
         names: Sequence[str],
         clone_input: bool | None = None,
+        *,
+        selective: bool = False,
     ) -> None:
         self.first = first
         self.last = last
         self.name = names[first]
         self.clone_input = may_write_input(modules[first]) if clone_input is None else clone_input
+        self.selective = selective
 
     def __call__(
         self,
@@ -104,20 +99,26 @@ class Segment:
             calls += 1
             if calls == 1:
                 return self._run(inp, mine, on_stage_output, on_stage_start)
-            # NOTE [ Buffers during recompute ]
-            snapshot = [(b, b.clone()) for m in mine for b in m.buffers()]
+            # NOTE [ Buffers during recompute ]; outside selective checkpointing's dispatch mode, which refuses
+            # operations the first forward did not run
+            with _disable_current_modes():
+                snapshot = [(b, b.clone()) for m in mine for b in m.buffers()]
             try:
                 return self._run(inp, mine, None, None)
             finally:
-                with torch.no_grad():
+                with torch.no_grad(), _disable_current_modes():
                     for b, saved in snapshot:
                         b.copy_(saved)
 
         version = x._version
-        out = checkpoint(run, x, use_reentrant=False, preserve_rng_state=True)
+        if self.selective:
+            out = checkpoint(run, x, use_reentrant=False, preserve_rng_state=True, context_fn=selective_context)
+        else:
+            out = checkpoint(run, x, use_reentrant=False, preserve_rng_state=True)
         if x._version != version:
+            kind = "is a selective stage" if self.selective else "starts a recompute segment"
             raise PlanError(
-                f"stage {self.first} ({self.name}) starts a recompute segment and modified its input in "
+                f"stage {self.first} ({self.name}) {kind} and modified its input in "
                 "place, which corrupts the input saved for the re-run (NOTE [ In-place at segment "
                 "boundaries ]); pass clone_segment_inputs=True to planned(), or set inplace=False on it"
             )

@@ -1,10 +1,10 @@
 """A plan never changes the math: loss, every parameter gradient and every buffer equal the unplanned run's.
 
 Tiny versions of every zoo model family under every baseline policy (profiles are modeled, budgets half
-the all-keep simulated peak), and hand-made plans (all keep / offload / recompute, alternating, seeded
-random, every sync mode and several prefetch lookaheads) on small chains. Runs on CPU, fp32: the
-tolerance is 1e-6 relative (``tuner.runtime.verify.relative_error``); in practice results are bitwise
-equal. Dropout (p=0.5 in the VGG/AlexNet/OverFeat classifiers) checks that recompute replays RNG.
+the all-keep simulated peak) and with selective stages, and hand-made plans (all keep / offload / recompute /
+selective, alternating, seeded random, every sync mode and several prefetch lookaheads) on small chains.
+Runs on CPU, fp32: the tolerance is 1e-6 relative (``tuner.runtime.verify.relative_error``); in practice
+results are bitwise equal. Dropout (p=0.5 in the VGG/AlexNet/OverFeat classifiers) checks that recompute replays RNG.
 """
 
 from __future__ import annotations
@@ -106,6 +106,20 @@ def test_every_policy_keeps_the_math_deep_vgg(name: str) -> None:
     check_all_policies(name, params, batch, steps)
 
 
+@pytest.mark.parametrize("name", list(TINY))
+def test_selective_stages_keep_the_math(name: str) -> None:
+    """Every stage ``selective`` (NOTE [ Selective stages ] in ``profiler.selective``), then every other one."""
+    params, batch, steps = TINY[name]
+    chain = build(name, params)
+    torch.manual_seed(1)
+    x = model_input(chain, batch)
+    n = len(chain)
+    ref = reference_step(chain, x)
+    for letters in ("s" * n, ("sk" * n)[:n]):
+        eq, _ = check_equivalence(chain, Plan.from_actions(letters), x, steps=steps, reference=ref)
+        assert eq.ok(RTOL), (letters, eq)
+
+
 def test_every_zoo_family_is_covered() -> None:
     """vgg216..vgg516 are vgg116 with more of the same convs (GBs of weights even at 32x32): not run."""
     covered = set(TINY) | set(TINY_SLOW)
@@ -148,9 +162,14 @@ def hand_made(n: int) -> dict[str, Plan]:
         "alt-or": Plan.from_actions(("or" * n)[:n]),
         "alt-ro": Plan.from_actions(("ro" * n)[:n]),
         "pairs": Plan.from_actions(("oorrk" * n)[:n]),
+        "selective": Plan.uniform(n, Action.SELECTIVE),
+        "alt-so": Plan.from_actions(("so" * n)[:n]),
+        "alt-rs": Plan.from_actions(("rs" * n)[:n]),
     }
     for k in range(4):
         plans[f"random-{k}"] = Plan.from_actions([rng.choice("kor") for _ in range(n)])
+    for k in range(2):
+        plans[f"random-s{k}"] = Plan.from_actions([rng.choice("kors") for _ in range(n)])
     return plans
 
 

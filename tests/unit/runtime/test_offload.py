@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint_sequential
 
 import tuner.runtime as rt
 from profiler import zoo
-from profiler.chain import ModelChain, flatten
+from profiler.chain import ModelChain, flatten, may_write_input
 from profiler.modeled import modeled_profile
 from tuner.errors import PlanError, TunerError
 from tuner.plan import Action, Plan, resolve_storages, segments
@@ -30,7 +30,6 @@ from tuner.runtime import (
     planned,
 )
 from tuner.runtime.offload import StepState
-from tuner.runtime.segments import may_write_input
 
 torch.set_num_threads(1)
 

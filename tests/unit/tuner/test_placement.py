@@ -12,7 +12,7 @@ from api.cli import resolve_profile
 from profiler.zoo import build
 from tuner.calibration import calibration_for
 from tuner.placement import LARGE_PAGE, AllocatorModel, AllocatorOutOfMemory, predict_retries
-from tuner.plan import Action, Plan
+from tuner.plan import Action, Plan, stage_actions
 from tuner.policies import POLICIES
 from tuner.search import tune
 from tuner.simulator import Simulator
@@ -134,7 +134,7 @@ def test_random_plans_free_every_tensor(model: str, batch: int, dtype: str) -> N
     sim = Simulator(prof, merge=False)
     rng = random.Random(0)
     for i in range(40):
-        actions = [rng.choice(list(Action)) for _ in range(prof.n_stages)]
+        actions = [rng.choice(acts) for acts in stage_actions(prof)]
         sync = ("deferred", "layer", "inline")[i % 3]
         plan = Plan(actions=actions, sync=sync, prefetch_lookahead=rng.randrange(9), sync_delay=rng.randrange(1, 6))
         live: dict[object, int] = {}

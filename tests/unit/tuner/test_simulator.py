@@ -8,7 +8,7 @@ import random
 import pytest
 from chains import MiB, linear_chain
 
-from tuner.plan import Action, Plan
+from tuner.plan import Action, Plan, stage_actions
 from tuner.simulator import Simulator, simulate
 
 
@@ -156,7 +156,7 @@ def test_merging_storages_changes_no_number() -> None:
     rng = random.Random(3)
     for _ in range(40):
         plan = Plan(
-            actions=tuple(rng.choice(list(Action)) for _ in range(profile.n_stages)),
+            actions=tuple(rng.choice(acts) for acts in stage_actions(profile)),
             prefetch_lookahead=rng.randint(0, 4),
             sync=rng.choice(["layer", "inline", "deferred"]),
             sync_delay=rng.randint(0, 5),
