@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC, FakeValidator
 from sqlalchemy import update
 
+import tuner.search
 from api.client import MemtuneClient
 from api.routes.jobs import _request_hash
 from api.schemas import JobCreate, JobPublic
@@ -24,7 +25,7 @@ from storage.database import Database
 from storage.records import Job
 from storage.repositories import JobRepository, ResultRepository
 from storage.rows import JobRow
-from tuner.search import NO_CHOICE, leaves_convs_to_framework
+from tuner.search import NO_CHOICE, TuneResult, leaves_convs_to_framework
 
 BUDGET = "64MiB"
 
@@ -262,11 +263,21 @@ def test_request_hash_of_a_job_without_validation_is_as_before(http: TestClient,
 
 
 def test_the_best_plan_without_algorithm_choice_is_measured_too_and_served_if_faster(
-    client: MemtuneClient, db: Database
+    client: MemtuneClient, db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """NOTE [ Measured selection ]: with cuDNN algorithm tables (the committed ResNet-50 H200 profile) the
     joint search's best chooses algorithms; the best plan that leaves them to the framework is measured after
-    the top k, and the GPU's verdict decides which one is served."""
+    the top k, and the GPU's verdict decides which one is served.
+
+    The worker seeds a search with its job's random id; for about one id in four the 60-trial search's best at
+    11 GiB leaves the algorithms to the framework, and there is then nothing to compare. The seed is pinned to
+    0, whose best chooses them (133.9 ms simulated; 139.1 without choice)."""
+    real_tune = tuner.search.tune
+
+    def seeded_tune(*args: Any, **kwargs: Any) -> TuneResult:
+        return real_tune(*args, **{**kwargs, "seed": 0})
+
+    monkeypatch.setattr(tuner.search, "tune", seeded_tune)
     fake = FakeValidator(step_scale_of={NO_CHOICE: 0.5})  # here the framework's algorithms measure faster
     job = client.submit_job(
         {"zoo": "resnet50"}, batch=256, gpu="h200", budget="11GiB", trials=60, validate_top_k=1, headroom=0.05
