@@ -57,7 +57,7 @@ from tuner.calibration import calibration_for
 from tuner.conv_choice import PASSES, ConvTriple, choose_algorithms, select_algo, working_algos
 from tuner.plan import Action, Plan, StorageFate, resolve_storages, segments, selective_gain_bytes, storage_copy_ms
 
-__all__ = ["OPTIMIZERS", "SimResult", "Simulator", "backward_transients", "merge_storages", "simulate"]
+__all__ = ["OPTIMIZERS", "SimResult", "Simulator", "StorageTables", "backward_transients", "merge_storages", "simulate"]
 
 Optimizer = Literal["sgd", "adam", "none"]
 #: actions that hold the stage's input on the GPU (NOTE [ Plan semantics ])
@@ -143,7 +143,7 @@ def backward_transients(profile: Profile) -> list[int]:
     return out
 
 
-class _StorageTables:
+class StorageTables:
     """Per-storage tables of one profile (see NOTE [ Saved storages ])."""
 
     def __init__(self, profile: Profile) -> None:
@@ -238,9 +238,14 @@ class Simulator:
         self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
         self._conv_costs: dict[object, tuple[list[float], list[float], list[int], list[int]]] = {}
         # merged storages give the same numbers under every sync mode (see merge_storages)
-        self._tables = _StorageTables(merge_storages(profile) if merge else profile)
+        self._tables = StorageTables(merge_storages(profile) if merge else profile)
         # NOTE [ Inline fetches ]: inline plans hold one storage at a time, so merged storages would over-count
         self._unmerged = self._tables if not merge else None
+
+    @property
+    def tables(self) -> StorageTables:
+        """The per-storage tables the simulator runs on (merged storages, NOTE [ Saved storages ])."""
+        return self._tables
 
     # ------------------------------------------------------------------------------------------------
     def run(self, plan: Plan, *, timeline: bool = False, check: bool = True) -> SimResult:
@@ -335,7 +340,7 @@ class Simulator:
         self._conv_costs[key] = result
         return result
 
-    def _inline_stages(self, tab: _StorageTables, fates: Sequence[StorageFate]) -> set[int]:
+    def _inline_stages(self, tab: StorageTables, fates: Sequence[StorageFate]) -> set[int]:
         """Under ``inline`` sync: the stages whose measured inline transient stands for their backward (NOTE
         [ Inline fetches ]): the profile measured it, and every storage the stage saves goes to host memory."""
         saves: list[list[int]] = [[] for _ in range(self.n)]
@@ -358,7 +363,7 @@ class Simulator:
         tab = self._tables
         if inline:
             if self._unmerged is None:
-                self._unmerged = _StorageTables(self.profile)
+                self._unmerged = StorageTables(self.profile)
             tab = self._unmerged
         s_bytes, s_last, s_d2h, s_h2d = tab.s_bytes, tab.s_last_use, tab.s_d2h, tab.s_h2d
         lookahead = 0 if inline else plan.prefetch_lookahead
