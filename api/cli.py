@@ -368,7 +368,9 @@ def tune(
     """Search the fastest plan within a budget (or the Pareto front) and compare every baseline."""
     import optuna
 
+    from tuner.bound import step_lower_bound
     from tuner.search import tune as run_tune
+    from tuner.simulator import Simulator
 
     _check_dtype(dtype)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -440,6 +442,11 @@ def tune(
             f"  [dim]of which {best.allocator_ms:.1f} ms are {best.alloc_retries:.1f} allocator retries per step "
             "predicted under the budget's cap (NOTE [ Allocator placement ])[/]"
         )
+    bound = step_lower_bound(Simulator(prof, optimizer), budget_bytes)
+    out.print(
+        f"  [dim]no plan of offload, recompute and algorithm choice can step faster than {bound.step_ms:.2f} ms "
+        f"({bound.ratio:.2f}x) within {format_bytes(budget_bytes)} (NOTE [ Budget bound ])[/]"
+    )
     if pareto:
         table = Table("step ms", "peak GiB", "plan", title="Pareto front (time vs memory)")
         for c in result.pareto:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,12 @@ def test_tune_prints_the_policy_table_and_the_plan() -> None:
     assert code == 0, out
     for word in ("policy", "slowdown", "peak GiB", "feasible", "checkpoint_sqrt", "best plan", "modeled"):
         assert word in out
+    # NOTE [ Budget bound ]: the lower bound follows the best plan, and is no slower than it
+    flat = " ".join(out.split())
+    found = re.search(r"best: \S+ ([0-9.]+) ms", flat)
+    bound = re.search(r"can step faster than ([0-9.]+) ms \(([0-9.]+)x\) within", flat)
+    assert found and bound, out
+    assert float(bound.group(1)) <= float(found.group(1))
 
 
 def test_tune_without_a_fitting_plan_exits_1() -> None:

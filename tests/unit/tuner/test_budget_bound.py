@@ -1,4 +1,4 @@
-"""``benchmarks.budget_bound`` (NOTE [ Budget bound ]): its envelopes, and that it is a lower bound: no plan the
+"""``tuner.bound`` (NOTE [ Budget bound ]): its envelopes, and that it is a lower bound: no plan the
 policies, the search or chance make, that fits the budget, is simulated faster than it."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import optuna
 import pytest
 
 from api.cli import resolve_profile
-from benchmarks.budget_bound import lower_envelope, step_lower_bound
 from profiler.profile import Profile
 from profiler.zoo import build
+from tuner.bound import lower_envelope, step_lower_bound
 from tuner.plan import Plan, stage_actions
 from tuner.policies import POLICIES, run_policy
 from tuner.search import tune
