@@ -442,11 +442,15 @@ def tune(
             f"  [dim]of which {best.allocator_ms:.1f} ms are {best.alloc_retries:.1f} allocator retries per step "
             "predicted under the budget's cap (NOTE [ Allocator placement ])[/]"
         )
-    bound = step_lower_bound(Simulator(prof, optimizer), budget_bytes)
-    out.print(
-        f"  [dim]no plan of offload, recompute and algorithm choice can step faster than {bound.step_ms:.2f} ms "
-        f"({bound.ratio:.2f}x) within {format_bytes(budget_bytes)} (NOTE [ Budget bound ])[/]"
-    )
+    try:
+        bound = step_lower_bound(Simulator(prof, optimizer), budget_bytes)
+    except RuntimeError as exc:  # the solver gave no answer: the plan stands, without its bound
+        out.print(f"  [dim]no lower bound: {exc}[/]")
+    else:
+        out.print(
+            f"  [dim]no plan of offload, recompute and algorithm choice can step faster than {bound.step_ms:.2f} ms "
+            f"({bound.ratio:.2f}x) within {format_bytes(budget_bytes)} (NOTE [ Budget bound ])[/]"
+        )
     if pareto:
         table = Table("step ms", "peak GiB", "plan", title="Pareto front (time vs memory)")
         for c in result.pareto:

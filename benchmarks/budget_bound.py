@@ -5,17 +5,14 @@
 Printed per budget: the bound's step and its ratio to the unconstrained step (the goal of issue 4 is 1.10× at
 60% of the peak), how it pays (offload, re-made bytes, algorithm, waits), and the search's best plan: its simulated
 step, and in brackets what the search ranked it by (the step plus the allocator retries the placement model
-predicts under the budget, NOTE [ Placement ranking ] in ``tuner.search``).
+predicts under the budget, NOTE [ Placement ranking ] in ``tuner.search``; ``--no-placement``: the step alone).
 """
 
 from __future__ import annotations
 
 import argparse
 
-import optuna
-
-from api.cli import resolve_profile
-from profiler.zoo import build
+from benchmarks.common import budget_table_args
 from tuner.bound import step_lower_bound
 from tuner.plan import Plan
 from tuner.search import tune
@@ -26,27 +23,29 @@ __all__ = ["main"]
 GIB = float(1 << 30)
 
 
+def _no_placement(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--no-placement",
+        dest="placement",
+        action="store_false",
+        help="rank the search's plans by the simulator alone, without the allocator retries it predicts",
+    )
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("configs", nargs="+", help="model:batch:dtype with a committed H200 profile")
-    ap.add_argument("--fractions", default="0.6", help="budgets as fractions of the unconstrained peak")
-    ap.add_argument("--trials", type=int, default=300, help="trials of the search printed beside the bound")
-    args = ap.parse_args()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    args, profiles, fractions = budget_table_args(__doc__, fractions="0.6", trials=300, extra=_no_placement)
     print(
         "| config | budget | bound (ms) | bound / unconstrained | on host / re-made (GiB) | "
         "re-runs / algorithms / waits (ms) | binding moments | search's best, simulated (ms, ×) |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for cfg in args.configs:
-        model, batch, dtype = cfg.split(":")
-        prof = resolve_profile(build(model, {}), int(batch), dtype, "h200")
+    for cfg, prof in profiles:
         sim = Simulator(prof)
         peak = sim.run(Plan.uniform(prof.n_stages)).peak_bytes
-        for frac in (float(f) for f in args.fractions.split(",")):
+        for frac in fractions:
             budget = int(frac * peak)
             b = step_lower_bound(sim, budget)
-            best = tune(prof, budget, trials=args.trials, seed=0).best
+            best = tune(prof, budget, trials=args.trials, seed=0, placement=args.placement).best
             found = "no plan fits"
             if best is not None:
                 alone = sim.run(best.plan).step_ms

@@ -12,12 +12,7 @@ can gain. Printed for each budget: F, the no-choice best at B and at B + F, the 
 
 from __future__ import annotations
 
-import argparse
-
-import optuna
-
-from api.cli import resolve_profile
-from profiler.zoo import build
+from benchmarks.common import budget_table_args
 from tuner.plan import Plan
 from tuner.search import tune
 from tuner.simulator import Simulator
@@ -36,23 +31,16 @@ def freeable_bytes(sim: Simulator) -> tuple[int, str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("configs", nargs="+", help="model:batch:dtype with a committed H200 profile with tables")
-    ap.add_argument("--fractions", default="0.4,0.5,0.6", help="budgets as fractions of the unconstrained peak")
-    ap.add_argument("--trials", type=int, default=300)
-    args = ap.parse_args()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    args, profiles, fractions = budget_table_args(__doc__, fractions="0.4,0.5,0.6", trials=300)
     print("| config | budget | F (MiB, stage) | no choice at B | no choice at B + F | joint at B | bound on the gain |")
     print("|---|---|---|---|---|---|---|")
-    for cfg in args.configs:
-        model, batch, dtype = cfg.split(":")
-        prof = resolve_profile(build(model, {}), int(batch), dtype, "h200")
+    for cfg, prof in profiles:
         sim = Simulator(prof)
         n = prof.n_stages
         default, fastest = sim.run(Plan.uniform(n)), sim.run(Plan.uniform(n, conv_rule="fastest"))
         free, where = freeable_bytes(sim)
         plain = prof.without_conv_algos()
-        for frac in (float(f) for f in args.fractions.split(",")):
+        for frac in fractions:
             b = int(frac * default.peak_bytes)
             at_b = tune(plain, b, trials=args.trials, seed=0, headroom=0.05).best
             more = tune(plain, b + free, trials=args.trials, seed=0, headroom=0.05).best

@@ -1,15 +1,17 @@
-"""Shared pieces of the benchmarks: which profile to use, and the environment line of every table."""
+"""Shared pieces of the benchmarks: which profile to use, the command line of the per-budget tables, and the
+environment line of every table."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from profiler.profile import Profile
 
-__all__ = ["environment", "zoo_profile"]
+__all__ = ["budget_table_args", "config_profile", "environment", "zoo_profile"]
 
 
 def zoo_profile(
@@ -23,6 +25,49 @@ def zoo_profile(
     chain = build(model, params or {})
     found = find_profile(chain.name, batch, dtype, gpu, params=chain.params)
     return found if found is not None else modeled_profile(chain, batch, dtype, gpu)
+
+
+def config_profile(text: str) -> Profile:
+    """The profile of ``model:batch:dtype`` (``zoo_profile`` on the H200).
+
+    Raises:
+        ValueError: ``text`` is not three fields with an integer batch.
+    """
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[1].isdigit():
+        raise ValueError(f"a config is model:batch:dtype, e.g. resnet50:256:float32, not {text!r}")
+    model, batch, dtype = parts
+    return zoo_profile(model, int(batch), dtype)
+
+
+def budget_table_args(
+    doc: str | None, *, fractions: str, trials: int, extra: Callable[[argparse.ArgumentParser], None] | None = None
+) -> tuple[argparse.Namespace, list[tuple[str, Profile]], list[float]]:
+    """The command line of a table per config and budget: ``model:batch:dtype`` configs, ``--fractions`` of the
+    unconstrained peak and ``--trials`` per search (``extra`` adds more options). Returns the parsed arguments,
+    each config with its profile, and the fractions; a bad config or fraction exits with argparse's error.
+    Quiets Optuna's per-trial log."""
+    import optuna
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("configs", nargs="+", help="model:batch:dtype, a committed H200 profile where there is one")
+    ap.add_argument("--fractions", default=fractions, help="budgets as fractions of the unconstrained peak")
+    ap.add_argument("--trials", type=int, default=trials, help="Optuna trials per search")
+    if extra is not None:
+        extra(ap)
+    args = ap.parse_args()
+    try:
+        fracs = [float(f) for f in args.fractions.split(",")]
+    except ValueError:
+        ap.error(f"--fractions takes comma-separated fractions like 0.5,0.6, not {args.fractions!r}")
+    if not all(f > 0.0 for f in fracs):
+        ap.error(f"--fractions must be positive, not {args.fractions!r}")
+    try:
+        profiles = [(c, config_profile(c)) for c in args.configs]
+    except ValueError as exc:
+        ap.error(str(exc))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return args, profiles, fracs
 
 
 def environment() -> str:

@@ -12,11 +12,7 @@ stages the first one makes selective.
 
 from __future__ import annotations
 
-import argparse
-
-import optuna
-
-from benchmarks.common import zoo_profile
+from benchmarks.common import budget_table_args
 from profiler.profile import Profile
 from tuner.plan import Action, Plan, selective_gain_bytes
 from tuner.search import Candidate, tune
@@ -33,15 +29,8 @@ def _fastest(profile: Profile, budget: int, trials: int) -> Candidate | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("configs", nargs="+", help="model:batch:dtype with a committed H200 profile")
-    ap.add_argument("--fractions", default="0.5,0.6,0.8", help="budgets as fractions of the unconstrained peak")
-    ap.add_argument("--trials", type=int, default=200)
-    args = ap.parse_args()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    for text in args.configs:
-        model, batch, dtype = text.split(":")
-        prof = zoo_profile(model, int(batch), dtype)
+    args, profiles, fractions = budget_table_args(__doc__, fractions="0.5,0.6,0.8", trials=200)
+    for text, prof in profiles:
         k = max(range(prof.n_stages), key=lambda i: selective_gain_bytes(prof, i))
         st = prof.stages[k]
         gain = selective_gain_bytes(prof, k)
@@ -54,7 +43,7 @@ def main() -> None:
             f"for its forward, {st.forward_ms:.2f} ms ({recompute})"
         )
         peak = simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes
-        for frac in (float(f) for f in args.fractions.split(",")):
+        for frac in fractions:
             budget = int(frac * peak)
             with_s = _fastest(prof, budget, args.trials)
             without = _fastest(prof.without_selective(), budget, args.trials)

@@ -42,6 +42,7 @@ plan's step is at least that:
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,6 +117,44 @@ def _stage_of(label: str) -> tuple[str, int]:
     return "loss", -1
 
 
+def _algorithm_envelopes(sim: Simulator) -> dict[tuple[str, int], tuple[float, float, list[tuple[float, float]]]]:
+    """Per ``("fwd" | "bwd", stage)``: the fastest choice's workspace (GiB) and ms, and the envelope of less
+    workspace for more time (``lower_envelope``) over the framework's, the fastest, the memory-optimal and the
+    fastest-within-a-cap algorithms, every cap at some algorithm's workspace."""
+    n = sim.n
+    caps = sorted({a.workspace_bytes for st in sim.profile.stages for c in st.convs for a in c.algos})
+    choices = [Plan.uniform(n, conv_rule=r) for r in ("default", "fastest", "memory_optimal")]
+    choices += [Plan.uniform(n, conv_rule="fastest_within", conv_workspace_limit_bytes=w) for w in caps]
+    costs = [sim.stage_costs(p) for p in choices]
+    algo = {}
+    for k in range(n):
+        algo["fwd", k] = lower_envelope([(c[2][k] / GIB, c[0][k]) for c in costs])
+        algo["bwd", k] = lower_envelope([(c[3][k] / GIB, c[1][k]) for c in costs])
+    return algo
+
+
+def _event_times(
+    events: Sequence[tuple[float, int, str]], fwd: list[float], bwd: list[float], loss_ms: float
+) -> tuple[list[float], list[float], list[float]]:
+    """Each timeline event's time with every stage at ``fwd``/``bwd`` ms, and each stage's forward end and
+    backward start, ms."""
+    fwd_end = [float(t) for t in np.cumsum(fwd)]
+    loss_start, loss_end = fwd_end[-1], fwd_end[-1] + loss_ms
+    bwd_start = [float(t) for t in loss_end + np.cumsum([0.0, *bwd[::-1]])[:-1][::-1]]
+    loss_times = {"loss forward": loss_start, "loss forward end": loss_start + loss_ms / 2}
+    loss_times["loss backward"] = loss_times["loss forward end"]
+    times: list[float] = []
+    for _, _, label in events:
+        kind, k = _stage_of(label)
+        if kind == "bwd":
+            times.append(bwd_start[k] + (bwd[k] if label.endswith("end") else 0.0))
+        elif kind == "fwd":
+            times.append((fwd_end[k - 1] if k > 0 else 0.0) if label.endswith("start") else fwd_end[k])
+        else:
+            times.append(loss_times.get(label, loss_end))
+    return times, fwd_end, bwd_start
+
+
 class _Program:
     """The sparse linear program: variables by name range, rows as ``(columns, values, bound)``."""
 
@@ -133,6 +172,11 @@ class _Program:
         return first
 
     def solve(self) -> np.ndarray | None:
+        """The optimal variables; None when the program is infeasible.
+
+        Raises:
+            RuntimeError: the solver stopped without an answer (iteration limit, numerical trouble).
+        """
         nv = len(self.cost)
 
         def matrix(rows: list[tuple[list[int], list[float]]]) -> coo_array:
@@ -150,7 +194,11 @@ class _Program:
             bounds=[(0.0, u) for u in self.upper],
             method="highs",
         )
-        return res.x if res.status == 0 else None
+        if res.status == 2:
+            return None
+        if res.status != 0:
+            raise RuntimeError(f"the budget bound's linear program was not solved: {res.message}")
+        return np.asarray(res.x)
 
 
 def step_lower_bound(sim: Simulator, budget_bytes: int) -> StepBound:
@@ -158,6 +206,7 @@ def step_lower_bound(sim: Simulator, budget_bytes: int) -> StepBound:
 
     Raises:
         ValueError: the budget is not positive.
+        RuntimeError: the solver stopped without an answer.
     """
     if budget_bytes <= 0:
         raise ValueError(f"budget must be positive, not {budget_bytes} bytes")
@@ -167,33 +216,11 @@ def step_lower_bound(sim: Simulator, budget_bytes: int) -> StepBound:
     events = sim.run(ref, timeline=True).timeline
     _, _, wf_ref, wb_ref = sim.stage_costs(ref)
 
-    # per stage and pass: the fastest choice and the envelope of less workspace for more time
-    caps = sorted({a.workspace_bytes for st in prof.stages for c in st.convs for a in c.algos})
-    choices = [Plan.uniform(n, conv_rule=r) for r in ("default", "fastest", "memory_optimal")]
-    choices += [Plan.uniform(n, conv_rule="fastest_within", conv_workspace_limit_bytes=w) for w in caps]
-    costs = [sim.stage_costs(p) for p in choices]
-    algo: dict[tuple[str, int], tuple[float, float, list[tuple[float, float]]]] = {}
-    for k in range(n):
-        algo["fwd", k] = lower_envelope([(c[2][k] / GIB, c[0][k]) for c in costs])
-        algo["bwd", k] = lower_envelope([(c[3][k] / GIB, c[1][k]) for c in costs])
+    algo = _algorithm_envelopes(sim)
     fwd = [algo["fwd", k][1] for k in range(n)]
     bwd = [algo["bwd", k][1] for k in range(n)]
     compute = sum(fwd) + sim.loss_ms + sum(bwd)
-
-    fwd_end = list(np.cumsum(fwd))
-    loss_start, loss_end = fwd_end[-1], fwd_end[-1] + sim.loss_ms
-    bwd_start = list(loss_end + np.cumsum([0.0, *bwd[::-1]])[:-1][::-1])
-    loss_times = {"loss forward": loss_start, "loss forward end": loss_start + sim.loss_ms / 2}
-    loss_times["loss backward"] = loss_times["loss forward end"]
-    times: list[float] = []  # each event's time, every stage at its fastest
-    for _, _, label in events:
-        kind, k = _stage_of(label)
-        if kind == "bwd":
-            times.append(bwd_start[k] + (bwd[k] if label.endswith("end") else 0.0))
-        elif kind == "fwd":
-            times.append((fwd_end[k - 1] if k > 0 else 0.0) if label.endswith("start") else fwd_end[k])
-        else:
-            times.append(loss_times.get(label, loss_end))
+    times, fwd_end, bwd_start = _event_times(events, fwd, bwd, sim.loss_ms)
     deadlines = [next((u for u in times[i + 1 :] if u > t), t) for i, t in enumerate(times)]
 
     lp = _Program()
@@ -233,6 +260,9 @@ def step_lower_bound(sim: Simulator, budget_bytes: int) -> StepBound:
         ws_cols[key] = list(range(first, first + len(pieces)))
         algo_cost.update({first + j: c for j, (_, c) in enumerate(pieces)})
     fwd_algo_cols = [j for (kind, _), cols in ws_cols.items() if kind == "fwd" for j in cols]
+    # what may come before a moment: forward waits and algorithms, and in backward also re-runs and its waits
+    fwd_slack = ([sig, *fwd_algo_cols], [1.0] + [algo_cost[j] for j in fwd_algo_cols])
+    all_slack = ([sig, sig + 1, *remake_cols, *algo_cost], [1.0, 1.0, *remake_cost, *algo_cost.values()])
 
     need = [bwd_start[max(tab.s_saved_by[s])] if tab.s_saved_by[s] else bwd_start[0] for s in range(n_s)]
     release = [fwd_end[p] if p >= 0 else 0.0 for p in tab.s_producer]
@@ -274,21 +304,14 @@ def step_lower_bound(sim: Simulator, budget_bytes: int) -> StepBound:
         moments.append((label, len(lp.rows) - 1, away, away + len(free)))
         for j, s in enumerate(free):
             lp.rows.append(([away + j, drop + s], [1.0, 1.0], size[s]))
-        if kind == "bwd":
-            slack_cols, slack_vals = (
-                [sig, sig + 1, *remake_cols, *algo_cost],
-                [1.0, 1.0, *remake_cost, *algo_cost.values()],
-            )
-        else:
-            slack_cols, slack_vals = [sig, *fwd_algo_cols], [1.0] + [algo_cost[j] for j in fwd_algo_cols]
+        slack_cols, slack_vals = all_slack if kind == "bwd" else fwd_slack
         d2h = [tab.s_d2h[s] / size[s] for s in free]
         for tau in sorted({release[s] for s in free}):
             cs = [away + j for j, s in enumerate(free) if release[s] >= tau]
             vs = [d2h[j] for j, s in enumerate(free) if release[s] >= tau]
             lp.rows.append((cs + slack_cols, vs + [-v for v in slack_vals], deadlines[i] - tau))
         h2d = [tab.s_h2d[s] / size[s] for s in free]
-        back = [sig, sig + 1, *remake_cols, *algo_cost]
-        back_vals = [1.0, 1.0, *remake_cost, *algo_cost.values()]
+        back, back_vals = all_slack
         due = [reads_at.get(s, need[s]) for s in free]
         for nu in sorted(set(due)):
             cs = [away + j for j in range(len(free)) if due[j] <= nu]

@@ -92,3 +92,12 @@ def test_the_bound_is_the_fastest_compute_when_everything_fits_and_infinite_when
     assert math.isinf(step_lower_bound(sim, sim.run(Plan.uniform(profile.n_stages)).base_bytes // 2).step_ms)
     with pytest.raises(ValueError, match="budget must be positive"):
         step_lower_bound(sim, 0)
+
+
+def test_a_table_config_that_is_not_model_batch_dtype_is_refused_by_name() -> None:
+    from benchmarks.common import config_profile
+
+    for bad in ("vgg16:256", "vgg16:big:float32", "vgg16:256:float32:0.6"):
+        with pytest.raises(ValueError, match=r"model:batch:dtype, e\.g\. resnet50:256:float32, not"):
+            config_profile(bad)
+    assert config_profile("resnet50:256:float32").source == "measured"
