@@ -108,11 +108,25 @@ class ConvProfile(_Frozen):
 
 
 class SavedStorage(_Frozen):
-    """One storage autograd keeps for backward, counted once. See NOTE [ Saved storages ]."""
+    """One storage autograd keeps for backward, or (module stages) that flows between stages, counted once.
+    See NOTE [ Saved storages ] and NOTE [ Module stages ] in ``profiler.modules``."""
 
     bytes: int = Field(ge=0)
     saved_by: tuple[int, ...] = Field(description="stage indices whose saved set holds it")
     producer: int = Field(ge=-1, description="stage that allocated it; -1 for the model input")
+    read_by: tuple[int, ...] = Field(
+        default=(),
+        description="module stages: the stages whose forward reads it, or after whose forward the model's own code "
+        "still holds it (its forward lifetime as measured); empty for chains, where the next stage reads an output",
+    )
+    grad_bytes: int = Field(
+        default=0, ge=0, description="module stages: bytes of the gradient that flows back into it (0: none)"
+    )
+    outside: bool = Field(
+        default=False,
+        description="saved by the model's own code outside every stage: no plan reaches it, it stays on the GPU "
+        "until the backward of saved_by",
+    )
 
 
 class StageProfile(_Frozen):
@@ -188,6 +202,11 @@ class StageProfile(_Frozen):
     )
     flops: float = Field(default=0.0, ge=0, description="forward floating-point operations")
     convs: tuple[ConvProfile, ...] = ()
+    input_storages: tuple[int, ...] | None = Field(
+        default=None,
+        description="module stages: indices into Profile.storages of the tensors its forward takes (arguments and "
+        "keyword arguments); None for chains, whose stage reads the previous stage's output",
+    )
 
     @property
     def selective_measured(self) -> bool:
@@ -224,6 +243,20 @@ class Profile(_Frozen):
         ge=0,
         description="forward + backward of the step's loss over the output (profiler.loss), ms; None: not measured",
     )
+    stages_from: Literal["chain", "modules"] = Field(
+        default="chain",
+        description="'chain': stages x_i = s_i(x_{i-1}); 'modules': stages are submodules of a model, named by "
+        "their qualified names, run by the model's own forward (NOTE [ Module stages ] in profiler.modules)",
+    )
+    outside_param_bytes: int = Field(
+        default=0, ge=0, description="module stages: parameters of the model that belong to no stage, bytes"
+    )
+    loss_saved_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="module stages: what the loss function keeps from its forward to its backward, bytes; None: "
+        "the cross-entropy model of NOTE [ Loss memory ]",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Profile:
@@ -243,7 +276,26 @@ class Profile(_Frozen):
                 raise ValueError(f"storages[{k}].saved_by {s.saved_by} names a stage outside 0..{n - 1}")
             if s.producer >= n:
                 raise ValueError(f"storages[{k}].producer {s.producer} is outside -1..{n - 1}")
+            if any(not 0 <= j < n for j in s.read_by):
+                raise ValueError(f"storages[{k}].read_by {s.read_by} names a stage outside 0..{n - 1}")
+        for i, st in enumerate(self.stages):
+            if st.input_storages is not None and any(not 0 <= j < len(self.storages) for j in st.input_storages):
+                raise ValueError(f"stages[{i}].input_storages {st.input_storages} is out of range")
         return self
+
+    @property
+    def modules(self) -> bool:
+        """Whether the stages are submodules of a model run by its own forward (NOTE [ Module stages ])."""
+        return self.stages_from == "modules"
+
+    def stage_inputs(self, k: int) -> tuple[int, ...]:
+        """The storages stage ``k``'s forward takes: its ``input_storages`` (module stages), else the previous
+        stage's output where it is in the table (chains)."""
+        st = self.stages[k]
+        if st.input_storages is not None:
+            return st.input_storages
+        prev = self.stages[k - 1].output_storage if k > 0 else None
+        return () if prev is None else (prev,)
 
     # ---- derived numbers -------------------------------------------------------------------------
     @property
@@ -252,8 +304,8 @@ class Profile(_Frozen):
 
     @property
     def param_bytes(self) -> int:
-        """Total parameter bytes of the model."""
-        return sum(s.param_bytes for s in self.stages)
+        """Total parameter bytes of the model (each parameter once; those outside every stage included)."""
+        return sum(s.param_bytes for s in self.stages) + self.outside_param_bytes
 
     @property
     def saved_bytes(self) -> int:
@@ -272,6 +324,8 @@ class Profile(_Frozen):
         """The profile of the chain's first ``m`` stages (a truncated network whose last stage feeds the loss)."""
         if not 1 <= m <= self.n_stages:
             raise ValueError(f"prefix length must be in 1..{self.n_stages}, not {m}")
+        if self.modules:
+            raise ValueError("a prefix of a model's module stages is not a model that runs; prefixes are for chains")
         keep = [
             s.model_copy(update={"saved_by": tuple(r for r in s.saved_by if r < m)})
             for s in self.storages

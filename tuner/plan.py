@@ -21,7 +21,10 @@ This is DESIGN.md's "Plan" section made exact; the simulator (``tuner.simulator`
   ``save_on_cpu``) copies run on the compute stream, blocking it, and come back only when needed.
 * ``recompute``: a maximal run of recompute stages i..j is one checkpointed segment: the stages save
   nothing; only the segment input x_{i-1} is saved, offloaded when stage i-1 is ``offload``, else kept.
-  In backward, when stage j's backward is due, the segment's forward is re-run from x_{i-1}.
+  In backward, when stage j's backward is due, the segment's forward is re-run from x_{i-1}. In a profile of
+  module stages (NOTE [ Module stages ] in ``profiler.modules``) every recompute stage is a segment of its own,
+  which keeps every tensor its forward takes (``Profile.stage_inputs``): the model's own forward runs between
+  stages, so a checkpoint can only wrap one stage's call.
 * ``selective``: the stage runs under PyTorch's selective activation checkpointing (NOTE [ Selective stages ] in
   ``profiler.selective``): it keeps its input x_{i-1} and the outputs of its costly operations (matrix products,
   convolutions, attention: ``StageProfile.selective_saved_bytes``) on the GPU until its backward, which re-runs
@@ -31,7 +34,9 @@ This is DESIGN.md's "Plan" section made exact; the simulator (``tuner.simulator`
   treats it as ``keep``.
 
 A storage (NOTE [ Saved storages ] in ``profiler.profile``) is referenced by every non-recompute stage
-that saves it and by every segment whose input it is (with stage i-1's action). Then:
+that saves it and by every segment whose input it is (with stage i-1's action; ``keep`` for module stages).
+A storage the model's own code saves outside every stage (``SavedStorage.outside``) is kept whatever the plan.
+Then:
 
 * no reference: it is not kept (transient in forward, re-made by recompute in backward);
 * any ``keep`` reference: it stays on the GPU;
@@ -128,6 +133,11 @@ class Plan(BaseModel):
     conv_workspace_limit_bytes: int | None = Field(default=None, ge=0)
     conv_algos: dict[str, ConvChoice] = Field(default_factory=dict)
     label: str | None = Field(default=None, description="which policy or search made it")
+    stages: tuple[str, ...] | None = Field(
+        default=None,
+        description="the qualified names of the module stages the actions apply to, in run order (NOTE [ Module "
+        "stages ] in profiler.modules); None for a chain",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
@@ -139,7 +149,15 @@ class Plan(BaseModel):
             raise ValueError("sync_points must be strictly increasing stage indices")
         if self.conv_rule == "fastest_within" and self.conv_workspace_limit_bytes is None:
             raise ValueError("conv_rule 'fastest_within' needs conv_workspace_limit_bytes")
+        if self.stages is not None and len(self.stages) != len(self.actions):
+            raise ValueError(f"plan names {len(self.stages)} stages but has {len(self.actions)} actions")
         return self
+
+    def named(self, profile: Profile) -> Plan:
+        """This plan with the stage names of a profile of module stages (unchanged for a chain)."""
+        if not profile.modules or self.stages is not None:
+            return self
+        return self.model_copy(update={"stages": tuple(s.name for s in profile.stages)})
 
     # ---- constructors ----------------------------------------------------------------------------
     @classmethod
@@ -171,6 +189,12 @@ class Plan(BaseModel):
                 f"plan has {len(self.actions)} actions but {profile.model!r} has {n} stages; "
                 "a plan is made for one chain"
             )
+        if self.stages is not None and self.stages != tuple(s.name for s in profile.stages):
+            diff = next(k for k, (a, b) in enumerate(zip(self.stages, profile.stages, strict=True)) if a != b.name)
+            raise PlanError(
+                f"plan stage {diff} is {self.stages[diff]!r} but the profile's is {profile.stages[diff].name!r}; "
+                "a plan is made for the stages it was tuned on"
+            )
         for k, a in enumerate(self.actions):
             st = profile.stages[k]
             if a is Action.SELECTIVE and not st.selective_measured:
@@ -201,8 +225,11 @@ class Plan(BaseModel):
         return "".join(a.value[0] for a in self.actions)
 
 
-def segments(actions: Sequence[Action]) -> list[tuple[int, int]]:
-    """Maximal runs of ``recompute`` as inclusive ``(first, last)`` stage indices."""
+def segments(actions: Sequence[Action], *, one_stage: bool = False) -> list[tuple[int, int]]:
+    """Maximal runs of ``recompute`` as inclusive ``(first, last)`` stage indices; with ``one_stage`` (module stages,
+    NOTE [ Plan semantics ]) every recompute stage is a segment of its own."""
+    if one_stage:
+        return [(k, k) for k, a in enumerate(actions) if a is Action.RECOMPUTE]
     out: list[tuple[int, int]] = []
     start: int | None = None
     for k, a in enumerate(actions):
@@ -240,17 +267,16 @@ def resolve_storages(profile: Profile, actions: Sequence[Action]) -> list[Storag
     n = profile.n_stages
     # a reference is (need, release, pack_stage, action); see StorageFate
     seg_refs: dict[int, list[tuple[int, int, int, Action]]] = {}
-    for i, j in segments(actions):
-        if i == 0:
+    modules = profile.modules
+    for i, j in segments(actions, one_stage=modules):
+        if i == 0 and not modules:
             continue  # the model input is always resident
-        s = profile.stages[i - 1].output_storage
-        if s is not None:
-            before = Action.KEEP if actions[i - 1] is Action.SELECTIVE else actions[i - 1]
+        before = Action.KEEP if modules or actions[i - 1] is Action.SELECTIVE else actions[i - 1]
+        for s in profile.stage_inputs(i):
             seg_refs.setdefault(s, []).append((j, i, i, before))
     for k, a in enumerate(actions):  # a selective stage holds its input (the checkpoint's) as keep does
-        if a is Action.SELECTIVE and k > 0:
-            s = profile.stages[k - 1].output_storage
-            if s is not None:
+        if a is Action.SELECTIVE and (k > 0 or modules):
+            for s in profile.stage_inputs(k):
                 seg_refs.setdefault(s, []).append((k, k, k, Action.KEEP))
     fates: list[StorageFate] = []
     none = StorageFate("none", False, 0, -1, n)
@@ -259,6 +285,10 @@ def resolve_storages(profile: Profile, actions: Sequence[Action]) -> list[Storag
         saved_by = st.saved_by
         if st.producer < 0:
             fates.append(none)
+            continue
+        if st.outside:  # no plan reaches it (module stages): kept to the backward of its saver
+            r = min(saved_by)
+            fates.append(StorageFate("keep", False, 0, r, r))
             continue
         if len(saved_by) == 1 and sid not in seg_refs:  # the common case, decided by one action
             r = saved_by[0]
@@ -313,8 +343,8 @@ def selective_gain_bytes(profile: Profile, k: int) -> int:
     st = profile.stages[k]
     if not st.selective_measured or st.inplace or st.selective_saved_bytes is None:
         return 0
-    inp = profile.stages[k - 1].output_storage if k > 0 else None
-    own = sum(s.bytes for sid, s in enumerate(profile.storages) if s.saved_by == (k,) and sid != inp)
+    inputs = set(profile.stage_inputs(k))
+    own = sum(s.bytes for sid, s in enumerate(profile.storages) if s.saved_by == (k,) and sid not in inputs)
     return max(0, own - st.selective_saved_bytes)
 
 

@@ -748,11 +748,15 @@ def tune(
         if search.has_conv_algos and framework and not leaves_convs_to_framework(best.plan):
             no_choice = dataclasses.replace(min(framework, key=lambda c: (c.step_ms, c.peak_bytes)), name=NO_CHOICE)
     front = pareto_front(cands + policies)
+    if profile.modules:  # plans name the module stages they apply to (NOTE [ Module stages ])
+        unconstrained, best, no_choice = (_named(c, profile) for c in (unconstrained, best, no_choice))
+        policies = [_named(c, profile) for c in policies]  # type: ignore[misc]
+        front = [_named(c, profile) for c in front]  # type: ignore[misc]
     return TuneResult(
         profile=profile,
         budget_bytes=requested_budget,
         mode=mode,
-        unconstrained=unconstrained,
+        unconstrained=unconstrained,  # type: ignore[arg-type]
         policies=policies,
         best=best,
         pareto=front,
@@ -762,6 +766,10 @@ def tune(
         headroom=headroom,
         no_choice=no_choice,
     )
+
+
+def _named(c: Candidate | None, profile: Profile) -> Candidate | None:
+    return None if c is None else dataclasses.replace(c, plan=c.plan.named(profile))
 
 
 def leaves_convs_to_framework(plan: Plan) -> bool:

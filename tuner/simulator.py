@@ -47,7 +47,7 @@ tables once, so that ``run(plan)`` costs a few hundred microseconds for a 40-sta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -154,11 +154,13 @@ class StorageTables:
         self.s_bytes = [s.bytes for s in storages]
         self.s_producer = [s.producer for s in storages]
         self.s_saved_by = [s.saved_by for s in storages]
-        # last forward reader of each storage: who saves it, and the stage after any stage whose output it is
-        last = [max((*s.saved_by, s.producer, 0)) for s in storages]
-        for k, stage in enumerate(st):
-            if stage.output_storage is not None:
-                last[stage.output_storage] = max(last[stage.output_storage], min(k + 1, n - 1))
+        # last forward reader of each storage: who saves it, and the stage after any stage whose output it is; for
+        # module stages who reads it or holds it as measured (NOTE [ Module stages ] in profiler.modules)
+        last = [max((*s.saved_by, *s.read_by, s.producer, 0)) for s in storages]
+        if not profile.modules:
+            for k, stage in enumerate(st):
+                if stage.output_storage is not None:
+                    last[stage.output_storage] = max(last[stage.output_storage], min(k + 1, n - 1))
         self.s_last_use = last
         # copy times: the first saver's measured ms, shared by bytes; else the device bandwidth
         self.s_d2h, self.s_h2d = storage_copy_ms(profile)
@@ -168,6 +170,25 @@ class StorageTables:
             if p >= 0:
                 self.produced[p].append(sid)
         self.output_storage = [s.output_storage for s in st]
+        self.inputs = [profile.stage_inputs(k) for k in range(n)]
+        # NOTE [ Gradients between stages ]: in a chain stage k's backward makes its input's gradient (the
+        # output of stage k-1) and frees its output's; between module stages a tensor's gradient is made by the
+        # backward of its last reader (the first to run backward) and freed at the end of its producer's,
+        # the loss making that of the model's output. By storage: made at, freed at
+        self.grad_made: list[list[int]] = [[] for _ in range(n)]
+        self.grad_freed: list[list[int]] = [[] for _ in range(n)]
+        self.s_grad = [s.grad_bytes for s in storages]
+        if profile.modules:
+            final = st[-1].output_storage
+            for sid, s in enumerate(storages):
+                if s.grad_bytes <= 0 or s.producer < 0:
+                    continue
+                readers = [k for k in range(n) if sid in self.inputs[k]]
+                if sid != final and readers:
+                    self.grad_made[max(readers)].append(sid)
+                    self.grad_freed[s.producer].append(sid)
+                elif sid == final:
+                    self.grad_freed[s.producer].append(sid)
 
 
 class Simulator:
@@ -340,6 +361,79 @@ class Simulator:
         self._conv_costs[key] = result
         return result
 
+    def _loss(
+        self,
+        t: float,
+        ev: Callable[[tuple[float, int, str]], None],
+        blk: list[tuple[str, object, int]] | None,
+        tab: StorageTables,
+        fates: Sequence[StorageFate],
+    ) -> float:
+        """The loss's forward and backward between the two passes: its memory events and blocks; returns the time
+        after it, ms.
+
+        # NOTE [ Loss memory ]
+        The step's loss is cross-entropy on the output (NOTE [ Bench step ]), computed in fp32: log_softmax of
+        out.float() (a copy when the output is half precision under autocast), whose output is saved; its backward
+        holds the saved output, the incoming gradient and the gradient it makes (3 fp32 tensors the size of the
+        logits), then leaves the output's gradient. Negligible for 1000 classes; for a language model's (batch,
+        tokens, vocab) logits it is several GiB. The output itself is freed after the loss's forward unless a stage
+        saves it (log_softmax saves its result). Its time is the profile's measured ``loss_ms`` (profiler.loss), else
+        a roofline estimate: ~11 ms of a GPT step on the H200, which the simulator missed before it counted it.
+        A profile of module stages measured the user's own loss function instead (``Profile.loss_saved_bytes``,
+        ``profiler.modules``): it holds what that function saves from its forward to its backward, which then
+        leaves the gradient of the model's output.
+        """
+        n, out, s_bytes = self.n, self.out, tab.s_bytes
+        final_out = tab.output_storage[n - 1]
+        out_dies = s_bytes[final_out] if final_out is not None and fates[final_out].fate == "none" else 0
+        half = self.loss_ms / 2  # the split between its forward and backward does not change the step
+        saved = self.profile.loss_saved_bytes
+        if saved is not None:
+            grad = tab.s_grad[final_out] if final_out is not None else 0
+            ev((t, saved, "loss forward"))
+            ev((t + half, -out_dies, "loss forward end"))
+            ev((t + 2 * half, grad - saved, "loss backward"))
+            if blk is not None:
+                blk += [("alloc", "loss", saved)] if saved else []
+                blk += [("free", ("s", final_out), out_dies)] if out_dies else []
+                blk += [("alloc", ("gs", final_out), grad)] if grad else []
+                blk += [("free", "loss", saved)] if saved else []
+            return t + 2 * half
+        numel = out[n - 1] // self.out_itemsize
+        f32 = 4 * numel
+        cast = f32 if self.out_itemsize != 4 else 0
+        ev((t, cast + f32, "loss forward"))
+        t += half
+        ev((t, -cast - out_dies, "loss forward end"))
+        ev((t, 2 * f32, "loss backward"))
+        t += half
+        ev((t, -2 * f32 + (numel * self.out_itemsize if cast else 0), "loss backward: log_softmax"))
+        ev((t, -cast, "loss grad"))
+        if blk is not None:
+            # the last "loss" block is the gradient of the output, which stage n-1's backward frees as ("g", n-1)
+            blk += [("alloc", "cast", cast)] if cast else []
+            blk += [("alloc", "log_softmax", f32)]
+            blk += [("free", "cast", cast)] if cast else []
+            blk += [("free", ("s", final_out), out_dies)] if out_dies else []
+            blk += [("alloc", "loss grad", f32), ("alloc", "cast grad" if cast else ("g", n - 1), f32)]
+            blk += [("free", "log_softmax", f32), ("free", "loss grad", f32)]
+            if cast:
+                blk += [("alloc", ("g", n - 1), numel * self.out_itemsize), ("free", "cast grad", f32)]
+        return t
+
+    def _grad_blocks(self, k: int) -> tuple[list[tuple[str, object, int]], list[tuple[str, object, int]]]:
+        """Stage ``k``'s backward: the gradient blocks it makes and those it frees (NOTE [ Gradients between
+        stages ])."""
+        if not self.profile.modules:
+            made = [("alloc", ("g", k - 1), self.out[k - 1])] if k > 0 else []
+            return made, [("free", ("g", k), self.out[k])]
+        tab = self._tables
+        return (
+            [("alloc", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_made[k]],
+            [("free", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_freed[k]],
+        )
+
     def _inline_stages(self, tab: StorageTables, fates: Sequence[StorageFate]) -> set[int]:
         """Under ``inline`` sync: the stages whose measured inline transient stands for their backward (NOTE
         [ Inline fetches ]): the profile measured it, and every storage the stage saves goes to host memory."""
@@ -396,11 +490,15 @@ class Simulator:
         clone_fwd_free = [0] * n
         clone_bwd_free = [0] * n
         reclone: dict[int, int] = {}
-        for i, j in segments(actions):
+        modules = self.profile.modules
+        for i, j in segments(actions, one_stage=modules):
             for r in range(i, j + 1):
                 prog_end[r] = j
-            src = tab.output_storage[i - 1] if i > 0 else None
-            if src is None or not tab.profile.stages[i].inplace or actions[i - 1] not in _HOLDS:
+            if modules:  # a module stage's checkpoint keeps every input (NOTE [ Plan semantics ])
+                src = tab.inputs[i][0] if tab.inputs[i] else None
+            else:
+                src = tab.output_storage[i - 1] if i > 0 and actions[i - 1] in _HOLDS else None
+            if src is None or not tab.profile.stages[i].inplace:
                 continue
             if j > i:
                 clone[i] = clone_fwd_free[i + 1] = out[i - 1]
@@ -518,7 +616,7 @@ class Simulator:
 
         # ---- backward ---------------------------------------------------------------------------
         bstall = [0.0] * n
-        seg_end = {j: i for i, j in segments(actions)}
+        seg_end = {j: i for i, j in segments(actions, one_stage=modules)}
         prefetch_at: list[list[int]] = [[] for _ in range(n)]
         release_at: list[list[int]] = [[] for _ in range(n)]
         need_at: list[list[int]] = [[] for _ in range(n)]
@@ -578,35 +676,7 @@ class Simulator:
         h2d_free = 0.0
         h2d_bytes = 0
         ready = [0.0] * len(s_bytes)
-        # NOTE [ Loss memory ]: the step's loss is cross-entropy on the output (NOTE [ Bench step ]), computed
-        # in fp32: log_softmax of out.float() (a copy when the output is half precision under autocast), whose
-        # output is saved; its backward holds the saved output, the incoming gradient and the gradient it
-        # makes (3 fp32 tensors the size of the logits), then leaves the output's gradient. Negligible for
-        # 1000 classes; for a language model's (batch, tokens, vocab) logits it is several GiB. The output
-        # itself is freed after the loss's forward unless a stage saves it (log_softmax saves its result).
-        # Its time is the profile's measured ``loss_ms`` (profiler.loss), else a roofline estimate: ~11 ms of a
-        # GPT step on the H200, which the simulator missed before it counted it.
-        numel = out[n - 1] // self.out_itemsize
-        f32 = 4 * numel
-        cast = f32 if self.out_itemsize != 4 else 0
-        out_dies = s_bytes[final_out] if final_out is not None and fates[final_out].fate == "none" else 0
-        ev((t, cast + f32, "loss forward"))
-        t += self.loss_ms / 2  # the split between its forward and backward does not change the step
-        ev((t, -cast - out_dies, "loss forward end"))
-        ev((t, 2 * f32, "loss backward"))
-        t += self.loss_ms / 2
-        ev((t, -2 * f32 + (numel * self.out_itemsize if cast else 0), "loss backward: log_softmax"))
-        ev((t, -cast, "loss grad"))
-        if blk is not None:
-            # the last "loss" block is the gradient of the output, which stage n-1's backward frees as ("g", n-1)
-            blk += [("alloc", "cast", cast)] if cast else []
-            blk += [("alloc", "log_softmax", f32)]
-            blk += [("free", "cast", cast)] if cast else []
-            blk += [("free", ("s", final_out), out_dies)] if out_dies else []
-            blk += [("alloc", "loss grad", f32), ("alloc", "cast grad" if cast else ("g", n - 1), f32)]
-            blk += [("free", "log_softmax", f32), ("free", "loss grad", f32)]
-            if cast:
-                blk += [("alloc", ("g", n - 1), numel * self.out_itemsize), ("free", "cast grad", f32)]
+        t = self._loss(t, ev, blk, tab, fates)
         bwd_start = t
         for k in range(n - 1, -1, -1):
             for sid in late_wait_at[k]:  # used in place: its first unpack waits for its copy
@@ -633,7 +703,7 @@ class Simulator:
                     ready[sid] = h2d_free
             if k in seg_end:
                 i = seg_end[k]
-                src = tab.output_storage[i - 1] if i > 0 else None
+                src = tab.output_storage[i - 1] if i > 0 and not modules else None
                 if src is not None and fates[src].fate == "offload" and ready[src] > t:
                     bstall[k] += ready[src] - t
                     t = ready[src]
@@ -655,7 +725,8 @@ class Simulator:
                 if ready[sid] > t:
                     bstall[k] += ready[sid] - t
                     t = ready[sid]
-            grad_in = out[k - 1] if k > 0 else 0
+            grad_made, grad_freed = self._grad_blocks(k)
+            grad_in = sum(b[2] for b in grad_made)
             held = local_max[k]  # NOTE [ Inline fetches ]
             ws_k = ws_b[k]
             bwd_k = bwd[k]
@@ -672,7 +743,7 @@ class Simulator:
             copies = copy_release_at[k]
             freed_now = (
                 ws_k
-                + out[k]
+                + sum(b[2] for b in grad_freed)
                 + held
                 + kept_k
                 + clone_bwd_free[k]
@@ -683,10 +754,10 @@ class Simulator:
             if blk is not None:
                 blk += [("alloc", ("inline", k), held), ("free", ("inline", k), held)] if held else []
                 blk += [("alloc", ("wsb", k), ws_k)] if ws_k else []
-                blk += [("alloc", ("g", k - 1), grad_in)] if k > 0 else []
+                blk += grad_made
                 blk += [("alloc", ("p", k), self.pgrad[k])] if self.pgrad[k] else []
                 blk += [("free", ("wsb", k), ws_k)] if ws_k else []
-                blk += [("free", ("g", k), out[k])]
+                blk += grad_freed
                 blk += [("free", ("s", sid), s_bytes[sid]) for sid in released]
                 blk += [("free", ("c", sid), s_bytes[sid]) for sid in copies]
                 blk += [("free", ("clone", k), clone_bwd_free[k])] if clone_bwd_free[k] else []
@@ -730,6 +801,9 @@ def merge_storages(profile: Profile) -> Profile:
     queue keeps its order; a test checks this). A residual block's dozens of internal storages become one or two.
     """
     outputs = {st.output_storage for st in profile.stages if st.output_storage is not None}
+    # module stages: what flows between stages keeps its own lifetime and gradient
+    outputs |= {sid for k in range(profile.n_stages) for sid in (profile.stages[k].input_storages or ())}
+    outputs |= {sid for sid, s in enumerate(profile.storages) if s.read_by or s.outside or s.grad_bytes}
     d2h, h2d = storage_copy_ms(profile)
     groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
     for sid, s in enumerate(profile.storages):
@@ -758,6 +832,9 @@ def merge_storages(profile: Profile) -> Profile:
             st.model_copy(
                 update={
                     "output_storage": remap.get(st.output_storage) if st.output_storage is not None else None,
+                    "input_storages": None
+                    if st.input_storages is None
+                    else tuple(remap[sid] for sid in st.input_storages),
                     "saved_bytes": sum(profile.storages[sid].bytes for sid in owned),
                     "d2h_ms": sum(d2h[sid] for sid in owned),
                     "h2d_ms": sum(h2d[sid] for sid in owned),

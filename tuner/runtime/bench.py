@@ -38,7 +38,7 @@ from tuner.runtime.conv import apply_conv_choices
 from tuner.runtime.errors import PlanOutOfMemoryError
 from tuner.runtime.guard import budget_guard
 from tuner.runtime.isolate import IsolatedProcessError, run_isolated
-from tuner.runtime.planned import PlannedModel, planned
+from tuner.runtime.planned import PlannedBase, PlannedModel, planned
 from tuner.simulator import simulate
 
 __all__ = ["BenchRow", "RowSpec", "bench_plans", "checkpoint_segments", "make_batch", "measure_step", "row_specs"]
@@ -301,12 +301,12 @@ class _Bench:
 
         try:
             with guard():
-                before = dataclasses.asdict(model.stats) if isinstance(model, PlannedModel) else None
+                before = dataclasses.asdict(model.stats) if isinstance(model, PlannedBase) else None
                 retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
                 ms, peak, reserved = measure_step(step, warmup=warmup, iters=iters)
                 retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries
                 stats = None
-                if before is not None and isinstance(model, PlannedModel):
+                if before is not None and isinstance(model, PlannedBase):
                     after = dataclasses.asdict(model.stats)
                     stats = {k: (after[k] - before[k]) / (warmup + iters) for k in after}
             row = BenchRow(

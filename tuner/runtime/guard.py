@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import torch
 
 from tuner.errors import BudgetError, TunerError
-from tuner.runtime.planned import PlannedModel
+from tuner.runtime.planned import PlannedBase
 
 __all__ = ["ALLOCATOR_SETTINGS", "budget_guard", "configure_allocator"]
 
@@ -60,7 +60,7 @@ def configure_allocator() -> str:
 @contextlib.contextmanager
 def budget_guard(
     budget_bytes: int,
-    model: PlannedModel | None = None,
+    model: PlannedBase | None = None,
     *,
     device: torch.device | int | str | None = None,
 ) -> Iterator[None]:

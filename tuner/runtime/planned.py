@@ -32,7 +32,7 @@ import gc
 import json
 import traceback
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from tuner.runtime.offload import OffloadRuntime, OffloadStats, StepState
 from tuner.runtime.pool import HostPool
 from tuner.runtime.segments import Segment
 
-__all__ = ["PlannedModel", "load_plan", "planned"]
+__all__ = ["PlannedBase", "PlannedModel", "load_plan", "planned"]
 
 
 def load_plan(source: Plan | Mapping[str, Any] | str | Path) -> Plan:
@@ -108,67 +108,25 @@ def _stages_of(model: ModelChain | nn.Module) -> tuple[nn.Module, list[str], lis
     return model, [s.name for s in stages], [s.module for s in stages]
 
 
-class PlannedModel(nn.Module):
-    """An ``nn.Module`` that runs a chain stage by stage with a plan applied (see module docstring).
-
-    Shares the wrapped model's parameters and buffers (``self.model``); ``train()``/``eval()``, ``to()``
-    and optimizers work as usual. Without grad (``torch.no_grad()``) it runs the chain plainly.
+class PlannedBase(nn.Module):
+    """What every planned model shares: the offload runtime, where a step is, and out-of-memory errors that name
+    the plan and the stage. ``PlannedModel`` runs a chain; ``tuner.runtime.modules.PlannedModule`` any module.
 
     Args:
-        model: the chain, or an ``nn.Sequential`` (flattened into stages like ``profiler.chain``).
-        plan: one action per stage.
-        clone_segment_inputs: NOTE [ In-place at segment boundaries ]; None decides per segment.
+        model: the wrapped model (parameters shared, no copy).
+        plan: the plan.
+        names: the stage names, for error messages.
         pool_bytes: host bytes to reserve up front for offloaded storages (0: grow in the first step).
     """
 
-    def __init__(
-        self,
-        model: ModelChain | nn.Module,
-        plan: Plan,
-        *,
-        clone_segment_inputs: bool | None = None,
-        pool_bytes: int = 0,
-    ) -> None:
+    def __init__(self, model: nn.Module, plan: Plan, names: Sequence[str], *, pool_bytes: int = 0) -> None:
         super().__init__()
-        module, names, modules = _stages_of(model)
-        if len(plan.actions) != len(modules):
-            raise PlanError(
-                f"plan {plan.label or ''!r} has {len(plan.actions)} actions but the model has "
-                f"{len(modules)} stages (nested nn.Sequential flattened); a plan is made for one chain"
-            )
-        bad = [p for p in plan.sync_points if not 0 <= p < len(modules)]
-        if bad:
-            raise PlanError(f"sync_points {bad} are outside the stage range 0..{len(modules) - 1}")
-        swapped = any(isinstance(sub, ChosenConv2d) for m in modules for sub in m.modules())
-        if (plan.conv_rule != "default" or plan.conv_algos) and not swapped:
-            warnings.warn(
-                f"plan {plan.label!r}: conv_rule {plan.conv_rule!r}/conv_algos are not applied by planned() "
-                "alone; run steps inside tuner.runtime.conv.apply_conv_choices(model, plan, profile) to use "
-                "the plan's algorithms, else convolutions use the framework's own choice",
-                stacklevel=3,
-            )
-        self.model = module
+        self.model = model
         self.plan = plan
         self.stage_names: tuple[str, ...] = tuple(names)
-        self._chain = model if isinstance(model, ModelChain) else None
         self._runtime = OffloadRuntime(reserve_bytes=pool_bytes)
         self._step: StepState | None = None
         self._budget_bytes: int | None = None  # set by oom_guard, for error messages
-        # the forward as a program: ("stage", k, k) or ("segment", i, j)
-        segs = {i: Segment(i, j, modules, names, clone_segment_inputs) for i, j in segments(plan.actions)}
-        for k, a in enumerate(plan.actions):  # NOTE [ Selective stages ] (profiler.selective)
-            if a is Action.SELECTIVE:
-                segs[k] = Segment(k, k, modules, names, clone_segment_inputs, selective=True)
-        self._segments = segs
-        self._program: list[tuple[str, int, int]] = []
-        k = 0
-        while k < len(modules):
-            if k in segs:
-                self._program.append(("selective" if segs[k].selective else "segment", k, segs[k].last))
-                k = segs[k].last + 1
-            else:
-                self._program.append(("stage", k, k))
-                k += 1
 
     # ---- inspection ------------------------------------------------------------------------------
     @property
@@ -190,6 +148,102 @@ class PlannedModel(nn.Module):
         if step.forward_stage is not None:
             return "forward", step.forward_stage
         return "backward", step.backward_stage
+
+    # ---- out of memory ---------------------------------------------------------------------------
+    def _oom(self, exc: BaseException, phase: Phase, stage: int | None) -> PlanOutOfMemoryError:
+        """Free what the failed step holds and build the error that names plan and stage."""
+        reserved = reserved_summary()  # before anything is freed: where the memory sat when the step failed
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)  # frames keep activations alive
+        self._runtime.abandon(self._step)
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        return PlanOutOfMemoryError(
+            label=self.plan.label,
+            stage=stage,
+            stage_name=self.stage_names[stage] if stage is not None else None,
+            phase=phase,
+            budget_bytes=self._budget_bytes,
+            detail=str(exc),
+            reserved=reserved,
+        )
+
+    @contextlib.contextmanager
+    def oom_guard(self, budget_bytes: int | None = None) -> Iterator[None]:
+        """Turn an out-of-memory error inside the block (forward or backward) into ``PlanOutOfMemoryError``.
+
+        The error names the plan label and the stage that was running; the runtime's in-flight state
+        is dropped and the CUDA cache emptied first, so the next step can run. ``budget_guard`` uses it.
+        """
+        previous = self._budget_bytes
+        self._budget_bytes = budget_bytes
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            phase, stage = self.running
+            raise self._oom(exc, phase, stage) from exc
+        finally:
+            self._budget_bytes = previous
+
+
+class PlannedModel(PlannedBase):
+    """An ``nn.Module`` that runs a chain stage by stage with a plan applied (see module docstring).
+
+    Shares the wrapped model's parameters and buffers (``self.model``); ``train()``/``eval()``, ``to()``
+    and optimizers work as usual. Without grad (``torch.no_grad()``) it runs the chain plainly.
+
+    Args:
+        model: the chain, or an ``nn.Sequential`` (flattened into stages like ``profiler.chain``).
+        plan: one action per stage.
+        clone_segment_inputs: NOTE [ In-place at segment boundaries ]; None decides per segment.
+        pool_bytes: host bytes to reserve up front for offloaded storages (0: grow in the first step).
+    """
+
+    def __init__(
+        self,
+        model: ModelChain | nn.Module,
+        plan: Plan,
+        *,
+        clone_segment_inputs: bool | None = None,
+        pool_bytes: int = 0,
+    ) -> None:
+        module, names, modules = _stages_of(model)
+        super().__init__(module, plan, names, pool_bytes=pool_bytes)
+        if len(plan.actions) != len(modules):
+            raise PlanError(
+                f"plan {plan.label or ''!r} has {len(plan.actions)} actions but the model has "
+                f"{len(modules)} stages (nested nn.Sequential flattened); a plan is made for one chain. For a model "
+                "that is not a plain nn.Sequential, profile and tune it with memtune.profile/memtune.tune: their plans "
+                "name its module stages"
+            )
+        bad = [p for p in plan.sync_points if not 0 <= p < len(modules)]
+        if bad:
+            raise PlanError(f"sync_points {bad} are outside the stage range 0..{len(modules) - 1}")
+        swapped = any(isinstance(sub, ChosenConv2d) for m in modules for sub in m.modules())
+        if (plan.conv_rule != "default" or plan.conv_algos) and not swapped:
+            warnings.warn(
+                f"plan {plan.label!r}: conv_rule {plan.conv_rule!r}/conv_algos are not applied by planned() "
+                "alone; run steps inside tuner.runtime.conv.apply_conv_choices(model, plan, profile) to use "
+                "the plan's algorithms, else convolutions use the framework's own choice",
+                stacklevel=3,
+            )
+        self._chain = model if isinstance(model, ModelChain) else None
+        # the forward as a program: ("stage", k, k) or ("segment", i, j)
+        segs = {i: Segment(i, j, modules, names, clone_segment_inputs) for i, j in segments(plan.actions)}
+        for k, a in enumerate(plan.actions):  # NOTE [ Selective stages ] (profiler.selective)
+            if a is Action.SELECTIVE:
+                segs[k] = Segment(k, k, modules, names, clone_segment_inputs, selective=True)
+        self._segments = segs
+        self._program: list[tuple[str, int, int]] = []
+        k = 0
+        while k < len(modules):
+            if k in segs:
+                self._program.append(("selective" if segs[k].selective else "segment", k, segs[k].last))
+                k = segs[k].last + 1
+            else:
+                self._program.append(("stage", k, k))
+                k += 1
 
     def stage_modules(self) -> list[nn.Module]:
         """The stage modules as the chain holds them now (a context manager may have swapped some)."""
@@ -256,43 +310,6 @@ class PlannedModel(nn.Module):
             step.end_forward()
         return x
 
-    # ---- out of memory ---------------------------------------------------------------------------
-    def _oom(self, exc: BaseException, phase: Phase, stage: int | None) -> PlanOutOfMemoryError:
-        """Free what the failed step holds and build the error that names plan and stage."""
-        reserved = reserved_summary()  # before anything is freed: where the memory sat when the step failed
-        if exc.__traceback__ is not None:
-            traceback.clear_frames(exc.__traceback__)  # frames keep activations alive
-        self._runtime.abandon(self._step)
-        gc.collect()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
-        return PlanOutOfMemoryError(
-            label=self.plan.label,
-            stage=stage,
-            stage_name=self.stage_names[stage] if stage is not None else None,
-            phase=phase,
-            budget_bytes=self._budget_bytes,
-            detail=str(exc),
-            reserved=reserved,
-        )
-
-    @contextlib.contextmanager
-    def oom_guard(self, budget_bytes: int | None = None) -> Iterator[None]:
-        """Turn an out-of-memory error inside the block (forward or backward) into ``PlanOutOfMemoryError``.
-
-        The error names the plan label and the stage that was running; the runtime's in-flight state
-        is dropped and the CUDA cache emptied first, so the next step can run. ``budget_guard`` uses it.
-        """
-        previous = self._budget_bytes
-        self._budget_bytes = budget_bytes
-        try:
-            yield
-        except torch.OutOfMemoryError as exc:
-            phase, stage = self.running
-            raise self._oom(exc, phase, stage) from exc
-        finally:
-            self._budget_bytes = previous
-
 
 def planned(
     model: ModelChain | nn.Module,
@@ -300,17 +317,19 @@ def planned(
     *,
     clone_segment_inputs: bool | None = None,
     pool_bytes: int = 0,
-) -> PlannedModel:
+) -> PlannedBase:
     """Wrap ``model`` so that every training step follows ``plan``.
 
     Args:
-        model: a ``ModelChain`` or an ``nn.Module`` (nested ``nn.Sequential`` are flattened into stages).
+        model: a ``ModelChain`` or an ``nn.Module``: with a plan that names module stages (``Plan.stages``, made by
+            ``memtune.tune``) any module (``tuner.runtime.modules.PlannedModule``), else a chain (nested plain
+            ``nn.Sequential`` are flattened into stages).
         plan: a ``Plan`` or anything ``load_plan`` reads.
         clone_segment_inputs: see NOTE [ In-place at segment boundaries ]; None decides per segment.
         pool_bytes: host bytes to reserve for offloaded storages up front (0: grow during step one).
 
     Returns:
-        A ``PlannedModel`` sharing ``model``'s parameters.
+        A ``PlannedModule`` or ``PlannedModel`` sharing ``model``'s parameters.
 
     Raises:
         PlanError: the plan's length or sync points do not match the model's stages.
@@ -319,4 +338,11 @@ def planned(
 
         model = planned(model, load_plan("plan.json"))
     """
-    return PlannedModel(model, load_plan(plan), clone_segment_inputs=clone_segment_inputs, pool_bytes=pool_bytes)
+    the_plan = load_plan(plan)
+    if the_plan.stages is not None:  # NOTE [ Module stages ] (profiler.modules)
+        from tuner.runtime.modules import PlannedModule
+
+        if isinstance(model, ModelChain):
+            raise PlanError("this plan names module stages; apply it to the nn.Module it was tuned for")
+        return PlannedModule(model, the_plan, clone_stage_inputs=clone_segment_inputs, pool_bytes=pool_bytes)
+    return PlannedModel(model, the_plan, clone_segment_inputs=clone_segment_inputs, pool_bytes=pool_bytes)

@@ -15,16 +15,30 @@ import torch
 from torch import nn
 
 from profiler.chain import ModelChain
+from profiler.modules import call_model
 from tuner.plan import Plan
-from tuner.runtime.planned import PlannedModel, planned
+from tuner.runtime.planned import PlannedBase, planned
 
 __all__ = ["Equivalence", "ReferenceStep", "check_equivalence", "reference_step", "relative_error"]
 
-LossFn = Callable[[torch.Tensor], torch.Tensor]
+LossFn = Callable[[Any], torch.Tensor]
 
 
-def _default_loss(out: torch.Tensor) -> torch.Tensor:
-    return out.float().square().mean()
+def _default_loss(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out.float().square().mean()
+    from profiler.module_profile import default_loss  # structured outputs (module stages)
+
+    return default_loss(out)
+
+
+def _call(run: nn.Module, inputs: Any) -> Any:
+    """``run`` on ``inputs``: a tensor, a tuple of arguments, a dict of keyword arguments or ``(args, kwargs)``."""
+    if isinstance(inputs, torch.Tensor):
+        return run(inputs)
+    from profiler.module_profile import as_inputs
+
+    return call_model(run, as_inputs(inputs))
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -99,7 +113,7 @@ def _trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def _step(
-    module: nn.Module, run: nn.Module, inputs: torch.Tensor, loss_fn: LossFn, seed: int, start: dict[str, torch.Tensor]
+    module: nn.Module, run: nn.Module, inputs: Any, loss_fn: LossFn, seed: int, start: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     with torch.no_grad():
         for n, b in module.named_buffers():
@@ -108,13 +122,13 @@ def _step(
             if p.grad is not None:
                 p.grad.zero_()  # reuse the gradient memory: 0 + g == g exactly
     torch.manual_seed(seed)
-    loss = loss_fn(run(inputs))
+    loss = loss_fn(_call(run, inputs))
     loss.backward()
     return loss.detach(), {n: b.detach().clone() for n, b in module.named_buffers()}
 
 
 def reference_step(
-    model: ModelChain | nn.Module, inputs: torch.Tensor, *, loss_fn: LossFn = _default_loss, seed: int = 0
+    model: ModelChain | nn.Module, inputs: Any, *, loss_fn: LossFn = _default_loss, seed: int = 0
 ) -> ReferenceStep:
     """Run one unplanned step (gradients reset first) and record loss, gradients and buffers.
 
@@ -132,14 +146,14 @@ def reference_step(
 def check_equivalence(
     model: ModelChain | nn.Module,
     plan: Plan,
-    inputs: torch.Tensor,
+    inputs: Any,
     *,
     loss_fn: LossFn = _default_loss,
     seed: int = 0,
     steps: int = 2,
     reference: ReferenceStep | None = None,
     **planned_kwargs: Any,
-) -> tuple[Equivalence, PlannedModel]:
+) -> tuple[Equivalence, PlannedBase]:
     """Run ``steps`` planned training steps and compare each with one unplanned step.
 
     Each step starts from the same buffers with ``torch.manual_seed(seed)``, so dropout draws the same
@@ -148,7 +162,7 @@ def check_equivalence(
     Args:
         model: the chain or module (its parameters are shared with the planned model).
         plan: the plan to check.
-        inputs: the batch.
+        inputs: the batch: a tensor, a tuple of arguments, a dict of keyword arguments or ``(args, kwargs)``.
         loss_fn: output -> scalar loss (default: mean of squares, in float32).
         seed: the RNG seed of every step (ignored when ``reference`` is given: its seed is used).
         steps: planned steps (two or more also exercise the host pool's reuse).

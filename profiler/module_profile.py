@@ -1,0 +1,431 @@
+"""Measured profiles of any ``nn.Module``, stage by stage (NOTE [ Module stages ] in ``profiler.modules``).
+
+``profile_module`` finds the stages, traces what flows between them, then times each stage alone on the
+arguments the model really gives it (NOTE [ Stage timing ] in ``profiler.measure``, generalised to several
+inputs, keyword arguments and structured outputs) and one whole step, and returns a ``Profile`` with
+``stages_from="modules"``. On CUDA every number is measured on the GPU (``source="measured"``); on the CPU the
+compute is the CPU's and the copies are the spec's of ``gpu`` (``source="modeled"``), as for chains.
+
+# NOTE [ Time outside stages ]
+The model's own code between stages (an embedding sum, a concatenation, a loss computed inside the model) and
+the loss function run in no stage. Their time is taken as one whole step's median less the stages' forward and
+backward medians (at least 0) and stored as ``loss_ms``, which the simulator spends between the forward and the
+backward. The profile thus adds up to the step that was measured.
+
+# NOTE [ Profiler hygiene ]
+``profile_module`` leaves the model as it found it: training mode, buffers (batch-norm running statistics, which
+the measurement updates) and the random number generators' states are restored, nothing it made stays referenced,
+and on CUDA the caching allocator's cache is emptied, so a plan can run in the same process right after.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiler.chain import may_write_input
+from profiler.devices import get_gpu
+from profiler.errors import ProfilerError
+from profiler.identity import cuda_identity, spec_identity, transfer_ms
+from profiler.measure import ProgressFn, _autocast, _Timer, cpu_model_name
+from profiler.modules import Inputs, StageTrace, call_model, find_stages, tensor_leaves, trace_stages
+from profiler.profile import DeviceIdentity, Profile, SavedStorage, StageProfile
+from profiler.stagefacts import torch_dtype
+
+__all__ = ["as_inputs", "default_loss", "profile_module"]
+
+
+def as_inputs(example_inputs: Any) -> Inputs:
+    """``(args, kwargs)`` from what a user gives: a tensor, a tuple or list of positional arguments, a dict of
+    keyword arguments, or an ``(args, kwargs)`` pair given as ``(tuple, dict)``."""
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    if isinstance(example_inputs, Mapping):
+        return (), dict(example_inputs)
+    if (
+        isinstance(example_inputs, tuple)
+        and len(example_inputs) == 2
+        and isinstance(example_inputs[0], tuple)
+        and isinstance(example_inputs[1], dict)
+    ):
+        return example_inputs[0], example_inputs[1]
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    raise ProfilerError(
+        f"example_inputs must be a tensor, a tuple of arguments or a dict of keyword arguments, not "
+        f"{type(example_inputs).__name__}"
+    )
+
+
+def default_loss(out: Any) -> torch.Tensor:
+    """The loss a step differentiates when the user gives none: the output's ``loss`` where it has one (Hugging Face
+    models given labels), else the sum of the means of every floating-point output tensor that needs a gradient."""
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    parts = [t.float().mean() for t in tensor_leaves(out) if t.is_floating_point() and t.requires_grad]
+    if not parts:
+        raise ProfilerError("the model returns no floating-point tensor that needs a gradient; pass loss_fn")
+    return torch.stack(parts).sum()
+
+
+def _rebuild(obj: Any, it: Iterator[torch.Tensor]) -> Any:
+    """``obj`` with its tensors replaced, in ``tensor_leaves`` order, by those of ``it``."""
+    if isinstance(obj, torch.Tensor):
+        return next(it)
+    if isinstance(obj, Mapping):
+        return {k: _rebuild(v, it) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_rebuild(v, it) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_rebuild(v, it) for v in obj)
+    return obj
+
+
+class _Captured(Exception):
+    def __init__(self, inputs: Inputs) -> None:
+        super().__init__()
+        self.inputs = inputs
+
+
+def _capture(model: nn.Module, module: nn.Module, inputs: Inputs, autocast: AbstractContextManager[Any]) -> Inputs:
+    """The ``(args, kwargs)`` ``model``'s forward gives ``module`` (detached copies; the forward stops there)."""
+
+    def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        copies = (t.detach().clone() for t in tensor_leaves((args, kwargs)))
+        raise _Captured(_rebuild((args, kwargs), copies))
+
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
+    try:
+        with torch.no_grad(), autocast:
+            call_model(model, inputs)
+    except _Captured as got:
+        return got.inputs  # type: ignore[no-any-return]
+    finally:
+        handle.remove()
+    raise ProfilerError("a stage did not run in the capture forward; the model's forward is not deterministic")
+
+
+@dataclass(frozen=True)
+class _Timing:
+    forward_ms: float
+    backward_ms: float
+    forward_workspace_bytes: int = 0
+    chained_backward_bytes: int | None = None
+
+
+class _StageRun:
+    """One stage called alone on captured inputs: forward, and backward with respect to its inputs that need a
+    gradient and its parameters."""
+
+    def __init__(self, module: nn.Module, inputs: Inputs, grad: list[bool], dtype: str, device: torch.device) -> None:
+        self.module = module
+        self.inputs = inputs
+        leaves = list(tensor_leaves(inputs))
+        self.leaves = [
+            t.detach().requires_grad_(bool(g) and t.is_floating_point())
+            for t, g in zip(leaves, grad + [False] * (len(leaves) - len(grad)), strict=True)
+        ]
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.wrt = [t for t in self.leaves if t.requires_grad] + params
+        self.dtype = dtype
+        self.device = device
+
+    def forward(self) -> list[torch.Tensor]:
+        args, kwargs = _rebuild(self.inputs, (t.clone() for t in self.leaves))
+        with _autocast(self.device, self.dtype):
+            out = self.module(*args, **kwargs)
+        return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
+
+    def backward(self, outs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        if outs and self.wrt:
+            torch.autograd.grad(outs, self.wrt, grads, allow_unused=True)
+
+    def time(self, warmup: int, repeats: int) -> _Timing:
+        timer = _Timer(self.device)
+        fwd: list[float] = []
+        bwd: list[float] = []
+        for k in range(warmup + repeats):
+            outs, f_ms = timer.run(self.forward)
+            grads = [torch.randn_like(t) for t in outs]
+            _, b_ms = timer.run(self.backward, outs, grads)
+            del outs, grads
+            if k >= warmup:
+                fwd.append(f_ms)
+                bwd.append(b_ms if self.wrt else 0.0)
+        if self.device.type != "cuda":
+            return _Timing(statistics.median(fwd), statistics.median(bwd))
+        return _Timing(statistics.median(fwd), statistics.median(bwd), *self._cuda_bytes())
+
+    def _cuda_bytes(self) -> tuple[int, int]:
+        """Forward transient above what was live before and after it; backward's peak above what was live before it
+        and the gradients it makes, the outputs' gradients made inside it (as ``chained_backward_bytes``)."""
+        dev = self.device
+        torch.cuda.synchronize(dev)
+        before = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        outs = self.forward()
+        torch.cuda.synchronize(dev)
+        fwd_ws = max(0, torch.cuda.max_memory_allocated(dev) - max(before, torch.cuda.memory_allocated(dev)))
+        if not (outs and self.wrt):
+            return fwd_ws, 0
+        total = torch.stack([(t * 1.0).sum().float() for t in outs]).sum()
+        torch.cuda.synchronize(dev)
+        before = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        grads = torch.autograd.grad(total, self.wrt, allow_unused=True)
+        torch.cuda.synchronize(dev)
+        made = sum(g.untyped_storage().nbytes() for g in grads if g is not None)
+        peak = torch.cuda.max_memory_allocated(dev)
+        del grads, total, outs
+        return fwd_ws, max(0, peak - before - made)
+
+
+@contextmanager
+def _left_as_found(model: nn.Module, device: torch.device) -> Iterator[None]:
+    """NOTE [ Profiler hygiene ]: training mode, buffers and random states restored; the CUDA cache emptied."""
+    training = {m: m.training for m in model.modules()}
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        for m, mode in training.items():
+            m.training = mode
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        del buffers
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _device_of(model: nn.Module, inputs: Inputs) -> torch.device:
+    tensors = [*model.parameters(), *model.buffers()]
+    dev = tensors[0].device if tensors else torch.device("cpu")
+    for t in tensor_leaves(inputs):
+        if t.device != dev:
+            raise ProfilerError(
+                f"an input is on {t.device} but the model is on {dev}; move both to the device to measure on"
+            )
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _stage_params(model: nn.Module, modules: list[nn.Module]) -> tuple[list[int], int]:
+    """Per stage its parameters' bytes (a parameter two stages share, tied weights, counts at the first), and the
+    bytes of the model's parameters outside every stage."""
+    seen: set[int] = set()
+    per: list[int] = []
+    for m in modules:
+        total = 0
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel() * p.element_size()
+        per.append(total)
+    outside = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in seen)
+    return per, outside
+
+
+def _table(trace: StageTrace) -> tuple[list[SavedStorage], dict[int, int], int]:
+    """The profile's storage table from the trace: every storage that is saved, flows between stages or is returned;
+    with the map from trace indices and the bytes made before the first stage (the model input)."""
+    used = set(trace.model_outputs)
+    for k in range(len(trace.names)):
+        used.update(trace.inputs[k])
+        if trace.outputs[k] is not None:
+            used.add(trace.outputs[k])  # type: ignore[arg-type]
+    remap: dict[int, int] = {}
+    table: list[SavedStorage] = []
+    input_bytes = 0
+    for sid, s in enumerate(trace.storages):
+        if not (s.saved_by or s.outside_after is not None or sid in used):
+            continue
+        if s.producer < 0:
+            input_bytes += s.nbytes
+        saved_by = set(s.saved_by)
+        if s.outside_after is not None:
+            saved_by.add(max(s.outside_after, 0))
+        remap[sid] = len(table)
+        table.append(
+            SavedStorage(
+                bytes=s.nbytes,
+                saved_by=tuple(sorted(saved_by)),
+                producer=s.producer,
+                read_by=tuple(sorted(s.readers)),
+                grad_bytes=s.grad_bytes if sid in used else 0,  # gradients that flow between stages
+                outside=s.outside_after is not None,
+            )
+        )
+    return table, remap, input_bytes
+
+
+def profile_module(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    stages: list[str] | None = None,
+    dtype: str = "float32",
+    gpu: str | None = None,
+    name: str | None = None,
+    warmup: int = 2,
+    repeats: int = 5,
+    progress: ProgressFn | None = None,
+) -> Profile:
+    """Measure a profile of any ``nn.Module`` on the device its parameters are on (NOTE [ Module stages ]).
+
+    Args:
+        model: the model, on ``cpu`` or a CUDA device; it is left as found (NOTE [ Profiler hygiene ]).
+        example_inputs: one batch: a tensor, a tuple of arguments, a dict of keyword arguments, or ``(args, kwargs)``.
+            The first tensor's first dimension is the batch.
+        loss_fn: ``loss_fn(model_output) -> scalar``; None: ``default_loss``.
+        stages: ``fnmatch`` patterns naming the stages; None finds the repeated blocks and the pieces between them.
+        dtype: ``float32``, or ``bfloat16``/``float16`` for autocast (parameters stay as they are).
+        gpu: on the CPU, the GPU type the profile describes (default ``h200``); on CUDA None or the present GPU's.
+        name: the profile's model name (default: the model's class name).
+        warmup, repeats: untimed and timed rounds per stage and for the whole step; medians are kept.
+        progress: ``progress(stage_name, done, total)`` after each stage.
+
+    Returns:
+        A ``Profile`` with ``stages_from="modules"``: stage names are the modules' qualified names.
+
+    Raises:
+        ProfilerError: inputs on another device than the model, a stage that does not run exactly once per forward,
+            a pattern matching nothing, a loss that is not a scalar, or a ``gpu`` that is not this CUDA device.
+    """
+    torch_dtype(dtype)
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0; got {repeats}, {warmup}")
+    inputs = as_inputs(example_inputs)
+    first = next(tensor_leaves(inputs), None)
+    if first is None or first.dim() == 0:
+        raise ProfilerError("example_inputs hold no batched tensor; the first tensor's first dimension is the batch")
+    dev = _device_of(model, inputs)
+    identity, spec = _identity(dev, gpu)
+    loss = loss_fn or default_loss
+    with _left_as_found(model, dev):
+        model.train()
+        names, coarse = find_stages(model, inputs, stages)
+        trace = trace_stages(model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype))
+        modules = [model.get_submodule(n) if n else model for n in names]
+        timings: list[_Timing] = []
+        for k, m in enumerate(modules):
+            captured = _capture(model, m, inputs, _autocast(dev, dtype))
+            timings.append(_StageRun(m, captured, trace.input_grad[k], dtype, dev).time(warmup, repeats))
+            del captured
+            if progress is not None:
+                progress(names[k] or type(model).__name__, k + 1, len(modules))
+        step_ms = _step_ms(model, inputs, loss, dtype, dev, warmup, repeats)
+    table, remap, input_bytes = _table(trace)
+    first_saver = [
+        sum(s.bytes for s in table if s.saved_by and min(s.saved_by) == k and not s.outside) for k in range(len(names))
+    ]
+    if spec is None:
+        measured = transfer_ms(first_saver, dev, warmup=warmup, repeats=repeats)
+        copies = [measured.get(b, (0.0, 0.0)) for b in first_saver]
+    else:
+        copies = [(spec.transfer_ms(b, "d2h"), spec.transfer_ms(b, "h2d")) for b in first_saver]
+    params, outside_params = _stage_params(model, modules)
+    stage_profiles = tuple(
+        StageProfile(
+            index=k,
+            name=names[k],
+            kind=type(m).__name__.lower(),
+            forward_ms=t.forward_ms,
+            backward_ms=t.backward_ms,
+            output_bytes=trace.output_bytes[k],
+            inplace=may_write_input(m),
+            output_storage=remap.get(trace.outputs[k]) if trace.outputs[k] is not None else None,  # type: ignore[arg-type]
+            saved_bytes=first_saver[k],
+            param_bytes=params[k],
+            d2h_ms=copies[k][0],
+            h2d_ms=copies[k][1],
+            forward_workspace_bytes=t.forward_workspace_bytes,
+            chained_backward_bytes=t.chained_backward_bytes,
+            input_storages=tuple(remap[s] for s in trace.inputs[k]),
+        )
+        for k, (m, t) in enumerate(zip(modules, timings, strict=True))
+    )
+    staged_ms = sum(t.forward_ms + t.backward_ms for t in timings)
+    model_params: dict[str, int | float | str | bool] = {"stages": len(names)}
+    if stages is not None:
+        model_params["stage_patterns"] = ",".join(stages)
+    if coarse:
+        model_params["coarser"] = "; ".join(coarse)
+    return Profile(
+        model=name or type(model).__name__,
+        model_params=model_params,
+        batch=first.shape[0],
+        dtype=dtype,  # type: ignore[arg-type]
+        input_shape=tuple(first.shape[1:]),
+        input_bytes=input_bytes,
+        device=identity,
+        source="measured" if spec is None else "modeled",
+        compute_source=f"measured:{identity.key}" if spec is None else f"measured:cpu {cpu_model_name()}",
+        transfer_source=f"measured:{identity.key}" if spec is None else f"modeled:{identity.key}",
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        stages=stage_profiles,
+        storages=tuple(table),
+        loss_ms=max(0.0, step_ms - staged_ms),  # NOTE [ Time outside stages ]
+        stages_from="modules",
+        outside_param_bytes=outside_params,
+        loss_saved_bytes=trace.loss_saved_bytes,
+    )
+
+
+def _identity(dev: torch.device, gpu: str | None) -> tuple[DeviceIdentity, Any]:
+    """The device identity, and the roofline spec whose copies a CPU profile takes (None on CUDA)."""
+    if dev.type == "cuda":
+        identity = cuda_identity(dev.index or 0)
+        if gpu is not None and get_gpu(gpu).key != identity.key:
+            raise ProfilerError(
+                f"gpu {gpu!r} was given but this device is {identity.name!r} ({identity.key}); leave gpu unset when "
+                "measuring on CUDA"
+            )
+        return identity, None
+    if dev.type != "cpu":
+        raise ProfilerError(f"device {dev} is not supported; put the model on 'cpu' or a CUDA device")
+    spec = get_gpu(gpu or "h200")
+    return spec_identity(spec), spec
+
+
+def _step_ms(
+    model: nn.Module,
+    inputs: Inputs,
+    loss_fn: Callable[[Any], torch.Tensor],
+    dtype: str,
+    dev: torch.device,
+    warmup: int,
+    repeats: int,
+) -> float:
+    """Median ms of one whole unplanned step: forward, loss and backward (gradients dropped after each)."""
+    timer = _Timer(dev)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step() -> None:
+        with _autocast(dev, dtype):
+            out = call_model(model, inputs)
+        torch.autograd.grad(loss_fn(out), params, allow_unused=True)
+
+    times = []
+    for k in range(warmup + repeats):
+        _, ms = timer.run(step)
+        if k >= warmup:
+            times.append(ms)
+    return statistics.median(times)

@@ -1,0 +1,417 @@
+"""Stages of any ``nn.Module``: find them, and trace what flows between them in one forward.
+
+# NOTE [ Module stages ]
+A user's model is planned in place, the way torchtitan's ``apply_ac`` and Hugging Face's gradient checkpointing
+treat it: its stages are submodules, each run once per step by the model's own ``forward``, and a plan wraps their
+calls (``tuner.runtime.modules``). The model's code is neither rewritten nor flattened, so whatever it does
+between stages (skip connections, concatenations, masks, rotary tables, its own loss) runs as written: a plan
+cannot change that math.
+
+Stages are found by tracing what runs, with module hooks. ``torch.fx`` symbolic tracing fails on data-dependent
+Python (Hugging Face models branch on shapes and configs), and ``torch.export`` gives a functional graph of aten
+operations, not the user's modules: a plan applied to it would run another program than the user's. Hooks see
+the real call order, arguments and keyword arguments of any module, whatever its code.
+
+By default (``find_stages``) the stages are the repeated blocks (two or more children of one class that have
+submodules of their own: transformer layers, residual, dense and inverted-residual blocks) and the pieces between
+them: the root is split into its children, and so is every plain container (``nn.Sequential`` without a
+``forward`` of its own, ``nn.ModuleList``, ``nn.ModuleDict``) and every module with repeated blocks below it; a
+block is never split. A module one of whose children runs more than once per forward (a shared layer) is not
+split: it is planned whole, at a coarser granularity. Users may name the stages instead, with ``fnmatch``
+patterns over qualified names (``["transformer.wte", "transformer.h.*", "lm_head"]``); a pattern names its
+outermost matches.
+
+``trace_stages`` runs one forward with every stage hooked and records, by storage (each counted once, parameters
+and buffers left out): who made it (a stage, the model's own code after stage k, or the caller: the model input),
+which stages take it as an argument, which stage or the model's own code saves it for backward
+(``saved_tensors_hooks``), and how long the model's code holds it: a weak reference to each tensor a stage takes
+or returns is checked at every stage's start, so a skip connection lives until the stage that reads it, or longer
+if the model keeps it. That is the forward lifetime the simulator uses (``SavedStorage.read_by``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiler.errors import ProfilerError
+
+__all__ = [
+    "StageTrace",
+    "TracedStorage",
+    "call_model",
+    "find_stages",
+    "tensor_leaves",
+    "trace_stages",
+]
+
+#: ``(args, kwargs)`` a model is called with
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor inside ``obj``: a tensor, or tensors nested in tuples, lists, dicts and mappings (Hugging Face
+    ``ModelOutput`` is one), and in dataclass-like objects' ``__dict__`` is not searched."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from tensor_leaves(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from tensor_leaves(v)
+
+
+def call_model(model: nn.Module, inputs: Inputs) -> Any:
+    """``model(*args, **kwargs)``."""
+    args, kwargs = inputs
+    return model(*args, **kwargs)
+
+
+# ---- discovery -----------------------------------------------------------------------------------------
+
+
+def _run_counts(model: nn.Module, inputs: Inputs) -> tuple[dict[str, int], list[str]]:
+    """How many times each named module runs in one forward (no grad), and the order of first runs."""
+    counts: dict[str, int] = {}
+    order: list[str] = []
+    handles = []
+    for name, m in model.named_modules():
+
+        def hook(_m: nn.Module, _a: Any, name: str = name) -> None:
+            if name not in counts:
+                order.append(name)
+            counts[name] = counts.get(name, 0) + 1
+
+        handles.append(m.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            call_model(model, inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return counts, order
+
+
+def _plain_container(m: nn.Module) -> bool:
+    if isinstance(m, (nn.ModuleList, nn.ModuleDict)):
+        return type(m).forward is nn.Module.forward
+    return isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+class _Finder:
+    """The default stages of NOTE [ Module stages ]."""
+
+    def __init__(self, model: nn.Module, counts: Mapping[str, int]) -> None:
+        self.counts = counts
+        self.ran = {n for n, m in model.named_modules() if any(counts.get(d, 0) for d in self._names_below(n, m))}
+        self.coarse: list[str] = []
+
+    @staticmethod
+    def _names_below(name: str, m: nn.Module) -> Iterator[str]:
+        for sub, _ in m.named_modules():
+            yield _join(name, sub) if sub else name
+
+    def _children(self, name: str, m: nn.Module) -> list[tuple[str, nn.Module]]:
+        return [(_join(name, c), child) for c, child in m.named_children() if _join(name, c) in self.ran]
+
+    def _blocks(self, children: list[tuple[str, nn.Module]]) -> set[str]:
+        by_class: dict[type, list[str]] = {}
+        for n, c in children:
+            if any(True for _ in c.children()):
+                by_class.setdefault(type(c), []).append(n)
+        return {n for names in by_class.values() if len(names) >= 2 for n in names}
+
+    def _repeats_below(self, name: str, m: nn.Module) -> bool:
+        children = self._children(name, m)
+        return bool(self._blocks(children)) or any(self._repeats_below(n, c) for n, c in children)
+
+    def split(self, name: str, m: nn.Module, *, root: bool = False) -> list[str]:
+        children = self._children(name, m)
+        if not children:
+            return [name]
+        if not (root or _plain_container(m) or self._repeats_below(name, m)):
+            return [name]
+        # a child that runs itself must run exactly once; a container that never runs (a ModuleList) is iterated
+        bad = [n for n, _ in children if self.counts.get(n, 0) > 1]
+        if bad:
+            self.coarse.append(f"{name or 'the model'} (its child {bad[0]} runs {self.counts[bad[0]]} times)")
+            return [name]
+        blocks = self._blocks(children)
+        out: list[str] = []
+        for n, c in children:
+            out.extend([n] if n in blocks else self.split(n, c))
+        return out
+
+
+def find_stages(
+    model: nn.Module, inputs: Inputs, stages: Sequence[str] | None = None
+) -> tuple[list[str], list[str]]:
+    """The stages of ``model``, as qualified module names in the order they first run, and notes on where it was
+    planned coarser than asked.
+
+    Args:
+        model: any module; one forward on ``inputs`` is run without grad.
+        inputs: ``(args, kwargs)`` to call it with.
+        stages: ``fnmatch`` patterns naming the stages (NOTE [ Module stages ]); None finds them.
+
+    Raises:
+        ProfilerError: a pattern matches no module that runs; a named module runs other than once per forward; two
+            named stages nest; the model has no stage (it runs no submodule).
+    """
+    counts, order = _run_counts(model, inputs)
+    rank = {n: i for i, n in enumerate(order)}
+    finder = _Finder(model, counts)
+    if stages is None:
+        names = finder.split("", model, root=True)
+        names = [n for n in names if n]  # the root itself is one stage only when it has no children
+        if not names:
+            names = [""]
+    else:
+        names = _named(stages, counts, order)
+    bad = [n for n in names if n and counts.get(n, 0) != 1 and not _plain_container(model.get_submodule(n))]
+    if bad:
+        raise ProfilerError(
+            f"stage {bad[0]!r} runs {counts.get(bad[0], 0)} times in one forward; a stage must run once per step: "
+            "name its parent (stages=[...]) or a module inside it"
+        )
+    unit = [n for n in names if n and counts.get(n, 0) == 0]
+    if unit:
+        raise ProfilerError(
+            f"stage {unit[0]!r} is a container the model iterates, not a module it calls; name its children "
+            f"(e.g. '{unit[0]}.*')"
+        )
+    names.sort(key=lambda n: rank.get(n, -1))
+    return names, finder.coarse
+
+
+def _named(patterns: Sequence[str], counts: Mapping[str, int], order: list[str]) -> list[str]:
+    ran = [n for n in order if n]
+    chosen: list[str] = []
+    for pat in patterns:
+        hits = [n for n in ran if fnmatch.fnmatchcase(n, pat)]
+        if not hits:
+            shown = ", ".join(ran[:12]) + (" …" if len(ran) > 12 else "")
+            raise ProfilerError(f"stages pattern {pat!r} matches no module that runs in forward (modules: {shown})")
+        chosen.extend(h for h in hits if h not in chosen)
+    for a in chosen:
+        for b in chosen:
+            if a != b and b.startswith(a + "."):
+                raise ProfilerError(f"stage {b!r} lies inside stage {a!r}; name one or the other")
+    return chosen
+
+
+# ---- trace ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TracedStorage:
+    """One storage seen in the traced forward (NOTE [ Module stages ]). Sizes are bytes.
+
+    Attributes:
+        nbytes: the storage's bytes.
+        producer: the stage that made it; for the model's own code, the last stage whose forward had ended
+            before it (-1: before any stage: the model input or what the model makes before its first stage).
+        grad_bytes: bytes of the gradient that flows back into it (the largest view seen), 0 when none.
+        readers: stages whose forward takes it, or at whose start the model's code still holds it.
+        saved_by: stages that save it for backward.
+        outside_after: saved by the model's own code after this stage's forward (-1: before the first), or None.
+    """
+
+    nbytes: int
+    producer: int
+    grad_bytes: int = 0
+    readers: set[int] = field(default_factory=set)
+    saved_by: set[int] = field(default_factory=set)
+    outside_after: int | None = None
+    refs: list[weakref.ref[torch.Tensor]] = field(default_factory=list, repr=False)
+
+    def alive(self) -> bool:
+        return any(r() is not None for r in self.refs)
+
+
+@dataclass
+class StageTrace:
+    """What one traced forward shows of a model's stages.
+
+    Attributes:
+        names: the stages' qualified names, in run order.
+        storages: every storage that flows between stages or is saved for backward.
+        inputs: per stage, indices into ``storages`` of the tensors it takes (each once, in argument order).
+        input_grad: per stage, per tensor leaf of its ``(args, kwargs)``, whether it required a gradient.
+        outputs: per stage, its main output (the first floating-point tensor it returns) or None.
+        output_bytes: per stage, bytes of that tensor.
+        model_outputs: indices of the storages the model returns.
+        loss_saved_bytes: what the loss function saved for backward, bytes (storages not already listed).
+    """
+
+    names: list[str]
+    storages: list[TracedStorage]
+    inputs: list[list[int]]
+    input_grad: list[list[bool]]
+    outputs: list[int | None]
+    output_bytes: list[int]
+    model_outputs: list[int]
+    loss_saved_bytes: int
+
+
+class _Tracer:
+    def __init__(self, model: nn.Module, names: list[str]) -> None:
+        self.model = model
+        self.names = names
+        self.storages: list[TracedStorage] = []
+        self.by_ptr: dict[int, int] = {}
+        self.current: int | None = None
+        self.last_done = -1
+        self.resident = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+        n = len(names)
+        self.inputs: list[list[int]] = [[] for _ in range(n)]
+        self.input_grad: list[list[bool]] = [[] for _ in range(n)]
+        self.outputs: list[int | None] = [None] * n
+        self.output_bytes = [0] * n
+        self.calls = [0] * n
+        self.loss_saved = 0
+        self.in_loss = False
+
+    def sight(self, t: torch.Tensor, producer: int, *, saved: bool = False) -> int | None:
+        """The storage index of ``t`` (a new entry made by ``producer`` when unseen or its storage was freed)."""
+        if t.device.type == "meta" or t.layout != torch.strided:
+            return None
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if storage.nbytes() == 0 or ptr in self.resident:
+            return None
+        sid = self.by_ptr.get(ptr)
+        if sid is not None:
+            old = self.storages[sid]
+            if not (old.alive() or old.saved_by or old.outside_after is not None):
+                sid = None  # freed, and its address handed out again
+        if sid is None:
+            sid = len(self.storages)
+            self.storages.append(TracedStorage(nbytes=storage.nbytes(), producer=producer))
+            self.by_ptr[ptr] = sid
+        entry = self.storages[sid]
+        if not saved:
+            entry.refs.append(weakref.ref(t))
+        if t.requires_grad and t.is_floating_point():
+            entry.grad_bytes = max(entry.grad_bytes, t.numel() * t.element_size())
+        return sid
+
+    def check_alive(self, k: int) -> None:
+        for s in self.storages:
+            if s.alive():
+                s.readers.add(k)
+
+    def pre(self, k: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.calls[k] += 1
+        if self.calls[k] > 1:
+            return
+        self.check_alive(k)
+        leaves = list(tensor_leaves((args, kwargs)))
+        for t in leaves:
+            sid = self.sight(t, self.last_done)
+            if sid is not None and sid not in self.inputs[k]:
+                self.inputs[k].append(sid)
+                self.storages[sid].readers.add(k)
+        self.input_grad[k] = [t.requires_grad for t in leaves]
+        self.current = k
+
+    def post(self, k: int, out: Any) -> None:
+        if self.calls[k] > 1:
+            return
+        for t in tensor_leaves(out):
+            sid = self.sight(t, k)
+            if sid is not None and self.outputs[k] is None and t.is_floating_point():
+                self.outputs[k] = sid
+                self.output_bytes[k] = t.numel() * t.element_size()
+        self.current = None
+        self.last_done = k
+
+    def pack(self, t: torch.Tensor) -> Any:
+        if self.in_loss:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in self.resident and storage.data_ptr() not in self.by_ptr:
+                self.loss_saved += storage.nbytes()
+            return t.detach()
+        k = self.current
+        sid = self.sight(t, self.last_done if k is None else k, saved=True)
+        if sid is not None:
+            if k is None:
+                prev = self.storages[sid].outside_after
+                self.storages[sid].outside_after = self.last_done if prev is None else max(prev, self.last_done)
+            else:
+                self.storages[sid].saved_by.add(k)
+        return t.detach()  # a new tensor object: the model's own references decide what the weak refs see
+
+
+def trace_stages(
+    model: nn.Module,
+    names: list[str],
+    inputs: Inputs,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor],
+    autocast: AbstractContextManager[Any] | None = None,
+) -> StageTrace:
+    """Run one forward and the loss of ``model`` on ``inputs`` with its stages hooked; see NOTE [ Module stages ].
+
+    The graph is dropped afterwards (no backward runs). Buffers the forward updates (batch-norm statistics) are
+    updated once; callers that must leave the model as found restore them.
+
+    Raises:
+        ProfilerError: a stage ran other than once, or the loss is not a scalar tensor.
+    """
+    tracer = _Tracer(model, names)
+    modules = [model.get_submodule(n) if n else model for n in names]
+    with ExitStack() as stack:
+        for k, m in enumerate(modules):
+            pre = m.register_forward_pre_hook(
+                lambda _m, a, kw, k=k: tracer.pre(k, a, kw), with_kwargs=True, prepend=True
+            )
+            post = m.register_forward_hook(lambda _m, _a, out, k=k: tracer.post(k, out), always_call=True)
+            stack.callback(pre.remove)
+            stack.callback(post.remove)
+        for t in tensor_leaves(inputs):
+            tracer.sight(t, -1)
+        with torch.autograd.graph.saved_tensors_hooks(tracer.pack, lambda t: t):
+            with autocast or nullcontext():
+                out = call_model(model, inputs)
+            tracer.check_alive(len(names) - 1)
+            model_outputs = [s for s in (tracer.sight(t, tracer.last_done) for t in tensor_leaves(out)) if s is not None]
+            for sid in model_outputs:
+                tracer.storages[sid].readers.add(len(names) - 1)
+            tracer.in_loss = True
+            loss = loss_fn(out)
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            raise ProfilerError(f"the loss function must return a scalar tensor, got {type(loss).__name__}")
+    ran = [names[k] for k, c in enumerate(tracer.calls) if c != 1]
+    if ran:
+        k = names.index(ran[0])
+        raise ProfilerError(
+            f"stage {ran[0]!r} ran {tracer.calls[k]} times in one forward; a stage must run once per step: name its "
+            "parent or the modules inside it (stages=[...])"
+        )
+    trace = StageTrace(
+        names=names,
+        storages=tracer.storages,
+        inputs=tracer.inputs,
+        input_grad=tracer.input_grad,
+        outputs=tracer.outputs,
+        output_bytes=tracer.output_bytes,
+        model_outputs=model_outputs,
+        loss_saved_bytes=tracer.loss_saved,
+    )
+    for s in trace.storages:
+        s.refs = []
+    del out, loss
+    return trace

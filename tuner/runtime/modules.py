@@ -1,0 +1,182 @@
+"""``PlannedModule``: any ``nn.Module`` run by its own forward, its stage modules' calls wrapped by a plan.
+
+NOTE [ Module stages ] (``profiler.modules``) says why stages are the model's own submodules. During a planned
+forward each stage module's ``forward`` is replaced, on the instance and only for that call, by a wrapper that
+applies the stage's action (NOTE [ Plan semantics ] in ``tuner.plan``):
+
+* ``keep``: the stage runs as usual;
+* ``offload``: it runs under the offload hooks of NOTE [ Offload runtime ] (``tuner.runtime.offload``): what it
+  saves goes to pinned host memory on a side stream, whole storages, so strides are kept;
+* ``recompute``: it runs under a non-reentrant ``torch.utils.checkpoint`` of its own call, arguments and keyword
+  arguments included, which keeps its inputs and re-runs it in backward; buffers are restored after the re-run
+  (NOTE [ Buffers during recompute ] in ``tuner.runtime.segments``) and a stage that declares it writes its input
+  in place runs on a clone of it (NOTE [ In-place at segment boundaries ]);
+* ``selective``: the same checkpoint under PyTorch's selective checkpointing (NOTE [ Selective stages ]).
+
+The model's code between stages runs untouched. Outputs may be tensors, tuples, dicts or ``ModelOutput``s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.checkpoint import checkpoint
+
+from profiler.chain import may_write_input
+from profiler.modules import tensor_leaves
+from profiler.selective import selective_context
+from tuner.errors import PlanError
+from tuner.plan import Action, Plan
+from tuner.runtime.offload import StepState
+from tuner.runtime.planned import PlannedBase
+
+__all__ = ["PlannedModule"]
+
+
+def _module_named(model: nn.Module, name: str) -> nn.Module:
+    if not name:
+        return model
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        raise PlanError(
+            f"plan stage {name!r} is not a submodule of {type(model).__name__}; a plan applies to the model it was "
+            "tuned for (memtune.profile / memtune.tune)"
+        ) from None
+
+
+class PlannedModule(PlannedBase):
+    """A module whose training steps follow a plan made for its module stages (see the module docstring).
+
+    Shares the wrapped model's parameters and buffers (``self.model``). Without grad it runs the model plainly.
+
+    Args:
+        model: the model the plan was tuned for.
+        plan: a plan whose ``stages`` name the stage modules (``memtune.tune`` makes such plans).
+        clone_stage_inputs: clone a recompute or selective stage's tensor arguments inside its checkpoint; None:
+            where the stage module declares it writes its input in place (``inplace=True``).
+        pool_bytes: host bytes to reserve up front for offloaded storages (0: grow in the first step).
+
+    Raises:
+        PlanError: the plan names no stages, a name that is not a submodule, or sync points outside the stages.
+    """
+
+    def __init__(
+        self, model: nn.Module, plan: Plan, *, clone_stage_inputs: bool | None = None, pool_bytes: int = 0
+    ) -> None:
+        if plan.stages is None:
+            raise PlanError(
+                f"plan {plan.label or ''!r} names no stages; plans for a model's module stages come from "
+                "memtune.tune (or tune a chain and plan that)"
+            )
+        modules = [_module_named(model, n) for n in plan.stages]
+        if "" in plan.stages and len(plan.stages) > 1:
+            raise PlanError("plan stage '' (the whole model) cannot sit beside other stages")
+        bad = [p for p in plan.sync_points if not 0 <= p < len(modules)]
+        if bad:
+            raise PlanError(f"sync_points {bad} are outside the stage range 0..{len(modules) - 1}")
+        super().__init__(model, plan, plan.stages, pool_bytes=pool_bytes)
+        self._stages = modules
+        self._clone = [may_write_input(m) if clone_stage_inputs is None else clone_stage_inputs for m in modules]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return self.model(*args, **kwargs)
+        plan = self.plan
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        device = tensors[0].device if tensors else torch.device("cpu")
+        exclude = {t.untyped_storage().data_ptr() for t in tensors}
+        exclude.update(t.untyped_storage().data_ptr() for t in tensor_leaves((args, kwargs)))  # always resident
+        step = self._runtime.begin_step(
+            device,
+            sync=plan.sync,
+            sync_delay=plan.sync_delay,
+            sync_points=plan.sync_points,
+            lookahead=plan.prefetch_lookahead,
+            exclude_ptrs=exclude,
+        )
+        self._step = step
+        try:
+            with self._wrapped(step):
+                return self.model(*args, **kwargs)
+        except torch.OutOfMemoryError as exc:
+            raise self._oom(exc, "forward", step.forward_stage) from exc
+        finally:
+            step.end_forward()
+
+    @contextlib.contextmanager
+    def _wrapped(self, step: StepState) -> Iterator[None]:
+        """Each stage module's ``forward`` replaced by its plan's wrapper for the duration of one forward."""
+        saved: list[tuple[nn.Module, Any]] = []
+        try:
+            for k, m in enumerate(self._stages):
+                saved.append((m, m.__dict__.get("forward")))
+                m.forward = self._stage(k, m.forward, step)  # type: ignore[method-assign]
+            yield
+        finally:
+            for m, previous in reversed(saved):
+                if previous is None:
+                    del m.forward
+                else:
+                    m.forward = previous  # type: ignore[method-assign]
+
+    def _stage(self, k: int, fn: Callable[..., Any], step: StepState) -> Callable[..., Any]:
+        action = self.plan.actions[k]
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            step.forward_stage = k
+            offloading = action is Action.OFFLOAD
+            with step.hooks(k, k) if offloading else contextlib.nullcontext():
+                if action is Action.RECOMPUTE or action is Action.SELECTIVE:
+                    out = self._checkpointed(k, fn, args, kwargs, selective=action is Action.SELECTIVE)
+                else:
+                    out = fn(*args, **kwargs)
+            step.end_stage(k, offloading=offloading)
+            for t in tensor_leaves(out):
+                if t.grad_fn is not None:
+                    t.grad_fn.register_prehook(lambda _g, k=k: step.on_backward(k))  # type: ignore[misc]
+            return out
+
+        return run
+
+    def _checkpointed(
+        self, k: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, selective: bool
+    ) -> Any:
+        """Stage ``k`` under a non-reentrant checkpoint of its own call."""
+        module = self._stages[k]
+        clone = self._clone[k]
+        calls = 0
+
+        def body(*inner: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if clone:  # NOTE [ In-place at segment boundaries ]
+                inner = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in inner)
+            if calls == 1:
+                return fn(*inner, **kwargs)
+            # NOTE [ Buffers during recompute ]; outside selective checkpointing's dispatch mode
+            with _disable_current_modes():
+                snapshot = [(b, b.clone()) for b in module.buffers()]
+            try:
+                return fn(*inner, **kwargs)
+            finally:
+                with torch.no_grad(), _disable_current_modes():
+                    for b, old in snapshot:
+                        b.copy_(old)
+
+        inputs = list(tensor_leaves((args, kwargs)))
+        versions = [t._version for t in inputs]
+        extra: dict[str, Any] = {"context_fn": selective_context} if selective else {}
+        out = checkpoint(body, *args, use_reentrant=False, preserve_rng_state=True, **extra)
+        if not clone and any(t._version != v for t, v in zip(inputs, versions, strict=True)):
+            raise PlanError(
+                f"stage {k} ({self.stage_names[k]}) modified an input in place under a checkpoint, which corrupts "
+                "what the re-run reads (NOTE [ In-place at segment boundaries ]); pass clone_stage_inputs=True to "
+                "planned() or keep this stage"
+            )
+        return out
