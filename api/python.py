@@ -1,0 +1,266 @@
+"""The Python entry points the ``memtune`` face re-exports: profile any model, tune it, apply the plan.
+
+Ten lines for a Hugging Face model built from a config::
+
+    import memtune, torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=4, use_cache=False))
+    ids = torch.randint(0, 50257, (8, 256))
+    tuned = memtune.tune(model, "600MiB", example_inputs={"input_ids": ids, "labels": ids}, gpu="h100")
+    print(tuned)                                   # the table, the best plan and the bound
+    model = memtune.planned(model, tuned)          # same parameters; every step follows the plan
+    model(input_ids=ids, labels=ids).loss.backward()
+
+Here the floors decide (``profiler.module_profile``, ``tuner.search``, ``tuner.bound``, ``tuner.runtime``); this
+module only joins them and shows progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from profiler.profile import Profile
+from tuner.budget import format_bytes, parse_budget
+from tuner.plan import Plan
+from tuner.search import Candidate, TuneResult
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from tuner.bound import StepBound
+    from tuner.runtime.planned import PlannedBase
+
+__all__ = ["Tuned", "planned", "profile", "tune"]
+
+
+@contextmanager
+def _bar(label: str, enabled: bool) -> Iterator[Callable[[int, int, str], None]]:
+    """A rich progress bar on standard error; yields ``update(done, total, text)``."""
+    if not enabled:
+        yield lambda _done, _total, _text: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn(f"[bold]{label}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("", total=None)
+        yield lambda done, total, text: bar.update(task, completed=done, total=total, description=text)
+
+
+def profile(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    stages: list[str] | None = None,
+    dtype: str = "float32",
+    gpu: str | None = None,
+    warmup: int = 2,
+    repeats: int = 5,
+    progress: bool = True,
+) -> Profile:
+    """Measure ``model`` stage by stage on the device it is on (``profiler.module_profile.profile_module``).
+
+    Args:
+        model: any ``nn.Module`` (left as found: mode, buffers and random state restored).
+        example_inputs: one batch: a tensor, a tuple of arguments, a dict of keyword arguments or ``(args, kwargs)``.
+        loss_fn: ``loss_fn(output) -> scalar``; None: the output's ``loss`` where it has one, else the mean of its
+            floating-point outputs.
+        stages: ``fnmatch`` patterns naming the stages (``["embed", "layers.*", "head"]``); None: the repeated blocks
+            and the pieces between them (NOTE [ Module stages ]).
+        dtype: ``float32``, or ``bfloat16``/``float16`` under autocast.
+        gpu: on the CPU the GPU type the profile describes (its copy rates; default ``h200``); on CUDA None.
+        warmup, repeats: untimed and timed rounds per stage (medians are kept).
+        progress: a progress bar on standard error.
+
+    Returns:
+        The ``Profile`` (``measured`` on CUDA, ``modeled`` on the CPU).
+    """
+    from profiler.module_profile import profile_module
+
+    with _bar("profiling", progress) as update:
+        return profile_module(
+            model,
+            example_inputs,
+            loss_fn=loss_fn,
+            stages=stages,
+            dtype=dtype,
+            gpu=gpu,
+            warmup=warmup,
+            repeats=repeats,
+            progress=lambda name, done, total: update(done, total, name),
+        )
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """What ``tune`` found: the search's result and the lower bound on any plan's step at the budget.
+
+    Attributes:
+        result: the search (every baseline, the best plan, the Pareto front; ``result.profile`` is the profile).
+        bound: no plan of offload, recompute and algorithm choice steps faster (NOTE [ Budget bound ]); None when
+            the solver gave no answer.
+    """
+
+    result: TuneResult
+    bound: StepBound | None
+
+    @property
+    def plan(self) -> Plan | None:
+        """The best plan (None when no plan fits the budget)."""
+        return self.result.best.plan if self.result.best is not None else None
+
+    @property
+    def profile(self) -> Profile:
+        return self.result.profile
+
+    def table(self) -> list[dict[str, Any]]:
+        """One row per baseline policy and the best plan: name, step ms, slowdown, peak bytes, feasible, source."""
+        base = self.result.unconstrained.step_ms
+        rows: list[Candidate] = [*self.result.policies, *([self.result.best] if self.result.best else [])]
+        return [{**c.to_dict(), "slowdown": round(c.step_ms / base, 4)} for c in rows]
+
+    def __str__(self) -> str:
+        r = self.result
+        p = r.profile
+        lines = [
+            f"{p.model} batch {p.batch} {p.dtype} on {p.device.name} (profile {p.source}, {p.n_stages} stages), "
+            f"budget {format_bytes(r.budget_bytes)}; unconstrained {r.unconstrained.step_ms:.2f} ms, "
+            f"{format_bytes(r.unconstrained.peak_bytes)}",
+            f"{'policy':<22}{'step ms':>10}{'slowdown':>10}{'peak':>12}  fits",
+        ]
+        for row in self.table():
+            lines.append(
+                f"{row['name']:<22}{row['step_ms']:>10.2f}{row['slowdown']:>9.2f}x{format_bytes(row['peak_bytes']):>12}"
+                f"  {'yes' if row['feasible'] else 'no'}"
+            )
+        if r.best is None:
+            lines.append(f"no plan fits {format_bytes(r.budget_bytes)}")
+        else:
+            names = r.best.plan.stages or tuple(s.name for s in p.stages)
+            lines.append(f"best plan ({r.best.plan.compact()}):")
+            lines += [f"  {name or '(model)'}: {a.value}" for name, a in zip(names, r.best.plan.actions, strict=True)]
+        if self.bound is not None:
+            lines.append(
+                f"no plan can step faster than {self.bound.step_ms:.2f} ms ({self.bound.ratio:.2f}x) within "
+                f"{format_bytes(r.budget_bytes)} (NOTE [ Budget bound ])"
+            )
+        return "\n".join(lines)
+
+
+def tune(
+    model_or_profile: nn.Module | Profile,
+    budget: str | int | float,
+    *,
+    example_inputs: Any = None,
+    gpu: str | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    stages: list[str] | None = None,
+    dtype: str = "float32",
+    trials: int = 300,
+    seed: int = 0,
+    optimizer: str = "sgd",
+    headroom: float | None = None,
+    progress: bool = True,
+) -> Tuned:
+    """The fastest plan for a model (profiled first) or a profile within ``budget``, beside every baseline.
+
+    Args:
+        model_or_profile: a ``Profile``, or any ``nn.Module`` (then ``example_inputs`` is required and the model is
+            profiled by ``profile`` on the device it is on).
+        budget: GPU memory one step may use: ``"12GiB"``, ``"800MB"``, a byte count, or a fraction of the GPU's
+            memory (``0.6``).
+        example_inputs, loss_fn, stages, dtype, gpu: as ``profile``.
+        trials: Optuna trials (baselines included).
+        seed: the search's seed; the same seed gives the same result.
+        optimizer: ``sgd`` (momentum), ``adam`` or ``none``: optimizer state bytes.
+        headroom: fraction of the budget kept free for the allocator; None: the GPU type's calibration.
+        progress: progress bars on standard error.
+
+    Returns:
+        A ``Tuned``: ``plan`` (for ``planned``), ``table()``, ``bound``; ``print(tuned)`` shows all three.
+
+    Raises:
+        ProfilerError: as ``profile``. TunerError: a bad budget or search setting.
+    """
+    import optuna
+
+    from tuner.bound import step_lower_bound
+    from tuner.calibration import calibration_for
+    from tuner.search import tune as run_tune
+    from tuner.simulator import Simulator
+
+    if isinstance(model_or_profile, Profile):
+        prof = model_or_profile
+    else:
+        if example_inputs is None:
+            raise ValueError("tune(model, ...) needs example_inputs: one batch to profile the model on")
+        prof = profile(
+            model_or_profile,
+            example_inputs,
+            loss_fn=loss_fn,
+            stages=stages,
+            dtype=dtype,
+            gpu=gpu,
+            progress=progress,
+        )
+    budget_bytes = parse_budget(budget, prof.device.memory_bytes)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with _bar("tuning", progress) as update:
+        result = run_tune(
+            prof,
+            budget_bytes,
+            trials=trials,
+            seed=seed,
+            optimizer=optimizer,
+            headroom=calibration_for(prof.device.key).headroom if headroom is None else headroom,
+            progress=lambda done, total, best: update(
+                done, total, f"best {best.step_ms:.2f} ms" if best is not None else "no feasible plan yet"
+            ),
+        )
+    try:
+        bound: StepBound | None = step_lower_bound(Simulator(prof, optimizer), budget_bytes)
+    except RuntimeError:  # the solver gave no answer: the plan stands without its bound
+        bound = None
+    return Tuned(result, bound)
+
+
+def planned(
+    model: nn.Module,
+    plan: Tuned | TuneResult | Candidate | Plan | str | Path,
+    **kwargs: Any,
+) -> PlannedBase:
+    """``model`` wrapped so every training step follows ``plan`` (``tuner.runtime.planned.planned``).
+
+    ``plan`` may be what ``tune`` returned, a ``Plan``, or a plan file (``memtune tune --plan-out``). Keyword
+    arguments go to ``tuner.runtime.planned.planned`` (``pool_bytes``, ``clone_segment_inputs``).
+
+    Raises:
+        PlanError: no plan fits (``tune`` found none), or the plan does not match the model's stages.
+    """
+    from tuner.errors import PlanError
+    from tuner.runtime.planned import planned as apply_plan
+
+    if isinstance(plan, Tuned):
+        plan = plan.result
+    if isinstance(plan, TuneResult):
+        if plan.best is None:
+            raise PlanError(f"no plan fits {format_bytes(plan.budget_bytes)}; tune with a larger budget")
+        plan = plan.best
+    if isinstance(plan, Candidate):
+        plan = plan.plan
+    return apply_plan(model, plan, **kwargs)
