@@ -96,7 +96,13 @@ def resolve_profile(
     return modeled_profile(chain, batch, dtype, gpu)
 
 
-ModelArg = Annotated[str, typer.Argument(help="zoo model name (see `memtune models`), or 'spec' with --spec")]
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="zoo model name (see `memtune models`), 'spec' with --spec, or a factory: 'package.module:function' or "
+        "'file.py:function' returning an nn.Module (with --input-shape)"
+    ),
+]
 BatchOpt = Annotated[int, typer.Option("--batch", "-b", min=1, help="batch size")]
 DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16 or float16 (autocast)")]
 GpuOpt = Annotated[str, typer.Option(help="GPU type, e.g. h200, a100-80gb, k40 (see `memtune gpus`)")]
@@ -104,6 +110,43 @@ ParamOpt = Annotated[list[str] | None, typer.Option("--param", "-p", help="model
 SpecOpt = Annotated[Path | None, typer.Option(help="JSON model spec file (model argument: spec)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
 OptimizerOpt = Annotated[str, typer.Option(help="sgd (momentum), adam or none: optimizer state bytes")]
+ShapeOpt = Annotated[
+    str | None, typer.Option("--input-shape", help="a factory model's input, one sample: 3,224,224 or 512 (tokens)")
+]
+VocabOpt = Annotated[int | None, typer.Option(help="a factory model takes token ids below this")]
+StagesOpt = Annotated[
+    list[str] | None, typer.Option("--stage", help="a factory model's stages: module name pattern, repeatable")
+]
+
+
+def _factory_profile(
+    model: str,
+    batch: int,
+    dtype: str,
+    gpu: str,
+    device: str,
+    params: dict[str, Any],
+    input_shape: str | None,
+    vocab: int | None,
+    stages: list[str] | None,
+) -> Profile:
+    """Build a factory model and measure it stage by stage on ``device`` (NOTE [ Module stages ])."""
+    from api.python import profile as measure_module
+    from profiler.factory import build_factory, factory_inputs
+
+    if device not in ("cpu", "cuda"):
+        raise _fail(f"--device {device!r}: a factory model is measured; use cpu or cuda")
+    if input_shape is None:
+        raise _fail("a factory model needs --input-shape (one sample, e.g. 3,224,224)")
+    try:
+        shape = tuple(int(d) for d in input_shape.split(","))
+    except ValueError:
+        raise _fail(f"--input-shape {input_shape!r}: write sizes separated by commas, e.g. 3,224,224") from None
+    net = build_factory(model, params).to(device)
+    x = factory_inputs(batch, shape, vocab=vocab, device=device)
+    return measure_module(
+        net, x, stages=stages, dtype=dtype, gpu=gpu if device == "cpu" else None, progress=err.is_terminal
+    )
 
 
 def _check_dtype(dtype: str) -> None:
@@ -156,19 +199,30 @@ def profile(
         ),
     ] = "model",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write the profile JSON here")] = None,
+    input_shape: ShapeOpt = None,
+    vocab: VocabOpt = None,
+    stage: StagesOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Profile a model: per stage forward/backward ms, saved bytes, copy ms."""
+    from profiler.factory import is_factory
+
     _check_dtype(dtype)
     try:
-        chain = load_chain(model, _parse_params(param), spec)
-        if device == "model":
+        if is_factory(model):
+            prof = _factory_profile(
+                model, batch, dtype, gpu, "cpu" if device == "model" else device, _parse_params(param),
+                input_shape, vocab, stage,
+            )  # fmt: skip
+        elif device == "model":
+            chain = load_chain(model, _parse_params(param), spec)
             from profiler.modeled import modeled_profile
 
             prof = modeled_profile(chain, batch, dtype, gpu)
         elif device in ("cpu", "cuda"):
             from profiler.measure import profile as measure
 
+            chain = load_chain(model, _parse_params(param), spec)
             with Progress(
                 TextColumn("[bold]profiling[/] {task.description}"),
                 BarColumn(),
@@ -363,11 +417,16 @@ def tune(
     headroom: Annotated[
         float | None, typer.Option(help="fraction of the budget kept free for the allocator (default: calibrated)")
     ] = None,
+    device: Annotated[str, typer.Option(help="a factory model is measured here: cpu or cuda")] = "cpu",
+    input_shape: ShapeOpt = None,
+    vocab: VocabOpt = None,
+    stage: StagesOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Search the fastest plan within a budget (or the Pareto front) and compare every baseline."""
     import optuna
 
+    from profiler.factory import is_factory
     from tuner.bound import step_lower_bound
     from tuner.search import tune as run_tune
     from tuner.simulator import Simulator
@@ -375,8 +434,11 @@ def tune(
     _check_dtype(dtype)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        chain = load_chain(model, _parse_params(param), spec)
-        prof = resolve_profile(chain, batch, dtype, gpu, profile_file)
+        if profile_file is None and is_factory(model):
+            prof = _factory_profile(model, batch, dtype, gpu, device, _parse_params(param), input_shape, vocab, stage)
+        else:
+            chain = load_chain(model, _parse_params(param), spec)
+            prof = resolve_profile(chain, batch, dtype, gpu, profile_file)
         budget_bytes = parse_budget(budget, prof.device.memory_bytes)
         with Progress(
             TextColumn("[bold]tuning[/] {task.description}"),

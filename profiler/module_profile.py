@@ -134,7 +134,7 @@ class _StageRun:
             t.detach().requires_grad_(bool(g) and t.is_floating_point())
             for t, g in zip(leaves, grad + [False] * (len(leaves) - len(grad)), strict=True)
         ]
-        params = [p for p in module.parameters() if p.requires_grad]
+        params: list[torch.Tensor] = [p for p in module.parameters() if p.requires_grad]
         self.wrt = [t for t in self.leaves if t.requires_grad] + params
         self.dtype = dtype
         self.device = device

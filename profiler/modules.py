@@ -155,9 +155,7 @@ class _Finder:
         return out
 
 
-def find_stages(
-    model: nn.Module, inputs: Inputs, stages: Sequence[str] | None = None
-) -> tuple[list[str], list[str]]:
+def find_stages(model: nn.Module, inputs: Inputs, stages: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
     """The stages of ``model``, as qualified module names in the order they first run, and notes on where it was
     planned coarser than asked.
 
@@ -387,7 +385,9 @@ def trace_stages(
             with autocast or nullcontext():
                 out = call_model(model, inputs)
             tracer.check_alive(len(names) - 1)
-            model_outputs = [s for s in (tracer.sight(t, tracer.last_done) for t in tensor_leaves(out)) if s is not None]
+            model_outputs = [
+                s for s in (tracer.sight(t, tracer.last_done) for t in tensor_leaves(out)) if s is not None
+            ]
             for sid in model_outputs:
                 tracer.storages[sid].readers.add(len(names) - 1)
             tracer.in_loss = True

@@ -749,14 +749,15 @@ def tune(
             no_choice = dataclasses.replace(min(framework, key=lambda c: (c.step_ms, c.peak_bytes)), name=NO_CHOICE)
     front = pareto_front(cands + policies)
     if profile.modules:  # plans name the module stages they apply to (NOTE [ Module stages ])
-        unconstrained, best, no_choice = (_named(c, profile) for c in (unconstrained, best, no_choice))
+        unconstrained = _named(unconstrained, profile)  # type: ignore[assignment]
+        best, no_choice = _named(best, profile), _named(no_choice, profile)
         policies = [_named(c, profile) for c in policies]  # type: ignore[misc]
         front = [_named(c, profile) for c in front]  # type: ignore[misc]
     return TuneResult(
         profile=profile,
         budget_bytes=requested_budget,
         mode=mode,
-        unconstrained=unconstrained,  # type: ignore[arg-type]
+        unconstrained=unconstrained,
         policies=policies,
         best=best,
         pareto=front,

@@ -426,7 +426,7 @@ class Simulator:
         """Stage ``k``'s backward: the gradient blocks it makes and those it frees (NOTE [ Gradients between
         stages ])."""
         if not self.profile.modules:
-            made = [("alloc", ("g", k - 1), self.out[k - 1])] if k > 0 else []
+            made: list[tuple[str, object, int]] = [("alloc", ("g", k - 1), self.out[k - 1])] if k > 0 else []
             return made, [("free", ("g", k), self.out[k])]
         tab = self._tables
         return (

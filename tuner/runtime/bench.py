@@ -38,7 +38,7 @@ from tuner.runtime.conv import apply_conv_choices
 from tuner.runtime.errors import PlanOutOfMemoryError
 from tuner.runtime.guard import budget_guard
 from tuner.runtime.isolate import IsolatedProcessError, run_isolated
-from tuner.runtime.planned import PlannedBase, PlannedModel, planned
+from tuner.runtime.planned import PlannedBase, planned
 from tuner.simulator import simulate
 
 __all__ = ["BenchRow", "RowSpec", "bench_plans", "checkpoint_segments", "make_batch", "measure_step", "row_specs"]
