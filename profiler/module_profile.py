@@ -36,7 +36,7 @@ from profiler.devices import get_gpu
 from profiler.errors import ProfilerError
 from profiler.identity import cuda_identity, spec_identity, transfer_ms
 from profiler.measure import ProgressFn, _autocast, _Timer, cpu_model_name
-from profiler.modules import Inputs, StageTrace, call_model, find_stages, tensor_leaves, trace_stages
+from profiler.modules import Inputs, StageTrace, call_model, find_stages, rebuild, tensor_leaves, trace_stages
 from profiler.profile import DeviceIdentity, Profile, SavedStorage, StageProfile
 from profiler.stagefacts import torch_dtype
 
@@ -77,19 +77,6 @@ def default_loss(out: Any) -> torch.Tensor:
     return torch.stack(parts).sum()
 
 
-def _rebuild(obj: Any, it: Iterator[torch.Tensor]) -> Any:
-    """``obj`` with its tensors replaced, in ``tensor_leaves`` order, by those of ``it``."""
-    if isinstance(obj, torch.Tensor):
-        return next(it)
-    if isinstance(obj, Mapping):
-        return {k: _rebuild(v, it) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_rebuild(v, it) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_rebuild(v, it) for v in obj)
-    return obj
-
-
 class _Captured(Exception):
     def __init__(self, inputs: Inputs) -> None:
         super().__init__()
@@ -101,7 +88,7 @@ def _capture(model: nn.Module, module: nn.Module, inputs: Inputs, autocast: Abst
 
     def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         copies = (t.detach().clone() for t in tensor_leaves((args, kwargs)))
-        raise _Captured(_rebuild((args, kwargs), copies))
+        raise _Captured(rebuild((args, kwargs), copies))
 
     handle = module.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
     try:
@@ -140,7 +127,7 @@ class _StageRun:
         self.device = device
 
     def forward(self) -> list[torch.Tensor]:
-        args, kwargs = _rebuild(self.inputs, (t.clone() for t in self.leaves))
+        args, kwargs = rebuild(self.inputs, (t.clone() for t in self.leaves))
         with _autocast(self.device, self.dtype):
             out = self.module(*args, **kwargs)
         return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]

@@ -48,6 +48,7 @@ __all__ = [
     "TracedStorage",
     "call_model",
     "find_stages",
+    "rebuild",
     "tensor_leaves",
     "trace_stages",
 ]
@@ -67,6 +68,20 @@ def tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             yield from tensor_leaves(v)
+
+
+def rebuild(obj: Any, it: Iterator[torch.Tensor]) -> Any:
+    """``obj`` with its tensors replaced, in ``tensor_leaves`` order, by those of ``it``; its tuples, lists and dicts
+    are new objects, so a later change to the caller's containers does not reach it."""
+    if isinstance(obj, torch.Tensor):
+        return next(it)
+    if isinstance(obj, Mapping):
+        return {k: rebuild(v, it) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(rebuild(v, it) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(rebuild(v, it) for v in obj)
+    return obj
 
 
 def call_model(model: nn.Module, inputs: Inputs) -> Any:

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
 from profiler.chain import may_write_input
-from profiler.modules import tensor_leaves
+from profiler.modules import rebuild, tensor_leaves
 from profiler.selective import selective_context
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan
@@ -169,7 +169,10 @@ class PlannedModule(PlannedBase):
                     for b, old in snapshot:
                         b.copy_(old)
 
+        # the re-run must see the arguments of this call: a list the model appends to later (a dense block's
+        # features) is copied now, its tensors shared
         inputs = list(tensor_leaves((args, kwargs)))
+        args, kwargs = rebuild((args, kwargs), iter(inputs))
         versions = [t._version for t in inputs]
         extra: dict[str, Any] = {"context_fn": selective_context} if selective else {}
         out = checkpoint(body, *args, use_reentrant=False, preserve_rng_state=True, **extra)

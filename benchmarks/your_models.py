@@ -1,0 +1,229 @@
+"""Your models on a GPU: torchvision and Hugging Face models profiled by module stages, tuned at a fraction of
+their measured unconstrained peak, run under ``budget_guard``, and checked for equal gradients.
+
+    python -m benchmarks.your_models --models resnet50,mobilenet_v2 --fraction 0.6 --out results/
+
+Per model, in one process: the unplanned step (median of ``--steps`` after ``--warmup``, CUDA events, SGD with
+momentum, its peak allocated bytes); ``memtune.profile`` on CUDA; ``tuner.search.tune`` at ``fraction`` x that
+peak (``--headroom`` of it kept free for the allocator); the best plan run under ``budget_guard`` (step, peak
+allocated and reserved, out-of-memory if any); the simulator's prediction beside it; the largest relative gradient
+and buffer errors of the plan against the unplanned step, beside the unplanned step's own run-to-run spread; and
+PyTorch's built-in checkpointing where it applies (``checkpoint_sequential`` over a model's sequential trunk,
+Hugging Face's ``gradient_checkpointing_enable``), uncapped. One JSON line per model goes to ``<out>/<model>.json``
+and a table to standard output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuner.runtime.guard import configure_allocator
+
+Loss = Callable[[Any], torch.Tensor]
+
+
+def _hf(kind: str, batch: int) -> tuple[nn.Module, Any, Loss, int]:
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    if kind == "gpt2":  # the 124M configuration
+        model: nn.Module = GPT2LMHeadModel(GPT2Config(use_cache=False))
+        vocab, seq = 50257, 1024
+    else:  # a Llama-style decoder: 8 layers, width 1024, grouped-query attention
+        cfg = LlamaConfig(
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            vocab_size=32000,
+            max_position_embeddings=2048,
+            use_cache=False,
+        )
+        model = LlamaForCausalLM(cfg)
+        vocab, seq = 32000, 1024
+    ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+    return model.cuda(), {"input_ids": ids, "labels": ids}, lambda out: out.loss, seq
+
+
+def _vision(kind: str, batch: int) -> tuple[nn.Module, Any, Loss, int]:
+    import torchvision
+
+    model = getattr(torchvision.models, kind)().cuda()
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    return model, x, lambda out: nn.functional.cross_entropy(out, y), 224
+
+
+MODELS: dict[str, tuple[Callable[[str, int], tuple[nn.Module, Any, Loss, int]], int]] = {
+    "resnet50": (_vision, 128),
+    "mobilenet_v2": (_vision, 128),
+    "densenet121": (_vision, 64),
+    "vit_b_16": (_vision, 64),
+    "gpt2": (_hf, 8),
+    "llama": (_hf, 8),
+}
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    return model(**inputs) if isinstance(inputs, dict) else model(inputs)
+
+
+def _steps(run: Callable[[], None], warmup: int, steps: int) -> list[float]:
+    times = []
+    for k in range(warmup + steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        if k >= warmup:
+            times.append(start.elapsed_time(end))
+    return times
+
+
+def _trainer(model: nn.Module, net: nn.Module, inputs: Any, loss_fn: Loss) -> Callable[[], None]:
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(_call(net, inputs)).backward()
+        opt.step()
+
+    return step
+
+
+def _measure(model: nn.Module, net: nn.Module, inputs: Any, loss_fn: Loss, warmup: int, steps: int) -> dict[str, Any]:
+    """Step ms (median) and peak bytes of training ``net`` (which shares ``model``'s parameters)."""
+    step = _trainer(model, net, inputs, loss_fn)
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    times = _steps(step, warmup, steps)
+    out = {
+        "step_ms": statistics.median(times),
+        "peak_bytes": torch.cuda.max_memory_allocated(),
+        "reserved_bytes": torch.cuda.max_memory_reserved(),
+    }
+    for p in model.parameters():
+        p.grad = None
+    return out
+
+
+def _sequential_peer(kind: str, model: nn.Module) -> nn.Module | None:
+    """The model with ``checkpoint_sequential`` over its sequential trunk (sqrt(n) segments), where it has one."""
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    if kind in ("mobilenet_v2", "densenet121"):
+        trunk, head = model.features, model.classifier  # type: ignore[union-attr]
+        post: Callable[[torch.Tensor], torch.Tensor] = (
+            (lambda x: nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
+            if kind == "mobilenet_v2"
+            else (lambda x: nn.functional.adaptive_avg_pool2d(nn.functional.relu(x), 1).flatten(1))
+        )
+    elif kind == "resnet50":
+        m = model
+        trunk = nn.Sequential(m.conv1, m.bn1, m.relu, m.maxpool, *m.layer1, *m.layer2, *m.layer3, *m.layer4)  # type: ignore[union-attr]
+        head, post = m.fc, lambda x: m.avgpool(x).flatten(1)  # type: ignore[union-attr,assignment]
+    else:
+        return None
+
+    class Peer(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            n = len(trunk)
+            return head(post(checkpoint_sequential(trunk, max(1, round(math.sqrt(n))), x, use_reentrant=False)))
+
+    return Peer()
+
+
+def run_model(kind: str, fraction: float, headroom: float, trials: int, warmup: int, steps: int) -> dict[str, Any]:
+    from memtune import budget_guard, planned, profile
+    from tuner.runtime.verify import check_equivalence, reference_step
+    from tuner.search import tune
+    from tuner.simulator import Simulator
+
+    build, batch = MODELS[kind]
+    torch.manual_seed(0)
+    model, inputs, loss_fn, _ = build(kind, batch)
+    row: dict[str, Any] = {"model": kind, "batch": batch, "fraction": fraction, "headroom": headroom}
+    row["unplanned"] = _measure(model, model, inputs, loss_fn, warmup, steps)
+    t0 = time.perf_counter()
+    prof = profile(model, inputs, loss_fn=loss_fn, progress=False)
+    row["profile_s"] = round(time.perf_counter() - t0, 1)
+    row["stages"] = prof.n_stages
+    row["stage_names"] = [s.name for s in prof.stages]
+    row["device"] = prof.device.name
+    row["torch"] = torch.__version__
+    budget = int(fraction * row["unplanned"]["peak_bytes"])
+    sim = Simulator(prof)
+    result = tune(prof, budget, trials=trials, seed=0, headroom=headroom)
+    row["budget_bytes"] = budget
+    if result.best is None:
+        row["error"] = "no plan fits"
+        return row
+    plan = result.best.plan
+    row["plan"] = plan.compact()
+    predicted = sim.run(plan)
+    row["predicted"] = {"step_ms": predicted.step_ms, "peak_bytes": predicted.peak_bytes}
+    row["unplanned_simulated"] = {"step_ms": sim.run(plan.with_(actions=("keep",) * prof.n_stages)).step_ms}
+    pm = planned(model, plan)
+    try:
+        with budget_guard(budget, pm):
+            row["planned"] = _measure(model, pm, inputs, loss_fn, warmup, steps)
+    except Exception as exc:  # an out-of-memory under the cap is a result, reported as such
+        row["planned"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    gc.collect()
+    torch.cuda.empty_cache()
+    ref = reference_step(model, inputs, loss_fn=loss_fn)
+    same, _ = check_equivalence(model, plan.with_(actions=("keep",) * prof.n_stages), inputs, loss_fn=loss_fn,
+                                reference=ref, steps=1)  # fmt: skip
+    eq, _ = check_equivalence(model, plan, inputs, loss_fn=loss_fn, reference=ref, steps=1)
+    row["spread"] = {"loss": same.loss, "grad": same.grad, "buffer": same.buffer}
+    row["equality"] = {"loss": eq.loss, "grad": eq.grad, "buffer": eq.buffer, "worst": eq.worst_grad}
+    peer = _sequential_peer(kind, model)
+    if peer is not None:
+        row["checkpoint_sequential"] = _measure(model, peer, inputs, loss_fn, warmup, steps)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        row["hf_gradient_checkpointing"] = _measure(model, model, inputs, loss_fn, warmup, steps)
+        model.gradient_checkpointing_disable()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--fraction", type=float, default=0.6)
+    parser.add_argument("--headroom", type=float, default=0.05)
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args()
+    configure_allocator()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for kind in args.models.split(","):
+        if kind not in MODELS:
+            raise SystemExit(f"--models: {kind!r} is not one of {', '.join(MODELS)}")
+        try:
+            row = run_model(kind, args.fraction, args.headroom, args.trials, args.warmup, args.steps)
+        except Exception as exc:
+            row = {"model": kind, "error": f"{type(exc).__name__}: {exc}"[:800]}
+        (args.out / f"{kind}.json").write_text(json.dumps(row, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in row.items() if k != "stage_names"}), flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
