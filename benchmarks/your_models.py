@@ -211,6 +211,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     configure_allocator()
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     for kind in args.models.split(","):
         if kind not in MODELS:

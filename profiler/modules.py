@@ -15,10 +15,11 @@ the real call order, arguments and keyword arguments of any module, whatever its
 By default (``find_stages``) the stages are the repeated blocks (two or more children of one class that have
 submodules of their own: transformer layers, residual, dense and inverted-residual blocks) and the pieces between
 them: the root is split into its children, and so is every plain container (``nn.Sequential`` without a
-``forward`` of its own, ``nn.ModuleList``, ``nn.ModuleDict``) and every module with repeated blocks below it; a
-block is never split. A module one of whose children runs more than once per forward (a shared layer) is not
-split: it is planned whole, at a coarser granularity. Users may name the stages instead, with ``fnmatch``
-patterns over qualified names (``["transformer.wte", "transformer.h.*", "lm_head"]``); a pattern names its
+``forward`` of its own, ``nn.ModuleList``, ``nn.ModuleDict``; never a block itself) and every module with repeated
+blocks below it; a block is split only where its own children are repeated blocks (a dense block of dense layers),
+so the stages are the innermost repeated blocks. A module one of whose children runs more than once per forward (a
+shared layer) is not split: it is planned whole, at a coarser granularity. Users may name the stages instead, with
+``fnmatch`` patterns over qualified names (``["transformer.wte", "transformer.h.*", "lm_head"]``); a pattern names its
 outermost matches.
 
 ``trace_stages`` runs one forward with every stage hooked and records, by storage (each counted once, parameters
@@ -144,7 +145,7 @@ class _Finder:
     def _blocks(self, children: list[tuple[str, nn.Module]]) -> set[str]:
         by_class: dict[type, list[str]] = {}
         for n, c in children:
-            if any(True for _ in c.children()):
+            if any(True for _ in c.children()) and not _plain_container(c):  # containers are split, never blocks
                 by_class.setdefault(type(c), []).append(n)
         return {n for names in by_class.values() if len(names) >= 2 for n in names}
 
@@ -166,7 +167,12 @@ class _Finder:
         blocks = self._blocks(children)
         out: list[str] = []
         for n, c in children:
-            out.extend([n] if n in blocks else self.split(n, c))
+            if n not in blocks:
+                out.extend(self.split(n, c))
+            elif self._blocks(self._children(n, c)) and self.counts.get(n, 0) <= 1:
+                out.extend(self.split(n, c, root=True))  # blocks of blocks: the inner ones (a dense block's layers)
+            else:
+                out.append(n)
         return out
 
 

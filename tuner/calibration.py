@@ -49,8 +49,8 @@ class Calibration:
 
     def compute_scale_for(self, profile: Profile) -> float:
         """The factor on ``profile``'s compute times (NOTE [ Compute scale ]); 1.0 when not calibrated."""
-        if profile.source != "measured" or profile.device.key != self.gpu:
-            return 1.0
+        if profile.source != "measured" or profile.device.key != self.gpu or profile.modules:
+            return 1.0  # a profile of module stages adds up to its own measured step (NOTE [ Time outside stages ])
         return self.compute_scale.get(profile_key(profile), 1.0)
 
 
