@@ -162,6 +162,7 @@ def run_model(kind: str, fraction: float, headroom: float, trials: int, warmup: 
     row["profile_s"] = round(time.perf_counter() - t0, 1)
     row["stages"] = prof.n_stages
     row["stage_names"] = [s.name for s in prof.stages]
+    row["profile"] = json.loads(prof.to_json())
     row["device"] = prof.device.name
     row["torch"] = torch.__version__
     budget = int(fraction * row["unplanned"]["peak_bytes"])
@@ -223,7 +224,7 @@ def main() -> None:
         except Exception as exc:
             row = {"model": kind, "error": f"{type(exc).__name__}: {exc}"[:800]}
         (args.out / f"{kind}.json").write_text(json.dumps(row, indent=1) + "\n")
-        print(json.dumps({k: v for k, v in row.items() if k != "stage_names"}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("stage_names", "profile")}), flush=True)
         gc.collect()
         torch.cuda.empty_cache()
 

@@ -324,6 +324,7 @@ def profile_module(
             if progress is not None:
                 progress(names[k] or type(model).__name__, k + 1, len(modules))
         step_ms = _step_ms(model, inputs, loss, dtype, dev, warmup, repeats)
+        tail = _loss_backward_bytes(model, modules[-1], inputs, loss, dtype, dev) if dev.type == "cuda" else None
     table, remap, input_bytes = _table(trace)
     first_saver = [
         sum(s.bytes for s in table if s.saved_by and min(s.saved_by) == k and not s.outside) for k in range(len(names))
@@ -383,6 +384,7 @@ def profile_module(
         stages_from="modules",
         outside_param_bytes=outside_params,
         loss_saved_bytes=trace.loss_saved_bytes,
+        loss_backward_bytes=tail,
     )
 
 
@@ -426,3 +428,39 @@ def _step_ms(
         if k >= warmup:
             times.append(ms)
     return statistics.median(times)
+
+
+def _loss_backward_bytes(
+    model: nn.Module,
+    last: nn.Module,
+    inputs: Inputs,
+    loss_fn: Callable[[Any], torch.Tensor],
+    dtype: str,
+    dev: torch.device,
+) -> int:
+    """``Profile.loss_backward_bytes``: the peak of the backward from the loss to the last stage's output above what
+    was live before it and that output's gradient, bytes (CUDA only)."""
+    got: list[torch.Tensor] = []
+
+    def hook(_m: nn.Module, _a: Any, out: Any) -> None:
+        got.extend(t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point())
+
+    handle = last.register_forward_hook(hook)
+    try:
+        with _autocast(dev, dtype):
+            out = call_model(model, inputs)
+    finally:
+        handle.remove()
+    loss = loss_fn(out)
+    if not got:
+        return 0
+    torch.cuda.synchronize(dev)
+    before = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    grads = torch.autograd.grad(loss, got[:1], allow_unused=True)
+    torch.cuda.synchronize(dev)
+    made = sum(g.untyped_storage().nbytes() for g in grads if g is not None)
+    peak = torch.cuda.max_memory_allocated(dev)
+    got.clear()
+    del grads, loss, out
+    return max(0, peak - before - made)

@@ -257,6 +257,13 @@ class Profile(_Frozen):
         description="module stages: what the loss function keeps from its forward to its backward, bytes; None: "
         "the cross-entropy model of NOTE [ Loss memory ]",
     )
+    loss_backward_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="module stages: the backward from the loss to the last stage's output (the loss function and the "
+        "model's own code after its last stage) at its peak, above what was live before it and the output's gradient "
+        "it leaves, bytes (CUDA only); None: not measured",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Profile:

@@ -381,8 +381,11 @@ class Simulator:
         saves it (log_softmax saves its result). Its time is the profile's measured ``loss_ms`` (profiler.loss), else
         a roofline estimate: ~11 ms of a GPT step on the H200, which the simulator missed before it counted it.
         A profile of module stages measured the user's own loss function instead (``Profile.loss_saved_bytes``,
-        ``profiler.modules``): it holds what that function saves from its forward to its backward, which then
-        leaves the gradient of the model's output.
+        ``profiler.modules``): it holds what that function saves from its forward to its backward, and in its backward
+        what was measured there on CUDA (``Profile.loss_backward_bytes``: the loss function's backward and that of the
+        model's own code after its last stage, such as a Hugging Face model's cross-entropy over fp32 logits, which
+        makes two logit-sized gradients; without it GPT-2 and a Llama-style model ran out of memory there under their
+        budget on an H100), then leaves the gradient of the model's output.
         """
         n, out, s_bytes = self.n, self.out, tab.s_bytes
         final_out = tab.output_storage[n - 1]
@@ -391,13 +394,17 @@ class Simulator:
         saved = self.profile.loss_saved_bytes
         if saved is not None:
             grad = tab.s_grad[final_out] if final_out is not None else 0
+            transient = self.profile.loss_backward_bytes or 0
             ev((t, saved, "loss forward"))
             ev((t + half, -out_dies, "loss forward end"))
-            ev((t + 2 * half, grad - saved, "loss backward"))
+            ev((t + half, transient + grad, "loss backward"))
+            ev((t + 2 * half, -transient - saved, "loss backward end"))
             if blk is not None:
                 blk += [("alloc", "loss", saved)] if saved else []
                 blk += [("free", ("s", final_out), out_dies)] if out_dies else []
+                blk += [("alloc", "loss backward", transient)] if transient else []
                 blk += [("alloc", ("gs", final_out), grad)] if grad else []
+                blk += [("free", "loss backward", transient)] if transient else []
                 blk += [("free", "loss", saved)] if saved else []
             return t + 2 * half
         numel = out[n - 1] // self.out_itemsize
