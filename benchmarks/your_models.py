@@ -6,11 +6,12 @@ their measured unconstrained peak, run under ``budget_guard``, and checked for e
 Per model, in one process: the unplanned step (median of ``--steps`` after ``--warmup``, CUDA events, SGD with
 momentum, its peak allocated bytes); ``memtune.profile`` on CUDA; ``tuner.search.tune`` at ``fraction`` x that
 peak (``--headroom`` of it kept free for the allocator); the best plan run under ``budget_guard`` (step, peak
-allocated and reserved, out-of-memory if any); the simulator's prediction beside it; the largest relative gradient
-and buffer errors of the plan against the unplanned step, beside the unplanned step's own run-to-run spread; and
-PyTorch's built-in checkpointing where it applies (``checkpoint_sequential`` over a model's sequential trunk,
-Hugging Face's ``gradient_checkpointing_enable``), uncapped. One JSON line per model goes to ``<out>/<model>.json``
-and a table to standard output.
+allocated and reserved, allocator retries, out-of-memory if any) and once more without the cap; the simulator's
+prediction beside it; the largest relative gradient and buffer errors of the plan against the unplanned step,
+beside the unplanned step's own run-to-run spread; and PyTorch's built-in checkpointing where it applies
+(``checkpoint_sequential`` over a model's sequential trunk, Hugging Face's ``gradient_checkpointing_enable``),
+uncapped. One JSON object per model (the profile included) goes to ``<out>/<model>.json`` and a line to standard
+output.
 """
 
 from __future__ import annotations
@@ -109,11 +110,13 @@ def _measure(model: nn.Module, net: nn.Module, inputs: Any, loss_fn: Loss, warmu
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     times = _steps(step, warmup, steps)
     out = {
         "step_ms": statistics.median(times),
         "peak_bytes": torch.cuda.max_memory_allocated(),
         "reserved_bytes": torch.cuda.max_memory_reserved(),
+        "alloc_retries_per_step": (torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries) / (warmup + steps),
     }
     for p in model.parameters():
         p.grad = None
@@ -183,6 +186,7 @@ def run_model(kind: str, fraction: float, headroom: float, trials: int, warmup: 
             row["planned"] = _measure(model, pm, inputs, loss_fn, warmup, steps)
     except Exception as exc:  # an out-of-memory under the cap is a result, reported as such
         row["planned"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    row["planned_uncapped"] = _measure(model, pm, inputs, loss_fn, warmup, steps)
     gc.collect()
     torch.cuda.empty_cache()
     ref = reference_step(model, inputs, loss_fn=loss_fn)
