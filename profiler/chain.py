@@ -1,7 +1,14 @@
 """Chains: every model is presented as a list of stages ``x_i = s_i(x_{i-1})``.
 
-Nested ``nn.Sequential`` containers are flattened; any other module (a residual block, a transformer
-block) is one stage. Convolutions inside a stage still get their own algorithm choice, found by
+# NOTE [ Which containers are flattened ]
+``flatten`` splits a module into its children only where running the children one after another *is*
+the module's forward: an ``nn.Sequential`` whose class does not override ``forward``
+(``type(m).forward is nn.Sequential.forward``), a plain one or a subclass that only adds attributes.
+Every other module is one stage: a residual block, a transformer block, and also an ``nn.Sequential``
+subclass with its own ``forward`` (``return x + super().forward(x)`` adds a skip connection that the
+children alone do not compute). Splitting that would silently change the loss; keeping it whole only
+makes the stage coarser. The rule is the one module stages use for plain containers
+(``profiler.modules``). Convolutions inside a stage still get their own algorithm choice, found by
 ``conv_modules``.
 """
 
@@ -59,9 +66,31 @@ def _kind(m: nn.Module) -> str:
     return type(m).__name__.lower()
 
 
+def _plain_sequential(module: nn.Module) -> bool:
+    """True when ``module``'s forward is ``nn.Sequential``'s: its children run in order and nothing else.
+
+    A subclass of ``nn.Sequential`` that overrides ``forward`` is not plain (NOTE [ Which containers are
+    flattened ]).
+    """
+    return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
+
+
 def flatten(module: nn.Module, prefix: str = "") -> list[Stage]:
-    """Flatten nested ``nn.Sequential`` containers into stages; other modules stay whole."""
-    if isinstance(module, nn.Sequential):
+    """Split ``module`` into chain stages, recursing into plain ``nn.Sequential`` containers only.
+
+    A container is split only when ``_plain_sequential`` holds (NOTE [ Which containers are flattened ]);
+    any other module, an ``nn.Sequential`` subclass with its own ``forward`` included, stays one stage, so the
+    stages run in order compute exactly what ``module`` does.
+
+    Args:
+        module: the model or a part of it.
+        prefix: dotted path of ``module`` inside the model, ending in ``.`` (``""`` for the root); stage
+            names are ``prefix`` plus the child path, or the class name in lower case for a bare root.
+
+    Returns:
+        The stages in forward order.
+    """
+    if _plain_sequential(module):
         out: list[Stage] = []
         for name, child in module.named_children():
             out.extend(flatten(child, f"{prefix}{name}."))

@@ -223,7 +223,9 @@ def _named(patterns: Sequence[str], counts: Mapping[str, int], order: list[str])
         if not hits:
             shown = ", ".join(ran[:12]) + (" …" if len(ran) > 12 else "")
             raise ProfilerError(f"stages pattern {pat!r} matches no module that runs in forward (modules: {shown})")
-        chosen.extend(h for h in hits if h not in chosen)
+        # fnmatch's * crosses dots: a pattern names its outermost matches ("h.*" gives h.0, not h.0.attn)
+        outer = [h for h in hits if not any(h.startswith(o + ".") for o in hits if o != h)]
+        chosen.extend(h for h in outer if h not in chosen)
     for a in chosen:
         for b in chosen:
             if a != b and b.startswith(a + "."):

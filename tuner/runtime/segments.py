@@ -27,6 +27,14 @@ Re-running a segment would update BatchNorm running statistics (and any other bu
 in forward) a second time, so a checkpointed model would drift from the unplanned one. The re-run
 snapshots the segment's floating-point and integer buffers and restores them afterwards (also when
 checkpoint stops the re-run early), so buffers see exactly one update per step, as without a plan.
+
+# NOTE [ Chain stages return one tensor ]
+A chain plan runs ``x_i = s_i(x_{i-1})``: checkpointing, the version check above and the offload hooks
+all handle one tensor between stages. A stage that returns a dict or a tuple (a Hugging Face block, a
+model's head) would otherwise fail deep inside the next stage or with a bare assertion, so a segment
+checks its input and every stage output and raises a ``PlanError`` that names the stage, the type it
+returned and the way out: plans with stage names (``memtune.profile``/``memtune.tune`` of any
+``nn.Module``, applied by ``memtune.planned``) run module stages, which carry structured outputs.
 """
 
 from __future__ import annotations
@@ -47,6 +55,19 @@ __all__ = ["Segment"]
 StageHook = Callable[[int, torch.Tensor], None]
 
 
+def _one_tensor(value: object, k: int, names: Sequence[str]) -> torch.Tensor:
+    """``value`` (stage ``k``'s output) when it is a tensor, else the ``PlanError`` of NOTE [ Chain stages return
+    one tensor ]."""
+    if isinstance(value, torch.Tensor):
+        return value
+    raise PlanError(
+        f"stage {k} ({names[k]}) returned a {type(value).__name__}, not one tensor; a chain plan needs stages "
+        "that each return one tensor (x_i = s_i(x_{i-1})). For a model with structured outputs, make the plan "
+        "with memtune.profile/memtune.tune of the nn.Module and apply it with memtune.planned: plans with stage "
+        "names run module stages, which handle dicts and tuples"
+    )
+
+
 class Segment:
     """Stages ``first..last`` (inclusive) of a chain, run as one checkpointed segment.
 
@@ -56,7 +77,7 @@ class Segment:
     Args:
         first, last: stage indices (inclusive).
         modules: the chain's stage modules now (all of them; decides ``clone_input``).
-        names: the chain's stage names, for error messages.
+        names: the chain's stage names (all of them), for error messages.
         clone_input: clone the input inside the segment (None: decide by ``may_write_input``).
         selective: run it under selective checkpointing (NOTE [ Selective stages ] in ``profiler.selective``): keep
             the outputs of its costly operations and re-run only the rest in backward, for a ``selective`` stage.
@@ -75,6 +96,7 @@ class Segment:
         self.first = first
         self.last = last
         self.name = names[first]
+        self.names = tuple(names)
         self.clone_input = may_write_input(modules[first]) if clone_input is None else clone_input
         self.selective = selective
 
@@ -91,6 +113,8 @@ class Segment:
         before stage k and ``on_stage_output(k, y)`` with its output (the runtime tracks where a step is
         and hangs its backward pre-hooks there).
         """
+        if self.first > 0:  # NOTE [ Chain stages return one tensor ]
+            x = _one_tensor(x, self.first - 1, self.names)
         calls = 0
         mine = list(modules[self.first : self.last + 1])
 
@@ -122,8 +146,7 @@ class Segment:
                 "place, which corrupts the input saved for the re-run (NOTE [ In-place at segment "
                 "boundaries ]); pass clone_segment_inputs=True to planned(), or set inplace=False on it"
             )
-        assert isinstance(out, torch.Tensor)
-        return out
+        return _one_tensor(out, self.last, self.names)
 
     def _run(
         self,
@@ -137,7 +160,7 @@ class Segment:
         for k, m in enumerate(modules, start=self.first):
             if on_stage_start is not None:
                 on_stage_start(k)
-            x = m(x)
+            x = _one_tensor(m(x), k, self.names)  # NOTE [ Chain stages return one tensor ]
             if on_stage_output is not None:
                 on_stage_output(k, x)
         return x
