@@ -187,6 +187,9 @@ def run_model(kind: str, fraction: float, headroom: float, trials: int, warmup: 
     except Exception as exc:  # an out-of-memory under the cap is a result, reported as such
         row["planned"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     row["planned_uncapped"] = _measure(model, pm, inputs, loss_fn, warmup, steps)
+    keep = plan.with_(actions=("keep",) * prof.n_stages)  # what wrapping the stages costs by itself
+    row["planned_keep"] = _measure(model, planned(model, keep), inputs, loss_fn, warmup, steps)
+    row["planned_stats"] = {k: v for k, v in vars(pm.stats).items() if isinstance(v, (int, float))}
     gc.collect()
     torch.cuda.empty_cache()
     ref = reference_step(model, inputs, loss_fn=loss_fn)
@@ -205,6 +208,39 @@ def run_model(kind: str, fraction: float, headroom: float, trials: int, warmup: 
     return row
 
 
+def table(folder: Path) -> str:
+    """A Markdown table of the rows in ``folder`` (one ``<model>.json`` each): measured against predicted."""
+    gib = float(1 << 30)
+    lines = [
+        "| model | batch | stages | unplanned ms / GiB | budget GiB (headroom) | plan | predicted ms / GiB "
+        "| measured ms / GiB under the cap | step error | peak error | retries/step | grads (spread) "
+        "| built-in ms / GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted(folder.glob("*.json")):
+        r = json.loads(path.read_text())
+        if "predicted" not in r:
+            continue
+        un, pr, me = r["unplanned"], r["predicted"], r["planned"]
+        peer = r.get("checkpoint_sequential") or r.get("hf_gradient_checkpointing")
+        peer_name = "checkpoint_sequential" if "checkpoint_sequential" in r else "HF checkpointing"
+        if "error" in me:
+            measured = step_err = peak_err = retries = "out of memory"
+        else:
+            measured = f"{me['step_ms']:.1f} / {me['peak_bytes'] / gib:.2f}"
+            step_err = f"{(pr['step_ms'] - me['step_ms']) / me['step_ms']:+.1%}"
+            peak_err = f"{(pr['peak_bytes'] - me['peak_bytes']) / me['peak_bytes']:+.1%}"
+            retries = f"{me.get('alloc_retries_per_step', 0.0):.2f}"
+        lines.append(
+            f"| {r['model']}{'' if path.stem == r['model'] else f' ({path.stem})'} | {r['batch']} | {r['stages']} | "
+            f"{un['step_ms']:.1f} / {un['peak_bytes'] / gib:.2f} | {r['budget_bytes'] / gib:.2f} ({r['headroom']:.0%}) "
+            f"| `{r['plan']}` | {pr['step_ms']:.1f} / {pr['peak_bytes'] / gib:.2f} | {measured} | {step_err} | "
+            f"{peak_err} | {retries} | {r['equality']['grad']:.1e} ({r['spread']['grad']:.1e}) | "
+            + (f"{peer_name} {peer['step_ms']:.1f} / {peer['peak_bytes'] / gib:.2f} |" if peer else "- |")
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
@@ -214,7 +250,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--table", type=Path, help="print the Markdown table of the rows in this folder and stop")
     args = parser.parse_args()
+    if args.table is not None:
+        print(table(args.table))
+        return
     configure_allocator()
     import optuna
 

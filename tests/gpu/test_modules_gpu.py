@@ -142,3 +142,20 @@ def test_resnet18_tuned_plan_is_exact() -> None:
     assert set(plan.actions) != {Action.KEEP}
     eq, _ = check_equivalence(model, plan, x, loss_fn=loss_fn)
     assert eq.ok(RTOL), (plan.compact(), eq)
+
+
+@pytest.mark.parametrize("stages", [None, ["layers.*"]])
+def test_transformer_encoder_profiles_on_cuda_and_every_action_is_exact(stages: list[str] | None) -> None:
+    """A ``TransformerEncoder`` split into its layers once crashed the chain profiler on CUDA (a segmentation fault
+    in its backward-transient measurement, a silent death, a hang); by module stages it profiles and plans."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False).to(DEVICE)
+    x = torch.randn(8, 32, 64, device=DEVICE)
+    prof = profile_module(model, x, stages=stages, warmup=1, repeats=2)
+    assert prof.n_stages == 3 and prof.source == "measured"
+    ref = reference_step(model, x)
+    for action in (Action.KEEP, Action.OFFLOAD, Action.RECOMPUTE):
+        plan = Plan.uniform(prof.n_stages, action).named(prof)
+        eq, _ = check_equivalence(model, plan, x, reference=ref, steps=2)
+        assert eq.ok(RTOL), (action, eq)
