@@ -400,6 +400,11 @@ def profile(
         UnknownGPUError: ``gpu`` is not a known GPU (CPU path).
         ValueError: ``dtype``, ``batch``, ``warmup`` or ``repeats`` is not valid.
     """
+    if not isinstance(chain, ModelChain):
+        raise ProfilerError(
+            f"profiler.measure.profile takes a ModelChain (a zoo model or a JSON spec), not {type(chain).__name__}; "
+            "profile any nn.Module with memtune.profile(model, example_inputs)"
+        )
     torch_dtype(dtype)
     if batch < 1 or repeats < 1 or warmup < 0:
         raise ValueError(f"need batch >= 1, repeats >= 1, warmup >= 0; got {batch}, {repeats}, {warmup}")

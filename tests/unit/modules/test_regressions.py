@@ -304,3 +304,12 @@ def test_stage_forwards_are_restored_after_a_step_and_after_an_error() -> None:
     failing.fail = False
     with torch.no_grad():
         assert torch.equal(pm(x), model(x))  # without grad the model runs plainly
+
+
+def test_the_chain_profiler_given_a_plain_module_says_to_use_memtune_profile() -> None:
+    """A torchvision-style model given to the chain profiler failed with ``AttributeError: 'ResNet' object has no
+    attribute 'stages'``; it now says which function profiles any module."""
+    from profiler.measure import profile as chain_profile
+
+    with pytest.raises(ProfilerError, match=r"memtune\.profile"):
+        chain_profile(torch.nn.Linear(4, 4), batch=2)  # type: ignore[arg-type]
