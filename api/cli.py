@@ -119,6 +119,78 @@ StagesOpt = Annotated[
 ]
 
 
+def _factory_bench(
+    model: str,
+    batch: int,
+    budget: str,
+    trials: int,
+    params: dict[str, Any],
+    input_shape: str | None,
+    vocab: int | None,
+    stages: list[str] | None,
+    iters: int,
+    warmup: int,
+    json_out: Path | None,
+) -> None:
+    """``memtune bench`` for a factory model: NOTE [ Module bench ] at ``budget`` (a fraction of the peak)."""
+    import torch
+
+    from profiler.factory import build_factory, factory_inputs
+    from tuner.runtime.guard import configure_allocator
+    from tuner.runtime.module_bench import bench_module
+
+    if not torch.cuda.is_available():
+        raise _fail("memtune bench measures on a CUDA GPU and none is available here; use `memtune tune` on a CPU")
+    try:
+        fraction = float(budget)
+    except ValueError:
+        raise _fail(
+            f"--budget {budget!r}: a factory model is benched at a fraction of its measured peak, e.g. 0.6"
+        ) from None
+    if not 0 < fraction <= 1:
+        raise _fail(f"--budget {budget!r}: the fraction of the measured peak must be in (0, 1]")
+    shape = _shape(input_shape)
+    err.print(f"allocator: PYTORCH_CUDA_ALLOC_CONF={configure_allocator()}")
+    try:
+        net = build_factory(model, params).cuda()
+        x = factory_inputs(batch, shape, vocab=vocab, device="cuda")
+        with err.status("measuring") as status:
+            row = bench_module(net, x, stages=stages, fraction=fraction, trials=trials, warmup=warmup, steps=iters,
+                               progress=lambda what: status.update(f"measuring: {what}"))  # fmt: skip
+    except (ProfilerError, TunerError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+    if json_out is not None:
+        json_out.write_text(json.dumps(row, indent=1) + "\n")
+    table = Table("row", "step ms", "peak GiB", "retries/step", title=f"{model} batch {batch} on {row.get('device')}")
+    for name in ("unplanned", "planned", "planned_uncapped", "planned_keep", "predicted"):
+        r = row.get(name)
+        if not r:
+            continue
+        if "error" in r:
+            table.add_row(name, r["error"][:60], "-", "-")
+            continue
+        retries = r.get("alloc_retries_per_step")
+        table.add_row(
+            name, f"{r['step_ms']:.2f}", f"{r['peak_bytes'] / GiB:.2f}", "-" if retries is None else f"{retries:.2f}"
+        )
+    out.print(table)
+    if "error" in row:
+        raise _fail(f"{row['error']} within {fraction:.0%} of the measured peak", code=1)
+    out.print(
+        f"plan {row['plan']} at {format_bytes(row['budget_bytes'])}; gradients within {row['equality']['grad']:.1e} "
+        f"of the unplanned step's (its own run-to-run spread {row['spread']['grad']:.1e})"
+    )
+
+
+def _shape(input_shape: str | None) -> tuple[int, ...]:
+    if input_shape is None:
+        raise _fail("a factory model needs --input-shape (one sample, e.g. 3,224,224)")
+    try:
+        return tuple(int(d) for d in input_shape.split(","))
+    except ValueError:
+        raise _fail(f"--input-shape {input_shape!r}: write sizes separated by commas, e.g. 3,224,224") from None
+
+
 def _factory_profile(
     model: str,
     batch: int,
@@ -136,12 +208,7 @@ def _factory_profile(
 
     if device not in ("cpu", "cuda"):
         raise _fail(f"--device {device!r}: a factory model is measured; use cpu or cuda")
-    if input_shape is None:
-        raise _fail("a factory model needs --input-shape (one sample, e.g. 3,224,224)")
-    try:
-        shape = tuple(int(d) for d in input_shape.split(","))
-    except ValueError:
-        raise _fail(f"--input-shape {input_shape!r}: write sizes separated by commas, e.g. 3,224,224") from None
+    shape = _shape(input_shape)
     net = build_factory(model, params).to(device)
     x = factory_inputs(batch, shape, vocab=vocab, device=device)
     return measure_module(
@@ -575,10 +642,20 @@ def bench(
             "back to, and later rows of one process would run them (NOTE [ Bench isolation ])"
         ),
     ] = True,
+    input_shape: ShapeOpt = None,
+    vocab: VocabOpt = None,
+    stage: StagesOpt = None,
 ) -> None:
     """Measure on this GPU: unconstrained, every baseline, PyTorch built-ins and the tuned plan, with predictions."""
     import optuna
     import torch
+
+    from profiler.factory import is_factory
+
+    if is_factory(model):
+        _factory_bench(model, batch, budget, trials, _parse_params(param), input_shape, vocab, stage, iters, warmup,
+                       json_out)  # fmt: skip
+        return
 
     from tuner.policies import POLICIES
     from tuner.runtime.bench import BenchRow, bench_plans

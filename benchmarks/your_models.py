@@ -20,8 +20,6 @@ import argparse
 import gc
 import json
 import math
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -76,53 +74,6 @@ MODELS: dict[str, tuple[Callable[[str, int], tuple[nn.Module, Any, Loss, int]], 
 }
 
 
-def _call(model: nn.Module, inputs: Any) -> Any:
-    return model(**inputs) if isinstance(inputs, dict) else model(inputs)
-
-
-def _steps(run: Callable[[], None], warmup: int, steps: int) -> list[float]:
-    times = []
-    for k in range(warmup + steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        if k >= warmup:
-            times.append(start.elapsed_time(end))
-    return times
-
-
-def _trainer(model: nn.Module, net: nn.Module, inputs: Any, loss_fn: Loss) -> Callable[[], None]:
-    opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss_fn(_call(net, inputs)).backward()
-        opt.step()
-
-    return step
-
-
-def _measure(model: nn.Module, net: nn.Module, inputs: Any, loss_fn: Loss, warmup: int, steps: int) -> dict[str, Any]:
-    """Step ms (median) and peak bytes of training ``net`` (which shares ``model``'s parameters)."""
-    step = _trainer(model, net, inputs, loss_fn)
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
-    times = _steps(step, warmup, steps)
-    out = {
-        "step_ms": statistics.median(times),
-        "peak_bytes": torch.cuda.max_memory_allocated(),
-        "reserved_bytes": torch.cuda.max_memory_reserved(),
-        "alloc_retries_per_step": (torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries) / (warmup + steps),
-    }
-    for p in model.parameters():
-        p.grad = None
-    return out
-
-
 def _sequential_peer(kind: str, model: nn.Module) -> nn.Module | None:
     """The model with ``checkpoint_sequential`` over its sequential trunk (sqrt(n) segments), where it has one."""
     from torch.utils.checkpoint import checkpoint_sequential
@@ -150,62 +101,25 @@ def _sequential_peer(kind: str, model: nn.Module) -> nn.Module | None:
 
 
 def run_model(kind: str, fraction: float, headroom: float, trials: int, warmup: int, steps: int) -> dict[str, Any]:
-    from memtune import budget_guard, planned, profile
-    from tuner.runtime.verify import check_equivalence, reference_step
-    from tuner.search import tune
-    from tuner.simulator import Simulator
+    """NOTE [ Module bench ] for one model of ``MODELS``, with PyTorch's built-in checkpointing beside it."""
+    from tuner.runtime.module_bench import bench_module
 
     build, batch = MODELS[kind]
     torch.manual_seed(0)
     model, inputs, loss_fn, _ = build(kind, batch)
-    row: dict[str, Any] = {"model": kind, "batch": batch, "fraction": fraction, "headroom": headroom}
-    row["unplanned"] = _measure(model, model, inputs, loss_fn, warmup, steps)
-    t0 = time.perf_counter()
-    prof = profile(model, inputs, loss_fn=loss_fn, progress=False)
-    row["profile_s"] = round(time.perf_counter() - t0, 1)
-    row["stages"] = prof.n_stages
-    row["stage_names"] = [s.name for s in prof.stages]
-    row["profile"] = json.loads(prof.to_json())
-    row["device"] = prof.device.name
-    row["torch"] = torch.__version__
-    budget = int(fraction * row["unplanned"]["peak_bytes"])
-    sim = Simulator(prof)
-    result = tune(prof, budget, trials=trials, seed=0, headroom=headroom)
-    row["budget_bytes"] = budget
-    if result.best is None:
-        row["error"] = "no plan fits"
-        return row
-    plan = result.best.plan
-    row["plan"] = plan.compact()
-    predicted = sim.run(plan)
-    row["predicted"] = {"step_ms": predicted.step_ms, "peak_bytes": predicted.peak_bytes}
-    row["unplanned_simulated"] = {"step_ms": sim.run(plan.with_(actions=("keep",) * prof.n_stages)).step_ms}
-    pm = planned(model, plan)
-    try:
-        with budget_guard(budget, pm):
-            row["planned"] = _measure(model, pm, inputs, loss_fn, warmup, steps)
-    except Exception as exc:  # an out-of-memory under the cap is a result, reported as such
-        row["planned"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    row["planned_uncapped"] = _measure(model, pm, inputs, loss_fn, warmup, steps)
-    keep = plan.with_(actions=("keep",) * prof.n_stages)  # what wrapping the stages costs by itself
-    row["planned_keep"] = _measure(model, planned(model, keep), inputs, loss_fn, warmup, steps)
-    row["planned_stats"] = {k: v for k, v in vars(pm.stats).items() if isinstance(v, (int, float))}
-    gc.collect()
-    torch.cuda.empty_cache()
-    ref = reference_step(model, inputs, loss_fn=loss_fn)
-    same, _ = check_equivalence(model, plan.with_(actions=("keep",) * prof.n_stages), inputs, loss_fn=loss_fn,
-                                reference=ref, steps=1)  # fmt: skip
-    eq, _ = check_equivalence(model, plan, inputs, loss_fn=loss_fn, reference=ref, steps=1)
-    row["spread"] = {"loss": same.loss, "grad": same.grad, "buffer": same.buffer}
-    row["equality"] = {"loss": eq.loss, "grad": eq.grad, "buffer": eq.buffer, "worst": eq.worst_grad}
+    peers: dict[str, nn.Module] = {}
     peer = _sequential_peer(kind, model)
     if peer is not None:
-        row["checkpoint_sequential"] = _measure(model, peer, inputs, loss_fn, warmup, steps)
-    elif hasattr(model, "gradient_checkpointing_enable"):
+        peers["checkpoint_sequential"] = peer
+    row = bench_module(model, inputs, loss_fn=loss_fn, fraction=fraction, headroom=headroom, trials=trials,
+                       warmup=warmup, steps=steps, builtins=peers)  # fmt: skip
+    if peer is None and hasattr(model, "gradient_checkpointing_enable"):
+        from tuner.runtime.module_bench import measure_step
+
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        row["hf_gradient_checkpointing"] = _measure(model, model, inputs, loss_fn, warmup, steps)
+        row["hf_gradient_checkpointing"] = measure_step(model, model, inputs, loss_fn, warmup=warmup, steps=steps)
         model.gradient_checkpointing_disable()
-    return row
+    return {"model": kind, "batch": batch, **row}
 
 
 def table(folder: Path) -> str:
