@@ -94,14 +94,18 @@ class _Table:
             self.bytes.append(t.untyped_storage().nbytes())
             self.saved_by.append([])
             self.producer.append(producer)
-            self.alive.append(t)
+            self.alive.append(t.detach())  # the storage, not the graph (NOTE [ No graph cycles in traces ])
         return k
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         k = self.lookup(t, self.stage)
         if k is not None and self.stage not in self.saved_by[k]:
             self.saved_by[k].append(self.stage)
-        return t
+        # NOTE [ No graph cycles in traces ]: what a pack hook returns is held by the graph; a tensor returned as it
+        # is holds its grad_fn, which holds the tensor again: a cycle through autograd's C++ graph that Python's
+        # collector cannot see, so every traced activation stayed allocated after the trace (about 10 GiB after a
+        # profile on an H100; 13.9 MiB for ResNet-18 at batch 8, 64x64). A detached tensor shares the storage only.
+        return t.detach()
 
     def storages(self) -> list[SavedStorage]:
         return [

@@ -159,3 +159,22 @@ def test_transformer_encoder_profiles_on_cuda_and_every_action_is_exact(stages: 
         plan = Plan.uniform(prof.n_stages, action).named(prof)
         eq, _ = check_equivalence(model, plan, x, reference=ref, steps=2)
         assert eq.ok(RTOL), (action, eq)
+
+
+def test_the_chain_profiler_leaves_cuda_memory_as_found() -> None:
+    """A chain's profile once left about 10 GiB of activations holding their graphs allocated, so profiling, planning
+    and running under ``budget_guard`` in one process ran out of memory at the first stage."""
+    from profiler.measure import profile as chain_profile
+    from profiler.zoo import build
+
+    chain = build("resnet18", {"image_size": 64})
+    for stage in chain.stages:
+        stage.module.to(DEVICE)
+    x = torch.randn(8, 3, 64, 64, device=DEVICE)
+    F.cross_entropy(chain.as_sequential()(x), torch.zeros(8, dtype=torch.long, device=DEVICE)).backward()
+    chain.as_sequential().zero_grad(set_to_none=True)
+    before = allocated()
+    prof = chain_profile(chain, 8, device="cuda", warmup=1, repeats=2)
+    after = allocated()
+    assert prof.source == "measured"
+    assert abs(after - before) <= MiB, f"{(after - before) / MiB:+.2f} MiB allocated after profile"
