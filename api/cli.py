@@ -149,7 +149,10 @@ def _factory_bench(
         ) from None
     if not 0 < fraction <= 1:
         raise _fail(f"--budget {budget!r}: the fraction of the measured peak must be in (0, 1]")
+    import optuna
+
     shape = _shape(input_shape)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     err.print(f"allocator: PYTORCH_CUDA_ALLOC_CONF={configure_allocator()}")
     try:
         net = build_factory(model, params).cuda()
@@ -159,6 +162,7 @@ def _factory_bench(
                                progress=lambda what: status.update(f"measuring: {what}"))  # fmt: skip
     except (ProfilerError, TunerError, ValueError) as exc:
         raise _fail(str(exc)) from exc
+    row = {"model": model, "batch": batch, **row}
     if json_out is not None:
         json_out.write_text(json.dumps(row, indent=1) + "\n")
     table = Table("row", "step ms", "peak GiB", "retries/step", title=f"{model} batch {batch} on {row.get('device')}")
