@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from profiler.chain import may_write_input
 from profiler.devices import get_gpu
@@ -43,6 +44,7 @@ from profiler.identity import cuda_identity, spec_identity, transfer_ms
 from profiler.measure import ProgressFn, _autocast, _Timer, cpu_model_name
 from profiler.modules import Inputs, StageTrace, call_model, find_stages, rebuild, tensor_leaves, trace_stages
 from profiler.profile import DeviceIdentity, Profile, SavedStorage, StageProfile
+from profiler.selective import KeptOutputs, selective_context
 from profiler.stagefacts import torch_dtype
 
 __all__ = ["as_inputs", "default_loss", "profile_module"]
@@ -112,6 +114,10 @@ class _Timing:
     backward_ms: float
     forward_workspace_bytes: int = 0
     chained_backward_bytes: int | None = None
+    selective_forward_ms: float | None = None
+    selective_backward_ms: float | None = None
+    selective_saved_bytes: int | None = None
+    selective_backward_bytes: int | None = None
 
 
 class _StageRun:
@@ -130,41 +136,72 @@ class _StageRun:
         self.wrt = [t for t in self.leaves if t.requires_grad] + params
         self.dtype = dtype
         self.device = device
+        self.clone = may_write_input(module)
 
-    def forward(self) -> list[torch.Tensor]:
+    def forward(self, *, selective: bool = False) -> list[torch.Tensor]:
+        """The stage's forward on fresh copies of its inputs; with ``selective``, as the runtime runs a ``selective``
+        stage (NOTE [ Selective stages ]): under selective checkpointing of its call."""
         args, kwargs = rebuild(self.inputs, (t.clone() for t in self.leaves))
-        with _autocast(self.device, self.dtype):
-            out = self.module(*args, **kwargs)
+
+        def call(*a: Any) -> Any:
+            if selective and self.clone:  # as the runtime runs it (NOTE [ In-place at segment boundaries ])
+                a = tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in a)
+            with _autocast(self.device, self.dtype):
+                return self.module(*a, **kwargs)
+
+        out = checkpoint(call, *args, use_reentrant=False, context_fn=selective_context) if selective else call(*args)
         return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
+
+    def kept_bytes(self) -> int:
+        """What a ``selective`` run of the stage keeps besides its inputs: the outputs of its costly operations
+        (``profiler.selective.KeptOutputs``), bytes."""
+        rec = KeptOutputs()
+        with rec:
+            outs = self.forward()
+        del outs
+        return rec.kept_bytes
 
     def backward(self, outs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         if outs and self.wrt:
             torch.autograd.grad(outs, self.wrt, grads, allow_unused=True)
 
-    def time(self, warmup: int, repeats: int) -> _Timing:
+    def _medians(self, warmup: int, repeats: int, *, selective: bool) -> tuple[float, float]:
         timer = _Timer(self.device)
         fwd: list[float] = []
         bwd: list[float] = []
         for k in range(warmup + repeats):
-            outs, f_ms = timer.run(self.forward)
+            outs, f_ms = timer.run(lambda: self.forward(selective=selective))
             grads = [torch.randn_like(t) for t in outs]
             _, b_ms = timer.run(self.backward, outs, grads)
             del outs, grads
             if k >= warmup:
                 fwd.append(f_ms)
                 bwd.append(b_ms if self.wrt else 0.0)
-        if self.device.type != "cuda":
-            return _Timing(statistics.median(fwd), statistics.median(bwd))
-        return _Timing(statistics.median(fwd), statistics.median(bwd), *self._cuda_bytes())
+        return statistics.median(fwd), statistics.median(bwd)
 
-    def _cuda_bytes(self) -> tuple[int, int]:
+    def time(self, warmup: int, repeats: int) -> _Timing:
+        """Medians of its passes, plain and selective (where it has a backward), and on CUDA its transients."""
+        fwd, bwd = self._medians(warmup, repeats, selective=False)
+        if not self.wrt:
+            return _Timing(fwd, bwd, *(self._cuda_bytes(selective=False) if self.device.type == "cuda" else (0, None)))
+        try:
+            sel_fwd, sel_bwd = self._medians(warmup, repeats, selective=True)
+        except RuntimeError:  # autograd refuses it (an in-place write to a re-made tensor): never offered
+            return _Timing(fwd, bwd, *(self._cuda_bytes(selective=False) if self.device.type == "cuda" else (0, None)))
+        kept = self.kept_bytes()
+        if self.device.type != "cuda":
+            return _Timing(fwd, bwd, 0, None, sel_fwd, sel_bwd, kept)
+        _, sel_bytes = self._cuda_bytes(selective=True)
+        return _Timing(fwd, bwd, *self._cuda_bytes(selective=False), sel_fwd, sel_bwd, kept, sel_bytes)
+
+    def _cuda_bytes(self, *, selective: bool) -> tuple[int, int]:
         """Forward transient above what was live before and after it; backward's peak above what was live before it
         and the gradients it makes, the outputs' gradients made inside it (as ``chained_backward_bytes``)."""
         dev = self.device
         torch.cuda.synchronize(dev)
         before = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
-        outs = self.forward()
+        outs = self.forward(selective=selective)
         torch.cuda.synchronize(dev)
         fwd_ws = max(0, torch.cuda.max_memory_allocated(dev) - max(before, torch.cuda.memory_allocated(dev)))
         if not (outs and self.wrt):
@@ -356,6 +393,10 @@ def profile_module(
             h2d_ms=copies[k][1],
             forward_workspace_bytes=t.forward_workspace_bytes,
             chained_backward_bytes=t.chained_backward_bytes,
+            selective_saved_bytes=t.selective_saved_bytes,
+            selective_forward_ms=None if t.selective_forward_ms is None else t.selective_forward_ms * scale,
+            selective_backward_ms=None if t.selective_backward_ms is None else t.selective_backward_ms * scale,
+            selective_backward_bytes=t.selective_backward_bytes,
             input_storages=tuple(remap[s] for s in trace.inputs[k]),
         )
         for k, (m, t) in enumerate(zip(modules, timings, strict=True))
