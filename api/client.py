@@ -125,6 +125,24 @@ class MemtuneClient:
             body["spec"] = dict(spec)
         return ModelPublic.model_validate(self._request("POST", "/v1/models", json=body).json())
 
+    def upload_exported(self, archive: bytes, *, name: str | None = None, int_high: int | None = None) -> ModelPublic:
+        """``POST /v1/models/exported``: a ``torch.export.save`` archive's bytes; the same structure shares an id.
+
+        ``int_high`` bounds the values of integer inputs that index no embedding (e.g. the vocabulary size)."""
+        params: dict[str, Any] = {}
+        if name is not None:
+            params["name"] = name
+        if int_high is not None:
+            params["int_high"] = int_high
+        r = self._request(
+            "POST",
+            "/v1/models/exported",
+            content=archive,
+            params=params,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return ModelPublic.model_validate(r.json())
+
     def get_model(self, model_id: str) -> ModelPublic:
         return ModelPublic.model_validate(self._request("GET", f"/v1/models/{model_id}").json())
 

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 import anyio.to_thread
 from fastapi import FastAPI
 
-from api.body_limit import BodySizeLimit
+from api.body_limit import BodySizeLimit, PathLimit
 from api.problems import install_problem_handlers
 from api.routes import charts, gpus, health, jobs, leaderboard, models, profiles, web
 from api.settings import Settings
@@ -30,6 +30,8 @@ memtune tunes memory plans (offload / recompute / cuDNN algorithms) for training
 within a memory budget, and serves the best plans it found.
 
 * `POST /v1/jobs` submits a model to tune; follow it with `GET /v1/jobs/{id}` or `/events` (SSE).
+* `POST /v1/models/exported` stores a `torch.export` program (`.pt2`, checked without running code from it);
+  tune it with `POST /v1/jobs` and `{"model": {"id": …}}`.
 * `GET /v1/gpus/{gpu}/best?model=&batch=&budget=` answers with the best stored plan.
 * `GET /v1/leaderboard` ranks stored plans; baselines are marked, Pareto-optimal rows flagged.
 
@@ -81,5 +83,11 @@ def create_app(settings: Settings | None = None, *, db: Database | None = None) 
     for module in (health, models, jobs, charts, gpus, leaderboard, profiles):
         app.include_router(module.router)
     web.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    exported = PathLimit(
+        settings.max_exported_bytes,
+        "MEMTUNE_MAX_EXPORTED_BYTES",
+        "drop the parameters' values before sending: profiler.exported.check_exported(data, "
+        "max_bytes=...).archive is the program without them",
+    )
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, paths={models.EXPORTED_PATH: exported})
     return app

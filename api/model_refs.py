@@ -1,9 +1,11 @@
-"""Turning a request's model (zoo name + params, JSON spec, or stored id) into a stored model.
+"""Turning a request's model (zoo name + params, JSON spec, exported program, or stored id) into a stored model.
 
 Zoo parameters are resolved against the zoo's defaults and ranges and specs are validated analytically
 (``profiler.spec.validate_spec``), so nothing is built or allocated in a request; errors are
 ``SpecError``s naming the layer and field. The content hash covers the canonical form, so
-``{"zoo": "VGG-16"}`` and ``{"zoo": "vgg16", "params": {"num_classes": 1000}}`` are one model.
+``{"zoo": "VGG-16"}`` and ``{"zoo": "vgg16", "params": {"num_classes": 1000}}`` are one model. An exported
+program is checked by ``profiler.exported.check_exported`` (nothing from it runs) and keyed by its structural
+digest, so the same model exported twice, with other weights, is one model.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
+from api.problems import ProblemError
 from profiler.spec import validate_spec
 from profiler.zoo import ZOO, normalize_name, zoo_params
 from storage.records import ModelRecord
@@ -22,8 +25,16 @@ from storage.repositories import ModelRepository, content_hash
 
 if TYPE_CHECKING:
     from profiler.chain import ModelChain
+    from profiler.exported import CheckedProgram
 
-__all__ = ["build_stored_chain", "store_spec_model", "store_zoo_model", "stored_chain_builder"]
+__all__ = [
+    "build_stored_chain",
+    "check_batch",
+    "store_exported_model",
+    "store_spec_model",
+    "store_zoo_model",
+    "stored_chain_builder",
+]
 
 
 def store_zoo_model(session: Session, name: str, params: Mapping[str, Any] | None) -> tuple[ModelRecord, bool]:
@@ -47,6 +58,43 @@ def store_spec_model(session: Session, spec: Mapping[str, Any]) -> tuple[ModelRe
     return ModelRepository(session).get_or_create(
         name=name[:200], kind="spec", digest=digest, definition=definition, n_stages=len(validated.layers)
     )
+
+
+def store_exported_model(
+    session: Session, checked: CheckedProgram, *, name: str | None, int_high: int | None
+) -> tuple[ModelRecord, bool]:
+    """Store (or find, by structural digest) an exported program checked by ``profiler.exported.check_exported``;
+    ``(model, created)``. The canonical archive is stored beside the model; an existing model keeps its own."""
+    definition = {"exported": {**checked.summary(), "int_high": int_high}}
+    return ModelRepository(session).get_or_create(
+        name=(name or f"exported:{checked.digest[:12]}")[:200],
+        kind="exported",
+        digest=checked.digest,
+        definition=definition,
+        n_stages=None,
+        program=checked.archive,
+    )
+
+
+def check_batch(model: ModelRecord, batch: int) -> None:
+    """An exported program runs at the batch it was exported at (its shapes are static): refuse any other.
+
+    Raises:
+        ProblemError: 422 ``batch_mismatch``, naming the program's batch and what to do.
+    """
+    if model.kind != "exported":
+        return
+    exported = int(model.definition["exported"]["batch"])
+    if batch != exported:
+        raise ProblemError(
+            422,
+            "batch_mismatch",
+            "Batch does not match the exported program",
+            f"model {model.id} is an exported program with static shapes, traced at batch {exported}: submit the job "
+            f"with batch {exported}, or export the model again with a batch-{batch} input",
+            field="batch",
+            model_batch=exported,
+        )
 
 
 def build_stored_chain(kind: str, definition_json: str) -> ModelChain:

@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from profiler.errors import ProfilerError, SpecError, UnknownGPUError
+from profiler.errors import ArchiveTooLargeError, ExportedError, ProfilerError, SpecError, UnknownGPUError
 from storage.errors import ConflictError, NotFoundError, StorageError, UnavailableError
 from tuner.errors import BudgetError, TunerError
 
@@ -144,6 +144,28 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(SpecError)
     async def _spec(_: Request, exc: SpecError) -> JSONResponse:
         return problem_response(422, "invalid_spec", "Invalid model spec", str(exc), layer=exc.layer, field=exc.field)
+
+    @app.exception_handler(ArchiveTooLargeError)
+    async def _too_large(_: Request, exc: ArchiveTooLargeError) -> JSONResponse:
+        return problem_response(
+            413,
+            "payload_too_large",
+            "Request body too large",
+            str(exc) + " (MEMTUNE_MAX_EXPORTED_BYTES)",
+            limit_bytes=exc.limit_bytes,
+            member=exc.member,
+        )
+
+    @app.exception_handler(ExportedError)
+    async def _exported(_: Request, exc: ExportedError) -> JSONResponse:
+        return problem_response(
+            422,
+            "invalid_exported_program",
+            "Exported program refused",
+            str(exc),
+            member=exc.member,
+            field=exc.field,
+        )
 
     @app.exception_handler(UnknownGPUError)
     async def _gpu(_: Request, exc: UnknownGPUError) -> JSONResponse:

@@ -82,7 +82,8 @@ class ModelCreate(_Request):
 
 
 class ModelRef(_Request):
-    """The model of a job: ``{"zoo", "params"}``, ``{"spec"}`` or ``{"id"}`` of a stored model."""
+    """The model of a job: ``{"zoo", "params"}``, ``{"spec"}`` or ``{"id"}`` of a stored model (exported programs are
+    uploaded first, with ``POST /v1/models/exported``, then referred to by id)."""
 
     zoo: str | None = Field(default=None, max_length=100)
     params: dict[str, ParamValue] | None = None
@@ -100,11 +101,15 @@ class ModelRef(_Request):
 
 
 class ModelPublic(BaseModel):
-    """A stored model. ``id`` is derived from the content hash: identical definitions share it."""
+    """A stored model. ``id`` is derived from the content hash: identical definitions share it.
+
+    An exported program's ``definition`` is ``{"exported": {...}}``: its batch, inputs (name, shape, dtype, and for
+    integer inputs the bound ``high`` their values are drawn below), operator count, parameter count and bytes,
+    the canonical archive's size and the torch that exported it."""
 
     id: str
     name: str
-    kind: Literal["zoo", "spec"]
+    kind: Literal["zoo", "spec", "exported"]
     content_hash: str
     definition: dict[str, Any]
     n_stages: int | None

@@ -24,6 +24,8 @@ class Settings(BaseSettings):
         database_url: SQLAlchemy URL; overrides ``data_dir`` (``postgresql://user@host/db``).
         reads_open: GET requests need no API key when True.
         max_body_bytes: request bodies above this many bytes get 413.
+        max_exported_bytes: the same for an exported program's archive (``POST /v1/models/exported``), which is
+            also the most it may unpack to.
         embedded_worker: run one worker thread inside the API process (``memtune serve``).
         worker_gpus: GPU type keys the embedded worker serves; empty for every known GPU type.
         heartbeat_interval_s: seconds between a worker's job heartbeats.
@@ -39,6 +41,7 @@ class Settings(BaseSettings):
     database_url: str | None = None
     reads_open: bool = True
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    max_exported_bytes: int = Field(default=256 << 20, ge=1024)
     embedded_worker: bool = False
     worker_gpus: list[str] = Field(default_factory=list)
     heartbeat_interval_s: float = Field(default=2.0, gt=0)

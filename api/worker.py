@@ -15,8 +15,10 @@ budget asked for; their ``feasible`` flag is the search's, judged with the headr
 
 Profiles: a stored profile for (model, GPU type, batch, dtype) is reused; else a committed measured
 profile from ``profiler.library`` (zoo models at their default parameters); else a roofline profile
-(``profiler.modeled``), built on the ``meta`` device so no memory is allocated. The search's results are
-labeled ``simulated`` (the numbers come from the simulator, whatever the profile's source); the plans
+(``profiler.modeled``), built on the ``meta`` device so no memory is allocated. An exported program
+(``profiler.exported``) is profiled by its module stages (``profile_module``): on this worker's GPU when it is of
+the job's type, else its compute on the CPU and its copies from the job's GPU type's roofline spec. The search's
+results are labeled ``simulated`` (the numbers come from the simulator, whatever the profile's source); the plans
 validated on the GPU are stored again, labeled ``measured`` (NOTE [ Measured validation ]).
 
 # NOTE [ Measured validation ]
@@ -298,7 +300,12 @@ class Worker:
             profile = stored.profile()
             profile_id = stored.id
         else:
-            profile = _committed_profile(model, job) or _modeled_profile(model, job)
+            if model.kind == "exported":
+                with self.db.session() as s:
+                    archive = ModelRepository(s).program(model.id)
+                profile = _exported_profile(model, job, archive)
+            else:
+                profile = _committed_profile(model, job) or _modeled_profile(model, job)
             with self.db.session() as s:
                 profile_id = ProfileRepository(s).store(model.id, profile).id
         with self.db.session() as s:
@@ -357,6 +364,12 @@ class Worker:
             return _Validation("cancelled", "the job was cancelled before its plans were validated")
         if not chosen:
             return self._skipped(job, "no plan fits the budget, so there is nothing to validate")
+        if self._model(job).kind == "exported":
+            return self._skipped(
+                job,
+                "measured validation builds the model in a fresh process per plan from a zoo name or JSON spec; "
+                "exported programs are profiled and tuned, not yet measured under a plan",
+            )
         if job.optimizer != "sgd":
             return self._skipped(
                 job,
@@ -601,6 +614,35 @@ def _committed_profile(model: ModelRecord, job: Job) -> Profile | None:
     if profile is not None and profile.device.key != job.gpu_key:
         return None
     return profile
+
+
+def _exported_profile(model: ModelRecord, job: Job, archive: bytes) -> Profile:
+    """An exported program's profile, stage by stage (``profiler.module_profile.profile_module``): measured on this
+    worker's GPU when it is of the job's type, else computed on the CPU with the copies of the job's GPU type's
+    roofline spec (``modeled``). The archive is checked again on loading (NOTE [ Safe exported programs ])."""
+    import torch
+
+    from profiler.devices import gpu_key
+    from profiler.exported import load_exported
+    from profiler.module_profile import profile_module
+
+    exported = model.definition["exported"]
+    if job.batch != exported["batch"]:  # the API refuses such jobs; a job queued another way fails here
+        raise ValueError(f"job batch {job.batch} is not the exported program's batch {exported['batch']}")
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        if gpu_key(props.name, props.total_memory) == job.gpu_key:
+            device = torch.device("cuda", 0)
+    module, inputs = load_exported(
+        archive,
+        max_bytes=len(archive),
+        int_high=exported.get("int_high"),
+        device=device,
+        seed=int(model.content_hash[:8], 16),
+    )
+    gpu = None if device.type == "cuda" else job.gpu_key
+    return profile_module(module, inputs, dtype=job.dtype, gpu=gpu, name=model.name)
 
 
 def _modeled_profile(model: ModelRecord, job: Job) -> Profile:

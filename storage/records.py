@@ -17,6 +17,7 @@ __all__ = [
     "GpuType",
     "Job",
     "JobState",
+    "ModelKind",
     "ModelRecord",
     "ProfileRecord",
     "Result",
@@ -51,13 +52,18 @@ class GpuType:
     identity_hash: str
 
 
+ModelKind = Literal["zoo", "spec", "exported"]
+
+
 @dataclass(frozen=True)
 class ModelRecord:
-    """A stored model: ``definition`` is ``{"zoo": name, "params": {...}}`` or ``{"spec": {...}}``."""
+    """A stored model: ``definition`` is ``{"zoo": name, "params": {...}}``, ``{"spec": {...}}``, or for an exported
+    program ``{"exported": {...}}`` (its inputs and sizes, ``profiler.exported.CheckedProgram.summary``, and the
+    request's ``int_high``; the archive itself is read with ``ModelRepository.program``)."""
 
     id: str
     name: str
-    kind: Literal["zoo", "spec"]
+    kind: ModelKind
     content_hash: str
     definition: dict[str, Any]
     n_stages: int | None

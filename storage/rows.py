@@ -20,6 +20,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     TypeDecorator,
@@ -33,6 +34,7 @@ __all__ = [
     "GpuTypeRow",
     "JobClaimRow",
     "JobRow",
+    "ModelProgramRow",
     "ModelRow",
     "ProfileRow",
     "ResultRow",
@@ -88,7 +90,8 @@ class GpuTypeRow(Base):
 
 
 class ModelRow(Base):
-    """A network to tune: a zoo name with parameters or a JSON spec, deduplicated by content hash."""
+    """A network to tune: a zoo name with parameters, a JSON spec or an exported program, deduplicated by content
+    hash (an exported program's archive lives in ``mt_model_programs``)."""
 
     __tablename__ = "mt_models"
 
@@ -98,6 +101,19 @@ class ModelRow(Base):
     content_hash: Mapped[str] = mapped_column(String(64), unique=True)
     definition: Mapped[dict[str, Any]] = mapped_column(JSON)
     n_stages: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ModelProgramRow(Base):
+    """The canonical ``.pt2`` archive of an exported model (``profiler.exported``: checked, parameters' values dropped),
+    one per model, apart from ``mt_models`` so that listing models never reads archives."""
+
+    __tablename__ = "mt_model_programs"
+
+    model_id: Mapped[str] = mapped_column(ForeignKey("mt_models.id", ondelete="CASCADE"), primary_key=True)
+    archive: Mapped[bytes] = mapped_column(LargeBinary)
+    archive_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import DbDep, ReadAccess, SettingsDep, WriteKey
 from api.gpu_types import resolve_gpu
-from api.model_refs import store_spec_model, store_zoo_model
+from api.model_refs import check_batch, store_spec_model, store_zoo_model
 from api.problems import ProblemError
 from api.schemas import JobCreate, JobEvent, JobPublic, JobsPublic, ResultsPublic
 from api.views import job_public, result_public
@@ -58,7 +58,10 @@ def _request_hash(body: JobCreate) -> str:
     response_model=JobPublic,
     responses={
         409: {"description": "Idempotency-Key reused for a different request"},
-        422: {"description": "unknown GPU, bad budget, bad model spec (names the layer and field), bad field"},
+        422: {
+            "description": "unknown GPU, bad budget, bad model spec (names the layer and field), a batch other than "
+            "an exported program's (batch_mismatch), bad field"
+        },
     },
 )
 def create_job(
@@ -84,6 +87,7 @@ def create_job(
                 ref = body.model
                 if ref.id is not None:
                     model = ModelRepository(s).get(ref.id)
+                    check_batch(model, body.batch)
                 elif ref.zoo is not None:
                     model, _ = store_zoo_model(s, ref.zoo, ref.params)
                 else:

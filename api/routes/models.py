@@ -1,19 +1,40 @@
-"""``/v1/models``: store a zoo model or a JSON spec (deduplicated by content hash); read one back."""
+"""``/v1/models``: store a zoo model, a JSON spec or an exported program (deduplicated by content hash); read one."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+import functools
+from typing import Annotated
 
-from api.deps import DbDep, ReadAccess, WriteKey
-from api.model_refs import store_spec_model, store_zoo_model
+import anyio.to_thread
+from fastapi import APIRouter, Query, Request, Response, status
+
+from api.deps import DbDep, ReadAccess, SettingsDep, WriteKey
+from api.model_refs import store_exported_model, store_spec_model, store_zoo_model
+from api.problems import ProblemError
 from api.schemas import ModelCreate, ModelPublic
 from api.views import model_public
+from profiler.exported import CheckedProgram, check_exported
+from storage.database import Database
 from storage.errors import ConflictError
+from storage.records import ModelRecord
 from storage.repositories import ModelRepository
 
-__all__ = ["router"]
+__all__ = ["EXPORTED_PATH", "router"]
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
+
+EXPORTED_PATH = "/v1/models/exported"
+"""Where exported programs are uploaded (its body limit is ``MEMTUNE_MAX_EXPORTED_BYTES``)."""
+
+_ARCHIVE_MEDIA_TYPES = ("application/octet-stream", "application/zip", "application/x-zip-compressed")
+_CURL = "curl --data-binary @model.pt2 -H 'Content-Type: application/octet-stream'"
+
+
+def _created(response: Response, model: ModelRecord, created: bool) -> ModelPublic:
+    response.headers["Location"] = f"/v1/models/{model.id}"
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return model_public(model)
 
 
 @router.post(
@@ -39,10 +60,80 @@ def create_model(body: ModelCreate, db: DbDep, _key: WriteKey, response: Respons
         except ConflictError:
             if attempt:
                 raise
-    response.headers["Location"] = f"/v1/models/{model.id}"
-    if not created:
-        response.status_code = status.HTTP_200_OK
-    return model_public(model)
+    return _created(response, model, created)
+
+
+def _store_exported(
+    db: Database, checked: CheckedProgram, name: str | None, int_high: int | None
+) -> tuple[ModelRecord, bool]:
+    for attempt in (0, 1):  # as in create_model: a concurrent identical upload wins the unique key
+        try:
+            with db.session() as s:
+                return store_exported_model(s, checked, name=name, int_high=int_high)
+        except ConflictError:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+@router.post(
+    "/exported",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ModelPublic,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+    responses={
+        200: {"description": "a model with the same structure was stored before", "model": ModelPublic},
+        413: {"description": "the archive, or what it unpacks to, is over MEMTUNE_MAX_EXPORTED_BYTES"},
+        415: {"description": "the body is not sent as application/octet-stream"},
+        422: {"description": "the archive is refused (invalid_exported_program: names the member, field and why)"},
+    },
+)
+async def create_exported_model(
+    request: Request,
+    db: DbDep,
+    settings: SettingsDep,
+    _key: WriteKey,
+    response: Response,
+    name: Annotated[str | None, Query(min_length=1, max_length=200, description="a name to find it by")] = None,
+    int_high: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=1 << 40,
+            description="for integer inputs that index no embedding: the exclusive upper bound of their values "
+            "(e.g. the vocabulary size); an embedding's rows bound the inputs that index it",
+        ),
+    ] = None,
+) -> ModelPublic:
+    """Store a model exported with ``torch.export`` (the ``.pt2`` file from ``torch.export.save``, as the body).
+
+    The archive is checked without running anything from it (NOTE [ Safe exported programs ] in
+    ``profiler.exported``): pickles, extra files, compiled code, guards, dynamic shapes and anything but ATen
+    operators are refused with a problem naming the archive member and field. What is stored is its canonical
+    form, without the parameters' values. Export in training mode with static shapes: the first input's first
+    dimension is the batch jobs must use. The id is derived from the program's structure, so the same model
+    exported again (other weights, another machine) is 200 with the stored model.
+    """
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media not in _ARCHIVE_MEDIA_TYPES:
+        raise ProblemError(
+            415,
+            "unsupported_media_type",
+            "Unsupported media type",
+            f"send the .pt2 archive's bytes as the request body with Content-Type: application/octet-stream (got "
+            f"{media or 'no content type'}), e.g. {_CURL}",
+        )
+    data = await request.body()
+    checked = await anyio.to_thread.run_sync(
+        functools.partial(check_exported, data, max_bytes=settings.max_exported_bytes, int_high=int_high)
+    )
+    model, created = await anyio.to_thread.run_sync(_store_exported, db, checked, name, int_high)
+    return _created(response, model, created)
 
 
 @router.get("/{model_id}", response_model=ModelPublic)

@@ -1,18 +1,18 @@
-"""Models: zoo names with parameters or JSON specs, deduplicated by content hash."""
+"""Models: zoo names with parameters, JSON specs or exported programs, deduplicated by content hash."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.errors import NotFoundError
-from storage.records import ModelRecord
+from storage.records import ModelKind, ModelRecord
 from storage.repositories._convert import to_model
-from storage.rows import ModelRow
+from storage.rows import ModelProgramRow, ModelRow
 
 __all__ = ["ModelRepository", "content_hash"]
 
@@ -32,15 +32,20 @@ class ModelRepository:
         self,
         *,
         name: str,
-        kind: Literal["zoo", "spec"],
+        kind: ModelKind,
         digest: str,
         definition: dict[str, Any],
         n_stages: int | None,
+        program: bytes | None = None,
     ) -> tuple[ModelRecord, bool]:
         """Return the model with this content hash, creating it when new; ``(model, created)``.
 
-        Two racing creators: the loser's commit raises ``ConflictError``; calling again returns the row.
+        ``program`` (exported models) is the canonical archive, stored beside the new model; an existing model
+        keeps the archive it was created with. Two racing creators: the loser's commit raises ``ConflictError``;
+        calling again returns the row.
         """
+        if (kind == "exported") != (program is not None):
+            raise ValueError("an exported model is stored with its program archive, and only an exported one")
         row = self.s.scalar(select(ModelRow).where(ModelRow.content_hash == digest))
         if row is not None:
             return to_model(row), False
@@ -53,8 +58,27 @@ class ModelRepository:
             n_stages=n_stages,
         )
         self.s.add(row)
+        self.s.flush()  # the model row first: the program row's foreign key points at it
+        if program is not None:
+            self.s.add(
+                ModelProgramRow(
+                    model_id=row.id,
+                    archive=program,
+                    archive_bytes=len(program),
+                    sha256=hashlib.sha256(program).hexdigest(),
+                )
+            )
         self.s.flush()
         return to_model(row), True
+
+    def program(self, model_id: str) -> bytes:
+        """The canonical ``.pt2`` archive of an exported model (``profiler.exported.load_exported`` reads it)."""
+        row = self.s.get(ModelProgramRow, model_id)
+        if row is None:
+            raise NotFoundError(
+                f"model {model_id!r} has no stored program; exported models are created with POST /v1/models/exported"
+            )
+        return bytes(row.archive)
 
     def get(self, model_id: str) -> ModelRecord:
         row = self.s.get(ModelRow, model_id)

@@ -1,0 +1,183 @@
+"""Hostile exported programs (NOTE [ Safe exported programs ] in ``profiler.exported``): each puts a payload where
+``torch.export.load`` (or ``.module()`` on what it returns) would run it; memtune refuses every one, through the
+loader and over HTTP, with a problem naming the archive member, and the payload never runs. A control test shows the
+stock loader running the same payloads, so the refusals are tested against real attacks. Also: not a zip, a zip
+bomb, a truncated archive."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from exported_fixtures import (
+    HOSTILE_STOCK_RUNS,
+    TinyNet,
+    export_archive,
+    hostile_archives,
+    stack_trace_variant,
+    zip_bomb,
+)
+from fastapi.testclient import TestClient
+
+from api.client import MemtuneClient
+from api.main import create_app
+from api.settings import Settings
+from api.worker import Worker
+from profiler.exported import ArchiveTooLargeError, ExportedError, check_exported, load_exported
+from storage.database import Database
+
+PROBLEM = "application/problem+json"
+
+# the member (and field) each variant's problem names
+REFUSED_AT = {
+    "weight_pickle": ("data/weights/model_weights_config.json", "blocks.0.fc.weight"),
+    "constant_pickle": ("data/constants/model_constants_config.json", "evil"),
+    "opaque_object": ("data/constants/opaque_obj_0", None),
+    "custom_object": ("data/constants/custom_obj_0", None),
+    "legacy_weights": ("data/weights/model.pt", None),
+    "legacy_constants": ("data/constants/model.pt", None),
+    "sample_inputs": ("data/sample_inputs/model.pt", None),
+    "sample_inputs_zip": ("data/sample_inputs/model.pt", None),
+    "extra_pickle": ("extra/payload.pkl", None),
+    "aoti_library": ("data/aotinductor/model/model.so", None),
+    "guards_code": ("models/model.json", "guards_code"),
+    "sympy_expression": ("models/model.json", "p_blocks_0_fc_weight"),
+    "os_target": ("models/model.json", "linear"),
+    "fqn_injection": ("models/model.json", None),
+}
+
+
+@pytest.fixture(scope="module")
+def base() -> bytes:
+    return export_archive(TinyNet(), torch.randn(4, 16))
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Path:
+    path = tmp_path / "markers"
+    path.mkdir()
+    return path
+
+
+def test_every_hostile_variant_is_listed(base: bytes, markers: Path) -> None:
+    assert set(hostile_archives(base, markers)) == set(REFUSED_AT)
+    assert set(HOSTILE_STOCK_RUNS) <= set(REFUSED_AT)
+
+
+@pytest.mark.parametrize("variant", sorted(REFUSED_AT))
+def test_the_loader_refuses_and_runs_nothing(variant: str, base: bytes, markers: Path) -> None:
+    archive = hostile_archives(base, markers)[variant]
+    with pytest.raises(ExportedError) as e:
+        load_exported(archive, max_bytes=1 << 26)
+    assert (e.value.member, e.value.field) == REFUSED_AT[variant], str(e.value)
+    assert not any(markers.iterdir()), "a payload ran"
+
+
+def test_the_api_refuses_each_with_a_problem(
+    client: MemtuneClient, http: TestClient, api_key: str, base: bytes, markers: Path
+) -> None:
+    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/octet-stream"}
+    for variant, archive in hostile_archives(base, markers).items():
+        r = http.post("/v1/models/exported", content=archive, headers=headers)
+        assert r.status_code == 422 and r.headers["content-type"] == PROBLEM, (variant, r.text)
+        problem = r.json()
+        member, field = REFUSED_AT[variant]
+        assert problem["code"] == "invalid_exported_program" and problem["title"] == "Exported program refused"
+        assert problem["member"] == member and problem.get("field") == field, (variant, problem)
+        assert problem["detail"].startswith(member), problem["detail"]
+    assert not any(markers.iterdir()), "a payload ran"
+    assert list(client.iter_leaderboard(page_size=5)) == []
+
+
+def test_a_stack_trace_never_reaches_generated_code(
+    client: MemtuneClient, db: Database, base: bytes, markers: Path
+) -> None:
+    """Stack traces are dropped from the canonical form (FX would paste them into comments of generated code)."""
+    model = client.upload_exported(stack_trace_variant(base, markers))
+    job = client.submit_job(model.id, batch=4, gpu="h200", budget="1MiB", trials=4)
+    assert Worker(db, worker_id="unit-worker", heartbeat_interval_s=0.5).run_once() == job.id
+    assert client.get_job(job.id).state == "succeeded"
+    assert not any(markers.iterdir()), "a payload ran"
+
+
+def test_not_a_zip_truncated_and_zip_bomb(
+    http: TestClient, api_key: str, base: bytes, db: Database, tmp_path: Path
+) -> None:
+    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/octet-stream"}
+    for body, says in (
+        (b"\x80\x02cposix\nsystem\n", "not a .pt2 archive"),  # a bare pickle
+        (base[: len(base) // 2], "truncated or corrupt"),
+        (base[:-10], "truncated or corrupt"),
+    ):
+        with pytest.raises(ExportedError, match=says):
+            check_exported(body, max_bytes=1 << 26)
+        r = http.post("/v1/models/exported", content=body, headers=headers)
+        assert r.status_code == 422 and r.json()["code"] == "invalid_exported_program" and says in r.json()["detail"]
+
+    bomb = zip_bomb(base, 64 << 20)  # a small body that unpacks past the limit
+    assert len(bomb) < 1 << 20
+    with pytest.raises(ArchiveTooLargeError) as e:
+        check_exported(bomb, max_bytes=32 << 20)
+    assert e.value.member == "archive/data/weights/weight_99" and e.value.limit_bytes == 32 << 20
+    settings = Settings(data_dir=tmp_path, max_exported_bytes=32 << 20)
+    with TestClient(create_app(settings, db=db), raise_server_exceptions=False) as tc:
+        r = tc.post("/v1/models/exported", content=bomb, headers=headers)
+    assert r.status_code == 413 and r.headers["content-type"] == PROBLEM
+    problem = r.json()
+    assert problem["code"] == "payload_too_large" and problem["member"] == "archive/data/weights/weight_99"
+    assert "unpacks to" in problem["detail"] and problem["limit_bytes"] == 32 << 20
+
+
+def test_the_stock_loader_runs_these_payloads(base: bytes, tmp_path: Path) -> None:
+    """Control: in a subprocess, ``torch.export.load`` and a call of ``.module()`` run every payload in
+    ``HOSTILE_STOCK_RUNS`` (so the refusals above are tested against working attacks)."""
+    markers = tmp_path / "stock"
+    markers.mkdir()
+    files = tmp_path / "archives"
+    files.mkdir()
+    for variant in HOSTILE_STOCK_RUNS:
+        (files / f"{variant}.pt2").write_bytes(hostile_archives(base, markers)[variant])
+    code = textwrap.dedent(
+        f"""
+        import logging, pathlib, warnings
+        import torch
+        warnings.simplefilter("ignore")
+        logging.disable(logging.CRITICAL)
+        for path in sorted(pathlib.Path({str(files)!r}).iterdir()):
+            try:
+                torch.export.load(path).module()(torch.randn(4, 16))
+            except Exception:
+                pass
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True)
+    assert sorted(p.name for p in markers.iterdir()) == sorted(HOSTILE_STOCK_RUNS)
+
+
+def test_the_worker_checks_the_stored_archive_again(
+    client: MemtuneClient, db: Database, base: bytes, markers: Path
+) -> None:
+    """A hostile archive that reached the database by another way than the API is refused when the worker loads it:
+    the job fails naming the member, and the payload never runs."""
+    from storage.repositories import ModelRepository
+
+    hostile = hostile_archives(base, markers)["weight_pickle"]
+    summary = check_exported(base, max_bytes=1 << 26)
+    with db.session() as s:
+        model, _ = ModelRepository(s).get_or_create(
+            name="smuggled",
+            kind="exported",
+            digest="f" * 64,
+            n_stages=None,
+            definition={"exported": {**summary.summary(), "int_high": None}},
+            program=hostile,
+        )
+    job = client.submit_job(model.id, batch=4, gpu="h200", budget="1MiB", trials=4)
+    assert Worker(db, worker_id="unit-worker", heartbeat_interval_s=0.5).run_once() == job.id
+    done = client.get_job(job.id)
+    assert done.state == "failed" and "use_pickle" in (done.error or "") and "ExportedError" in (done.error or "")
+    assert not any(markers.iterdir()), "a payload ran"
