@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import api
+import memtune
 import profiler
 import tuner
 
@@ -23,6 +24,7 @@ EXPECTED = {
         "run_policy", "simulate", "tune",
     },
     api: {"MemtuneClient", "create_app"},
+    memtune: {"Action", "Plan", "Profile", "Tuned", "budget_guard", "load_plan", "planned", "profile", "tune"},
 }  # fmt: skip
 
 
