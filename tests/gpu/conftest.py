@@ -11,6 +11,46 @@ is what a worker process does at start.
 
 from __future__ import annotations
 
+import gc
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+
 from tuner.runtime.guard import configure_allocator
 
 configure_allocator()  # before CUDA is initialized: the settings go into the environment
+
+
+@pytest.fixture
+def deterministic() -> Iterator[None]:
+    """Deterministic cuDNN and cuBLAS, TF32 off, for the test, restored after it (the cache emptied)."""
+    flags = (
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.are_deterministic_algorithms_enabled(),
+    )
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*(deterministic|conv_rule).*")
+            yield
+    finally:
+        (
+            torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark,
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            det,
+        ) = flags
+        torch.use_deterministic_algorithms(det)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import gc
 import os
-import warnings
-from collections.abc import Iterator
 from typing import Any
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts: deterministic GEMMs
@@ -53,33 +51,8 @@ MODELS: dict[str, tuple[dict[str, int], int]] = {
 
 
 @pytest.fixture(autouse=True)
-def deterministic() -> Iterator[None]:
-    flags = (
-        torch.backends.cudnn.deterministic,
-        torch.backends.cudnn.benchmark,
-        torch.backends.cuda.matmul.allow_tf32,
-        torch.backends.cudnn.allow_tf32,
-        torch.are_deterministic_algorithms_enabled(),
-    )
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*(deterministic|conv_rule).*")
-            yield
-    finally:
-        (
-            torch.backends.cudnn.deterministic,
-            torch.backends.cudnn.benchmark,
-            torch.backends.cuda.matmul.allow_tf32,
-            torch.backends.cudnn.allow_tf32,
-            det,
-        ) = flags
-        torch.use_deterministic_algorithms(det)
-        torch.cuda.empty_cache()
+def _deterministic(deterministic: None) -> None:
+    """Every test here runs deterministically (the ``deterministic`` fixture of ``conftest``)."""
 
 
 def build(name: str) -> tuple[ModelChain, torch.Tensor]:

@@ -87,20 +87,11 @@ class PlannedModule(PlannedBase):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
-        plan = self.plan
         tensors = [*self.model.parameters(), *self.model.buffers()]
         device = tensors[0].device if tensors else torch.device("cpu")
         exclude = {t.untyped_storage().data_ptr() for t in tensors}
         exclude.update(t.untyped_storage().data_ptr() for t in tensor_leaves((args, kwargs)))  # always resident
-        step = self._runtime.begin_step(
-            device,
-            sync=plan.sync,
-            sync_delay=plan.sync_delay,
-            sync_points=plan.sync_points,
-            lookahead=plan.prefetch_lookahead,
-            exclude_ptrs=exclude,
-        )
-        self._step = step
+        step = self._begin_step(device, exclude)
         try:
             with self._wrapped(step):
                 return self.model(*args, **kwargs)

@@ -149,6 +149,19 @@ class PlannedBase(nn.Module):
             return "forward", step.forward_stage
         return "backward", step.backward_stage
 
+    def _begin_step(self, device: torch.device, exclude_ptrs: set[int]) -> StepState:
+        """A new step of the offload runtime with the plan's knobs; ``exclude_ptrs`` stay on the device."""
+        plan = self.plan
+        self._step = self._runtime.begin_step(
+            device,
+            sync=plan.sync,
+            sync_delay=plan.sync_delay,
+            sync_points=plan.sync_points,
+            lookahead=plan.prefetch_lookahead,
+            exclude_ptrs=exclude_ptrs,
+        )
+        return self._step
+
     # ---- out of memory ---------------------------------------------------------------------------
     def _oom(self, exc: BaseException, phase: Phase, stage: int | None) -> PlanOutOfMemoryError:
         """Free what the failed step holds and build the error that names plan and stage."""
@@ -266,17 +279,8 @@ class PlannedModel(PlannedBase):
             return x
         exclude = {t.untyped_storage().data_ptr() for t in (*self.model.parameters(), *self.model.buffers())}
         exclude.add(x.untyped_storage().data_ptr())  # the model input is always resident
-        plan = self.plan
-        step = self._runtime.begin_step(
-            x.device,
-            sync=plan.sync,
-            sync_delay=plan.sync_delay,
-            sync_points=plan.sync_points,
-            lookahead=plan.prefetch_lookahead,
-            exclude_ptrs=exclude,
-        )
-        self._step = step
-        actions = plan.actions
+        step = self._begin_step(x.device, exclude)
+        actions = self.plan.actions
 
         def mark(k: int, y: torch.Tensor) -> None:
             node = y.grad_fn if isinstance(y, torch.Tensor) else None
