@@ -50,6 +50,13 @@ def _module_named(model: nn.Module, name: str) -> nn.Module:
         ) from None
 
 
+def _on_backward(out: Any, call: Callable[[], None]) -> None:
+    """Call ``call`` when the backward reaches the first tensor of ``out`` that has a gradient function."""
+    first = next((t for t in tensor_leaves(out) if t.grad_fn is not None), None)
+    if first is not None and first.grad_fn is not None:
+        first.grad_fn.register_prehook(lambda _grads: call())  # type: ignore[misc]
+
+
 class PlannedModule(PlannedBase):
     """A module whose training steps follow a plan made for its module stages (see the module docstring).
 
@@ -118,19 +125,31 @@ class PlannedModule(PlannedBase):
 
     def _stage(self, k: int, fn: Callable[..., Any], step: StepState) -> Callable[..., Any]:
         action = self.plan.actions[k]
+        checkpointed = action is Action.RECOMPUTE or action is Action.SELECTIVE
+        if Action.OFFLOAD not in self.plan.actions:  # nothing to copy, wait for or prefetch: the call alone
+
+            def plain(*args: Any, **kwargs: Any) -> Any:
+                step.forward_stage = k
+                if checkpointed:
+                    out = self._checkpointed(k, fn, args, kwargs, selective=action is Action.SELECTIVE)
+                else:
+                    out = fn(*args, **kwargs)
+                _on_backward(out, lambda: setattr(step, "backward_stage", k))  # where an out-of-memory happened
+                return out
+
+            return plain
 
         def run(*args: Any, **kwargs: Any) -> Any:
             step.forward_stage = k
             offloading = action is Action.OFFLOAD
             with step.hooks(k, k) if offloading else contextlib.nullcontext():
-                if action is Action.RECOMPUTE or action is Action.SELECTIVE:
+                if checkpointed:
                     out = self._checkpointed(k, fn, args, kwargs, selective=action is Action.SELECTIVE)
                 else:
                     out = fn(*args, **kwargs)
             step.end_stage(k, offloading=offloading)
-            for t in tensor_leaves(out):
-                if t.grad_fn is not None:
-                    t.grad_fn.register_prehook(lambda _g, k=k: step.on_backward(k))  # type: ignore[misc]
+            # backward reaching the stage's output: prefetch what stages up to ``lookahead`` later need
+            _on_backward(out, lambda: step.on_backward(k))
             return out
 
         return run
