@@ -199,7 +199,7 @@ def _factory_profile(
     model: str,
     batch: int,
     dtype: str,
-    gpu: str,
+    gpu: str | None,
     device: str,
     params: dict[str, Any],
     input_shape: str | None,
@@ -215,9 +215,7 @@ def _factory_profile(
     shape = _shape(input_shape)
     net = build_factory(model, params).to(device)
     x = factory_inputs(batch, shape, vocab=vocab, device=device)
-    return measure_module(
-        net, x, stages=stages, dtype=dtype, gpu=gpu if device == "cpu" else None, progress=err.is_terminal
-    )
+    return measure_module(net, x, stages=stages, dtype=dtype, gpu=gpu, progress=err.is_terminal)
 
 
 def _check_dtype(dtype: str) -> None:
@@ -260,7 +258,13 @@ def profile(
     model: ModelArg,
     batch: BatchOpt = 32,
     dtype: DtypeOpt = "float32",
-    gpu: GpuOpt = "h200",
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            help="the GPU type a modeled or CPU profile describes (default h200); measuring on CUDA takes the present "
+            "GPU's and checks it against this when given"
+        ),
+    ] = None,
     param: ParamOpt = None,
     spec: SpecOpt = None,
     device: Annotated[
@@ -279,17 +283,19 @@ def profile(
     from profiler.factory import is_factory
 
     _check_dtype(dtype)
+    described = gpu or "h200"  # what a modeled or CPU profile describes; on CUDA the device says
     try:
         if is_factory(model):
             prof = _factory_profile(
-                model, batch, dtype, gpu, "cpu" if device == "model" else device, _parse_params(param),
+                model, batch, dtype, described if device != "cuda" else gpu, "cpu" if device == "model" else device,
+                _parse_params(param),
                 input_shape, vocab, stage,
             )  # fmt: skip
         elif device == "model":
             chain = load_chain(model, _parse_params(param), spec)
             from profiler.modeled import modeled_profile
 
-            prof = modeled_profile(chain, batch, dtype, gpu)
+            prof = modeled_profile(chain, batch, dtype, described)
         elif device in ("cpu", "cuda"):
             from profiler.measure import profile as measure
 
@@ -307,7 +313,8 @@ def profile(
                 def tick(name: str, i: int, n: int) -> None:
                     bar.update(task, completed=i, total=n, description=name)
 
-                prof = measure(chain, batch, dtype, device=device, gpu=gpu, progress=tick)
+                prof = measure(chain, batch, dtype, device=device, gpu=gpu if device == "cuda" else described,
+                               progress=tick)  # fmt: skip
         else:
             raise _fail(f"--device {device!r}: use cuda, cpu or model")
     except (ProfilerError, TunerError, ValueError) as exc:
@@ -506,7 +513,10 @@ def tune(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         if profile_file is None and is_factory(model):
-            prof = _factory_profile(model, batch, dtype, gpu, device, _parse_params(param), input_shape, vocab, stage)
+            described = gpu if device == "cpu" else None  # on CUDA the device is the GPU type
+            prof = _factory_profile(
+                model, batch, dtype, described, device, _parse_params(param), input_shape, vocab, stage
+            )
         else:
             chain = load_chain(model, _parse_params(param), spec)
             prof = resolve_profile(chain, batch, dtype, gpu, profile_file)

@@ -267,6 +267,8 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType({s.key: s for s in _SPECS})
 # (pattern on a lower-cased product name, key); first match wins.
 _NAME_KEYS: tuple[tuple[str, str], ...] = (
     (r"\bh200\b", "h200"),
+    (r"\bh100\b.*\bpcie\b", "h100-pcie"),  # 114 SMs and HBM2e: another type than the SXM part
+    (r"\bh100\b.*\bnvl\b", "h100-nvl"),
     (r"\bh100\b", "h100"),
     (r"\ba100\b.*\b80\s*gb\b", "a100-80gb"),
     (r"\ba100\b.*\b40\s*gb\b", "a100-40gb"),

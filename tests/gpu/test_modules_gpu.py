@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from profiler.module_profile import as_inputs, profile_module
+from profiler.profile import Profile
 from tests.unit.modules.models import CASES, Case, build_case
 from tuner.plan import Action, Plan
 from tuner.runtime.verify import check_equivalence, reference_step
@@ -150,3 +151,16 @@ def test_the_chain_profiler_leaves_cuda_memory_as_found() -> None:
     after = allocated()
     assert prof.source == "measured"
     assert abs(after - before) <= MiB, f"{(after - before) / MiB:+.2f} MiB allocated after profile"
+
+
+def test_memtune_profile_on_cuda_needs_no_gpu_flag(tmp_path: Any) -> None:
+    """``memtune profile MODEL --device cuda`` takes the GPU type from the device (it defaulted to ``--gpu h200`` and
+    refused every other GPU)."""
+    from typer.testing import CliRunner
+
+    from api.cli import app
+
+    out = tmp_path / "p.json"
+    done = CliRunner().invoke(app, ["profile", "resnet18", "--batch", "8", "--device", "cuda", "-o", str(out)])
+    assert done.exit_code == 0, done.output
+    assert Profile.load(out).source == "measured"

@@ -49,6 +49,10 @@ def test_unknown_gpu_lists_the_known_keys() -> None:
     ("name", "memory", "key"),
     [
         ("NVIDIA H200", None, "h200"),
+        ("NVIDIA H100 80GB HBM3", 80 * GiB, "h100"),
+        ("NVIDIA H100 PCIe", 80 * GiB, "h100-pcie"),
+        ("NVIDIA H100 NVL", 94 * GiB, "h100-nvl"),
+        ("NVIDIA GeForce RTX 4090", 24 * GiB, "rtx4090"),
         ("NVIDIA A100-SXM4-40GB", 40 * GiB, "a100-40gb"),
         ("NVIDIA A100-PCIE", 80 * GiB, "a100-80gb"),
         ("NVIDIA L40S", None, "l40s"),
