@@ -21,7 +21,7 @@ from rich.table import Table
 from profiler.chain import ModelChain
 from profiler.errors import ProfilerError
 from profiler.profile import Profile
-from tuner.budget import format_bytes, parse_budget, search_budget
+from tuner.budget import Budget, format_bytes, profile_budget, search_budget
 from tuner.calibration import calibration_for
 from tuner.errors import TunerError
 from tuner.plan import Action, Plan
@@ -110,6 +110,13 @@ ParamOpt = Annotated[list[str] | None, typer.Option("--param", "-p", help="model
 SpecOpt = Annotated[Path | None, typer.Option(help="JSON model spec file (model argument: spec)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
 OptimizerOpt = Annotated[str, typer.Option(help="sgd (momentum), adam or none: optimizer state bytes")]
+BudgetOpt = Annotated[
+    str,
+    typer.Option(
+        help="memory budget: bytes with a unit (12GiB, 800MB) or a fraction of what: '60% of peak' (the model's "
+        "unconstrained peak) or '60% of gpu' (the GPU's memory)"
+    ),
+]
 ShapeOpt = Annotated[
     str | None, typer.Option("--input-shape", help="a factory model's input, one sample: 3,224,224 or 512 (tokens)")
 ]
@@ -142,13 +149,14 @@ def _factory_bench(
     if not torch.cuda.is_available():
         raise _fail("memtune bench measures on a CUDA GPU and none is available here; use `memtune tune` on a CPU")
     try:
-        fraction = float(budget)
-    except ValueError:
+        wanted = Budget.parse(budget)
+    except TunerError as exc:
+        raise _fail(str(exc)) from exc
+    if wanted.kind != "peak":
         raise _fail(
-            f"--budget {budget!r}: a factory model is benched at a fraction of its measured peak, e.g. 0.6"
-        ) from None
-    if not 0 < fraction <= 1:
-        raise _fail(f"--budget {budget!r}: the fraction of the measured peak must be in (0, 1]")
+            f"--budget {budget!r}: a factory model is benched at a fraction of its measured peak, '60% of peak'"
+        )
+    fraction = wanted.value
     import optuna
 
     shape = _shape(input_shape)
@@ -361,7 +369,7 @@ def simulate(
     batch: BatchOpt = 32,
     dtype: DtypeOpt = "float32",
     gpu: GpuOpt = "h200",
-    budget: Annotated[str, typer.Option(help="memory budget: 12GiB, 12GB or a fraction like 0.6")] = "1.0",
+    budget: BudgetOpt = "100% of gpu",
     policy: Annotated[str | None, typer.Option(help="baseline policy name (see tuner.policies)")] = None,
     plan_file: Annotated[Path | None, typer.Option("--plan", help="a plan JSON file")] = None,
     param: ParamOpt = None,
@@ -378,7 +386,7 @@ def simulate(
     try:
         chain = load_chain(model, _parse_params(param), spec)
         prof = resolve_profile(chain, batch, dtype, gpu, profile_file)
-        budget_bytes = parse_budget(budget, prof.device.memory_bytes)
+        budget_bytes = profile_budget(budget, prof, optimizer)
         if plan_file is not None:
             plan = Plan.model_validate_json(plan_file.read_text())
         else:
@@ -481,7 +489,7 @@ def tune(
     batch: BatchOpt = 32,
     dtype: DtypeOpt = "float32",
     gpu: GpuOpt = "h200",
-    budget: Annotated[str, typer.Option(help="memory budget: 12GiB, 12GB or a fraction like 0.6")] = "0.6",
+    budget: BudgetOpt = "60% of peak",
     trials: Annotated[int, typer.Option(min=1, help="Optuna trials (baselines included)")] = 300,
     pareto: Annotated[bool, typer.Option("--pareto", help="search the time–memory Pareto front")] = False,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
@@ -520,7 +528,7 @@ def tune(
         else:
             chain = load_chain(model, _parse_params(param), spec)
             prof = resolve_profile(chain, batch, dtype, gpu, profile_file)
-        budget_bytes = parse_budget(budget, prof.device.memory_bytes)
+        budget_bytes = profile_budget(budget, prof, optimizer)
         with Progress(
             TextColumn("[bold]tuning[/] {task.description}"),
             BarColumn(),
@@ -606,9 +614,7 @@ def bench(
     model: ModelArg,
     batch: BatchOpt = 32,
     dtype: DtypeOpt = "float32",
-    budget: Annotated[
-        str, typer.Option(help="memory budget: 12GiB, 12GB, or a fraction of the unconstrained peak like 0.6")
-    ] = "0.6",
+    budget: BudgetOpt = "60% of peak",
     sweep: Annotated[
         str | None,
         typer.Option(
@@ -702,11 +708,7 @@ def bench(
         fractions = [float(f) for f in sweep.split(",")] if sweep else []
         headrooms = [float(h) for h in headroom.split(",")] if headroom else []
         text = budget.strip()
-        main_budget = (
-            int(float(text) * base_peak)
-            if text.replace(".", "", 1).isdigit() and float(text) <= 1
-            else parse_budget(text, ident.memory_bytes)
-        )
+        main_budget = Budget.parse(text).resolve(gpu_memory_bytes=ident.memory_bytes, peak_bytes=base_peak)
     except (ValueError, TunerError) as exc:
         raise _fail(str(exc)) from exc
     plans: list[tuple[str, str, Plan]] = [

@@ -157,7 +157,7 @@ class MemtuneClient:
         *,
         batch: int,
         gpu: str,
-        budget: str | int | float,
+        budget: str | int,
         dtype: str = "float32",
         trials: int = 300,
         mode: str = "fastest",

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler.profile import Profile
-from tuner.budget import format_bytes, parse_budget
+from tuner.budget import format_bytes, profile_budget
 from tuner.plan import Plan
 from tuner.search import Candidate, TuneResult
 
@@ -164,7 +164,7 @@ class Tuned:
 
 def tune(
     model_or_profile: nn.Module | Profile,
-    budget: str | int | float,
+    budget: str | int,
     *,
     example_inputs: Any = None,
     gpu: str | None = None,
@@ -182,8 +182,8 @@ def tune(
     Args:
         model_or_profile: a ``Profile``, or any ``nn.Module`` (then ``example_inputs`` is required and the model is
             profiled by ``profile`` on the device it is on).
-        budget: GPU memory one step may use: ``"12GiB"``, ``"800MB"``, a byte count, or a fraction of the GPU's
-            memory (``0.6``).
+        budget: GPU memory one step may use (NOTE [ Budget grammar ]): ``"12GiB"``, ``"800MB"``, ``"60% of peak"``
+            (the model's simulated unconstrained peak), ``"60% of gpu"``, or an ``int`` of bytes.
         example_inputs, loss_fn, stages, dtype, gpu: as ``profile``.
         trials: Optuna trials (baselines included).
         seed: the search's seed; the same seed gives the same result.
@@ -218,7 +218,7 @@ def tune(
             gpu=gpu,
             progress=progress,
         )
-    budget_bytes = parse_budget(budget, prof.device.memory_bytes)
+    budget_bytes = profile_budget(budget, prof, optimizer)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with _bar("tuning", progress) as update:
         result = run_tune(

@@ -140,8 +140,9 @@ class JobCreate(_Request):
     batch: int = Field(ge=1, le=1 << 20, description="samples per training step")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     gpu: str = Field(min_length=1, max_length=100, description="GPU type key or name (GET /v1/gpus)")
-    budget: str | int | float = Field(
-        description="bytes, a size ('12GiB', '12GB'), or a fraction of the GPU's memory ('0.6')"
+    budget: str | int = Field(
+        description="bytes with a unit ('12GiB', '800MB') or a fraction of the GPU's memory ('60% of gpu'); an "
+        "integer is bytes, a string without a unit is refused (NOTE [ Budget grammar ])"
     )
     trials: int = Field(default=300, ge=1, le=100_000, description="Optuna trials, baselines included")
     mode: Literal["fastest", "pareto"] = "fastest"

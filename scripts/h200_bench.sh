@@ -31,7 +31,7 @@ if [[ $steps == *bench* ]]; then
   for cfg in "${configs[@]}"; do
     IFS=: read -r model batch dtype budget <<<"$cfg"
     # shellcheck disable=SC2086
-    timeout "${BENCH_TIMEOUT:-560}" python3 -m api bench "$model" --batch "$batch" --dtype "$dtype" --budget "${budget:-0.6}" \
+    timeout "${BENCH_TIMEOUT:-560}" python3 -m api bench "$model" --batch "$batch" --dtype "$dtype" --budget "$(python3 -c "print(f'{float(\"${budget:-0.6}\") * 100:g}% of peak')")" \
       ${BENCH_ARGS:---sweep 0.4,0.5,0.7,0.8 --no-choice} --warmup 2 --iters 6 --json-out "/tmp/bench/bench-$model-b$batch-$dtype.json" 2>&1 \
       | tee "/tmp/bench/bench-$model-b$batch-$dtype.txt" | grep -v "measuring" | tail -24
     pack

@@ -1,12 +1,18 @@
-"""Memory budgets: parse what users type (``12GiB``, ``12GB``, ``0.6``) into bytes."""
+"""Memory budgets: what users write (``12GiB``, ``60% of peak``, ``0.6 of gpu``) and its bytes."""
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from tuner.errors import BudgetError
 
-__all__ = ["format_bytes", "parse_budget", "search_budget"]
+if TYPE_CHECKING:
+    from profiler.profile import Profile
+
+__all__ = ["Budget", "format_bytes", "parse_budget", "profile_budget", "search_budget"]
 
 _UNITS = {
     "": 1,
@@ -24,64 +30,138 @@ _UNITS = {
     "g": 2**30,
     "t": 2**40,
 }
-_PATTERN = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_FRACTION = re.compile(
+    r"^\s*([-+]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(%?)\s*of\s+(?:the\s+)?([a-z]+)\s*$", re.IGNORECASE
+)
+_OF = {"peak": "peak", "gpu": "gpu", "memory": "gpu"}
+_HOW = "write bytes with a unit ('12GiB', '800MB') or a fraction that says of what ('60% of peak', '0.6 of gpu')"
+
+Kind = Literal["bytes", "peak", "gpu"]
 
 
-def parse_budget(value: str | int | float, gpu_memory_bytes: int | None = None) -> int:
-    """Turn a budget into bytes.
+@dataclass(frozen=True)
+class Budget:
+    """A budget as written (NOTE [ Budget grammar ]): bytes, or a fraction of the model's unconstrained peak or of the
+    GPU's memory.
 
-    Accepts a byte count (``12884901888``), a size with a unit (``12GiB``, ``12 GB``, ``800MiB``; binary
-    ``KiB/MiB/GiB/TiB`` or decimal ``KB/MB/GB/TB``, short ``G`` meaning GiB) or a fraction of the GPU's
-    memory in (0, 1] (``0.6``).
-
-    Args:
-        value: what the user typed, or a number.
-        gpu_memory_bytes: the GPU's memory, bytes; needed for fractions, and budgets above it are refused.
-
-    Returns:
-        The budget in bytes.
-
-    Raises:
-        BudgetError: the text is not a size, is not positive, or exceeds the GPU's memory.
+    Attributes:
+        kind: ``bytes``, ``peak`` (of the model's unconstrained peak) or ``gpu`` (of the GPU's memory).
+        value: bytes for ``bytes``, else the fraction in (0, 1].
+        text: what was written.
     """
-    if isinstance(value, bool):
-        raise BudgetError(f"budget must be a size like '12GiB' or a fraction like 0.6, not {value!r}")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
-    else:
-        m = _PATTERN.match(str(value))
+
+    kind: Kind
+    value: float
+    text: str
+
+    @classmethod
+    def parse(cls, value: str | int | Budget) -> Budget:
+        """Read a budget; a Python ``int`` is bytes.
+
+        # NOTE [ Budget grammar ]
+        One grammar on the command line, in Python and over HTTP: bytes with a unit (``12GiB``, ``12 GB``,
+        ``800MiB``; binary ``KiB/MiB/GiB/TiB``, decimal ``KB/MB/GB/TB``, ``B``; short ``G`` meaning GiB), or a
+        fraction that says of what: ``60% of peak`` / ``0.6 of peak`` (the model's simulated unconstrained peak) and
+        ``60% of gpu`` / ``0.6 of gpu`` (the GPU's memory). A bare number is refused: ``0.6`` meant the GPU's memory
+        to ``tune`` and the peak to ``bench``, and ``2`` meant two bytes over HTTP.
+
+        Raises:
+            BudgetError: not in the grammar (the message shows both ways to write it), not positive, or a fraction
+                above 1.
+        """
+        if isinstance(value, Budget):
+            return value
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise BudgetError(f"budget {value!r} is not understood: {_HOW}")
+        if isinstance(value, int):
+            if value <= 0:
+                raise BudgetError(f"budget {value!r} must be positive")
+            return cls("bytes", float(value), f"{value}B")
+        frac = _FRACTION.match(value)
+        if frac:
+            return cls._fraction(value, frac)
+        m = _SIZE.match(value)
         if not m:
-            raise BudgetError(
-                f"budget {value!r} is not understood: write a size like '12GiB', '12GB', '800MiB', "
-                "a byte count, or a fraction of the GPU's memory like '0.6'"
-            )
+            raise BudgetError(f"budget {value!r} is not understood: {_HOW}")
         number, unit = float(m.group(1)), m.group(2).lower()
-        if unit not in _UNITS:
+        if not unit:
+            raise BudgetError(f"budget {value!r} has no unit: {_HOW}")
+        if unit not in _UNITS or not unit:
             raise BudgetError(
                 f"budget {value!r}: unknown unit {m.group(2)!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
             )
-    if number != number or number in (float("inf"), float("-inf")):
-        raise BudgetError(f"budget {value!r} is not a finite number")
-    if number <= 0:
-        raise BudgetError(f"budget {value!r} must be positive")
-    if unit == "" and number <= 1.0:
-        if gpu_memory_bytes is None:
-            raise BudgetError(f"budget {value!r} is a fraction of the GPU's memory, but no GPU memory is known")
-        result = int(number * gpu_memory_bytes)
-    elif unit == "" and number != int(number):
-        raise BudgetError(
-            f"budget {value!r}: a number above 1 is a byte count and must be whole; "
-            "a fraction of the GPU's memory must be in (0, 1]"
-        )
-    else:
-        result = int(number * _UNITS[unit])
-    if result <= 0:
-        raise BudgetError(f"budget {value!r} is less than one byte")
-    if gpu_memory_bytes is not None and result > gpu_memory_bytes:
-        raise BudgetError(
-            f"budget {value!r} ({format_bytes(result)}) exceeds the GPU's memory ({format_bytes(gpu_memory_bytes)})"
-        )
-    return result
+        if not math.isfinite(number):
+            raise BudgetError(f"budget {value!r} is not a finite number")
+        if number <= 0:
+            raise BudgetError(f"budget {value!r} must be positive")
+        size = number * _UNITS[unit]
+        if size < 1:
+            raise BudgetError(f"budget {value!r} is less than one byte")
+        return cls("bytes", size, value.strip())
+
+    @classmethod
+    def _fraction(cls, text: str, m: re.Match[str]) -> Budget:
+        number = float(m.group(1)) / (100.0 if m.group(2) else 1.0)
+        of = _OF.get(m.group(3).lower())
+        if of is None:
+            raise BudgetError(f"budget {text!r}: a fraction is of 'peak' or of 'gpu', not of {m.group(3)!r}")
+        if not math.isfinite(number) or not 0 < number <= 1:
+            raise BudgetError(f"budget {text!r}: the fraction must be in (0, 1] (0%-100%)")
+        return cls(of, number, text.strip())  # type: ignore[arg-type]
+
+    def resolve(self, *, gpu_memory_bytes: int | None = None, peak_bytes: int | None = None) -> int:
+        """The budget in bytes; budgets above the GPU's memory are refused where it is known.
+
+        Raises:
+            BudgetError: the fraction's reference (the peak or the GPU's memory) is not known here, or the budget
+                exceeds the GPU's memory.
+        """
+        if self.kind == "bytes":
+            result = int(self.value)
+        else:
+            ref = peak_bytes if self.kind == "peak" else gpu_memory_bytes
+            if ref is None:
+                what = "the model's unconstrained peak" if self.kind == "peak" else "the GPU's memory"
+                raise BudgetError(f"budget {self.text!r} is a fraction of {what}, which is not known here; {_HOW}")
+            result = int(self.value * ref)
+        if result <= 0:
+            raise BudgetError(f"budget {self.text!r} is less than one byte")
+        if gpu_memory_bytes is not None and result > gpu_memory_bytes:
+            raise BudgetError(
+                f"budget {self.text!r} ({format_bytes(result)}) exceeds the GPU's memory "
+                f"({format_bytes(gpu_memory_bytes)})"
+            )
+        return result
+
+
+def parse_budget(
+    value: str | int | Budget, gpu_memory_bytes: int | None = None, *, peak_bytes: int | None = None
+) -> int:
+    """A budget in bytes (NOTE [ Budget grammar ] in ``Budget.parse``).
+
+    Args:
+        value: what the user wrote; a Python ``int`` is bytes.
+        gpu_memory_bytes: the GPU's memory, bytes: needed for fractions of the GPU, and budgets above it are refused.
+        peak_bytes: the model's unconstrained peak, bytes: needed for fractions of the peak.
+
+    Raises:
+        BudgetError: the text is not in the grammar, is not positive, needs a reference that is not given, or exceeds
+            the GPU's memory.
+    """
+    return Budget.parse(value).resolve(gpu_memory_bytes=gpu_memory_bytes, peak_bytes=peak_bytes)
+
+
+def profile_budget(value: str | int | Budget, profile: Profile, optimizer: str = "sgd") -> int:
+    """A budget in bytes for ``profile``'s model: a fraction of the peak is of its simulated unconstrained step's."""
+    budget = Budget.parse(value)
+    peak = None
+    if budget.kind == "peak":
+        from tuner.plan import Plan
+        from tuner.simulator import Simulator
+
+        peak = Simulator(profile, optimizer).run(Plan.uniform(profile.n_stages).named(profile)).peak_bytes
+    return budget.resolve(gpu_memory_bytes=profile.device.memory_bytes, peak_bytes=peak)
 
 
 def format_bytes(n: float) -> str:

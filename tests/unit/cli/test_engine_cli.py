@@ -23,7 +23,7 @@ def budget(model: str, fraction: float, gpu: str = "h200") -> str:
     from tuner.simulator import simulate
 
     prof = modeled_profile(build(model, {"image_size": 32}), 256, "float32", gpu)
-    return str(int(fraction * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes))
+    return f"{int(fraction * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes)}B"
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -72,6 +72,8 @@ def test_tune_without_a_fitting_plan_exits_1() -> None:
     [
         (("tune", "resnet18", "--budget", "twelve"), "not understood"),
         (("tune", "resnet18", "--budget", "-3GiB"), "must be positive"),
+        (("tune", "resnet18", "--budget", "0.6"), "has no unit"),
+        (("tune", "resnet18", "--budget", "150% of peak"), "must be in (0, 1]"),
         (("tune", "resnet18", "--gpu", "h900"), "h900"),
         (("tune", "resnet999"), "resnet999"),
         (("tune", "resnet18", "--dtype", "int8"), "--dtype"),
@@ -123,3 +125,17 @@ def test_models_and_gpus_lists() -> None:
     assert code == 0 and "vgg516" in out and "gpt" in out
     code, out = invoke("gpus")
     assert code == 0 and "h200" in out and "k40" in out
+
+
+def test_a_budget_is_a_fraction_of_the_peak_or_of_the_gpu_as_written() -> None:
+    """NOTE [ Budget grammar ]: '60% of peak' is of the model's simulated unconstrained peak, '1% of gpu' of the GPU."""
+    from profiler.modeled import modeled_profile
+    from profiler.zoo import build
+    from tuner.simulator import simulate
+
+    prof = modeled_profile(build("resnet18", {"image_size": 32}), 256, "float32", "h200")
+    peak = simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes
+    for text, expected in (("60% of peak", int(0.6 * peak)), ("1% of gpu", int(0.01 * prof.device.memory_bytes))):
+        code, out = invoke("tune", "resnet18", *SMALL, "--gpu", "h200", "--budget", text, "--trials", "5", "--json")
+        assert code in (0, 1), out
+        assert json.loads(out.strip().splitlines()[-1])["budget_bytes"] == expected

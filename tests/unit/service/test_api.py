@@ -49,7 +49,7 @@ def test_submit_tune_fetch_best_and_leaderboard(client: MemtuneClient, db: Datab
     assert best.fallback == "exact" and best.source == "simulated"
     assert best.step_ms == min(r.step_ms for r in results.data if r.feasible)
     assert best.peak_bytes <= 64 << 20 and len(best.plan["actions"]) == model.n_stages
-    by_name = client.best("H200", model="tiny-cnn", batch=8, budget=str(96 << 20))
+    by_name = client.best("H200", model="tiny-cnn", batch=8, budget=f"{96 << 20}B")
     assert by_name.fallback == "smaller_budget" and by_name.plan_budget_bytes == 64 << 20
     arch = client.best("h100", model=model.id, batch=8, budget="64MiB")
     assert arch.fallback == "same_architecture" and arch.answered_by_gpu == "h200"
@@ -67,7 +67,7 @@ def test_submit_tune_fetch_best_and_leaderboard(client: MemtuneClient, db: Datab
 
 
 def test_events_stream_until_the_job_ends(client: MemtuneClient, db: Database) -> None:
-    job = client.submit_job({"spec": SMALL_SPEC}, batch=4, gpu="h200", budget="0.5", trials=12)
+    job = client.submit_job({"spec": SMALL_SPEC}, batch=4, gpu="h200", budget="50% of gpu", trials=12)
     assert _run_worker(db) == job.id
     events = list(client.events(job.id, timeout_s=30))
     assert events[-1].event == "end" and events[-1].job.state == "succeeded"
@@ -122,6 +122,13 @@ def test_bad_input_gets_the_right_problem(http: TestClient, api_key: str, db: Da
     assert (status, p["code"]) == (422, "invalid_budget") and "positive" in p["detail"]
     status, p = _post(http, "/v1/jobs", dict(JOB, budget=-1), api_key)
     assert (status, p["code"]) == (422, "invalid_budget")
+    # NOTE [ Budget grammar ]: "2" meant two bytes; a number without a unit is refused, naming both ways to write it
+    status, p = _post(http, "/v1/jobs", dict(JOB, budget="2"), api_key)
+    assert (status, p["code"]) == (422, "invalid_budget") and "'12GiB'" in p["detail"] and "of peak" in p["detail"]
+    status, p = _post(http, "/v1/jobs", dict(JOB, budget="60% of peak"), api_key)
+    assert (status, p["code"]) == (422, "invalid_budget") and "not known here" in p["detail"]
+    status, p = _post(http, "/v1/jobs", dict(JOB, budget=0.6), api_key)
+    assert status == 422
     status, p = _post(http, "/v1/jobs", dict(JOB, gpu="b9000"), api_key)
     assert (status, p["code"]) == (422, "unknown_gpu") and "h200" in p["detail"]
     status, p = _post(http, "/v1/jobs", dict(JOB, colour="blue"), api_key)

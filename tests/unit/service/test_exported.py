@@ -120,7 +120,7 @@ def test_integer_inputs_are_bounded_by_their_embedding_or_int_high(client: Memtu
     assert model.definition["exported"]["inputs"][0]["high"] == 1000
     assert client.upload_exported(hashed, int_high=999).id != model.id  # the inputs' range is part of the model
 
-    job = client.submit_job(model.id, batch=4, gpu="h100", budget="0.5", trials=6)
+    job = client.submit_job(model.id, batch=4, gpu="h100", budget="50% of gpu", trials=6)
     assert _run_worker(db) == job.id
     done = client.get_job(job.id)
     assert done.state == "succeeded", done.error

@@ -143,7 +143,7 @@ def test_the_worker_searches_within_the_budget_less_the_jobs_headroom(
     assert any(searched < t["peak_bytes"] <= budget and not t["feasible"] for t in trials)
 
     # the leaderboard lists the tight job's feasible plans under the budget asked for, none over its limit
-    board = client.leaderboard(gpu="h200", budget=str(budget), page_size=200)
+    board = client.leaderboard(gpu="h200", budget=f"{budget}B", page_size=200)
     tight_rows = [r for r in board.data if r.job_id == tight.id]
     assert tight_rows and all(r.budget_bytes == budget and r.peak_bytes <= searched for r in tight_rows)
     assert all(r.name != "none" for r in tight_rows)

@@ -1,4 +1,4 @@
-"""Budget parsing: sizes, fractions and clear refusals."""
+"""The budget grammar (NOTE [ Budget grammar ]): sizes, fractions that say of what, and clear refusals."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ GPU = 141 * 10**9
         ("12G", 12 * 2**30),
         ("800MiB", 800 * 2**20),
         ("1.5GiB", int(1.5 * 2**30)),
-        ("0.6", int(0.6 * GPU)),
-        ("1", GPU),
-        ("12884901888", 12884901888),
-        (0.5, int(0.5 * GPU)),
+        ("12884901888B", 12884901888),
+        ("60% of gpu", int(0.6 * GPU)),
+        ("0.6 of gpu", int(0.6 * GPU)),
+        ("100% of the gpu", GPU),
+        ("1 of gpu", GPU),
         (2**30, 2**30),
     ],
 )
@@ -38,13 +39,20 @@ def test_accepts(text: str | float, expected: int) -> None:
         ("twelve", "not understood"),
         ("12 GiB please", "not understood"),
         ("-1GiB", "must be positive"),
-        ("0", "must be positive"),
         ("0GiB", "must be positive"),
         ("12XB", "unknown unit 'XB'"),
-        ("1.5", "must be whole"),
+        ("0.6", "has no unit.*'12GiB'.*'60% of peak'"),
+        ("2", "has no unit"),
+        ("12884901888", "has no unit"),
+        ("0", "has no unit"),
+        ("150% of peak", r"must be in \(0, 1\]"),
+        ("0% of gpu", r"must be in \(0, 1\]"),
+        ("60% of ram", "of 'peak' or of 'gpu'"),
         ("500GiB", "exceeds the GPU's memory"),
         ("nan", "not understood"),
-        (True, "not True"),
+        (True, "not understood"),
+        (0.5, "not understood"),
+        (-3, "must be positive"),
     ],
 )
 def test_rejects_clearly(text: str, message: str) -> None:
@@ -52,10 +60,25 @@ def test_rejects_clearly(text: str, message: str) -> None:
         parse_budget(text, GPU)
 
 
-def test_fraction_needs_gpu_memory() -> None:
-    with pytest.raises(BudgetError, match="no GPU memory is known"):
-        parse_budget("0.5")
+def test_a_fraction_needs_what_it_is_a_fraction_of() -> None:
+    with pytest.raises(BudgetError, match="fraction of the GPU's memory, which is not known here"):
+        parse_budget("50% of gpu")
+    with pytest.raises(BudgetError, match="fraction of the model's unconstrained peak, which is not known here"):
+        parse_budget("50% of peak", GPU)
+    assert parse_budget("50% of peak", GPU, peak_bytes=10**9) == 5 * 10**8
     assert parse_budget("2GiB") == 2 * 2**30
+
+
+def test_a_fraction_of_the_peak_is_of_the_profiles_simulated_unconstrained_peak() -> None:
+    from tests.unit.tuner.profiles import conv_profile
+    from tuner.budget import profile_budget
+    from tuner.plan import Plan
+    from tuner.simulator import simulate
+
+    prof = conv_profile(2)
+    peak = simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes
+    assert profile_budget("60% of peak", prof) == int(0.6 * peak)
+    assert profile_budget("1GiB", prof) == 2**30
 
 
 def test_format_bytes() -> None:

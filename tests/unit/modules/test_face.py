@@ -1,0 +1,45 @@
+"""The ``memtune`` face: tune a profile by the budget grammar, apply the plan, refuse what is not a budget."""
+
+from __future__ import annotations
+
+import pytest
+
+import memtune
+from profiler.module_profile import profile_module
+from tests.unit.modules.models import build_case
+from tuner.errors import BudgetError, PlanError
+from tuner.plan import Plan
+from tuner.simulator import simulate
+
+
+@pytest.fixture(scope="module")
+def unet() -> tuple[object, memtune.Profile]:
+    case = build_case("unet")
+    return case, profile_module(case.model, case.inputs, loss_fn=case.loss_fn, warmup=0, repeats=1)
+
+
+def test_a_budget_of_the_peak_is_of_the_simulated_unconstrained_peak(unet: tuple[object, memtune.Profile]) -> None:
+    _, prof = unet
+    peak = simulate(prof, Plan.uniform(prof.n_stages).named(prof)).peak_bytes
+    tuned = memtune.tune(prof, "85% of peak", trials=20, progress=False, headroom=0.0)
+    assert tuned.result.budget_bytes == int(0.85 * peak)
+    assert tuned.plan is not None and tuned.plan.stages == tuple(s.name for s in prof.stages)
+    assert "best plan" in str(tuned) and tuned.table()[0]["name"] == "none"
+    assert memtune.tune(prof, 3 << 30, trials=5, progress=False).result.budget_bytes == 3 << 30
+
+
+@pytest.mark.parametrize("budget", ["0.6", "2", 0.6])
+def test_a_number_without_a_unit_is_refused(unet: tuple[object, memtune.Profile], budget: object) -> None:
+    _, prof = unet
+    with pytest.raises(BudgetError):
+        memtune.tune(prof, budget, trials=5, progress=False)  # type: ignore[arg-type]
+
+
+def test_planned_takes_what_tune_returned_and_refuses_no_plan(unet: tuple[object, memtune.Profile]) -> None:
+    case, prof = unet
+    tuned = memtune.tune(prof, "85% of peak", trials=10, progress=False, headroom=0.0)
+    planned = memtune.planned(case.model, tuned)  # type: ignore[attr-defined]
+    assert planned.plan == tuned.plan
+    hopeless = memtune.tune(prof, "1% of peak", trials=5, progress=False)
+    with pytest.raises(PlanError, match="no plan fits"):
+        memtune.planned(case.model, hopeless)  # type: ignore[attr-defined]
