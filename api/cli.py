@@ -665,6 +665,9 @@ def bench(
     input_shape: ShapeOpt = None,
     vocab: VocabOpt = None,
     stage: StagesOpt = None,
+    profile_file: Annotated[
+        Path | None, typer.Option("--profile", help="a measured profile JSON of this model on this GPU (no profiling)")
+    ] = None,
 ) -> None:
     """Measure on this GPU: unconstrained, every baseline, PyTorch built-ins and the tuned plan, with predictions."""
     import optuna
@@ -697,12 +700,18 @@ def bench(
     from profiler.zoo import build as build_chain
 
     factory = functools.partial(build_chain, model, params or {}) if isolate else None
-    prof = resolve_profile(chain, batch, dtype, ident.key)
+    prof = resolve_profile(chain, batch, dtype, ident.key, profile_file)
+    if profile_file is not None and (prof.device.key != ident.key or (prof.batch, prof.dtype) != (batch, dtype)):
+        raise _fail(
+            f"--profile {profile_file}: it describes {prof.model} batch {prof.batch} {prof.dtype} on "
+            f"{prof.device.key}, not batch {batch} {dtype} on this {ident.key}"
+        )
     if prof.source != "measured" or prof.device.key != ident.key:
         from profiler.measure import profile as measure
 
         err.print(f"profiling {chain.name} batch {batch} {dtype} on {ident.name} …")
         prof = measure(chain, batch, dtype, device="cuda")
+        torch.cuda.empty_cache()  # the rows run in their own processes: the parent holds no GPU memory
     base_peak = run_sim(prof, Plan.uniform(prof.n_stages)).peak_bytes
     try:
         fractions = [float(f) for f in sweep.split(",")] if sweep else []
