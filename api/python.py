@@ -90,7 +90,7 @@ def profile(
     Returns:
         The ``Profile`` (``measured`` on CUDA, ``modeled`` on the CPU).
     """
-    from profiler.module_profile import profile_module
+    from profiler import profile_module
 
     with _bar("profiling", progress) as update:
         return profile_module(

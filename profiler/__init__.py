@@ -1,4 +1,5 @@
-"""memtune profiler: the model zoo and JSON specs, chains, per-stage measurement, GPU specs and identity.
+"""memtune profiler: the model zoo, JSON specs and factories, chains and module stages, per-stage measurement, GPU
+specs and identity.
 
 Value types (``Profile`` …) and errors import without torch; the names that need torch (``build``,
 ``profile``, ``modeled_profile`` …) are loaded on first use, so the torch-free tuner can import this package.
@@ -26,11 +27,14 @@ __all__ = [
     "StageProfile",
     "UnknownGPUError",
     "build",
+    "build_factory",
     "find_profile",
+    "find_stages",
     "from_spec",
     "get_gpu",
     "modeled_profile",
     "profile",
+    "profile_module",
     "spec_hash",
 ]
 
@@ -45,6 +49,9 @@ _LAZY = {
     "find_profile": "profiler.library",
     "modeled_profile": "profiler.modeled",
     "profile": "profiler.measure",
+    "profile_module": "profiler.module_profile",
+    "find_stages": "profiler.modules",
+    "build_factory": "profiler.factory",
 }
 
 

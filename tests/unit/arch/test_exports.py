@@ -15,8 +15,8 @@ import tuner
 EXPECTED = {
     profiler: {
         "GPUS", "ZOO_NAMES", "ConvAlgo", "ConvProfile", "DeviceIdentity", "ModelChain", "Profile", "ProfilerError",
-        "SavedStorage", "SpecError", "StageProfile", "UnknownGPUError", "build", "find_profile", "from_spec",
-        "get_gpu", "modeled_profile", "profile", "spec_hash",
+        "SavedStorage", "SpecError", "StageProfile", "UnknownGPUError", "build", "build_factory", "find_profile",
+        "find_stages", "from_spec", "get_gpu", "modeled_profile", "profile", "profile_module", "spec_hash",
     },
     tuner: {
         "POLICIES", "Action", "BudgetError", "Candidate", "Plan", "PlanError", "SearchError", "SimResult",
