@@ -126,6 +126,63 @@ StagesOpt = Annotated[
 ]
 
 
+@app.command()
+def calibrate(
+    model: Annotated[str, typer.Option(help="the zoo model measured for the calibration")] = "resnet50",
+    batch: BatchOpt = 64,
+    dtype: DtypeOpt = "float32",
+    fractions: Annotated[str, typer.Option(help="fractions of the simulated peak to tune and run plans at")] = (
+        "0.4,0.5,0.6,0.7,0.8"
+    ),
+    trials: Annotated[int, typer.Option(min=1, help="Optuna trials per plan")] = 100,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="write here instead of the user's calibration folder")
+    ] = None,
+) -> None:
+    """Measure this GPU type's calibration: copy rates, compute scale, allocator headroom (NOTE [ Calibrating a GPU
+    type ]); the search and the guard then use it for this GPU type."""
+    import optuna
+
+    from tuner.runtime.calibrate import calibrate as run_calibration
+    from tuner.runtime.guard import configure_allocator
+
+    _check_dtype(dtype)
+    try:
+        shares = [float(f) for f in fractions.split(",")]
+    except ValueError:
+        raise _fail(
+            f"--fractions {fractions!r}: write fractions of the peak separated by commas, e.g. 0.5,0.6"
+        ) from None
+    if not shares or any(not 0 < f <= 1 for f in shares):
+        raise _fail(f"--fractions {fractions!r}: every fraction must be in (0, 1]")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    err.print(f"allocator: PYTORCH_CUDA_ALLOC_CONF={configure_allocator()}")
+    try:
+        with err.status("calibrating") as status:
+            done = run_calibration(
+                model=model, batch=batch, dtype=dtype, fractions=shares, trials=trials, output=output,
+                progress=lambda what: status.update(f"calibrating: {what}"),
+            )  # fmt: skip
+    except (ProfilerError, TunerError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+    table = Table("row", "step ms", "peak GiB", "reserved GiB", "predicted GiB", "error", title="calibration runs")
+    for r in done.rows:
+        table.add_row(
+            r.name,
+            "-" if r.step_ms is None else f"{r.step_ms:.2f}",
+            "-" if r.peak_bytes is None else f"{r.peak_bytes / GiB:.2f}",
+            "-" if r.reserved_bytes is None else f"{r.reserved_bytes / GiB:.2f}",
+            "-" if r.predicted_peak_bytes is None else f"{r.predicted_peak_bytes / GiB:.2f}",
+            (r.error or "")[:60],
+        )
+    out.print(table)
+    d = done.data
+    out.print(
+        f"[bold]{d['gpu']}[/]: headroom {d['headroom']:.0%}, compute scale {next(iter(d['compute_scale'].values()))}, "
+        f"copies {d['copy_gbps']['d2h']:.1f} / {d['copy_gbps']['h2d']:.1f} GB/s; written to {done.path}"
+    )
+
+
 def _factory_bench(
     model: str,
     batch: int,

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass, field
 from importlib.resources import files
+from pathlib import Path
+from typing import Any
 
 from profiler.profile import Profile
 
-__all__ = ["Calibration", "calibration_for", "profile_key"]
+__all__ = ["Calibration", "calibration_for", "profile_key", "user_calibration_dir"]
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,22 @@ def profile_key(profile: Profile) -> str:
     return f"{profile.model}-b{profile.batch}-{profile.dtype}"
 
 
+def user_calibration_dir() -> Path:
+    """Where ``memtune calibrate`` writes a GPU type's calibration for this user: ``$MEMTUNE_CALIBRATION_DIR``, else
+    ``$XDG_DATA_HOME/memtune/calibrations`` (``~/.local/share/memtune/calibrations``)."""
+    chosen = os.environ.get("MEMTUNE_CALIBRATION_DIR")
+    if chosen:
+        return Path(chosen)
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "memtune" / "calibrations"
+
+
 @functools.cache
 def calibration_for(gpu: str) -> Calibration:
-    """The committed calibration of ``gpu``, or an empty one (read once per process)."""
-    path = files("tuner").joinpath("data", f"calibration-{gpu}.json")
+    """The calibration of ``gpu``: the user's (``memtune calibrate``, ``user_calibration_dir``), else the committed
+    one, else an empty one (read once per process; ``calibration_for.cache_clear()`` after writing one)."""
+    user = user_calibration_dir() / f"calibration-{gpu}.json"
+    path: Any = user if user.is_file() else files("tuner").joinpath("data", f"calibration-{gpu}.json")
     if not path.is_file():
         return Calibration(gpu)
     data = json.loads(path.read_text())
