@@ -19,6 +19,7 @@ models (their compute scales).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -95,7 +96,7 @@ def calibrate(
         ident.memory_bytes,
         plans,
         pytorch_builtins=False,
-        chain_factory=lambda: build(model),
+        chain_factory=functools.partial(build, model),  # picklable: each row runs in a fresh process
         progress=note,
     )
     return _write(ident.key, ident.name, prof, keep.step_ms, rows, budgets, output)
