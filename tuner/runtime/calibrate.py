@@ -128,7 +128,8 @@ def _write(
         "headroom": headroom,
         "source": f"memtune calibrate on an {name} ({prof.device.torch_version}), {day}: under a cap of the whole "
         f"GPU the caching allocator reserved up to {max(shares):.1%} of the budget above the simulated peak of the "
-        f"plans tuned at {', '.join(sorted(budgets))} of {prof.model} b{prof.batch} {prof.dtype}",
+        f"plans tuned at {', '.join(n.removeprefix('tuned@') for n in sorted(budgets))} of the peak of {prof.model} "
+        f"b{prof.batch} {prof.dtype}",
         "compute_scale": {profile_key(prof): round(base.step_ms / simulated_ms, 4)},
         "compute_source": f"memtune calibrate, {day}: the measured unconstrained step of {profile_key(prof)} "
         f"({base.step_ms:.2f} ms) over the simulated one ({simulated_ms:.2f} ms)",
