@@ -43,15 +43,17 @@ def _stored_headroom(db: Database, job_id: str) -> float:
 
 
 def test_default_headroom_is_the_gpu_types_calibration(client: MemtuneClient, db: Database) -> None:
-    assert calibration_for("h200").headroom == 0.05 and calibration_for("h100").headroom == 0.0
+    assert calibration_for("h200").headroom == 0.05 and calibration_for("a100-80gb").headroom == 0.0
     h200 = _submit(client)
     assert h200.headroom == 0.05 and _stored_headroom(db, h200.id) == 0.05
-    h100 = _submit(client, gpu="h100")  # no calibration file for this GPU type
-    assert h100.headroom == 0.0 and _stored_headroom(db, h100.id) == 0.0
+    a100 = _submit(client, gpu="a100-80gb")  # no calibration file for this GPU type
+    assert a100.headroom == 0.0 and _stored_headroom(db, a100.id) == 0.0
     by_name = _submit(client, gpu="NVIDIA H200")  # resolved through the GPU type's key
     assert by_name.gpu == "h200" and by_name.headroom == 0.05
     assert client.get_job(h200.id).headroom == 0.05
-    assert {j.id: j.headroom for j in client.list_jobs().data} == {h200.id: 0.05, h100.id: 0.0, by_name.id: 0.05}
+    assert {j.id: j.headroom for j in client.list_jobs().data} == {h200.id: 0.05, a100.id: 0.0, by_name.id: 0.05}
+    h100 = _submit(client, gpu="h100")  # memtune calibrate's, committed
+    assert h100.headroom == calibration_for("h100").headroom > 0
 
 
 @pytest.mark.parametrize("headroom", [0.0, 0.2, 0.499])
