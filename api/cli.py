@@ -576,6 +576,8 @@ def tune(
 
     _check_dtype(dtype)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from tuner.calibration import missing_calibration
+
     try:
         if profile_file is None and is_factory(model):
             described = gpu if device == "cpu" else None  # on CUDA the device is the GPU type
@@ -586,6 +588,9 @@ def tune(
             chain = load_chain(model, _parse_params(param), spec)
             prof = resolve_profile(chain, batch, dtype, gpu, profile_file)
         budget_bytes = profile_budget(budget, prof, optimizer)
+        advice = missing_calibration(prof) if headroom is None else None
+        if advice:
+            err.print(f"[yellow]warning:[/] {advice}")
         with Progress(
             TextColumn("[bold]tuning[/] {task.description}"),
             BarColumn(),

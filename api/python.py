@@ -18,6 +18,7 @@ module only joins them and shows progress.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -200,7 +201,7 @@ def tune(
     import optuna
 
     from tuner.bound import step_lower_bound
-    from tuner.calibration import calibration_for
+    from tuner.calibration import calibration_for, missing_calibration
     from tuner.search import tune as run_tune
     from tuner.simulator import Simulator
 
@@ -219,6 +220,9 @@ def tune(
             progress=progress,
         )
     budget_bytes = profile_budget(budget, prof, optimizer)
+    advice = missing_calibration(prof) if headroom is None else None
+    if advice:
+        warnings.warn(advice, stacklevel=2)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with _bar("tuning", progress) as update:
         result = run_tune(

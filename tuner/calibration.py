@@ -28,7 +28,7 @@ from typing import Any
 
 from profiler.profile import Profile
 
-__all__ = ["Calibration", "calibration_for", "profile_key", "user_calibration_dir"]
+__all__ = ["Calibration", "calibration_for", "missing_calibration", "profile_key", "user_calibration_dir"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,17 @@ class Calibration:
         if profile.source != "measured" or profile.device.key != self.gpu or profile.modules:
             return 1.0  # a profile of module stages adds up to its own measured step (NOTE [ Time outside stages ])
         return self.compute_scale.get(profile_key(profile), 1.0)
+
+
+def missing_calibration(profile: Profile) -> str | None:
+    """What a measured profile's GPU type lacks, as advice to print, or None when it is calibrated (or modeled)."""
+    cal = calibration_for(profile.device.key)
+    if profile.source != "measured" or cal.source != "none":
+        return None
+    return (
+        f"no calibration for GPU type {profile.device.key!r}: plans are searched right up to the budget and may run "
+        "out of memory under it; run `memtune calibrate` on this GPU once (NOTE [ Calibrating a GPU type ])"
+    )
 
 
 def profile_key(profile: Profile) -> str:

@@ -61,3 +61,14 @@ def test_a_calibration_needs_the_unconstrained_step_and_one_plan_that_ran(tmp_pa
             [_row("unconstrained", "unconstrained"), _row("tuned@50%", "tuned", step=None, err="out of memory")],
             {"tuned@50%": (GiB, GiB)}, tmp_path / "c.json",
         )  # fmt: skip
+
+
+def test_a_measured_profile_of_an_uncalibrated_gpu_type_gets_advice() -> None:
+    from tuner.calibration import missing_calibration
+
+    prof = conv_profile(1)
+    measured = prof.model_copy(update={"source": "measured"})
+    unknown = measured.model_copy(update={"device": measured.device.model_copy(update={"key": "nocal-gpu"})})
+    assert missing_calibration(prof) is None  # modeled: nothing measured to calibrate against
+    advice = missing_calibration(unknown)
+    assert advice is not None and "memtune calibrate" in advice and "nocal-gpu" in advice
