@@ -61,8 +61,8 @@ The joint search (algorithms with offload and recompute) holds every plan of the
 choice, so in the simulator it is never slower than that search. On the GPU the two searches' best plans are
 often closer than the simulator's error: on the H200, ResNet-50 bf16 b256 at 50% of the peak, the joint plan was
 predicted 1.0% faster and measured 1.9% slower in two runs of fresh processes; VGG-16 bf16 at 90% was predicted
-2.0% faster and measured 3.2% slower (BENCHMARKS.md, "Convolution algorithms"). Two plans the simulator cannot tell apart are
-settled by measuring both: ``tune`` returns, beside ``best``, the fastest feasible plan that leaves every
+2.0% faster and measured 3.2% slower (BENCHMARKS.md, "Convolution algorithms"). Two plans the simulator cannot
+tell apart are settled by measuring both: ``tune`` returns, beside ``best``, the fastest feasible plan that leaves every
 convolution's algorithm to the framework (``TuneResult.no_choice``, when ``best`` chooses algorithms), and a
 job's measured validation runs it with its top plans (NOTE [ Measured validation ] in ``api.worker``). The plan
 served for the GPU type is the fastest measured one, so algorithm choice is only served where the GPU measured
