@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from profiler.chain import may_write_input
-from profiler.devices import get_gpu
+from profiler.devices import GPUSpec, get_gpu
 from profiler.errors import ProfilerError
 from profiler.identity import cuda_identity, spec_identity, transfer_ms
 from profiler.measure import ProgressFn, _autocast, _Timer, cpu_model_name
@@ -429,7 +429,7 @@ def profile_module(
     )
 
 
-def _identity(dev: torch.device, gpu: str | None) -> tuple[DeviceIdentity, Any]:
+def _identity(dev: torch.device, gpu: str | None) -> tuple[DeviceIdentity, GPUSpec | None]:
     """The device identity, and the roofline spec whose copies a CPU profile takes (None on CUDA)."""
     if dev.type == "cuda":
         identity = cuda_identity(dev.index or 0)

@@ -60,7 +60,7 @@ Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 def tensor_leaves(obj: Any) -> Iterator[torch.Tensor]:
     """Every tensor inside ``obj``: a tensor, or tensors nested in tuples, lists, dicts and mappings (Hugging Face
-    ``ModelOutput`` is one), and in dataclass-like objects' ``__dict__`` is not searched."""
+    ``ModelOutput`` is one); other objects (a cache, a config) hold none as far as memtune is concerned."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, Mapping):

@@ -124,7 +124,7 @@ class TuneResult:
     no_choice: Candidate | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The object ``memtune tune --json`` prints (documented in the README)."""
+        """The object ``memtune tune --json`` prints (documented in docs/command-line.md)."""
         p = self.profile
         return {
             "model": p.model,

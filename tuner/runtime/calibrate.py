@@ -30,6 +30,7 @@ from typing import Any
 
 from profiler.identity import cuda_identity
 from profiler.measure import profile as measure
+from profiler.profile import Profile
 from profiler.zoo import build
 from tuner.calibration import calibration_for, profile_key, user_calibration_dir
 from tuner.errors import TunerError
@@ -105,7 +106,7 @@ def calibrate(
 def _write(
     key: str,
     name: str,
-    prof: Any,
+    prof: Profile,
     simulated_ms: float,
     rows: list[BenchRow],
     budgets: dict[str, tuple[int, int]],
