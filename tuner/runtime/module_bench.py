@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import json
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,6 +25,7 @@ from torch import nn
 from profiler.module_profile import as_inputs, default_loss, profile_module
 from profiler.modules import call_model
 from tuner.plan import Plan
+from tuner.runtime.bench import measure_step as measure_chain_step
 from tuner.runtime.guard import budget_guard
 from tuner.runtime.planned import planned
 from tuner.runtime.verify import check_equivalence, reference_step
@@ -41,7 +41,8 @@ def measure_step(
     model: nn.Module, run: nn.Module, inputs: Any, loss_fn: Loss, *, warmup: int, steps: int
 ) -> dict[str, Any]:
     """Train ``run`` (which shares ``model``'s parameters) for ``warmup + steps`` steps with SGD and momentum: the
-    median step ms (CUDA events), peak allocated and reserved bytes, and allocator retries per step."""
+    median step ms and the peaks of the timed steps (``tuner.runtime.bench.measure_step``), and allocator retries per
+    step."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
     args = as_inputs(inputs)
 
@@ -52,21 +53,12 @@ def measure_step(
 
     gc.collect()
     torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
-    times = []
-    for k in range(warmup + steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        if k >= warmup:
-            times.append(start.elapsed_time(end))
+    step_ms, peak, reserved = measure_chain_step(step, warmup=warmup, iters=steps)
     out = {
-        "step_ms": statistics.median(times),
-        "peak_bytes": torch.cuda.max_memory_allocated(),
-        "reserved_bytes": torch.cuda.max_memory_reserved(),
+        "step_ms": step_ms,
+        "peak_bytes": peak,
+        "reserved_bytes": reserved,
         "alloc_retries_per_step": (torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries) / (warmup + steps),
     }
     for p in model.parameters():
