@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: (1) profiles with cuDNN algorithm tables into profiler/data, (2) GPU tests,
+# On a GPU machine: (1) batch-256 profiles with cuDNN algorithm tables into profiler/data, (2) GPU tests,
 # (3) `memtune bench` for the models of BENCHMARKS.md. Everything lands in $OUT/bench.tgz.
 # Usage (repository root, wheels from ../shared/tools/device-wheels in .whl/):
 #   bash scripts/h200_bench.sh STEPS [model:batch:dtype[:budget] ...]   STEPS: comma list of profiles,tests,bench
