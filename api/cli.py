@@ -96,6 +96,29 @@ def resolve_profile(
     return modeled_profile(chain, batch, dtype, gpu)
 
 
+def _tune_profile(
+    model: str,
+    batch: int,
+    dtype: str,
+    gpu: str | None,
+    params: dict[str, Any] | None,
+    spec: Path | None,
+    profile_file: Path | None,
+) -> Profile:
+    """What ``tune`` searches: a given file; on a CUDA machine, unless another GPU type is named, the measured profile
+    of this GPU (measured now on first use, NOTE [ First use of a GPU type ]); else a shipped measured or a modeled
+    profile of ``gpu`` (default h200)."""
+    chain = load_chain(model, params, spec)
+    if profile_file is None and not chain.name.startswith("spec:"):
+        from profiler import get_gpu
+        from tuner.runtime.first_use import present_gpu, zoo_profile
+
+        present = present_gpu()
+        if present is not None and (gpu is None or get_gpu(gpu).key == present.key):
+            return zoo_profile(model, params, batch, dtype, progress=lambda what: err.print(f"{what} …"))
+    return resolve_profile(chain, batch, dtype, gpu or "h200", profile_file)
+
+
 ModelArg = Annotated[
     str,
     typer.Argument(
@@ -132,7 +155,7 @@ def calibrate(
     batch: BatchOpt = 64,
     dtype: DtypeOpt = "float32",
     fractions: Annotated[str, typer.Option(help="fractions of the simulated peak to tune and run plans at")] = (
-        "0.4,0.5,0.6,0.7,0.8"
+        "0.4,0.6,0.8"
     ),
     trials: Annotated[int, typer.Option(min=1, help="Optuna trials per plan")] = 100,
     output: Annotated[
@@ -181,6 +204,42 @@ def calibrate(
         f"[bold]{d['gpu']}[/]: headroom {d['headroom']:.0%}, compute scale {next(iter(d['compute_scale'].values()))}, "
         f"copies {d['copy_gbps']['d2h']:.1f} / {d['copy_gbps']['h2d']:.1f} GB/s; written to {done.path}"
     )
+
+
+def _measure_chain(
+    chain: ModelChain, batch: int, dtype: str, device: str, gpu: str | None, conv_algos: bool
+) -> Profile:
+    """Measure a chain here with a progress bar; on CUDA calibrate the GPU type first when it has no calibration,
+    take the cuDNN algorithm tables when ``conv_algos``, and keep the profile (NOTE [ First use of a GPU type ])."""
+    from profiler.measure import profile as measure
+
+    if device == "cuda":
+        from profiler import get_gpu
+        from tuner.runtime.first_use import ensure_calibration, present_gpu
+
+        present = present_gpu()
+        if present is not None and gpu is not None and get_gpu(gpu).key != present.key:
+            raise _fail(f"--gpu {gpu!r} was given but this device is {present.name!r} ({present.key}); leave it out")
+        with err.status("calibrating") as status:
+            ensure_calibration(progress=lambda what: status.update(what))
+    with Progress(
+        TextColumn("[bold]profiling[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(chain.name, total=len(chain))
+
+        def tick(name: str, i: int, n: int) -> None:
+            bar.update(task, completed=i, total=n, description=name)
+
+        if device == "cuda":
+            from tuner.runtime.first_use import measure_zoo_profile
+
+            return measure_zoo_profile(chain, batch, dtype, conv_algos=conv_algos, progress=tick, note=err.print)
+        return measure(chain, batch, dtype, device=device, gpu=gpu, progress=tick)
 
 
 def _factory_bench(
@@ -277,6 +336,11 @@ def _factory_profile(
 
     if device not in ("cpu", "cuda"):
         raise _fail(f"--device {device!r}: a factory model is measured; use cpu or cuda")
+    if device == "cuda":  # NOTE [ First use of a GPU type ]: calibrated in children, before this process uses CUDA
+        from tuner.runtime.first_use import ensure_calibration
+
+        with err.status("calibrating") as status:
+            ensure_calibration(progress=lambda what: status.update(what))
     shape = _shape(input_shape)
     net = build_factory(model, params).to(device)
     x = factory_inputs(batch, shape, vocab=vocab, device=device)
@@ -342,9 +406,17 @@ def profile(
     input_shape: ShapeOpt = None,
     vocab: VocabOpt = None,
     stage: StagesOpt = None,
+    conv_algos: Annotated[
+        bool,
+        typer.Option(
+            help="on CUDA, also time every cuDNN algorithm of every convolution (what lets a plan trade workspace "
+            "for memory)"
+        ),
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Profile a model: per stage forward/backward ms, saved bytes, copy ms."""
+    """Profile a model: per stage forward/backward ms, saved bytes, copy ms. Measured on CUDA, the profile is kept
+    for this GPU type (NOTE [ First use of a GPU type ]), which is calibrated first if it has no calibration."""
     from profiler.factory import is_factory
 
     _check_dtype(dtype)
@@ -362,24 +434,8 @@ def profile(
 
             prof = modeled_profile(chain, batch, dtype, described)
         elif device in ("cpu", "cuda"):
-            from profiler.measure import profile as measure
-
             chain = load_chain(model, _parse_params(param), spec)
-            with Progress(
-                TextColumn("[bold]profiling[/] {task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err,
-                transient=True,
-            ) as bar:
-                task = bar.add_task(chain.name, total=len(chain))
-
-                def tick(name: str, i: int, n: int) -> None:
-                    bar.update(task, completed=i, total=n, description=name)
-
-                prof = measure(chain, batch, dtype, device=device, gpu=gpu if device == "cuda" else described,
-                               progress=tick)  # fmt: skip
+            prof = _measure_chain(chain, batch, dtype, device, gpu if device == "cuda" else described, conv_algos)
         else:
             raise _fail(f"--device {device!r}: use cuda, cpu or model")
     except (ProfilerError, TunerError, ValueError) as exc:
@@ -545,7 +601,12 @@ def tune(
     model: ModelArg,
     batch: BatchOpt = 32,
     dtype: DtypeOpt = "float32",
-    gpu: GpuOpt = "h200",
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            help="GPU type (see `memtune gpus`); default: this machine's GPU, measured on first use, else h200"
+        ),
+    ] = None,
     budget: BudgetOpt = "60% of peak",
     trials: Annotated[int, typer.Option(min=1, help="Optuna trials (baselines included)")] = 300,
     pareto: Annotated[bool, typer.Option("--pareto", help="search the time–memory Pareto front")] = False,
@@ -580,13 +641,12 @@ def tune(
 
     try:
         if profile_file is None and is_factory(model):
-            described = gpu if device == "cpu" else None  # on CUDA the device is the GPU type
+            described = (gpu or "h200") if device == "cpu" else None  # on CUDA the device is the GPU type
             prof = _factory_profile(
                 model, batch, dtype, described, device, _parse_params(param), input_shape, vocab, stage
             )
         else:
-            chain = load_chain(model, _parse_params(param), spec)
-            prof = resolve_profile(chain, batch, dtype, gpu, profile_file)
+            prof = _tune_profile(model, batch, dtype, gpu, _parse_params(param), spec, profile_file)
         budget_bytes = profile_budget(budget, prof, optimizer)
         advice = missing_calibration(prof) if headroom is None else None
         if advice:
@@ -754,26 +814,27 @@ def bench(
 
     err.print(f"allocator: PYTORCH_CUDA_ALLOC_CONF={configure_allocator()}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from profiler.identity import cuda_identity
+    from tuner.runtime.first_use import present_gpu, zoo_profile
 
-    ident = cuda_identity()
+    ident = present_gpu()
+    assert ident is not None  # CUDA is available (checked above)
     params = _parse_params(param)
     chain = load_chain(model, params)
     from profiler.zoo import build as build_chain
 
     factory = functools.partial(build_chain, model, params or {}) if isolate else None
-    prof = resolve_profile(chain, batch, dtype, ident.key, profile_file)
-    if profile_file is not None and (prof.device.key != ident.key or (prof.batch, prof.dtype) != (batch, dtype)):
-        raise _fail(
-            f"--profile {profile_file}: it describes {prof.model} batch {prof.batch} {prof.dtype} on "
-            f"{prof.device.key}, not batch {batch} {dtype} on this {ident.key}"
-        )
-    if prof.source != "measured" or prof.device.key != ident.key:
-        from profiler.measure import profile as measure
-
-        err.print(f"profiling {chain.name} batch {batch} {dtype} on {ident.name} …")
-        prof = measure(chain, batch, dtype, device="cuda")
-        torch.cuda.empty_cache()  # the rows run in their own processes: the parent holds no GPU memory
+    try:
+        if profile_file is not None:
+            prof = Profile.load(profile_file)
+            if prof.device.key != ident.key or (prof.batch, prof.dtype) != (batch, dtype):
+                raise _fail(
+                    f"--profile {profile_file}: it describes {prof.model} batch {prof.batch} {prof.dtype} on "
+                    f"{prof.device.key}, not batch {batch} {dtype} on this {ident.key}"
+                )
+        else:  # NOTE [ First use of a GPU type ]: measured in a child, so this process holds no GPU memory
+            prof = zoo_profile(model, params, batch, dtype, progress=lambda what: err.print(f"{what} …"))
+    except (ProfilerError, TunerError) as exc:
+        raise _fail(str(exc)) from exc
     base_peak = run_sim(prof, Plan.uniform(prof.n_stages)).peak_bytes
     try:
         fractions = [float(f) for f in sweep.split(",")] if sweep else []
@@ -844,7 +905,7 @@ def bench(
                         "model": prof.model,
                         "batch": batch,
                         "dtype": dtype,
-                        "device": ident.model_dump(),
+                        "device": prof.device.model_dump(),
                         "unconstrained_simulated_peak_bytes": base_peak,
                         # NOTE [ Batch split ]: what fastest_within could choose (benchmarks.retry_cost.read_run)
                         "profile_split_rows": prof.has_split_rows,

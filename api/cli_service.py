@@ -1,4 +1,5 @@
-"""Service commands for the ``memtune`` CLI: ``serve``, ``worker`` and ``keys create|list|revoke``.
+"""Service commands for the ``memtune`` CLI: ``serve``, ``worker``, ``keys create|list|revoke`` and
+``calibration push|get`` (a GPU type's calibration in a running service, through ``api.client``).
 
 The lead's ``api/cli.py`` attaches them with ``register(app)``. ``python -m api.cli_service …`` runs
 them standalone (same commands, same options).
@@ -6,11 +7,12 @@ them standalone (same commands, same options).
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,6 +21,9 @@ from storage.database import Database
 from storage.errors import StorageError
 from storage.migrate import upgrade
 from storage.repositories import KeyRepository
+
+if TYPE_CHECKING:
+    from api.client import MemtuneClient
 
 __all__ = ["register"]
 
@@ -173,11 +178,78 @@ def keys_revoke(
     typer.echo(f"revoked API key {key.name!r}")
 
 
+calibration_app = typer.Typer(
+    help="A GPU type's calibration in a running service: push a `memtune calibrate` file, get the one in use.",
+    no_args_is_help=True,
+)
+Server = Annotated[str, typer.Option("--server", envvar="MEMTUNE_SERVER", help="the service's base URL")]
+ApiKeyOption = Annotated[
+    str | None, typer.Option("--api-key", envvar="MEMTUNE_API_KEY", help="an API key (`memtune keys create`)")
+]
+
+
+def _client(server: str, api_key: str | None) -> MemtuneClient:
+    """The HTTP client of the calibration commands (a test replaces it)."""
+    from api.client import MemtuneClient
+
+    return MemtuneClient(server, api_key=api_key)
+
+
+def _call_service(server: str, api_key: str | None, call: Any) -> Any:
+    """``call(client)``; an API error or an unreachable server is printed, exit status 1."""
+    import httpx
+
+    from api.client import ApiError
+
+    try:
+        with _client(server, api_key) as mt:
+            return call(mt)
+    except ApiError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    except httpx.TransportError as e:
+        typer.echo(f"error: the service at {server} cannot be reached: {e}", err=True)
+        raise typer.Exit(1) from e
+
+
+@calibration_app.command("push")
+def calibration_push(
+    file: Annotated[Path, typer.Argument(help="a calibration file (`memtune calibrate` writes one)")],
+    gpu: Annotated[str | None, typer.Option("--gpu", help="the GPU type (default: the file's 'gpu')")] = None,
+    server: Server = "http://127.0.0.1:8000",
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Store a GPU type's calibration in the service (PUT /v1/gpus/{gpu}/calibration): new jobs of that type get
+    its headroom, and workers use it from their next job on."""
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        typer.echo(f"error: {file} is not a readable JSON file: {e}", err=True)
+        raise typer.Exit(2) from e
+    if not isinstance(data, dict):
+        typer.echo(f"error: {file} holds no calibration (a JSON object with 'gpu' and 'headroom')", err=True)
+        raise typer.Exit(2)
+    stored = _call_service(server, api_key, lambda mt: mt.put_calibration(data, gpu=gpu))
+    typer.echo(f"stored the calibration of GPU type {stored.gpu!r} (headroom {stored.headroom:g}) at {server}")
+
+
+@calibration_app.command("get")
+def calibration_get(
+    gpu: Annotated[str, typer.Argument(help="the GPU type's key (h100)")],
+    server: Server = "http://127.0.0.1:8000",
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Print the calibration the service uses for a GPU type, and where it found it (origin), as JSON."""
+    found = _call_service(server, api_key, lambda mt: mt.calibration(gpu))
+    typer.echo(found.model_dump_json(indent=1))
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``serve``, ``worker`` and the ``keys`` group to the ``memtune`` Typer app."""
+    """Add ``serve``, ``worker`` and the ``keys`` and ``calibration`` groups to the ``memtune`` Typer app."""
     app.command("serve")(serve)
     app.command("worker")(worker)
     app.add_typer(keys_app, name="keys")
+    app.add_typer(calibration_app, name="calibration")
 
 
 if __name__ == "__main__":

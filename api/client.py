@@ -25,6 +25,7 @@ import httpx
 
 from api.schemas import (
     BestPlanPublic,
+    CalibrationPublic,
     GpusPublic,
     HealthPublic,
     JobEvent,
@@ -252,6 +253,20 @@ class MemtuneClient:
         if dtype:
             params["dtype"] = dtype
         return BestPlanPublic.model_validate(self._request("GET", f"/v1/gpus/{gpu}/best", params=params).json())
+
+    def calibration(self, gpu: str) -> CalibrationPublic:
+        """``GET /v1/gpus/{gpu}/calibration``: the GPU type's calibration in effect and where it was found
+        (``origin``); ``ApiError`` 404 ``no_calibration`` when it has none."""
+        return CalibrationPublic.model_validate(self._request("GET", f"/v1/gpus/{gpu}/calibration").json())
+
+    def put_calibration(self, data: Mapping[str, Any], *, gpu: str | None = None) -> CalibrationPublic:
+        """``PUT /v1/gpus/{gpu}/calibration``: store a calibration (a ``memtune calibrate`` file's JSON object) in
+        the service's database; ``gpu`` defaults to the data's ``gpu``. Needs an API key."""
+        key = gpu or str(data.get("gpu", ""))
+        if not key:
+            raise ValueError("the calibration names no GPU type (field 'gpu'); pass gpu=")
+        r = self._request("PUT", f"/v1/gpus/{key}/calibration", json=dict(data))
+        return CalibrationPublic.model_validate(r.json())
 
     def leaderboard(
         self,

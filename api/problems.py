@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from profiler.errors import ArchiveTooLargeError, ExportedError, ProfilerError, SpecError, UnknownGPUError
 from storage.errors import ConflictError, NotFoundError, StorageError, UnavailableError
-from tuner.errors import BudgetError, TunerError
+from tuner.errors import BudgetError, CalibrationError, TunerError
 
 __all__ = ["PROBLEM_MEDIA_TYPE", "ProblemError", "install_problem_handlers", "problem_response"]
 
@@ -174,6 +174,10 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(BudgetError)
     async def _budget(_: Request, exc: BudgetError) -> JSONResponse:
         return problem_response(422, "invalid_budget", "Invalid memory budget", str(exc))
+
+    @app.exception_handler(CalibrationError)
+    async def _calibration(_: Request, exc: CalibrationError) -> JSONResponse:
+        return problem_response(422, "invalid_calibration", "Invalid calibration", str(exc), field=exc.field)
 
     @app.exception_handler(ProfilerError)
     async def _profiler(_: Request, exc: ProfilerError) -> JSONResponse:

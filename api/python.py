@@ -18,6 +18,7 @@ module only joins them and shows progress.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -163,6 +164,15 @@ class Tuned:
         return "\n".join(lines)
 
 
+def _calibrate_if_new(gpu: str, progress: bool) -> None:
+    """Calibrate this process's GPU when it is of type ``gpu`` and that type has no calibration."""
+    from tuner.runtime.first_use import ensure_calibration, present_gpu
+
+    present = present_gpu()
+    if present is not None and present.key == gpu:
+        ensure_calibration(progress=lambda what: print(what, file=sys.stderr) if progress else None, isolate=False)
+
+
 def tune(
     model_or_profile: nn.Module | Profile,
     budget: str | int,
@@ -177,6 +187,7 @@ def tune(
     optimizer: str = "sgd",
     headroom: float | None = None,
     progress: bool = True,
+    calibrate: bool = True,
 ) -> Tuned:
     """The fastest plan for a model (profiled first) or a profile within ``budget``, beside every baseline.
 
@@ -191,6 +202,8 @@ def tune(
         optimizer: ``sgd`` (momentum), ``adam`` or ``none``: optimizer state bytes.
         headroom: fraction of the budget kept free for the allocator; None: the GPU type's calibration.
         progress: progress bars on standard error.
+        calibrate: when the profile was measured on this process's GPU and its type has no calibration (and no
+            ``headroom`` is given), calibrate it first, in this process (NOTE [ First use of a GPU type ]).
 
     Returns:
         A ``Tuned``: ``plan`` (for ``planned``), ``table()``, ``bound``; ``print(tuned)`` shows all three.
@@ -220,6 +233,8 @@ def tune(
             progress=progress,
         )
     budget_bytes = profile_budget(budget, prof, optimizer)
+    if calibrate and headroom is None and prof.source == "measured":
+        _calibrate_if_new(prof.device.key, progress)
     advice = missing_calibration(prof) if headroom is None else None
     if advice:
         warnings.warn(advice, stacklevel=2)

@@ -7,13 +7,16 @@ durations milliseconds.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "BestPlanPublic",
     "BestSoFar",
+    "CalibrationPublic",
+    "CalibrationPut",
+    "CalibrationSummary",
     "GpuPublic",
     "GpusPublic",
     "HealthPublic",
@@ -42,6 +45,8 @@ __all__ = [
 ParamValue = int | float | str | bool
 JobStateName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 ValidationStateName = Literal["pending", "running", "done", "skipped", "failed", "cancelled"]
+HeadroomSourceName = Literal["request", "database", "user file", "committed", "none"]
+CalibrationOriginName = Literal["database", "user file", "committed"]
 
 _SPEC_EXAMPLE: dict[str, Any] = {
     "name": "small-cnn",
@@ -164,8 +169,9 @@ class JobCreate(_Request):
         lt=0.5,
         description="fraction of the budget kept free for the CUDA caching allocator, in [0, 0.5): plans are "
         "searched against budget * (1 - headroom) and 'feasible' means fitting that; the job's budget stays "
-        "the one asked for. null (default): the calibrated headroom of the GPU type (0.05 on the H200, 0 "
-        "where none was measured). The job shows the headroom it was tuned at",
+        "the one asked for. null (default): the calibrated headroom of the GPU type (the service's calibration "
+        "of it, GET /v1/gpus/{gpu}/calibration, else the committed one: 0.05 on the H200; 0 where none was "
+        "measured). The job shows the headroom it was tuned at and where it came from",
     )
 
 
@@ -226,6 +232,12 @@ class JobPublic(BaseModel):
         default=0.0,
         description="fraction of the budget the search kept free: plans were searched against "
         "budget_bytes * (1 - headroom); results' 'feasible' is judged there",
+    )
+    headroom_source: HeadroomSourceName | None = Field(
+        default=None,
+        description="where the headroom came from: 'request', or the GPU type's calibration: 'database' (the "
+        "service's, GET /v1/gpus/{gpu}/calibration), 'user file' or 'committed' (the API host's files), 'none' (no "
+        "calibration: 0); null for jobs stored before it was recorded",
     )
     validate_top_k: int = 0
     validate_iters: int = 6
@@ -320,6 +332,16 @@ class LeaderboardPublic(BaseModel):
     next_page_token: str | None = Field(description="pass as page_token for the next page; null on the last")
 
 
+class CalibrationSummary(BaseModel):
+    """A GPU type's calibration in short: the headroom new jobs get, where it was found, where its numbers came from."""
+
+    headroom: float = Field(description="fraction of the budget new jobs keep free for the caching allocator")
+    origin: CalibrationOriginName = Field(
+        description="'database' (the service's), 'user file' or 'committed' (the API host's files)"
+    )
+    source: str = Field(description="where its numbers came from (command, GPU, date)")
+
+
 class GpuPublic(BaseModel):
     """A GPU type: structured identity; ``sources`` says whether a roofline spec and/or stored profiles exist."""
 
@@ -334,11 +356,89 @@ class GpuPublic(BaseModel):
     cudnn_version: str | None
     modeled: bool = Field(description="a roofline spec exists: jobs for it run on any worker")
     stored: bool = Field(description="profiles for it are stored")
+    calibration: CalibrationSummary | None = Field(
+        default=None, description="its calibration (GET /v1/gpus/{gpu}/calibration); null when it has none"
+    )
 
 
 class GpusPublic(BaseModel):
     data: list[GpuPublic]
     count: int
+
+
+_Positive = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
+
+
+class CalibrationPut(BaseModel):
+    """A GPU type's calibration to store (``memtune calibrate``'s file, ``tuner.calibration``).
+
+    Fields not listed here (e.g. ``conv_algos``, ``compute_source``) are stored as they came and handed on to the
+    workers unread, so this model allows them (unlike the other request bodies); they must be JSON.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "gpu": "h100",
+                    "headroom": 0.17,
+                    "compute_scale": {"resnet50-b64-float32": 0.7637},
+                    "copy_gbps": {"d2h": 53.669, "h2d": 54.071},
+                    "source": "memtune calibrate on an NVIDIA H100 80GB HBM3 (…)",
+                }
+            ]
+        },
+    )
+
+    gpu: str = Field(min_length=1, max_length=64, description="the GPU type's key; must be the one in the path")
+    headroom: float = Field(
+        ge=0.0,
+        lt=1.0,
+        strict=True,
+        allow_inf_nan=False,
+        description="fraction of the budget left free for the caching allocator, in [0, 1)",
+    )
+    remap_ms_per_gib: float | None = Field(
+        default=None,
+        ge=0.0,
+        strict=True,
+        allow_inf_nan=False,
+        description="ms a capped step loses per GiB an allocator retry unmaps; null when not measured",
+    )
+    compute_scale: dict[str, _Positive] = Field(
+        default_factory=dict,
+        description="measured / simulated unconstrained step (> 0) per measured profile, keyed model-bBATCH-dtype",
+    )
+    copy_gbps: dict[str, _Positive] | None = Field(
+        default=None, description="pinned copy rates (> 0), GB/s, by direction: {'d2h': …, 'h2d': …}"
+    )
+    source: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=8000,
+        description="where the numbers came from (command, GPU, date); default: the API key that sent it",
+    )
+
+
+class CalibrationPublic(BaseModel):
+    """A GPU type's calibration in effect, and where it was found (``origin``): the service's ``database`` (then
+    ``measured_by`` and the times say who stored it and when), else the API host's ``user file``, else the
+    ``committed`` one. ``data`` is its whole JSON object, fields the service does not read included."""
+
+    gpu: str
+    origin: CalibrationOriginName
+    headroom: float = Field(description="fraction of the budget new jobs keep free for the caching allocator")
+    remap_ms_per_gib: float | None
+    compute_scale: dict[str, float]
+    source: str
+    measured_by: str | None = Field(
+        default=None,
+        description="database only: the worker (host:pid:id) that measured it, or the API key that sent it",
+    )
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    data: dict[str, Any]
 
 
 class BestPlanPublic(BaseModel):

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 
+from api.calibrations import ServiceCalibration
 from api.schemas import (
     BestSoFar,
+    CalibrationPublic,
+    CalibrationSummary,
     GpuPublic,
     JobProgress,
     JobPublic,
@@ -18,7 +21,16 @@ from api.schemas import (
 )
 from storage.records import GpuType, Job, ModelRecord, ProfileRecord, Result
 
-__all__ = ["gpu_public", "job_public", "model_public", "profile_public", "result_public", "row_public"]
+__all__ = [
+    "calibration_public",
+    "calibration_summary",
+    "gpu_public",
+    "job_public",
+    "model_public",
+    "profile_public",
+    "result_public",
+    "row_public",
+]
 
 
 def model_public(m: ModelRecord) -> ModelPublic:
@@ -66,6 +78,7 @@ def job_public(j: Job) -> JobPublic:
         mode=j.mode,
         optimizer=j.optimizer,
         headroom=j.headroom,
+        headroom_source=j.headroom_source,
         validate_top_k=j.validate_top_k,
         validate_iters=j.validate_iters,
         progress=JobProgress(
@@ -131,7 +144,7 @@ def row_public(r: Result, rank: int, *, with_plan: bool = False) -> LeaderboardR
     return LeaderboardRow(rank=rank, **result_public(r, with_plan=with_plan).model_dump())
 
 
-def gpu_public(g: GpuType, *, modeled: bool, stored: bool) -> GpuPublic:
+def gpu_public(g: GpuType, *, modeled: bool, stored: bool, calibration: CalibrationSummary | None = None) -> GpuPublic:
     return GpuPublic(
         key=g.key,
         name=g.name,
@@ -144,6 +157,34 @@ def gpu_public(g: GpuType, *, modeled: bool, stored: bool) -> GpuPublic:
         cudnn_version=g.cudnn_version,
         modeled=modeled,
         stored=stored,
+        calibration=calibration,
+    )
+
+
+def calibration_summary(found: ServiceCalibration) -> CalibrationSummary | None:
+    """A GPU type's calibration in short, or None when it has none."""
+    if found.origin == "none":
+        return None
+    cal = found.calibration
+    return CalibrationSummary(headroom=cal.headroom, origin=found.origin, source=cal.source)
+
+
+def calibration_public(found: ServiceCalibration) -> CalibrationPublic:
+    """A GPU type's calibration in effect; ValueError for ``none`` (the caller answers 404 then)."""
+    if found.origin == "none":
+        raise ValueError(f"GPU type {found.calibration.gpu!r} has no calibration")
+    cal, row = found.calibration, found.record
+    return CalibrationPublic(
+        gpu=cal.gpu,
+        origin=found.origin,
+        headroom=cal.headroom,
+        remap_ms_per_gib=cal.remap_ms_per_gib,
+        compute_scale=cal.compute_scale,
+        source=cal.source,
+        measured_by=row.measured_by if row else None,
+        created_at=row.created_at if row else None,
+        updated_at=row.updated_at if row else None,
+        data=cal.to_data(),
     )
 
 

@@ -8,10 +8,10 @@ another worker; its Optuna study lives in the same database (``RDBStorage``) und
 worker's stale RUNNING trial (Optuna heartbeat, ``grace_period`` shorter than ``stale_after_s``).
 
 Headroom: the search runs at the job's ``headroom`` (resolved when the job was submitted: the GPU type's
-calibration unless the request gave one), like ``memtune tune``: a plan is feasible when its simulated
-peak fits ``budget_bytes * (1 - headroom)`` (NOTE [ Headroom ] in ``tuner.search``), which leaves the
-caching allocator slack under the real cap. The job's ``budget_bytes`` and the stored results' stay the
-budget asked for; their ``feasible`` flag is the search's, judged with the headroom.
+calibration unless the request gave one; NOTE [ Calibrations in the service ]), like ``memtune tune``: a plan is
+feasible when its simulated peak fits ``budget_bytes * (1 - headroom)`` (NOTE [ Headroom ] in ``tuner.search``),
+which leaves the caching allocator slack under the real cap. The job's ``budget_bytes`` and the stored results'
+stay the budget asked for; their ``feasible`` flag is the search's, judged with the headroom.
 
 Profiles: a stored profile for (model, GPU type, batch, dtype) is reused; else a committed measured
 profile from ``profiler.library`` (zoo models at their default parameters); else a roofline profile
@@ -50,27 +50,66 @@ a warning in the log, when the worker has no CUDA device or a GPU of another typ
 H200 plan must come from an H200), when no plan fits, or when the job's optimizer is not ``sgd`` (the
 measured step is SGD with momentum); it is ``failed``, with the error in the note, on anything unexpected.
 In every case the simulated results stand.
+
+# NOTE [ Calibrations in the service ]
+A GPU type's calibration (``tuner.calibration``; above all its headroom, the share of a budget the search leaves
+to the caching allocator) is kept in the service's database, one per GPU type (``mt_calibrations``). Where the
+service looks for one, the first found wins:
+
+1. the database's: sent with ``PUT /v1/gpus/{key}/calibration``, or measured by a worker (below);
+2. the host's files: the user's (``memtune calibrate``), then the committed one (``tuner/data``);
+3. none: headroom 0, so plans are searched right up to the budget.
+
+A job's headroom is resolved in that order when it is submitted (unless the request gives one) and stored with
+where it came from (``headroom_source``). A worker installs the database's calibrations of the GPU types it
+serves in its process (``tuner.calibration.install_calibration``) when it starts and before each job, so that its
+searches (compute scales, allocator prices) use them too.
+
+First measurement: a GPU type with no calibration in the database nor a committed one is calibrated by the first
+worker about to measure plans of it on its own GPU: a job of that type with ``validate_top_k`` > 0 that validation
+would not skip, on a worker whose CUDA device is of that type. Before the job's search the worker takes this host's
+``memtune calibrate`` file of the type when it has one, else measures one (``calibrate_fn``: by default
+``tuner.runtime.calibrate.calibrate`` into a temporary file, NOTE [ Calibrating a GPU type ], about a minute);
+stores it unless another worker stored one first (the first stored is kept: a later one replaces it only through
+``PUT``); installs it; and, when the job's headroom came from no calibration (``none``), searches the job at the new
+headroom (stored on the job, ``headroom_source`` ``database``), so that the first plan measured on a new GPU type
+runs within its budget. The job's validation note says what is happening while it happens, and how it went at the
+end. Calibrating never fails a job: a failure is named in the note, with a warning in the log, and the job goes on
+at the headroom it had.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import socket
+import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from uuid import uuid4
 
 import optuna
 
 from storage.database import Database, engine_kwargs
-from storage.records import Job, ModelRecord, ResultIn
-from storage.repositories import JobLease, JobRepository, ModelRepository, ProfileRepository, ResultRepository
+from storage.errors import ConflictError, StorageError
+from storage.records import CalibrationRecord, Job, ModelRecord, ResultIn
+from storage.repositories import (
+    CalibrationRepository,
+    JobLease,
+    JobRepository,
+    ModelRepository,
+    ProfileRepository,
+    ResultRepository,
+)
+from tuner.calibration import Calibration, calibration_for, install_calibration, installed_calibrations
+from tuner.errors import CalibrationError
 
 if TYPE_CHECKING:
     from api.settings import Settings
@@ -78,7 +117,15 @@ if TYPE_CHECKING:
     from tuner.runtime.validate import ValidationRun
     from tuner.search import Candidate, TuneResult
 
-__all__ = ["VALIDATION_WARMUP", "Validator", "Worker", "default_worker_id"]
+__all__ = [
+    "VALIDATION_WARMUP",
+    "CalibrateFn",
+    "Validator",
+    "Worker",
+    "cuda_gpu_key",
+    "default_worker_id",
+    "measure_calibration",
+]
 
 VALIDATION_WARMUP = 3
 """Untimed steps before each configuration's timed ones (NOTE [ Measured validation ])."""
@@ -99,6 +146,36 @@ Validator = Callable[..., "ValidationRun"]
 """Measures plans on the GPU, called like ``tuner.runtime.validate.validate_plans`` (the default). It must raise
 ``tuner.runtime.validate.ValidationUnavailable`` when it cannot measure here (no CUDA device, another GPU type);
 the worker then records the validation as skipped, with the reason."""
+
+
+CalibrateFn = Callable[[Callable[[str], None]], Mapping[str, Any]]
+"""Measures the calibration of this process's GPU type and returns its JSON object (``tuner.calibration``), given
+a function it calls with progress text; ``measure_calibration`` by default (NOTE [ Calibrations in the service ])."""
+
+
+def measure_calibration(progress: Callable[[str], None]) -> dict[str, Any]:
+    """Measure this process's GPU type's calibration (``tuner.runtime.calibrate.calibrate``, NOTE [ Calibrating a
+    GPU type ]; about a minute) and return its JSON object. The file it writes is temporary: the database keeps it.
+
+    Raises:
+        TunerError: no CUDA device, or the reference plans did not run.
+    """
+    from tuner.runtime.calibrate import calibrate
+
+    with tempfile.TemporaryDirectory(prefix="memtune-calibration-") as tmp:
+        return dict(calibrate(output=Path(tmp) / "calibration.json", progress=progress).data)
+
+
+def cuda_gpu_key() -> str | None:
+    """The GPU type (``profiler.devices.gpu_key``) of this process's CUDA device 0, or None without CUDA."""
+    import torch
+
+    from profiler.devices import gpu_key
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return gpu_key(props.name, props.total_memory)
 
 
 @dataclass
@@ -168,6 +245,9 @@ class Worker:
         progress_interval_s: least seconds between two progress writes.
         validator: measures a job's top plans on the GPU (NOTE [ Measured validation ]); None for
             ``tuner.runtime.validate.validate_plans``, which measures on this process's CUDA device.
+        calibrate_fn: measures this GPU type's calibration where none exists (NOTE [ Calibrations in the
+            service ]); None for ``measure_calibration``.
+        local_gpu: the GPU type of this worker's CUDA device, or None without one; None for ``cuda_gpu_key``.
     """
 
     def __init__(
@@ -181,6 +261,8 @@ class Worker:
         poll_interval_s: float = 0.5,
         progress_interval_s: float = 0.5,
         validator: Validator | None = None,
+        calibrate_fn: CalibrateFn | None = None,
+        local_gpu: Callable[[], str | None] | None = None,
     ) -> None:
         if heartbeat_interval_s >= stale_after_s:
             raise ValueError(
@@ -195,6 +277,9 @@ class Worker:
         self.poll_interval_s = poll_interval_s
         self.progress_interval_s = progress_interval_s
         self.validator = validator
+        self.calibrate_fn: CalibrateFn = calibrate_fn or measure_calibration
+        self._local_gpu = local_gpu or cuda_gpu_key
+        self._local_gpu_key: tuple[str | None] | None = None  # read once, on first need
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._optuna: optuna.storages.RDBStorage | None = None
@@ -233,6 +318,7 @@ class Worker:
     def run(self) -> None:
         """Claim and run jobs until ``stop``; waits ``poll_interval_s`` when there is none."""
         log.info("worker %s serving %s", self.worker_id, self.gpu_keys or "every GPU type")
+        self.refresh_calibrations()
         while not self._stop.is_set():
             try:
                 job_id = self.run_once()
@@ -253,7 +339,7 @@ class Worker:
         self._process(job, lease)
         return job.id
 
-    # ---- one job -----------------------------------------------------------------------------------
+    # ---- Optuna ------------------------------------------------------------------------------------
     def _optuna_storage(self) -> optuna.storages.RDBStorage:
         if self._optuna is None:
             hb = max(1, round(self.heartbeat_interval_s))
@@ -268,10 +354,140 @@ class Worker:
                 )
         return self._optuna
 
+    # ---- calibrations (NOTE [ Calibrations in the service ]) ------------------------------------------
+    def refresh_calibrations(self) -> list[str]:
+        """Install the database's calibrations of the GPU types this worker serves (all, when it serves every one)
+        in this process; the keys of those in effect. Never raises: a database error or a malformed row is logged
+        and the calibrations installed before stay."""
+        try:
+            with self.db.session() as s:
+                records = CalibrationRepository(s).list_all(self.gpu_keys)
+        except StorageError as e:
+            log.warning("worker %s: the stored calibrations could not be read: %s", self.worker_id, e)
+            return []
+        installed = installed_calibrations()
+        keys: list[str] = []
+        for record in records:
+            current = installed.get(record.gpu_key)
+            if current is None or current.data != record.data:
+                try:
+                    install_calibration(record.data)
+                except CalibrationError as e:
+                    log.warning(
+                        "worker %s: the stored calibration of %r is ignored: %s", self.worker_id, record.gpu_key, e
+                    )
+                    continue
+                log.info("worker %s: installed the stored calibration of GPU type %r", self.worker_id, record.gpu_key)
+            keys.append(record.gpu_key)
+        return keys
+
+    def _local_gpu_type(self) -> str | None:
+        if self._local_gpu_key is None:
+            self._local_gpu_key = (self._local_gpu(),)
+        return self._local_gpu_key[0]
+
+    def _needs_calibration(self, job: Job) -> Calibration | None:
+        """This host's calibration of the job's GPU type (origin ``user file`` or ``none``) when this worker is to
+        calibrate the type first (NOTE [ Calibrations in the service ]); None when it is not."""
+        if job.validate_top_k <= 0:
+            return None
+        with self.db.session() as s:
+            if CalibrationRepository(s).find(job.gpu_key) is not None:
+                return None
+        try:
+            local = calibration_for(job.gpu_key)
+        except CalibrationError as e:
+            log.warning("job %s: this host's calibration file is ignored: %s", job.id, e)
+            local = Calibration(job.gpu_key)
+        if local.origin not in ("user file", "none") or self._refusal(job) is not None:
+            return None
+        return local if self._local_gpu_type() == job.gpu_key else None
+
+    def _calibrate_first(self, job: Job, lease: JobLease, watch: _Watch) -> tuple[Job, str | None]:
+        """Calibrate the job's GPU type before its search when it has no calibration (NOTE [ Calibrations in the
+        service ]); the job (at the new headroom when its own came from no calibration) and what happened, for its
+        validation note (None when nothing was done). Never raises but _LeaseLost."""
+        local = self._needs_calibration(job)
+        if local is None:
+            return job, None
+        key = job.gpu_key
+        self._pending_note(job, lease, watch, f"GPU type {key!r} has no calibration: calibrating it on this worker")
+        try:
+            record, created, how = self._first_calibration(job, lease, watch, local)
+            cal = install_calibration(record.data)
+            if created:
+                text = f"calibrated GPU type {key!r} first ({how}; headroom {cal.headroom:g}), stored for every worker"
+            else:
+                by = record.measured_by or "another worker"
+                text = f"GPU type {key!r} was calibrated by {by} meanwhile (headroom {cal.headroom:g}); it is used"
+            if job.headroom_source == "none":
+                job = self._search_at(job, lease, watch, cal.headroom)
+                text += "; this job is searched at that headroom (it had none)"
+        except _LeaseLost:
+            raise
+        except Exception as e:
+            log.warning("job %s: calibrating GPU type %r failed: %s", job.id, key, e, exc_info=True)
+            text = f"calibrating GPU type {key!r} failed, so its plans are searched at headroom {job.headroom:g}: "
+            text = (text + f"{type(e).__name__}: {e}")[:2000]
+        else:
+            log.info("job %s: %s", job.id, text)
+        self._pending_note(job, lease, watch, text)
+        return job, text
+
+    def _first_calibration(
+        self, job: Job, lease: JobLease, watch: _Watch, local: Calibration
+    ) -> tuple[CalibrationRecord, bool, str]:
+        """This host's calibration file of the job's GPU type, else one measured now, stored unless one was stored
+        meanwhile: ``(stored, created, how it was got)``."""
+        key = job.gpu_key
+        if local.origin == "user file":
+            how, data = "from this host's `memtune calibrate` file", local.to_data()
+        else:
+            how = "measured on this worker's GPU"
+            data = dict(
+                self.calibrate_fn(
+                    lambda what: self._pending_note(job, lease, watch, f"calibrating GPU type {key!r}: {what}")
+                )
+            )
+        record, created = self._store_first(Calibration.from_data(data, gpu=key))
+        return record, created, how
+
+    def _search_at(self, job: Job, lease: JobLease, watch: _Watch, headroom: float) -> Job:
+        """Store ``headroom`` (from the database's calibration) as the job's; the job with it."""
+        with self.db.session() as s:
+            st = JobRepository(s).set_headroom(lease, headroom, "database")
+        if st.lost:
+            raise _LeaseLost
+        watch.note(st.lost, st.cancel)
+        return dataclasses.replace(job, headroom=headroom, headroom_source="database")
+
+    def _store_first(self, cal: Calibration) -> tuple[CalibrationRecord, bool]:
+        """Store ``cal`` unless its GPU type has one already (the first stored wins); ``(stored, created)``."""
+        try:
+            with self.db.session() as s:
+                return CalibrationRepository(s).add_first(
+                    cal.gpu, cal.to_data(), source=cal.source, measured_by=self.worker_id
+                )
+        except ConflictError:  # another worker stored one between our look and our insert
+            with self.db.session() as s:
+                return CalibrationRepository(s).get(cal.gpu), False
+
+    def _pending_note(self, job: Job, lease: JobLease, watch: _Watch, text: str) -> None:
+        """Show ``text`` as the job's validation note before its search (the events stream shows it)."""
+        try:
+            with self.db.session() as s:
+                st = JobRepository(s).set_validation(lease, "pending", note=text)
+            watch.note(st.lost, st.cancel)
+        except Exception as e:  # like a missed heartbeat: the work goes on
+            log.warning("job %s: note write failed: %s", job.id, e)
+
+    # ---- one job -----------------------------------------------------------------------------------
     def _process(self, job: Job, lease: JobLease) -> None:
         watch = _Watch(self.db, lease, self.heartbeat_interval_s)
         watch.start()
         try:
+            self.refresh_calibrations()
+            job, calibrated = self._calibrate_first(job, lease, watch)
             profile, profile_id = self._profile_for(job, lease)
             result = self._tune(job, lease, profile, watch)
             if watch.lost:
@@ -282,6 +498,8 @@ class Worker:
                 validation = self._validate(job, lease, profile, profile_id, rows, watch)
                 if watch.lost:
                     raise _LeaseLost
+                if calibrated:
+                    validation.note = f"{calibrated}; {validation.note}"[:8000]
             self._store(job, lease, result, profile_id, rows, validation, cancelled=watch.cancel)
         except _LeaseLost:
             log.warning("worker %s lost job %s to another worker; dropping it", self.worker_id, job.id)
@@ -364,18 +582,9 @@ class Worker:
             return _Validation("cancelled", "the job was cancelled before its plans were validated")
         if not chosen:
             return self._skipped(job, "no plan fits the budget, so there is nothing to validate")
-        if self._model(job).kind == "exported":
-            return self._skipped(
-                job,
-                "measured validation builds the model in a fresh process per plan from a zoo name or JSON spec; "
-                "exported programs are profiled and tuned, not yet measured under a plan",
-            )
-        if job.optimizer != "sgd":
-            return self._skipped(
-                job,
-                f"the measured step updates with SGD and momentum (tuner.runtime.bench), but this job was tuned "
-                f"for optimizer {job.optimizer!r}: its plans' memory would not match; submit with optimizer 'sgd'",
-            )
+        refusal = self._refusal(job)
+        if refusal is not None:
+            return self._skipped(job, refusal)
         extra = " and the best plan without algorithm choice" if len(chosen) > len(top) else ""
         with self.db.session() as s:  # NOTE [ Measured validation ] step 1: the simulated results first
             st = JobRepository(s).set_validation(
@@ -438,6 +647,20 @@ class Worker:
             text = f"validation failed, the simulated results stand: {type(e).__name__}: {e}"
             return _Validation("failed", text[:4000], simulated_stored=True)
         return _measured(job, chosen, run, cancelled=watch.cancel)
+
+    def _refusal(self, job: Job) -> str | None:
+        """Why this job's plans cannot be measured whatever the GPU (its model, its optimizer), or None."""
+        if self._model(job).kind == "exported":
+            return (
+                "measured validation builds the model in a fresh process per plan from a zoo name or JSON spec; "
+                "exported programs are profiled and tuned, not yet measured under a plan"
+            )
+        if job.optimizer != "sgd":
+            return (
+                f"the measured step updates with SGD and momentum (tuner.runtime.bench), but this job was tuned "
+                f"for optimizer {job.optimizer!r}: its plans' memory would not match; submit with optimizer 'sgd'"
+            )
+        return None
 
     def _skipped(self, job: Job, reason: str) -> _Validation:
         log.warning("job %s: validation skipped: %s", job.id, reason)

@@ -10,11 +10,14 @@ from profiler.profile import Profile
 from tuner.budget import search_budget
 
 __all__ = [
+    "HEADROOM_SOURCES",
     "TERMINAL_STATES",
     "VALIDATION_STATES",
     "ApiKey",
+    "CalibrationRecord",
     "Claim",
     "GpuType",
+    "HeadroomSource",
     "Job",
     "JobState",
     "ModelKind",
@@ -34,6 +37,12 @@ ValidationState = Literal["pending", "running", "done", "skipped", "failed", "ca
 out of memory, the note says), ``skipped`` (not run: no CUDA device, another GPU type, nothing fits …),
 ``failed`` (an unexpected error; the simulated results stand), ``cancelled`` (the job was cancelled)."""
 VALIDATION_STATES: frozenset[str] = frozenset({"pending", "running", "done", "skipped", "failed", "cancelled"})
+
+HeadroomSource = Literal["request", "database", "user file", "committed", "none"]
+"""Where a job's headroom came from: the request, or the GPU type's calibration found first (NOTE [ Calibrations in
+the service ] in ``api.worker``): the service's ``database``, the API host's ``user file`` or
+the ``committed`` one; ``none`` when the GPU type had no calibration (headroom 0)."""
+HEADROOM_SOURCES: frozenset[str] = frozenset({"request", "database", "user file", "committed", "none"})
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,8 @@ class Job:
     ``headroom`` is the fraction of the budget the search kept free for the caching allocator: plans are
     feasible when their simulated peak is at most ``search_budget_bytes`` = ``budget_bytes * (1 - headroom)``
     (NOTE [ Headroom ] in ``tuner.search``); ``budget_bytes`` stays the budget asked for (what results are
-    stored and looked up under, and the cap that measured validation runs at).
+    stored and looked up under, and the cap that measured validation runs at). ``headroom_source`` says where
+    the headroom came from (None for jobs stored before that was recorded).
 
     ``validate_top_k`` (0 = off) plans are to be measured on the GPU with ``validate_iters`` timed steps
     each; ``validation_state`` is None until the worker gets there (see ``ValidationState``).
@@ -111,6 +121,7 @@ class Job:
     mode: str
     optimizer: str
     headroom: float
+    headroom_source: HeadroomSource | None
     state: JobState
     trials_done: int
     best_name: str | None
@@ -148,6 +159,20 @@ class Job:
     def search_budget_bytes(self) -> int:
         """The budget the plans were searched against: ``budget_bytes * (1 - headroom)``, as ``tune`` computes it."""
         return search_budget(self.budget_bytes, self.headroom)
+
+
+@dataclass(frozen=True)
+class CalibrationRecord:
+    """A GPU type's stored calibration: ``data`` is its JSON object (``tuner.calibration.Calibration.from_data``
+    reads it), ``source`` where its numbers came from, ``measured_by`` the worker (``host:pid:id``) that measured
+    it or the API key that sent it."""
+
+    gpu_key: str
+    data: dict[str, Any]
+    source: str
+    measured_by: str | None
+    created_at: datetime
+    updated_at: datetime
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 __all__ = [
     "ApiKeyRow",
     "Base",
+    "CalibrationRow",
     "GpuTypeRow",
     "JobClaimRow",
     "JobRow",
@@ -147,9 +148,10 @@ class JobRow(Base):
 
     ``budget_bytes`` is the budget asked for; ``headroom`` the fraction of it kept free for the caching
     allocator, so the plans are searched against ``budget_bytes * (1 - headroom)`` (NOTE [ Headroom ] in
-    ``tuner.search``). ``validate_top_k`` / ``validate_iters`` ask the worker to measure the top plans on the
-    GPU; the ``validation_*`` columns say how that went and ``measured_unconstrained_*`` hold the unplanned
-    step measured beside them (ms, bytes).
+    ``tuner.search``), and ``headroom_source`` where it came from (``storage.records.HeadroomSource``).
+    ``validate_top_k`` / ``validate_iters`` ask the worker to measure the top plans on the GPU; the
+    ``validation_*`` columns say how that went and ``measured_unconstrained_*`` hold the unplanned step
+    measured beside them (ms, bytes).
     """
 
     __tablename__ = "mt_jobs"
@@ -169,6 +171,7 @@ class JobRow(Base):
     mode: Mapped[str] = mapped_column(String(16))
     optimizer: Mapped[str] = mapped_column(String(16))
     headroom: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    headroom_source: Mapped[str | None] = mapped_column(String(16))
     state: Mapped[str] = mapped_column(String(16))
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
     best_name: Mapped[str | None] = mapped_column(String(100))
@@ -262,3 +265,17 @@ class ApiKeyRow(Base):
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class CalibrationRow(Base):
+    """A GPU type's calibration (``tuner.calibration``, its JSON object in ``data``), one per GPU type key, with who
+    measured or sent it (NOTE [ Calibrations in the service ] in ``api.worker``)."""
+
+    __tablename__ = "mt_calibrations"
+
+    gpu_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source: Mapped[str] = mapped_column(Text)
+    measured_by: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

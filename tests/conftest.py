@@ -26,3 +26,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _own_user_data(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets an empty user data folder (NOTE [ Measured data per GPU type ]): what the person running the
+    tests measured on their machine never changes a test's result, and no test writes into their folder."""
+    root = tmp_path_factory.mktemp("memtune-data")
+    monkeypatch.setenv("MEMTUNE_DATA_DIR", str(root))
+    monkeypatch.setenv("MEMTUNE_CALIBRATION_DIR", str(root / "calibrations"))
+    monkeypatch.delenv("MEMTUNE_SHIPPED_DATA", raising=False)

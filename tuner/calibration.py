@@ -7,6 +7,18 @@ about a GPU type, with the command and date that measured it: the budget headroo
 its stages (NOTE [ Compute scale ]). ``python -m benchmarks.calibrate`` derives the last two from committed
 ``memtune bench`` runs. A GPU type without a file gets no correction.
 
+Where ``calibration_for`` finds a GPU type's calibration, first found wins:
+
+1. one installed in this process (``install_calibration``): the service's workers install those of its database
+   (NOTE [ Calibrations in the service ] in ``api.worker``);
+2. this user's file (``memtune calibrate`` writes it, ``user_calibration_dir``);
+3. the committed file in ``tuner/data``, unless ``MEMTUNE_SHIPPED_DATA=0`` (``profiler.library.shipped_data``);
+4. none: an empty calibration (headroom 0, ``source`` ``none``).
+
+A calibration is JSON data (``Calibration.from_data`` checks it): ``gpu``, ``headroom``, ``remap_ms_per_gib``,
+``compute_scale``, ``copy_gbps``, ``source`` and whatever else a newer ``memtune calibrate`` writes, which is kept as
+it came (``Calibration.data``, ``to_data``) and passed on unread.
+
 # NOTE [ Compute scale ]
 The profiler times each stage alone (forward, then backward, synchronised around each); a training step runs
 them back to back, so launch gaps overlap and caches stay warm. On the H200 every measured profile's simulated
@@ -18,17 +30,36 @@ profile, measured on one plan (no plan at all), and applied to every other.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
+import math
 import os
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from profiler.library import shipped_data, user_data_dir
 from profiler.profile import Profile
+from tuner.errors import CalibrationError
 
-__all__ = ["Calibration", "calibration_for", "missing_calibration", "profile_key", "user_calibration_dir"]
+__all__ = [
+    "Calibration",
+    "CalibrationOrigin",
+    "calibration_for",
+    "install_calibration",
+    "installed_calibrations",
+    "missing_calibration",
+    "profile_key",
+    "uninstall_calibrations",
+    "user_calibration_dir",
+]
+
+CalibrationOrigin = Literal["installed", "user file", "committed", "none"]
+"""Where ``calibration_for`` found a calibration (see the module's docstring for the order)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +72,10 @@ class Calibration:
         remap_ms_per_gib: ms a capped step loses per GiB an allocator retry unmaps (and maps again); None
             when not measured on this GPU type.
         source: where the numbers came from (command, date), or ``none``.
+        compute_scale: measured / simulated unconstrained step per measured profile (see below).
+        origin: where ``calibration_for`` found it; ``installed`` for one made with ``from_data``.
+        data: the calibration's whole JSON object as it came, fields this class does not read included (``to_data``
+            gives a copy); empty for the empty calibration.
     """
 
     gpu: str
@@ -49,12 +84,127 @@ class Calibration:
     source: str = "none"
     compute_scale: dict[str, float] = field(default_factory=dict)
     """measured / simulated unconstrained step per measured profile, keyed ``model-bBATCH-dtype``"""
+    origin: CalibrationOrigin = "none"
+    data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_data(
+        cls, data: Mapping[str, Any], *, gpu: str | None = None, origin: CalibrationOrigin = "installed"
+    ) -> Calibration:
+        """The calibration in a JSON object (a calibration file's content, or a row of the service's database).
+
+        Rules: ``gpu`` a non-empty string (``gpu`` given here fills it in, and must agree with it); ``headroom`` (0
+        when absent) a number in [0, 1); ``remap_ms_per_gib`` absent, null or a number >= 0 (ms per GiB);
+        ``compute_scale`` an object of numbers > 0; ``copy_gbps`` absent, null or an object of numbers > 0 (GB/s);
+        ``source`` and ``remap_source`` strings; every number finite, the whole object JSON. Other fields are kept
+        unread.
+
+        Raises:
+            CalibrationError: a rule is broken; the message and ``field`` name the field.
+        """
+        if not isinstance(data, Mapping):
+            raise CalibrationError(f"a calibration is a JSON object, not {type(data).__name__}")
+        key = _gpu_of(data, gpu)
+        headroom = _number(data, "headroom", default=0.0)
+        if not 0.0 <= headroom < 1.0:
+            raise CalibrationError(
+                f"calibration of {key!r}: field 'headroom' must be in [0, 1) (a share of the budget), got {headroom}",
+                field="headroom",
+            )
+        remap = None if data.get("remap_ms_per_gib") is None else _number(data, "remap_ms_per_gib")
+        if remap is not None and remap < 0:
+            raise CalibrationError(
+                f"calibration of {key!r}: field 'remap_ms_per_gib' must be >= 0 (ms per GiB), got {remap}",
+                field="remap_ms_per_gib",
+            )
+        scale = _positive_table(data, "compute_scale", key, "factors")
+        _positive_table(data, "copy_gbps", key, "GB/s by direction (d2h, h2d)")
+        sources = [_text(data, "source", key), _text(data, "remap_source", key)]
+        try:
+            raw = json.loads(json.dumps({**data, "gpu": key}, allow_nan=False))
+        except (TypeError, ValueError) as e:
+            raise CalibrationError(f"calibration of {key!r} is not JSON data: {e}") from e
+        return cls(
+            gpu=key,
+            headroom=headroom,
+            remap_ms_per_gib=remap,
+            source="; ".join(s for s in sources if s) or "none",
+            compute_scale=scale,
+            origin=origin,
+            data=raw,
+        )
+
+    def to_data(self) -> dict[str, Any]:
+        """The calibration as a JSON object: a copy of ``data``, or for one made field by field, its fields."""
+        if self.data:
+            return copy.deepcopy(self.data)
+        out: dict[str, Any] = {"gpu": self.gpu, "headroom": self.headroom, "source": self.source}
+        if self.remap_ms_per_gib is not None:
+            out["remap_ms_per_gib"] = self.remap_ms_per_gib
+        out["compute_scale"] = dict(self.compute_scale)
+        return out
 
     def compute_scale_for(self, profile: Profile) -> float:
         """The factor on ``profile``'s compute times (NOTE [ Compute scale ]); 1.0 when not calibrated."""
         if profile.source != "measured" or profile.device.key != self.gpu or profile.modules:
             return 1.0  # a profile of module stages adds up to its own measured step (NOTE [ Time outside stages ])
         return self.compute_scale.get(profile_key(profile), 1.0)
+
+
+def _gpu_of(data: Mapping[str, Any], gpu: str | None) -> str:
+    given = data.get("gpu")
+    if given is None and gpu is None:
+        raise CalibrationError("a calibration needs field 'gpu' (the GPU type's key, e.g. 'h200')", field="gpu")
+    if given is not None and (not isinstance(given, str) or not given.strip()):
+        raise CalibrationError(f"field 'gpu' must be a GPU type's key (e.g. 'h200'), got {given!r}", field="gpu")
+    if given is not None and gpu is not None and given != gpu:
+        raise CalibrationError(f"field 'gpu' is {given!r}, but this calibration is for {gpu!r}", field="gpu")
+    return str(given if given is not None else gpu)
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None when it is not a finite number (booleans are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _number(data: Mapping[str, Any], name: str, *, default: float | None = None) -> float:
+    if name not in data and default is not None:
+        return default
+    number = _finite(data.get(name))
+    if number is None:
+        raise CalibrationError(f"field {name!r} must be a finite number, got {data.get(name)!r}", field=name)
+    return number
+
+
+def _positive_table(data: Mapping[str, Any], name: str, gpu: str, what: str) -> dict[str, float]:
+    """The object ``data[name]`` of finite numbers > 0 (empty when absent or null)."""
+    table = data.get(name)
+    if table is None:
+        return {}
+    if not isinstance(table, Mapping):
+        raise CalibrationError(
+            f"calibration of {gpu!r}: field {name!r} must be an object of {what}, got {table!r}", field=name
+        )
+    out: dict[str, float] = {}
+    for k, v in table.items():
+        number = _finite(v)
+        if number is None or number <= 0:
+            raise CalibrationError(
+                f"calibration of {gpu!r}: field '{name}.{k}' must be a finite number > 0 ({what}), got {v!r}",
+                field=f"{name}.{k}",
+            )
+        out[str(k)] = number
+    return out
+
+
+def _text(data: Mapping[str, Any], name: str, gpu: str) -> str:
+    value = data.get(name, "")
+    if not isinstance(value, str):
+        raise CalibrationError(f"calibration of {gpu!r}: field {name!r} must be text, got {value!r}", field=name)
+    return value
 
 
 def missing_calibration(profile: Profile) -> str | None:
@@ -75,29 +225,74 @@ def profile_key(profile: Profile) -> str:
 
 def user_calibration_dir() -> Path:
     """Where ``memtune calibrate`` writes a GPU type's calibration for this user: ``$MEMTUNE_CALIBRATION_DIR``, else
-    ``$XDG_DATA_HOME/memtune/calibrations`` (``~/.local/share/memtune/calibrations``)."""
+    ``user_data_dir() / "calibrations"`` (``~/.local/share/memtune/calibrations``; NOTE [ Measured data per GPU
+    type ] in ``profiler.library``)."""
     chosen = os.environ.get("MEMTUNE_CALIBRATION_DIR")
-    if chosen:
-        return Path(chosen)
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "memtune" / "calibrations"
+    return Path(chosen) if chosen else user_data_dir() / "calibrations"
+
+
+_installed: dict[str, Calibration] = {}
+_installed_lock = threading.Lock()
+
+
+def install_calibration(data: Mapping[str, Any]) -> Calibration:
+    """Make ``calibration_for(data["gpu"])`` answer with this calibration in this process, before any file.
+
+    For a process that got calibrations from elsewhere (the service's workers, from its database). Installing the
+    same GPU type again replaces it. Thread safe.
+
+    Raises:
+        CalibrationError: ``data`` is malformed (``Calibration.from_data``); nothing is installed.
+    """
+    cal = Calibration.from_data(data, origin="installed")
+    with _installed_lock:
+        _installed[cal.gpu] = cal
+    return cal
+
+
+def installed_calibrations() -> dict[str, Calibration]:
+    """The calibrations installed in this process, by GPU type key."""
+    with _installed_lock:
+        return dict(_installed)
+
+
+def uninstall_calibrations(*gpus: str) -> None:
+    """Forget the installed calibrations of ``gpus`` (every one when none is named); files are read again."""
+    with _installed_lock:
+        for key in gpus or list(_installed):
+            _installed.pop(key, None)
 
 
 @functools.cache
-def calibration_for(gpu: str) -> Calibration:
-    """The calibration of ``gpu``: the user's (``memtune calibrate``, ``user_calibration_dir``), else the committed
-    one, else an empty one (read once per process; ``calibration_for.cache_clear()`` after writing one)."""
+def _file_calibration(gpu: str) -> Calibration:
     user = user_calibration_dir() / f"calibration-{gpu}.json"
+    origin: CalibrationOrigin = "user file" if user.is_file() else "committed"
     path: Any = user if user.is_file() else files("tuner").joinpath("data", f"calibration-{gpu}.json")
-    if not path.is_file():
+    if not path.is_file() or (origin == "committed" and not shipped_data()):
         return Calibration(gpu)
-    data = json.loads(path.read_text())
-    remap = data.get("remap_ms_per_gib")
-    sources = [str(data.get("source", "")), str(data.get("remap_source", ""))]
-    return Calibration(
-        gpu=gpu,
-        headroom=float(data.get("headroom", 0.0)),
-        remap_ms_per_gib=float(remap) if remap is not None else None,
-        source="; ".join(s for s in sources if s),
-        compute_scale={str(k): float(v) for k, v in data.get("compute_scale", {}).items()},
-    )
+    try:
+        return Calibration.from_data(json.loads(path.read_text()), gpu=gpu, origin=origin)
+    except (CalibrationError, json.JSONDecodeError) as e:
+        raise CalibrationError(f"{path}: {e}", field=getattr(e, "field", None)) from e
+
+
+class _CalibrationLookup:
+    """The type of ``calibration_for``: a function with ``cache_clear``, like ``functools.cache`` gives."""
+
+    def __call__(self, gpu: str) -> Calibration:
+        """The calibration of ``gpu``: the one installed in this process (``install_calibration``), else the user's
+        (``memtune calibrate``, ``user_calibration_dir``), else the committed one, else an empty one. Files are read
+        once per process: ``calibration_for.cache_clear()`` after writing one (installed ones stay installed).
+
+        Raises:
+            CalibrationError: the file found is malformed (the message names the file and the field).
+        """
+        installed = _installed.get(gpu)
+        return installed if installed is not None else _file_calibration(gpu)
+
+    def cache_clear(self) -> None:
+        """Read the calibration files again on the next call (after writing one)."""
+        _file_calibration.cache_clear()
+
+
+calibration_for = _CalibrationLookup()

@@ -1,19 +1,22 @@
-"""``/v1/gpus``: GPU types, and the best stored plan for one (with the documented fallback)."""
+"""``/v1/gpus``: GPU types, the best stored plan for one (with the documented fallback), and its calibration."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from sqlalchemy.orm import Session
 
-from api.deps import DbDep, ReadAccess
-from api.gpu_types import known_gpus, resolve_gpu, same_architecture
+from api.calibrations import ServiceCalibration, effective_calibration
+from api.deps import DbDep, ReadAccess, WriteKey
+from api.gpu_types import KnownGpu, known_gpus, resolve_gpu, same_architecture
 from api.problems import ProblemError
-from api.schemas import BestPlanPublic, GpusPublic
-from api.views import gpu_public
+from api.schemas import BestPlanPublic, CalibrationPublic, CalibrationPut, GpusPublic
+from api.views import calibration_public, calibration_summary, gpu_public
 from profiler.errors import UnknownGPUError
-from storage.repositories import ModelRepository, ResultRepository
+from storage.repositories import CalibrationRepository, ModelRepository, ResultRepository
 from tuner.budget import format_bytes, parse_budget
+from tuner.calibration import Calibration
 
 __all__ = ["router"]
 
@@ -34,11 +37,107 @@ _MEASURED_NOTE = (
 
 @router.get("", response_model=GpusPublic)
 def list_gpus(db: DbDep, _read: ReadAccess) -> GpusPublic:
-    """GPU types: every roofline spec (jobs for them run on any worker) and every stored identity."""
+    """GPU types: every roofline spec (jobs for them run on any worker) and every stored identity, each with its
+    calibration in short (null when it has none)."""
     with db.session() as s:
         gpus = known_gpus(s)
-    data = [gpu_public(g.gpu, modeled=g.modeled, stored=g.stored) for g in gpus]
+        stored = {r.gpu_key: r for r in CalibrationRepository(s).list_all()}
+        found = {g.gpu.key: effective_calibration(s, g.gpu.key, stored=stored) for g in gpus}
+    data = [
+        gpu_public(g.gpu, modeled=g.modeled, stored=g.stored, calibration=calibration_summary(found[g.gpu.key]))
+        for g in gpus
+    ]
     return GpusPublic(data=data, count=len(data))
+
+
+def _known(session: Session, gpu: str) -> KnownGpu:
+    """The GPU type named in a path; 404 ``unknown_gpu`` listing the known ones."""
+    try:
+        return resolve_gpu(session, gpu)
+    except UnknownGPUError as e:
+        raise ProblemError(404, "unknown_gpu", "Unknown GPU type", str(e)) from e
+
+
+@router.get(
+    "/{gpu}/calibration",
+    response_model=CalibrationPublic,
+    responses={404: {"description": "unknown GPU type (unknown_gpu), or no calibration of it (no_calibration)"}},
+)
+def get_calibration(gpu: str, db: DbDep, _read: ReadAccess) -> CalibrationPublic:
+    """The calibration new jobs of this GPU type get their headroom from, and where it was found (``origin``): the
+    one stored in the service's ``database`` (measured by a worker, or sent with PUT), else the API host's ``user
+    file``, else the ``committed`` one. 404 ``no_calibration`` when there is none (jobs then get headroom 0)."""
+    with db.session() as s:
+        key = _known(s, gpu).gpu.key
+        found = effective_calibration(s, key)
+    if found.origin == "none":
+        raise ProblemError(
+            404,
+            "no_calibration",
+            "No calibration",
+            f"GPU type {key!r} has no calibration, so its jobs are searched without headroom; measure one on such a "
+            f"GPU with `memtune calibrate` and send the file with PUT /v1/gpus/{key}/calibration, or let a worker on "
+            f"one (`memtune worker --gpu {key}`) measure it before the first job it validates",
+            hint=f"PUT /v1/gpus/{key}/calibration",
+        )
+    return calibration_public(found)
+
+
+@router.put(
+    "/{gpu}/calibration",
+    response_model=CalibrationPublic,
+    responses={
+        404: {"description": "unknown GPU type (unknown_gpu)"},
+        422: {
+            "description": "a field out of range (validation_error, naming it), the body's 'gpu' not the path's "
+            "(gpu_mismatch), or data that is not a calibration (invalid_calibration, naming the field)"
+        },
+    },
+)
+def put_calibration(gpu: str, body: CalibrationPut, db: DbDep, key: WriteKey) -> CalibrationPublic:
+    """Store this GPU type's calibration in the service's database, replacing a stored one.
+
+    From then on new jobs of this GPU type get its headroom, and workers use it from their next job on (NOTE
+    [ Calibrations in the service ] in ``api.worker``). The body is a ``memtune calibrate`` file; fields the
+    service does not read are kept as they came. 200 with the calibration stored (``origin`` ``database``).
+    """
+    with db.session() as s:
+        gpu_key = _known(s, gpu).gpu.key
+        _check_body_gpu(s, body.gpu, gpu_key)
+        cal = Calibration.from_data(_calibration_data(body, gpu_key, key.name), gpu=gpu_key)
+        row = CalibrationRepository(s).put(gpu_key, cal.to_data(), source=cal.source, measured_by=f"API key {key.name}")
+    return calibration_public(ServiceCalibration(cal, "database", row))
+
+
+def _calibration_data(body: CalibrationPut, gpu_key: str, key_name: str) -> dict[str, Any]:
+    """The body as the calibration's JSON object: the path's GPU key, a ``source`` naming the sender when it gave
+    none, and no nulls for the optional numbers."""
+    data = body.model_dump()  # the extra fields as they came: JSON mode would turn a NaN among them into null
+    data["gpu"] = gpu_key
+    data["source"] = body.source or f"sent with PUT /v1/gpus/{gpu_key}/calibration by API key {key_name!r}"
+    for optional in ("remap_ms_per_gib", "copy_gbps"):
+        if data[optional] is None:
+            del data[optional]
+    return data
+
+
+def _check_body_gpu(session: Session, named: str, gpu_key: str) -> None:
+    """422 ``gpu_mismatch`` (field ``gpu``) unless the body's ``gpu`` names the path's GPU type."""
+    if named == gpu_key:
+        return
+    try:
+        same = resolve_gpu(session, named).gpu.key == gpu_key
+    except UnknownGPUError:
+        same = False
+    if not same:
+        raise ProblemError(
+            422,
+            "gpu_mismatch",
+            "Calibration of another GPU type",
+            f"gpu: the body is a calibration of {named!r} but the path names GPU type {gpu_key!r}; send it to "
+            f"PUT /v1/gpus/{named}/calibration, or fix its 'gpu'",
+            field="gpu",
+        )
 
 
 @router.get(

@@ -12,6 +12,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
+from api.calibrations import job_headroom
 from api.deps import DbDep, ReadAccess, SettingsDep, WriteKey
 from api.gpu_types import resolve_gpu
 from api.model_refs import check_batch, store_spec_model, store_zoo_model
@@ -23,7 +24,6 @@ from storage.errors import ConflictError, IdempotencyConflictError
 from storage.records import Job
 from storage.repositories import JobRepository, ModelRepository, ResultRepository
 from tuner.budget import parse_budget
-from tuner.calibration import calibration_for
 
 __all__ = ["router"]
 
@@ -73,9 +73,10 @@ def create_job(
     type and stores them labeled ``measured`` beside the simulated ones (``validation`` on the job says
     how it went: done, or skipped and why).
 
-    ``headroom`` (default: the GPU type's calibration, ``tuner.calibration``) is resolved here and stored on
-    the job, which shows it: the worker searches plans against ``budget_bytes * (1 - headroom)`` while the
-    job's ``budget_bytes`` stays the budget asked for.
+    ``headroom`` (default: the GPU type's calibration: the one stored in the service's database, else this host's
+    file, else the committed one, else 0; ``api.calibrations``) is resolved here and stored on the job with
+    where it came from (``headroom_source``), which the job shows: the worker searches plans against
+    ``budget_bytes * (1 - headroom)`` while the job's ``budget_bytes`` stays the budget asked for.
     """
     request_hash = _request_hash(body)
     for attempt in (0, 1):  # a concurrent identical model create or idempotent retry: read the winner
@@ -83,7 +84,7 @@ def create_job(
             with db.session() as s:
                 gpu = resolve_gpu(s, body.gpu)
                 budget_bytes = parse_budget(body.budget, gpu.gpu.memory_bytes)
-                headroom = body.headroom if body.headroom is not None else calibration_for(gpu.gpu.key).headroom
+                headroom, headroom_source = job_headroom(s, gpu.gpu.key, body.headroom)
                 ref = body.model
                 if ref.id is not None:
                     model = ModelRepository(s).get(ref.id)
@@ -106,6 +107,7 @@ def create_job(
                     validate_top_k=body.validate_top_k,
                     validate_iters=body.validate_iters,
                     headroom=headroom,
+                    headroom_source=headroom_source,
                     owner=key.name,
                     request_hash=request_hash,
                     idempotency_key=idempotency_key,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from storage.repositories.calibrations import CalibrationRepository
 from storage.repositories.gpus import GpuRepository, identity_hash
 from storage.repositories.jobs import JobLease, JobRepository, LeaseStatus
 from storage.repositories.keys import KeyRepository, hash_key
@@ -16,6 +17,7 @@ from storage.repositories.results import (
 
 __all__ = [
     "BestAnswer",
+    "CalibrationRepository",
     "GpuRepository",
     "JobLease",
     "JobRepository",

@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from storage.records import (
     ApiKey,
+    CalibrationRecord,
     Claim,
     GpuType,
     Job,
@@ -16,6 +17,7 @@ from storage.records import (
 )
 from storage.rows import (
     ApiKeyRow,
+    CalibrationRow,
     GpuTypeRow,
     JobClaimRow,
     JobRow,
@@ -26,6 +28,7 @@ from storage.rows import (
 
 __all__ = [
     "to_api_key",
+    "to_calibration",
     "to_claim",
     "to_gpu",
     "to_job",
@@ -65,3 +68,7 @@ def to_result(row: ResultRow) -> Result:
 
 def to_api_key(row: ApiKeyRow) -> ApiKey:
     return ApiKey(**_fields(row, ApiKey))
+
+
+def to_calibration(row: CalibrationRow) -> CalibrationRecord:
+    return CalibrationRecord(**_fields(row, CalibrationRecord))

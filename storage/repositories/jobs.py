@@ -27,7 +27,15 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from storage.errors import ConflictError, IdempotencyConflictError, NotFoundError
-from storage.records import TERMINAL_STATES, VALIDATION_STATES, Claim, Job, ValidationState
+from storage.records import (
+    HEADROOM_SOURCES,
+    TERMINAL_STATES,
+    VALIDATION_STATES,
+    Claim,
+    HeadroomSource,
+    Job,
+    ValidationState,
+)
 from storage.repositories._convert import to_claim, to_job
 from storage.rows import JobClaimRow, JobRow, utcnow
 
@@ -49,6 +57,11 @@ class LeaseStatus:
 
     lost: bool
     cancel: bool
+
+
+def _check_headroom_source(source: str | None) -> None:
+    if source is not None and source not in HEADROOM_SOURCES:
+        raise ValueError(f"unknown headroom source {source!r}; one of {sorted(HEADROOM_SOURCES)}")
 
 
 class JobRepository:
@@ -76,13 +89,16 @@ class JobRepository:
         validate_top_k: int = 0,
         validate_iters: int = 6,
         headroom: float = 0.0,
+        headroom_source: HeadroomSource | None = None,
     ) -> tuple[Job, bool]:
         """Queue a job; ``(job, created)``. With an ``idempotency_key`` already used by ``owner``, the
         earlier job is returned (``created`` False) when the request is the same, else ``ConflictError``.
 
         ``validate_top_k`` plans (0 = none) are to be measured on the GPU after the search, with
         ``validate_iters`` timed steps each. ``headroom`` is the fraction of ``budget_bytes`` the search keeps
-        free (plans must fit ``budget_bytes * (1 - headroom)``), resolved by the caller: stored as given."""
+        free (plans must fit ``budget_bytes * (1 - headroom)``), resolved by the caller: stored as given, with
+        ``headroom_source``, where the caller found it."""
+        _check_headroom_source(headroom_source)
         if idempotency_key is not None:
             existing = self.find_by_idempotency_key(owner, idempotency_key)
             if existing is not None:
@@ -108,6 +124,7 @@ class JobRepository:
             validate_top_k=validate_top_k,
             validate_iters=validate_iters,
             headroom=headroom,
+            headroom_source=headroom_source,
             state="queued",
             trials_done=0,
             owner=owner,
@@ -259,6 +276,14 @@ class JobRepository:
 
     def set_profile(self, lease: JobLease, profile_id: int) -> LeaseStatus:
         return self._lease_write(lease, {"profile_id": profile_id})
+
+    def set_headroom(self, lease: JobLease, headroom: float, source: HeadroomSource) -> LeaseStatus:
+        """Record the headroom the job will be searched at (a worker that calibrated its GPU type before the search:
+        NOTE [ Calibrations in the service ] in ``api.worker``); also a heartbeat."""
+        _check_headroom_source(source)
+        if not 0.0 <= headroom < 1.0:
+            raise ValueError(f"headroom must be in [0, 1) (a share of the budget), got {headroom}")
+        return self._lease_write(lease, {"headroom": headroom, "headroom_source": source})
 
     def set_validation(
         self,

@@ -46,3 +46,22 @@ def test_committed_profiles_load() -> None:
     for entry in list_profiles():
         prof = find_profile(entry.model, entry.batch, entry.dtype, entry.gpu)
         assert prof is not None and prof.source == "measured"
+
+
+def test_user_profiles_come_before_shipped_ones_and_shipped_data_can_be_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from profiler.library import find_profile, profile_filename, user_profile_dir
+
+    shipped = find_profile("resnet50", 256, "float32", "h100")
+    assert shipped is not None
+    mine = shipped.model_copy(update={"loss_ms": 123.0})
+    user_profile_dir().mkdir(parents=True)
+    mine.save(user_profile_dir() / profile_filename("resnet50", 256, "float32", "h100"))
+    found = find_profile("resnet50", 256, "float32", "h100")
+    assert found is not None and found.loss_ms == 123.0
+    (user_profile_dir() / profile_filename("resnet50", 256, "float32", "h100")).unlink()
+    monkeypatch.setenv("MEMTUNE_SHIPPED_DATA", "0")
+    assert find_profile("resnet50", 256, "float32", "h100") is None
+    monkeypatch.setenv("MEMTUNE_SHIPPED_DATA", "1")
+    assert find_profile("resnet50", 256, "float32", "h100") is not None

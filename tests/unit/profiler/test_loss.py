@@ -16,7 +16,7 @@ from profiler.loss import (
     profile_loss_ms,
     step_loss,
 )
-from profiler.modeled import LAUNCH_MS, LOSS_KERNELS, MEMORY_EFFICIENCY, roofline_loss_ms
+from profiler.modeled import LOSS_KERNELS, LOSS_LAUNCH_MS, LOSS_MEMORY_EFFICIENCY, roofline_loss_ms
 from profiler.profile import DeviceIdentity
 from profiler.zoo import build
 from tests.unit.tuner.profiles import conv_profile
@@ -53,8 +53,8 @@ def test_roofline_is_bandwidth_bound_for_big_logits_and_launch_bound_for_small_o
     h200 = get_gpu("h200")
     numel = 16 * 1024 * 50257
     big = roofline_loss_ms(numel * 2, "bfloat16", h200)
-    assert big == pytest.approx(36 * numel / (h200.memory_bandwidth * MEMORY_EFFICIENCY) * 1e3)
-    assert roofline_loss_ms(256 * 1000 * 4, "float32", h200) == pytest.approx(LOSS_KERNELS * LAUNCH_MS)
+    assert big == pytest.approx(36 * numel / (h200.memory_bandwidth * LOSS_MEMORY_EFFICIENCY) * 1e3)
+    assert roofline_loss_ms(256 * 1000 * 4, "float32", h200) == pytest.approx(LOSS_KERNELS * LOSS_LAUNCH_MS)
 
 
 def test_the_simulator_adds_the_profiles_loss_time() -> None:

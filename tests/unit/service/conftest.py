@@ -1,4 +1,5 @@
-"""Fixtures for the service unit tests: a migrated SQLite database per test, an in-process app, keys."""
+"""Fixtures for the service unit tests: a migrated SQLite database per test, an in-process app, keys; calibrations
+installed in this process (by a worker, NOTE [ Calibrations in the service ]) are forgotten after each test."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ from api.settings import Settings
 from storage.database import Database
 from storage.migrate import upgrade
 from storage.repositories import KeyRepository
+from tuner.calibration import uninstall_calibrations
+
+
+@pytest.fixture(autouse=True)
+def _no_installed_calibrations() -> Iterator[None]:
+    uninstall_calibrations()
+    yield
+    uninstall_calibrations()
 
 
 @pytest.fixture

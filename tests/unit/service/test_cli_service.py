@@ -1,15 +1,22 @@
-"""``memtune keys create|list|revoke`` and ``worker --once`` through Typer, on a SQLite data directory."""
+"""``memtune keys create|list|revoke``, ``worker --once`` and ``calibration push|get`` through Typer, on a SQLite data
+directory."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 import typer
+from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 from typer.testing import CliRunner
 
 from api.cli_service import register
+from api.client import MemtuneClient
+from api.main import create_app
 from api.model_refs import store_spec_model
+from api.settings import Settings
 from storage.database import Database, default_url
 from storage.repositories import JobRepository, KeyRepository
 
@@ -72,3 +79,37 @@ def test_worker_once_runs_a_job(tmp_path: Path) -> None:
     with db.session() as s:
         done = JobRepository(s).get(job.id)
     assert done.state == "succeeded" and done.worker_id == "cli-w" and done.trials_done == 8
+
+
+def test_calibration_push_and_get(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db: Database, settings: Settings, api_key: str
+) -> None:
+    """``memtune calibration push FILE`` / ``get KEY`` through the HTTP client (an in-process app here)."""
+    import api.cli_service
+
+    keys: list[str | None] = []
+
+    def in_process(server: str, key: str | None) -> MemtuneClient:
+        keys.append(key)
+        return MemtuneClient(api_key=key, http=TestClient(create_app(settings, db=db)))
+
+    monkeypatch.setattr(api.cli_service, "_client", in_process)
+    runner, app = CliRunner(), _app()
+    file = tmp_path / "calibration-h100.json"
+    file.write_text(json.dumps({"gpu": "h100", "headroom": 0.2, "source": "memtune calibrate", "conv_algos": {}}))
+
+    r = runner.invoke(app, ["calibration", "push", str(file), "--api-key", api_key])
+    assert r.exit_code == 0, r.output
+    assert "stored the calibration of GPU type 'h100' (headroom 0.2)" in r.output and keys == [api_key]
+    r = runner.invoke(app, ["calibration", "get", "h100"])
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.output)
+    assert (shown["origin"], shown["headroom"], shown["data"]["conv_algos"]) == ("database", 0.2, {})
+
+    r = runner.invoke(app, ["calibration", "push", str(file)])  # no key
+    assert r.exit_code == 1 and "401 missing_api_key" in r.output
+    r = runner.invoke(app, ["calibration", "get", "a100-80gb"])
+    assert r.exit_code == 1 and "404 no_calibration" in r.output
+    file.write_text("{not json")
+    r = runner.invoke(app, ["calibration", "push", str(file), "--api-key", api_key])
+    assert r.exit_code == 2 and "not a readable JSON file" in r.output
