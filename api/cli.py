@@ -610,7 +610,7 @@ def tune(
     budget: BudgetOpt = "60% of peak",
     trials: Annotated[int, typer.Option(min=1, help="Optuna trials (baselines included)")] = 300,
     pareto: Annotated[bool, typer.Option("--pareto", help="search the time–memory Pareto front")] = False,
-    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    seed: Annotated[int, typer.Option(help="random seed (jobs of the service use the default)")] = 0,
     param: ParamOpt = None,
     spec: SpecOpt = None,
     profile_file: Annotated[Path | None, typer.Option("--profile", help="a profile JSON file")] = None,
@@ -688,7 +688,7 @@ def tune(
         return
     out.print(
         f"[bold]{prof.model}[/] batch {prof.batch} {prof.dtype} on {prof.device.name} "
-        f"— profile {prof.source} ({prof.compute_source}); {result.n_trials} trials"
+        f"— profile {prof.source} ({prof.compute_source}); {result.n_trials} trials, seed {result.seed}"
     )
     out.print(_policy_table(result))
     if result.best is None:

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
+import subprocess
+import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -25,7 +29,7 @@ from storage.repositories import KeyRepository
 if TYPE_CHECKING:
     from api.client import MemtuneClient
 
-__all__ = ["register"]
+__all__ = ["ServePlan", "register", "serve_plan"]
 
 DataDir = Annotated[
     Path | None, typer.Option("--data-dir", help="directory of the default SQLite database [MEMTUNE_DATA_DIR]")
@@ -66,24 +70,90 @@ def _allocator_settings() -> None:
     configure_allocator()
 
 
+@dataclass(frozen=True)
+class ServePlan:
+    """What ``memtune serve`` starts: the API's settings, and the worker process's command (None: no process).
+
+    ``settings.embedded_worker`` is True only in the in-process mode (``--worker-in-process``), where the worker is
+    a thread of the API process.
+    """
+
+    settings: Settings
+    worker_command: list[str] | None
+
+
+def serve_plan(settings: Settings, *, worker: bool = True, in_process: bool = False) -> ServePlan:
+    """The launch plan of ``memtune serve`` (NOTE [ Worker process ]): by default the API process serves requests
+    only and one ``memtune worker`` runs beside it in its own process, on the same database."""
+    if not worker:
+        return ServePlan(settings.model_copy(update={"embedded_worker": False}), None)
+    if in_process:
+        return ServePlan(settings.model_copy(update={"embedded_worker": True}), None)
+    command = [sys.executable, "-m", "api.cli_service", "worker", "--database-url", settings.url()]
+    for key in settings.worker_gpus:
+        command += ["--gpu", key]
+    return ServePlan(settings.model_copy(update={"embedded_worker": False}), command)
+
+
+# NOTE [ Worker process ]
+# ``memtune serve`` runs its job worker in a child process (``memtune worker`` on the same database), not as a thread
+# of the API process. A search is CPU-bound Python: in one process it holds the GIL against the event loop and the
+# request threads, so lookups slowed by an order of magnitude while a job ran, and the job ran slower for sharing
+# the interpreter with the API. The worker claims jobs from the database exactly as a ``memtune worker`` on another
+# host does; serve migrates the database before starting it, stops it (SIGTERM, then SIGKILL after 30 s) when the
+# API stops, and the API answers jobs as before. ``--worker-in-process`` keeps the older single-process mode.
+
+
+def _start_worker(command: list[str]) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return subprocess.Popen(command, env=env)
+
+
+def _stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def serve(
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
     data_dir: DataDir = None,
     database_url: DatabaseUrl = None,
-    worker: Annotated[bool, typer.Option("--worker/--no-worker", help="run one in-process worker")] = True,
+    worker: Annotated[bool, typer.Option("--worker/--no-worker", help="run one job worker beside the API")] = True,
+    worker_in_process: Annotated[
+        bool,
+        typer.Option(
+            "--worker-in-process", help="run the worker as a thread of the API process (default: its own process)"
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ) -> None:
-    """Run the HTTP API (uvicorn) with one in-process worker; migrations run on start."""
+    """Run the HTTP API (uvicorn) and one job worker in its own process; migrations run on start."""
     import uvicorn
 
     from api.main import create_app
 
-    settings = _settings(data_dir, database_url, embedded_worker=worker)
-    if worker:
+    plan = serve_plan(_settings(data_dir, database_url), worker=worker, in_process=worker_in_process)
+    if plan.settings.embedded_worker:
         _allocator_settings()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+    proc = None
+    if plan.worker_command is not None:
+        _database(plan.settings).dispose()  # migrate once, before the two processes open the database
+        proc = _start_worker(plan.worker_command)
+    try:
+        uvicorn.run(create_app(plan.settings), host=host, port=port, log_level=log_level)
+    finally:
+        if proc is not None:
+            _stop_worker(proc)
 
 
 def worker(

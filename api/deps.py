@@ -1,10 +1,11 @@
-"""FastAPI dependencies as ``Annotated`` aliases: the settings, the database, the caller's API key."""
+"""FastAPI dependencies as ``Annotated`` aliases: the settings, the database, the caller's API key, a JSON body's
+media type, and the type of integer path parameters."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.problems import ProblemError
@@ -13,7 +14,24 @@ from storage.database import Database
 from storage.records import ApiKey
 from storage.repositories import KeyRepository
 
-__all__ = ["DbDep", "ReadAccess", "SettingsDep", "WriteKey", "get_db", "get_settings"]
+__all__ = [
+    "ID_MAX",
+    "DbDep",
+    "IdPath",
+    "JsonBody",
+    "ReadAccess",
+    "SettingsDep",
+    "WriteKey",
+    "get_db",
+    "get_settings",
+    "is_admin",
+]
+
+ID_MAX = 2**31 - 1
+"""The largest integer id every supported database holds: the ids are ``Integer`` columns, 32-bit on PostgreSQL."""
+
+IdPath = Annotated[int, Path(ge=1, le=ID_MAX, description="a stored row's integer id, 1 to 2**31 - 1")]
+"""Every integer path parameter: an id outside what the database can hold is a 422 problem, never a query."""
 
 _bearer = HTTPBearer(auto_error=False, description="an API key from `memtune keys create`")
 
@@ -61,12 +79,49 @@ def require_key(db: DbDep, credentials: _Credentials) -> ApiKey:
     return _authenticate(db, credentials)
 
 
-def read_access(db: DbDep, settings: SettingsDep, credentials: _Credentials) -> ApiKey | None:
-    """Reads are open unless ``MEMTUNE_READS_OPEN=false``; then they need a key like writes."""
+def read_access(request: Request, db: DbDep, settings: SettingsDep) -> ApiKey | None:
+    """Reads are open unless ``MEMTUNE_READS_OPEN=false``; then they need a key like writes.
+
+    The header is read here rather than through the bearer scheme's dependency, which would declare every read as
+    secured in the OpenAPI document (NOTE [ Exact OpenAPI ] in ``api.openapi``: closed reads are declared there).
+    """
     if settings.reads_open:
         return None
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip()) if token.strip() else None
     return _authenticate(db, credentials)
 
 
 WriteKey = Annotated[ApiKey, Depends(require_key)]
 ReadAccess = Annotated[ApiKey | None, Depends(read_access)]
+
+
+def is_admin(settings: Settings, key: ApiKey) -> bool:
+    """Whether ``key`` may act on every key's jobs: its name is in ``MEMTUNE_ADMIN_KEYS``."""
+    return key.name in settings.admin_keys
+
+
+_JSON_MEDIA_TYPES = ("application/json",)
+
+
+def require_json_body(request: Request) -> None:
+    """A JSON request body must say so: ``Content-Type: application/json`` (or ``application/…+json``).
+
+    Raises:
+        ProblemError: 415 ``unsupported_media_type`` naming the type sent, before the body is validated (a body
+            sent as ``text/plain`` or curl's default form encoding is not a malformed object but the wrong kind).
+    """
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media in _JSON_MEDIA_TYPES or (media.startswith("application/") and media.endswith("+json")):
+        return
+    raise ProblemError(
+        415,
+        "unsupported_media_type",
+        "Unsupported media type",
+        f"send the request body as JSON with Content-Type: application/json (got {media or 'no content type'}), "
+        "e.g. curl --json @job.json",
+        accepted=list(_JSON_MEDIA_TYPES),
+    )
+
+
+JsonBody = Annotated[None, Depends(require_json_body)]

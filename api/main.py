@@ -13,7 +13,9 @@ from contextlib import asynccontextmanager
 import anyio.to_thread
 from fastapi import FastAPI
 
+from api import lookup_cache
 from api.body_limit import BodySizeLimit, PathLimit
+from api.openapi import install_docs
 from api.problems import install_problem_handlers
 from api.routes import charts, gpus, health, jobs, leaderboard, models, profiles, web
 from api.settings import Settings
@@ -74,6 +76,7 @@ def create_app(settings: Settings | None = None, *, db: Database | None = None) 
         version=API_VERSION,
         description=_DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # install_docs serves it without a CDN (NOTE [ Exact OpenAPI ])
     )
     app.state.settings = settings
     app.state.db = database
@@ -83,6 +86,7 @@ def create_app(settings: Settings | None = None, *, db: Database | None = None) 
     for module in (health, models, jobs, charts, gpus, leaderboard, profiles):
         app.include_router(module.router)
     web.install(app)
+    install_docs(app)
     exported = PathLimit(
         settings.max_exported_bytes,
         "MEMTUNE_MAX_EXPORTED_BYTES",
@@ -90,4 +94,5 @@ def create_app(settings: Settings | None = None, *, db: Database | None = None) 
         "max_bytes=...).archive is the program without them",
     )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, paths={models.EXPORTED_PATH: exported})
+    lookup_cache.install(app)  # NOTE [ Lookup cache ]
     return app

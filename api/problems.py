@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from profiler.errors import ArchiveTooLargeError, ExportedError, ProfilerError, SpecError, UnknownGPUError
@@ -103,6 +104,15 @@ def _jsonable_errors(errors: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """The methods of every route whose path matches the request's (Starlette's 405 names only one route's)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, APIRoute) and route.path_regex.match(request.url.path):
+            methods |= route.methods or set()
+    return sorted(methods)
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     """Map every error the app can raise to a problem response."""
 
@@ -135,11 +145,13 @@ def install_problem_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code, title = _STATUS_CODES.get(exc.status_code, ("http_error", "HTTP error"))
         detail = exc.detail if isinstance(exc.detail, str) else title
-        headers = dict(exc.headers) if exc.headers else None
-        return problem_response(exc.status_code, code, title, detail, headers=headers)
+        headers = dict(exc.headers) if exc.headers else {}
+        if exc.status_code == 405:  # every method of the path, not only those of the first route that matched it
+            headers["Allow"] = ", ".join(_allowed_methods(app, request))
+        return problem_response(exc.status_code, code, title, detail, headers=headers or None)
 
     @app.exception_handler(SpecError)
     async def _spec(_: Request, exc: SpecError) -> JSONResponse:

@@ -1,7 +1,8 @@
 """Request and response bodies of the HTTP API (``…Create`` in, ``…Public`` out, ``…sPublic(data, count)``).
 
-Request models reject unknown fields (``extra="forbid"``). Times are UTC ISO 8601, sizes bytes,
-durations milliseconds.
+Request models reject unknown fields (``extra="forbid"``) and are strict (``strict=True``): a JSON value of the
+wrong type is refused, never converted (``"batch": true`` or ``"batch": "8"`` is 422, not batch 1 or 8); an
+integer is still accepted where a number is. Times are UTC ISO 8601, sizes bytes, durations milliseconds.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ _SPEC_EXAMPLE: dict[str, Any] = {
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ModelCreate(_Request):
@@ -145,7 +146,7 @@ class JobCreate(_Request):
     batch: int = Field(ge=1, le=1 << 20, description="samples per training step")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     gpu: str = Field(min_length=1, max_length=100, description="GPU type key or name (GET /v1/gpus)")
-    budget: str | int = Field(
+    budget: Annotated[str, Field(max_length=64)] | int = Field(
         description="bytes with a unit ('12GiB', '800MB') or a fraction of the GPU's memory ('60% of gpu'); an "
         "integer is bytes, a string without a unit is refused (NOTE [ Budget grammar ])"
     )
@@ -241,6 +242,11 @@ class JobPublic(BaseModel):
     )
     validate_top_k: int = 0
     validate_iters: int = 6
+    seed: int = Field(
+        default=0,
+        description="the search's random seed: that of `memtune tune` (--seed 0), so the same request gives the same "
+        "plan from the command line and from a job",
+    )
     progress: JobProgress
     unconstrained: Unconstrained | None = Field(description="the unplanned step as simulated")
     validation: ValidationPublic | None = Field(default=None, description="null when validate_top_k is 0")

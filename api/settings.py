@@ -33,6 +33,14 @@ class Settings(BaseSettings):
         poll_interval_s: seconds an idle worker waits between claim attempts.
         progress_interval_s: least seconds between two progress writes of one job.
         sse_interval_s: seconds between two database polls of the job events stream.
+        admin_keys: names of API keys that may act on every key's jobs (cancel them); any other key acts on its
+            own jobs only (``MEMTUNE_ADMIN_KEYS='["ops"]'``).
+        max_active_jobs_per_key: queued plus running jobs one API key may have; a submission over it is 429.
+        max_jobs_per_hour_per_key: jobs one API key may submit in any 3600 s; a submission over it is 429.
+        max_trials_per_job: the most Optuna trials one job may ask for; more is 429 (see ``api.routes.jobs``).
+
+    The limits apply to admin keys too; an idempotent retry of a stored job is not a new submission and counts
+    against none of them.
     """
 
     model_config = SettingsConfigDict(env_prefix="MEMTUNE_", extra="ignore")
@@ -49,6 +57,10 @@ class Settings(BaseSettings):
     poll_interval_s: float = Field(default=0.5, gt=0)
     progress_interval_s: float = Field(default=0.5, ge=0)
     sse_interval_s: float = Field(default=0.25, gt=0)
+    admin_keys: list[str] = Field(default_factory=list)
+    max_active_jobs_per_key: int = Field(default=10, ge=1)
+    max_jobs_per_hour_per_key: int = Field(default=60, ge=1)
+    max_trials_per_job: int = Field(default=10_000, ge=1)
 
     def url(self) -> str:
         """The database URL in effect (``database_url``, else the SQLite file in ``data_dir``)."""

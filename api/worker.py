@@ -563,7 +563,7 @@ class Worker:
             job.budget_bytes,
             trials=job.trials,
             mode=job.mode,  # type: ignore[arg-type]
-            seed=int(job.id[:8], 16),
+            seed=job_seed(job),
             storage=self._optuna_storage(),
             study_name=job.study_name,
             optimizer=job.optimizer,
@@ -837,6 +837,17 @@ def _committed_profile(model: ModelRecord, job: Job) -> Profile | None:
     if profile is not None and profile.device.key != job.gpu_key:
         return None
     return profile
+
+
+def job_seed(job: Job) -> int:
+    """The seed a job is searched with: ``tuner.search.DEFAULT_SEED``, the default of ``memtune tune --seed``, so the
+    same request gives the same plan from the command line and from the service (NOTE [ One objective ] in
+    ``tuner.search``). A job request carries no seed; the study keeps the one it was searched with (its ``seed``
+    attribute) and the job's public view shows it."""
+    from tuner.search import DEFAULT_SEED
+
+    del job  # one rule for every job: nothing of the request changes it
+    return DEFAULT_SEED
 
 
 def _exported_profile(model: ModelRecord, job: Job, archive: bytes) -> Profile:

@@ -158,6 +158,7 @@ class JobRow(Base):
     __table_args__ = (
         UniqueConstraint("owner", "idempotency_key", name="uq_mt_jobs_idempotency"),
         Index("ix_mt_jobs_claim", "state", "gpu_key", "created_at"),
+        Index("ix_mt_jobs_owner_created", "owner", "created_at"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)

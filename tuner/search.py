@@ -12,7 +12,29 @@ Every baseline policy is evaluated and enqueued as one of the first trials, so t
 the best feasible baseline (a baseline whose knobs the space cannot express, e.g. HMMS sync points, is also
 kept as it is and wins if nothing beats it). After the baselines and a few TPE trials, most trials are local
 edits of the incumbent (1–3 stage overrides, a knob), enqueued into the same study; the rest come from TPE.
-Infeasible plans are reported to the sampler as a trial constraint (peak − budget ≤ 0).
+Infeasible plans are reported to the sampler as trial constraints (NOTE [ One objective ]).
+
+# NOTE [ One objective ]
+A trial's value, its ``step_ms`` attribute, the Pareto front, ``best`` (what a job stores for its results, the
+leaderboard and ``/best``) are one number: the simulated step plus, where the search prices them, the allocator
+retries predicted under the budget's cap (NOTE [ Placement ranking ]); ``simulated_step_ms``, ``allocator_ms`` and
+``alloc_retries`` keep its parts. Pricing each trial's end plan once made the VGG-16 fp32 H200 search at 13 GiB
+(300 trials) about 10% slower; before, only the fastest plans were priced after the search, and a job page drew
+unpriced trials 40 ms below the priced best.
+
+Feasibility is recorded as Optuna constraints (``CONSTRAINTS``, each ≤ 0 when feasible): the peak over the
+search budget and, where priced, whether the allocator model found no room. Each is stored both by name
+(``Trial.set_constraint``: ``study.best_trial`` and ``best_trials`` skip infeasible trials, and the TPE sampler
+models them) and as the list (``constraints_func``, the ``constraints`` system attribute) that optuna-dashboard
+reads to pick its best trial. A best plan that no trial holds (a baseline the space cannot express, or the
+placed descent's, NOTE [ Placed descent ]) is added to the study as a finished trial (``user_attrs["recorded"]``,
+its exact plan in ``user_attrs["plan"]``), so that ``study.best_trial`` (fastest) is the plan ``tune`` returns,
+with the same value. Only where the allocator model fits no plan does memtune serve one against its verdict
+(the model's ranking is kept); that plan's recorded trial is feasible, the others not.
+
+Seeds: ``tune``, ``memtune tune`` and a job (``api.worker.job_seed``) all search with ``DEFAULT_SEED`` unless
+told otherwise, and a study in a database keeps its seed as the study attribute ``seed``: the same request gives
+the same plan from the command line and from the service.
 
 With ``storage`` and ``study_name`` the study lives in a database (Optuna ``RDBStorage``): it is created or
 resumed, finished trials count toward ``trials``, stale running trials of dead workers are failed (Optuna
@@ -30,6 +52,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.samplers._base import _CONSTRAINTS_KEY
 from optuna.trial import FrozenTrial, TrialState
 
 from profiler.profile import Profile
@@ -40,7 +64,17 @@ from tuner.placement import allocator_cost
 from tuner.plan import Action, Plan, stage_actions
 from tuner.simulator import SimResult, Simulator
 
-__all__ = ["NO_CHOICE", "Candidate", "TuneResult", "decode_params", "leaves_convs_to_framework", "pareto_front", "tune"]
+__all__ = [
+    "CONSTRAINTS",
+    "DEFAULT_SEED",
+    "NO_CHOICE",
+    "Candidate",
+    "TuneResult",
+    "decode_params",
+    "leaves_convs_to_framework",
+    "pareto_front",
+    "tune",
+]
 
 Mode = Literal["fastest", "pareto"]
 _SYNCS = ("deferred", "layer")
@@ -50,9 +84,12 @@ _DEFAULT_SYNC_DELAY: int = Plan.model_fields["sync_delay"].default
 _THRESHOLD_RANGE = (0.05, 20.0)
 _CONV_RULES = ("default", "fastest", "memory_optimal", "fastest_within")
 _MAX_WS_CAP_MIB = 16384
-_PLACED = 12  # NOTE [ Placement ranking ]: feasible plans whose allocator placement is modelled
 _PLACED_DESCENT = 40  # NOTE [ Placed descent ]: most placements the descent after the ranking models
 _PRE_TRIALS_MIN = 10  # NOTE [ Rule basins ]: fewest trials of the search without algorithm choice
+DEFAULT_SEED = 0
+"""The seed of ``tune``, ``memtune tune`` and every job (NOTE [ One objective ]): same request, same plan."""
+CONSTRAINTS = ("peak_over_budget_bytes", "allocator_out_of_memory")
+"""A trial's Optuna constraints, in this order in the list form (NOTE [ One objective ]); feasible when all are ≤ 0."""
 NO_CHOICE = "optuna (no algorithm choice)"
 """The name of ``TuneResult.no_choice``.
 
@@ -186,13 +223,28 @@ def pareto_front(cands: Sequence[Candidate]) -> list[Candidate]:
 class _Search:
     """The state of one ``tune`` call: the simulator, the incumbent, the mutation stream."""
 
-    def __init__(self, profile: Profile, budget: int, mode: Mode, seed: int, optimizer: str) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        budget: int,
+        mode: Mode,
+        seed: int,
+        optimizer: str,
+        *,
+        cap: int | None = None,
+        priced: bool = False,
+    ) -> None:
         from tuner.policies.layup_cumulative import layup_cumulative
 
         self.profile = profile
         self.n = profile.n_stages
         self.budget = budget
         self.mode = mode
+        self.optimizer = optimizer
+        # NOTE [ One objective ]: with ``priced``, a plan that fits ``budget`` pays its allocator retries under ``cap``
+        self.cap = budget if cap is None else cap
+        self.priced = priced
+        self._placements: dict[str, tuple[float, float, bool]] = {}
         self.sim = Simulator(profile, optimizer)
         self.rng = random.Random(seed)
         self._threshold_cache: dict[float, tuple[Action, ...]] = {}
@@ -241,18 +293,116 @@ class _Search:
         plan, r = self.descend(start, budget)
         lo_hi = self.peak_range
         self.peak_range = (min(r.peak_bytes, lo_hi[0]), max(r.peak_bytes, lo_hi[1])) if lo_hi else (r.peak_bytes,) * 2
-        trial.set_user_attr("step_ms", r.step_ms)
-        trial.set_user_attr("peak_bytes", r.peak_bytes)
-        trial.set_user_attr("actions", plan.compact())
-        trial.set_user_attr("lookahead", plan.prefetch_lookahead)
-        trial.set_user_attr("sync", plan.sync)
-        trial.set_user_attr("sync_delay", plan.sync_delay)
-        trial.set_user_attr("conv_rule", plan.conv_rule)
-        trial.set_user_attr("conv_workspace_limit_bytes", plan.conv_workspace_limit_bytes)
-        trial.set_constraint("peak_over_budget_bytes", float(r.peak_bytes - self.budget))
+        c = Candidate(f"trial {trial.number}", plan, r.step_ms, r.peak_bytes, r.peak_bytes <= self.budget)
+        if c.feasible:
+            c = self.price(c)
+        for key, value in self.trial_attrs(c).items():
+            trial.set_user_attr(key, value)
+        for key, value in self.constraints(c).items():
+            trial.set_constraint(key, value)
         if self.mode == "pareto":
-            return r.step_ms, float(r.peak_bytes)
-        return r.step_ms
+            return c.step_ms, float(c.peak_bytes)
+        return c.step_ms
+
+    # NOTE [ One objective ]: what a trial records, and what pricing adds
+    def price(self, c: Candidate) -> Candidate:
+        """``c`` with its allocator retries under the cap priced into ``step_ms``; ``c`` as it is when the search
+        does not price them. A plan the allocator model cannot fit is infeasible.
+
+        # NOTE [ Placement ranking ]
+        The simulator's step assumes every request finds room. Under the budget's cap a plan whose free memory
+        is scattered pays allocator retries (NOTE [ Allocator placement ] in ``tuner.placement``), which cost
+        VGG-16 fp32 on the H200 13.6-18.3% of its step. Where the GPU type's calibration prices them, every
+        feasible plan is therefore ranked by its step plus the predicted retries' cost (``allocator_cost``: the
+        calibrated ms per GiB unmapped), and a plan that the allocator model cannot fit even after a retry is
+        infeasible. The descent inside a trial stays on the simulator (the model costs milliseconds per plan, the
+        simulator microseconds); the plan it ends at is priced once, and that priced step is the trial's value
+        (NOTE [ One objective ]). So the result is never worse than the best feasible baseline by the same measure:
+        the baselines are priced too.
+        """
+        if not self.priced:
+            return c
+        retries, ms, fits = self.placement(c.plan)
+        return dataclasses.replace(
+            c, step_ms=c.step_ms + ms, allocator_ms=ms, alloc_retries=retries, feasible=c.feasible and fits
+        )
+
+    def placement(self, plan: Plan) -> tuple[float, float, bool]:
+        """``plan``'s predicted retries per step under the cap, their price in ms, and whether the allocator model
+        places it; kept per plan (descents often end at a plan an earlier trial ended at)."""
+        key = plan.model_dump_json(exclude={"label"})
+        if key not in self._placements:
+            placed, cost = allocator_cost(self.profile, plan, self.cap, optimizer=self.optimizer)
+            self._placements[key] = (placed.steady_retries, cost or 0.0, placed.out_of_memory is None)
+        return self._placements[key]
+
+    def trial_attrs(self, c: Candidate) -> dict[str, Any]:
+        """The user attributes a trial of ``c`` records: its priced step, its peak and its plan."""
+        plan = c.plan
+        attrs: dict[str, Any] = {
+            "step_ms": c.step_ms,
+            "peak_bytes": c.peak_bytes,
+            "actions": plan.compact(),
+            "lookahead": plan.prefetch_lookahead,
+            "sync": plan.sync,
+            "sync_delay": plan.sync_delay,
+            "conv_rule": plan.conv_rule,
+            "conv_workspace_limit_bytes": plan.conv_workspace_limit_bytes,
+        }
+        if c.alloc_retries is not None:
+            attrs["simulated_step_ms"] = c.step_ms - c.allocator_ms
+            attrs["allocator_ms"] = c.allocator_ms
+            attrs["alloc_retries"] = c.alloc_retries
+            attrs["allocator_out_of_memory"] = c.peak_bytes <= self.budget and not c.feasible
+        return attrs
+
+    def constraints(self, c: Candidate) -> dict[str, float]:
+        """``c``'s Optuna constraints (``CONSTRAINTS``): feasible when every value is ≤ 0."""
+        over = float(c.peak_bytes - self.budget)
+        return {"peak_over_budget_bytes": over, "allocator_out_of_memory": 0.0 if over > 0 or c.feasible else 1.0}
+
+    def fits(self, t: FrozenTrial) -> bool:
+        """Whether a trial's plan is feasible: its peak fits and the allocator model places it."""
+        return bool(t.user_attrs["peak_bytes"] <= self.budget and not t.user_attrs.get("allocator_out_of_memory"))
+
+    def distributions(self) -> dict[str, BaseDistribution]:
+        """The search space's distributions by parameter (NOTE [ Search space ])."""
+        d: dict[str, BaseDistribution] = {"threshold": FloatDistribution(*_THRESHOLD_RANGE, log=True)}
+        for k in range(self.n):
+            d[f"a{k:03d}"] = CategoricalDistribution(self.choices[k])
+        d["lookahead"] = IntDistribution(0, _MAX_LOOKAHEAD)
+        d["sync"] = CategoricalDistribution(_SYNCS)
+        d["sync_delay"] = IntDistribution(0, _MAX_SYNC_DELAY)
+        if self.has_conv_algos:
+            d["conv_rule"] = CategoricalDistribution(_CONV_RULES)
+            d["ws_cap_mib"] = IntDistribution(1, _MAX_WS_CAP_MIB, log=True)
+        return d
+
+    def record(self, study: optuna.Study, c: Candidate) -> None:
+        """Add ``c``, a plan no trial holds (a baseline, or the placed descent's), to ``study`` as a finished trial
+        with its value, attributes and constraints (NOTE [ One objective ]). Its parameters are those of the search
+        space that express it; its plan is the ``plan`` attribute."""
+        dists = self.distributions()
+        params = {
+            k: v for k, v in _params_for(c.plan, self.has_conv_algos).items() if k in dists and _contains(dists[k], v)
+        }
+        attrs = self.trial_attrs(c)
+        attrs["plan"] = c.plan.model_dump(mode="json")
+        attrs["recorded"] = "best"
+        if c.name != "optuna" and not c.name.startswith("trial "):
+            attrs["policy"] = c.name
+        constraints = self.constraints(dataclasses.replace(c, feasible=True))  # memtune's verdict: it is served
+        values = [c.step_ms, float(c.peak_bytes)] if self.mode == "pareto" else [c.step_ms]
+        study.add_trial(
+            optuna.trial.create_trial(
+                values=values,
+                params=params,
+                distributions={k: dists[k] for k in params},
+                user_attrs=attrs,
+                system_attrs={_CONSTRAINTS_KEY: [constraints[k] for k in CONSTRAINTS]},
+                constraints=constraints,
+            )
+        )
 
     # NOTE [ Local descent ]: each trial refines its start plan by first-improvement hill climbing in the
     # simulator (one stage's action, or a knob, changed at a time, in random order) for at most
@@ -316,13 +466,11 @@ class _Search:
         self.rng.shuffle(moves)
         return moves
 
-    def descend_placed(
-        self, start: Candidate, cap: int, optimizer: str, *, max_placed: int = _PLACED_DESCENT
-    ) -> Candidate:
+    def descend_placed(self, start: Candidate, *, max_placed: int = _PLACED_DESCENT) -> Candidate:
         """Hill climbing from ``start`` on step plus the allocator's predicted cost.
 
         # NOTE [ Placed descent ]
-        The trials descend on the simulator alone and only their fastest plans are priced (NOTE [ Placement
+        The trials descend on the simulator alone and only the plan each ends at is priced (NOTE [ Placement
         ranking ]), so a search can settle among plans that the placement model then prices out, and fall back
         to a slower plan that nothing descended from: GPT bf16 b16 at 80% of its peak found plans of 124.5 ms
         simulated, which the ranking priced above 137.2 ms or found out of memory, and returned a 137.2 ms plan
@@ -331,8 +479,6 @@ class _Search:
         the simulator alone, the fastest there is priced first, and the first whose simulated step plus priced
         retries beats the incumbent is taken; at most ``max_placed`` placements are modelled in all.
         """
-        from tuner.placement import allocator_cost
-
         plan = start.plan
         actions = list(plan.actions)
         knobs = _knobs_of(plan)
@@ -352,17 +498,17 @@ class _Search:
                 if placed >= max_placed:
                     break
                 placed += 1
-                where, priced = allocator_cost(self.profile, cand, cap, optimizer=optimizer)
-                total = step_ms + (priced or 0.0)
-                if where.out_of_memory is None and total < best.step_ms:
+                retries, priced, fits = self.placement(cand)
+                total = step_ms + priced
+                if fits and total < best.step_ms:
                     best = Candidate(
                         "optuna",
                         cand.model_copy(update={"label": "optuna"}),
                         total,
                         peak,
                         True,
-                        allocator_ms=priced or 0.0,
-                        alloc_retries=where.steady_retries,
+                        allocator_ms=priced,
+                        alloc_retries=retries,
                     )
                     actions = list(cand.actions)
                     knobs = _knobs_of(cand)
@@ -382,8 +528,7 @@ class _Search:
 
     def better(self, a: FrozenTrial, b: FrozenTrial) -> FrozenTrial:
         """The better of two trials: feasible first, then faster (then smaller); infeasible by smaller peak."""
-        fa = a.user_attrs["peak_bytes"] <= self.budget
-        fb = b.user_attrs["peak_bytes"] <= self.budget
+        fa, fb = self.fits(a), self.fits(b)
         if fa != fb:
             return a if fa else b
         if fa:
@@ -453,17 +598,28 @@ class _Search:
 
     def _candidate(self, t: FrozenTrial) -> Candidate:
         attrs = t.user_attrs
-        plan = Plan.from_actions(
-            attrs["actions"],
-            prefetch_lookahead=attrs["lookahead"],
-            sync=attrs["sync"],
-            sync_delay=attrs.get("sync_delay", _DEFAULT_SYNC_DELAY),
-            conv_rule=attrs.get("conv_rule", "default"),
-            conv_workspace_limit_bytes=attrs.get("conv_workspace_limit_bytes"),
-            label="optuna",
+        if "plan" in attrs:  # a recorded plan (``record``)
+            plan = Plan.model_validate(attrs["plan"])
+        else:
+            plan = Plan.from_actions(
+                attrs["actions"],
+                prefetch_lookahead=attrs["lookahead"],
+                sync=attrs["sync"],
+                sync_delay=attrs.get("sync_delay", _DEFAULT_SYNC_DELAY),
+                conv_rule=attrs.get("conv_rule", "default"),
+                conv_workspace_limit_bytes=attrs.get("conv_workspace_limit_bytes"),
+                label="optuna",
+            )
+        retries = attrs.get("alloc_retries")
+        return Candidate(
+            f"trial {t.number}",
+            plan,
+            float(attrs["step_ms"]),
+            int(attrs["peak_bytes"]),
+            self.fits(t),
+            allocator_ms=float(attrs.get("allocator_ms", 0.0)),
+            alloc_retries=None if retries is None else float(retries),
         )
-        peak = int(attrs["peak_bytes"])
-        return Candidate(f"trial {t.number}", plan, float(t.user_attrs["step_ms"]), peak, peak <= self.budget)
 
 
 def _knobs_of(plan: Plan) -> _Knobs:
@@ -515,67 +671,6 @@ def evaluate_policies(profile: Profile, budget_bytes: int, sim: Simulator) -> li
 
 def _plan_key(c: Candidate) -> str:
     return c.plan.model_dump_json(exclude={"label"})
-
-
-def _placed(
-    profile: Profile,
-    feasible: list[Candidate],
-    policies: list[Candidate],
-    cap: int,
-    optimizer: str,
-    seeded: Sequence[Candidate] = (),
-) -> dict[str, Candidate]:
-    """The ``_PLACED`` fastest distinct feasible plans, the feasible time-memory front, every feasible
-    baseline and seeded trial, and the same fastest plans and front among the plans without algorithm choice, by
-    plan, each with its predicted allocator cost under ``cap`` folded into ``step_ms``.
-
-    # NOTE [ Placement ranking ]
-    The simulator's step assumes every request finds room. Under the budget's cap a plan whose free memory
-    is scattered pays allocator retries (NOTE [ Allocator placement ] in ``tuner.placement``), which cost
-    VGG-16 fp32 on the H200 13.6-18.3% of its step. The fastest feasible plans of a search are therefore
-    re-ranked by step plus the predicted retries' cost (``allocator_cost``: the calibrated ms per GiB unmapped);
-    a plan that the allocator model cannot fit even after a retry is infeasible. Only these plans are
-    candidates for ``best``: a slower plan outside them was not checked. The search itself stays on the
-    simulator (the model costs milliseconds per plan, the simulator microseconds). The fastest plans of a
-    search are often near-copies of one plan with the same fragmentation, so the feasible time-memory front
-    (plans that use less memory for more time) joins them: a plan a little slower in the simulator but leaner
-    may not retry. Every feasible baseline and seeded trial joins too, so the result is still never worse than
-    the best of them by the same measure.
-    """
-    seen: set[str] = set()
-    picked: list[Candidate] = []
-    fastest = sorted(feasible, key=lambda c: (c.step_ms, c.peak_bytes))
-    framework = [c for c in fastest if leaves_convs_to_framework(c.plan)]  # NOTE [ Measured selection ]
-    groups = (
-        (fastest, _PLACED),
-        (pareto_front(feasible), _PLACED),
-        (policies, len(policies)),
-        (seeded, len(seeded)),
-        (framework, _PLACED),
-        (pareto_front(framework), _PLACED),
-    )
-    for group, most in groups:
-        taken = 0
-        for c in group:
-            key = _plan_key(c)
-            if c.feasible and key not in seen and taken < most:
-                seen.add(key)
-                picked.append(c)
-                taken += 1
-    out: dict[str, Candidate] = {}
-    for c in picked:
-        placed, priced = allocator_cost(profile, c.plan, cap, optimizer=optimizer)
-        cost = priced or 0.0
-        out[_plan_key(c)] = dataclasses.replace(
-            c,
-            step_ms=c.step_ms + cost,
-            allocator_ms=cost,
-            alloc_retries=placed.steady_retries,
-            feasible=placed.out_of_memory is None,
-        )
-    if not any(c.feasible for c in out.values()):  # the model fits none: keep its ranking, not its verdict
-        out = {k: dataclasses.replace(c, feasible=True) for k, c in out.items()}
-    return out
 
 
 def tune(
@@ -639,15 +734,19 @@ def tune(
     requested_budget = budget_bytes
     budget_bytes = search_budget(budget_bytes, headroom)
 
-    search = _Search(profile, budget_bytes, mode, seed, optimizer)
+    priced = placement and calibration_for(profile.device.key).remap_ms_per_gib is not None
+    search = _Search(profile, budget_bytes, mode, seed, optimizer, cap=requested_budget, priced=priced)
     policies = evaluate_policies(profile, budget_bytes, search.sim)
     unconstrained = next(c for c in policies if c.name == "none")
 
-    sampler = optuna.samplers.TPESampler(
-        seed=seed,
-        n_startup_trials=10,
-        multivariate=True,
-    )
+    with warnings.catch_warnings():  # the list form of constraints is deprecated in Optuna 5 (NOTE [ One objective ])
+        warnings.simplefilter("ignore", FutureWarning)
+        sampler = optuna.samplers.TPESampler(
+            seed=seed,
+            n_startup_trials=10,
+            multivariate=True,
+            constraints_func=_constraint_list,
+        )
     directions: list[Literal["minimize", "maximize"]] = ["minimize", "minimize"] if mode == "pareto" else ["minimize"]
     study = optuna.create_study(
         storage=storage, study_name=study_name, sampler=sampler, directions=directions, load_if_exists=True
@@ -657,6 +756,8 @@ def tune(
         optuna.storages.fail_stale_trials(study)
     existing = study.get_trials(deepcopy=False)
     if not existing:
+        study.set_user_attr("seed", seed)
+        study.set_user_attr("priced", priced)
         seen: set[str] = set()
         for c in policies:
             params = _params_for(c.plan, search.has_conv_algos)
@@ -709,7 +810,7 @@ def tune(
             if search.mode == "pareto":
                 search.front_pool.append(trial)
         inc = state["incumbent"]
-        if inc is not None and inc.user_attrs["peak_bytes"] <= budget_bytes:
+        if inc is not None and search.fits(inc):
             state["best"] = search._candidate(inc)
         done = state["done"]
         if progress is not None:
@@ -727,23 +828,22 @@ def tune(
     all_trials = study.get_trials(deepcopy=False)
     done_trials = [t for t in all_trials if t.state is TrialState.COMPLETE and "peak_bytes" in t.user_attrs]
     cands = [search._candidate(t) for t in done_trials]
-    feasible = [c for c in cands if c.feasible] + [c for c in policies if c.feasible]
-    priced = placement and calibration_for(profile.device.key).remap_ms_per_gib is not None
-    if feasible and priced:
-        seeded = [c for t, c in zip(done_trials, cands, strict=True) if t.user_attrs.get("policy") == "seed"]
-        placed = _placed(profile, feasible, policies, requested_budget, optimizer, seeded)
-        feasible = [c for c in placed.values() if c.feasible]
-        policies = [
-            dataclasses.replace(placed[k], name=c.name) if (k := _plan_key(c)) in placed else c for c in policies
-        ]
+    if priced:  # NOTE [ One objective ]: baselines, and trials of a study searched without prices, are priced here
+        policies = [search.price(c) if c.feasible else c for c in policies]
+        cands = [search.price(c) if c.feasible and c.alloc_retries is None else c for c in cands]
+    feasible = [c for c in cands + policies if c.feasible]
+    if priced and not feasible:  # the allocator model fits none: keep its ranking, not its verdict
+        feasible = [dataclasses.replace(c, feasible=True) for c in cands + policies if c.peak_bytes <= budget_bytes]
     best: Candidate | None = None
     no_choice: Candidate | None = None
     if feasible:
         best = min(feasible, key=lambda c: (c.step_ms, c.peak_bytes))
+        if priced and mode == "fastest":  # NOTE [ Placed descent ]
+            best = search.descend_placed(best)
+        if not _is_study_best(study, search, best, done_trials):  # NOTE [ One objective ]
+            search.record(study, best)
         if best.name.startswith("trial "):
             best = dataclasses.replace(best, name="optuna")
-        if priced and mode == "fastest":  # NOTE [ Placed descent ]
-            best = search.descend_placed(best, requested_budget, optimizer)
         framework = [c for c in feasible if leaves_convs_to_framework(c.plan)]
         if search.has_conv_algos and framework and not leaves_convs_to_framework(best.plan):
             no_choice = dataclasses.replace(min(framework, key=lambda c: (c.step_ms, c.peak_bytes)), name=NO_CHOICE)
@@ -766,6 +866,33 @@ def tune(
         seed=seed,
         headroom=headroom,
         no_choice=no_choice,
+    )
+
+
+def _contains(d: BaseDistribution, value: Any) -> bool:
+    """Whether a categorical distribution holds ``value`` (numbers are clamped to their range by ``_params_for``)."""
+    return not isinstance(d, CategoricalDistribution) or value in d.choices
+
+
+def _constraint_list(t: FrozenTrial) -> list[float]:
+    """A trial's constraints in the list form (``CONSTRAINTS`` order) that optuna-dashboard reads."""
+    named = t.constraints
+    return [float(named.get(k, 0.0)) for k in CONSTRAINTS]
+
+
+def _is_study_best(study: optuna.Study, search: _Search, best: Candidate, trials: Sequence[FrozenTrial]) -> bool:
+    """Whether the study's own best already is ``best``: ``study.best_trial`` (fastest) or a feasible trial on
+    its front (Pareto), with ``best``'s plan and step."""
+    if search.mode == "fastest":
+        try:
+            held = [study.best_trial]
+        except ValueError:  # no feasible trial
+            return False
+    else:
+        held = [t for t in trials if search.fits(t)]
+    key = _plan_key(best)
+    return any(
+        t.values is not None and t.values[0] == best.step_ms and _plan_key(search._candidate(t)) == key for t in held
     )
 
 

@@ -1,11 +1,33 @@
-"""``/v1/jobs``: submit a tuning job (idempotently), follow it (JSON or server-sent events), cancel it."""
+"""``/v1/jobs``: submit a tuning job (idempotently), follow it (JSON or server-sent events), cancel it.
+
+# NOTE [ Job limits and ownership ]
+A job belongs to the API key that submitted it (``owner``, the key's name). Only that key, or a key named in
+``MEMTUNE_ADMIN_KEYS``, may cancel it; any other key gets 403 ``not_job_owner``. Reads stay open to every reader.
+
+Each key is held to three limits (``api.settings.Settings``), checked at submission after the request itself
+was found valid, each refused with a 429 problem naming the limit (``limit``) and the setting that sets it:
+
+* ``max_active_jobs_per_key`` (10) queued plus running jobs: ``too_many_active_jobs``, ``Retry-After: 30``
+  (when a job of the key finishes is not known; 30 s is a poll interval, not a promise).
+* ``max_jobs_per_hour_per_key`` (60) jobs submitted in any 3600 s, whatever became of them: ``hourly_job_limit``,
+  with ``Retry-After`` the seconds until the oldest of them leaves the window (one submission is free then).
+* ``max_trials_per_job`` (10,000): ``trials_limit``. 429 like the others, so that a client finds every per-key
+  limit under one status, but without ``Retry-After``: the same request is refused however long it waits (a
+  ``Retry-After`` would send retrying clients into a loop); ``limit`` says how many trials to ask for instead.
+
+A submission takes its key's row lock first (``KeyRepository.lock``), so two concurrent submissions of one key
+are counted one after the other and cannot both slip under a limit. An idempotent retry of a stored job
+(same ``Idempotency-Key``) is not a new submission: it is answered with the job, whatever the limits say now.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
+import math
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Annotated, Literal
 
 import anyio.to_thread
@@ -13,17 +35,22 @@ from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
 from api.calibrations import job_headroom
-from api.deps import DbDep, ReadAccess, SettingsDep, WriteKey
+from api.deps import DbDep, JsonBody, ReadAccess, SettingsDep, WriteKey, is_admin
 from api.gpu_types import resolve_gpu
 from api.model_refs import check_batch, store_spec_model, store_zoo_model
 from api.problems import ProblemError
 from api.schemas import JobCreate, JobEvent, JobPublic, JobsPublic, ResultsPublic
+from api.settings import Settings
 from api.views import job_public, result_public
+from profiler.spec import FLOAT_BYTES, SpecLimits, validate_spec
+from profiler.zoo import ZOO, ZOO_LIMITS, gpt_param_count, image_spec
 from storage.database import Database
 from storage.errors import ConflictError, IdempotencyConflictError
-from storage.records import Job
-from storage.repositories import JobRepository, ModelRepository, ResultRepository
-from tuner.budget import parse_budget
+from storage.records import Job, ModelRecord
+from storage.repositories import JobRepository, KeyRepository, ModelRepository, ResultRepository
+from storage.rows import utcnow
+from tuner.budget import format_bytes, parse_budget, search_budget
+from tuner.simulator import OPTIMIZERS
 
 __all__ = ["router"]
 
@@ -52,20 +79,129 @@ def _request_hash(body: JobCreate) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+#: seconds a client over its active-job limit is asked to wait (NOTE [ Job limits and ownership ])
+ACTIVE_RETRY_AFTER_S = 30
+#: the window of the hourly limit, seconds
+HOUR_S = 3600
+_UNBOUNDED_IMAGE = SpecLimits(max_layers=ZOO_LIMITS.max_layers, max_params=2**62, max_activation_bytes=2**62)
+
+
+def parameter_bytes(model: ModelRecord) -> int:
+    """Bytes of a stored model's trainable parameters, computed from its definition without building it.
+
+    Zoo and spec models keep their parameters in float32 under every ``dtype`` (autocast); their counts come from
+    the analytic spec validation (``profiler.spec``) or ``gpt_param_count``, the numbers the built chain has. An
+    exported program's are its stored ``parameter_bytes``.
+    """
+    definition = model.definition
+    if model.kind == "exported":
+        return int(definition["exported"]["parameter_bytes"])
+    if model.kind == "zoo":
+        name, params = str(definition["zoo"]), definition.get("params") or {}
+        if name == "gpt":
+            return FLOAT_BYTES * gpt_param_count(ZOO["gpt"].resolve(params))
+        return FLOAT_BYTES * validate_spec(image_spec(name, params), _UNBOUNDED_IMAGE).param_count
+    return FLOAT_BYTES * validate_spec(definition["spec"]).param_count
+
+
+def budget_floor(model: ModelRecord, optimizer: str) -> int:
+    """The fewest bytes any plan of ``model`` can peak at: its parameters, their gradients and the optimizer's
+    state, resident at the end of every backward whatever the plan (NOTE [ Simulator memory accounting ] in
+    ``tuner.simulator``). Activations and the input come on top, so a budget at the floor is still too small;
+    below it no plan can fit, and a search would only spend its trials finding that out."""
+    return int(parameter_bytes(model) * (2.0 + OPTIMIZERS[optimizer]))
+
+
+def _check_floor(model: ModelRecord, body: JobCreate, budget_bytes: int, headroom: float) -> None:
+    floor = budget_floor(model, body.optimizer)
+    searched = search_budget(budget_bytes, headroom)
+    if searched >= floor:
+        return
+    kept = f" less the headroom {headroom:g} ({searched} B)" if headroom else ""
+    raise ProblemError(
+        422,
+        "budget_below_floor",
+        "Budget below the model's floor",
+        f"budget {body.budget!r} ({budget_bytes} B){kept} is below the {floor} bytes ({format_bytes(floor)}) that "
+        f"model {model.id}'s parameters, their gradients and the {body.optimizer!r} optimizer's state take whatever "
+        "the plan: no plan can fit; ask for more memory",
+        field="budget",
+        floor_bytes=floor,
+        budget_bytes=budget_bytes,
+        search_budget_bytes=searched,
+    )
+
+
+def _check_limits(jobs: JobRepository, owner: str, trials: int, settings: Settings) -> None:
+    """Refuse a new job of ``owner`` over its key's limits (NOTE [ Job limits and ownership ])."""
+    if trials > settings.max_trials_per_job:
+        # no Retry-After: waiting never makes this request acceptable (see the NOTE)
+        raise ProblemError(
+            429,
+            "trials_limit",
+            "Too many trials for one job",
+            f"a job may ask for at most {settings.max_trials_per_job} trials (MEMTUNE_MAX_TRIALS_PER_JOB), not "
+            f"{trials}; submit it with trials <= {settings.max_trials_per_job}",
+            limit=settings.max_trials_per_job,
+            setting="MEMTUNE_MAX_TRIALS_PER_JOB",
+        )
+    now = utcnow()
+    usage = jobs.usage(owner, now - timedelta(seconds=HOUR_S))
+    if usage.active >= settings.max_active_jobs_per_key:
+        raise ProblemError(
+            429,
+            "too_many_active_jobs",
+            "Too many active jobs",
+            f"API key {owner!r} has {usage.active} jobs queued or running, its limit "
+            f"(MEMTUNE_MAX_ACTIVE_JOBS_PER_KEY); submit again when one has finished, or cancel one",
+            headers={"Retry-After": str(ACTIVE_RETRY_AFTER_S)},
+            limit=settings.max_active_jobs_per_key,
+            setting="MEMTUNE_MAX_ACTIVE_JOBS_PER_KEY",
+        )
+    if usage.recent >= settings.max_jobs_per_hour_per_key:
+        assert usage.oldest_recent is not None
+        frees_at = usage.oldest_recent + timedelta(seconds=HOUR_S)
+        wait = max(1, math.ceil((frees_at - now).total_seconds()))
+        raise ProblemError(
+            429,
+            "hourly_job_limit",
+            "Too many jobs this hour",
+            f"API key {owner!r} submitted {usage.recent} jobs in the last hour, its limit "
+            f"(MEMTUNE_MAX_JOBS_PER_HOUR_PER_KEY); the next one is accepted in {wait} s",
+            headers={"Retry-After": str(wait)},
+            limit=settings.max_jobs_per_hour_per_key,
+            setting="MEMTUNE_MAX_JOBS_PER_HOUR_PER_KEY",
+        )
+
+
 @router.post(
     "",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobPublic,
     responses={
+        404: {"description": "the model named by id does not exist"},
         409: {"description": "Idempotency-Key reused for a different request"},
+        415: {"description": "the body is not sent as application/json"},
         422: {
-            "description": "unknown GPU, bad budget, bad model spec (names the layer and field), a batch other than "
-            "an exported program's (batch_mismatch), bad field"
+            "description": "unknown GPU, bad budget, a budget below what the model's parameters, gradients and "
+            "optimizer state alone take (budget_below_floor, names floor_bytes), bad model spec (names the layer "
+            "and field), a batch other than an exported program's (batch_mismatch), a field of the wrong type or "
+            "out of range"
+        },
+        429: {
+            "description": "over a per-key limit: active jobs or jobs per hour (with Retry-After), trials per job "
+            "(names the limit)"
         },
     },
 )
 def create_job(
-    body: JobCreate, db: DbDep, key: WriteKey, response: Response, idempotency_key: IdempotencyKey = None
+    body: JobCreate,
+    db: DbDep,
+    settings: SettingsDep,
+    key: WriteKey,
+    _json: JsonBody,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
 ) -> JobPublic:
     """Queue a tuning job; 202 with ``Location: /v1/jobs/{id}``.
 
@@ -76,12 +212,18 @@ def create_job(
     ``headroom`` (default: the GPU type's calibration: the one stored in the service's database, else this host's
     file, else the committed one, else 0; ``api.calibrations``) is resolved here and stored on the job with
     where it came from (``headroom_source``), which the job shows: the worker searches plans against
-    ``budget_bytes * (1 - headroom)`` while the job's ``budget_bytes`` stays the budget asked for.
+    ``budget_bytes * (1 - headroom)`` while the job's ``budget_bytes`` stays the budget asked for. A budget that
+    leaves less than the model's parameters, gradients and optimizer state need is refused (``budget_floor``).
+
+    The job belongs to the calling key, which is held to its limits (NOTE [ Job limits and ownership ]): 429.
     """
     request_hash = _request_hash(body)
     for attempt in (0, 1):  # a concurrent identical model create or idempotent retry: read the winner
         try:
             with db.session() as s:
+                KeyRepository(s).lock(key.id)  # first: the key's submissions are counted one at a time
+                jobs = JobRepository(s)
+                replay = idempotency_key is not None and jobs.find_by_idempotency_key(key.name, idempotency_key)
                 gpu = resolve_gpu(s, body.gpu)
                 budget_bytes = parse_budget(body.budget, gpu.gpu.memory_bytes)
                 headroom, headroom_source = job_headroom(s, gpu.gpu.key, body.headroom)
@@ -94,7 +236,10 @@ def create_job(
                 else:
                     assert ref.spec is not None
                     model, _ = store_spec_model(s, ref.spec)
-                job, created = JobRepository(s).create(
+                if not replay:  # a replay answers with its stored job (or 409 for another request) below
+                    _check_floor(model, body, budget_bytes, headroom)
+                    _check_limits(jobs, key.name, body.trials, settings)
+                job, created = jobs.create(
                     model_id=model.id,
                     gpu_key=gpu.gpu.key,
                     batch=body.batch,
@@ -154,11 +299,32 @@ def job_results(job_id: str, db: DbDep, _read: ReadAccess, plans: Annotated[bool
     return ResultsPublic(data=[result_public(r, with_plan=plans) for r in results], count=len(results))
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic, responses={409: {"description": "job already finished"}})
-def cancel_job(job_id: str, db: DbDep, _key: WriteKey) -> JobPublic:
-    """Cancel a queued job at once, or ask the worker of a running one to stop (it keeps what it found)."""
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobPublic,
+    responses={
+        403: {"description": "the job belongs to another API key, and this one is no admin key"},
+        409: {"description": "job already finished"},
+    },
+)
+def cancel_job(job_id: str, db: DbDep, settings: SettingsDep, key: WriteKey) -> JobPublic:
+    """Cancel a queued job at once, or ask the worker of a running one to stop (it keeps what it found).
+
+    Only the key that submitted the job (its ``owner``) or an admin key (``MEMTUNE_ADMIN_KEYS``) may: 403 for others.
+    """
     with db.session() as s:
-        return job_public(JobRepository(s).request_cancel(job_id))
+        jobs = JobRepository(s)
+        job = jobs.get(job_id)
+        if job.owner != key.name and not is_admin(settings, key):
+            raise ProblemError(
+                403,
+                "not_job_owner",
+                "Not the job's owner",
+                f"job {job_id} was submitted with API key {job.owner!r}; only that key or an admin key "
+                f"(MEMTUNE_ADMIN_KEYS) may cancel it, not {key.name!r}",
+                owner=job.owner,
+            )
+        return job_public(jobs.request_cancel(job_id))
 
 
 def _load(db: Database, job_id: str) -> Job:

@@ -8,7 +8,7 @@ from typing import Annotated
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response, status
 
-from api.deps import DbDep, ReadAccess, SettingsDep, WriteKey
+from api.deps import DbDep, JsonBody, ReadAccess, SettingsDep, WriteKey
 from api.model_refs import store_exported_model, store_spec_model, store_zoo_model
 from api.problems import ProblemError
 from api.schemas import ModelCreate, ModelPublic
@@ -41,9 +41,12 @@ def _created(response: Response, model: ModelRecord, created: bool) -> ModelPubl
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=ModelPublic,
-    responses={200: {"description": "an identical model was stored before", "model": ModelPublic}},
+    responses={
+        200: {"description": "an identical model was stored before", "model": ModelPublic},
+        415: {"description": "the body is not sent as application/json"},
+    },
 )
-def create_model(body: ModelCreate, db: DbDep, _key: WriteKey, response: Response) -> ModelPublic:
+def create_model(body: ModelCreate, db: DbDep, _key: WriteKey, _json: JsonBody, response: Response) -> ModelPublic:
     """Store a model: ``{"zoo": "vgg16", "params": {...}}`` or ``{"spec": {...}}``.
 
     201 with the new model; 200 with the stored one when an identical definition exists (same id).

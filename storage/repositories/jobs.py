@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
@@ -39,7 +39,7 @@ from storage.records import (
 from storage.repositories._convert import to_claim, to_job
 from storage.rows import JobClaimRow, JobRow, utcnow
 
-__all__ = ["JobLease", "JobRepository", "LeaseStatus"]
+__all__ = ["JobLease", "JobRepository", "LeaseStatus", "OwnerUsage"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,16 @@ class LeaseStatus:
 
     lost: bool
     cancel: bool
+
+
+@dataclass(frozen=True)
+class OwnerUsage:
+    """One API key's jobs, for its limits: ``active`` (queued or running), and those created since a time
+    (``recent``, the oldest of them created at ``oldest_recent``; None when there are none)."""
+
+    active: int
+    recent: int
+    oldest_recent: datetime | None
 
 
 def _check_headroom_source(source: str | None) -> None:
@@ -143,6 +153,18 @@ class JobRepository:
     def find_by_idempotency_key(self, owner: str, key: str) -> Job | None:
         row = self.s.scalar(select(JobRow).where(JobRow.owner == owner, JobRow.idempotency_key == key))
         return None if row is None else to_job(row)
+
+    def usage(self, owner: str, since: datetime) -> OwnerUsage:
+        """How many jobs ``owner`` has queued or running, and has created at or after ``since`` (any state)."""
+        active = self.s.scalar(
+            select(func.count())
+            .select_from(JobRow)
+            .where(JobRow.owner == owner, JobRow.state.in_(("queued", "running")))
+        )
+        recent, oldest = self.s.execute(
+            select(func.count(), func.min(JobRow.created_at)).where(JobRow.owner == owner, JobRow.created_at >= since)
+        ).one()
+        return OwnerUsage(active=int(active or 0), recent=int(recent or 0), oldest_recent=oldest)
 
     def get(self, job_id: str) -> Job:
         row = self.s.get(JobRow, job_id)

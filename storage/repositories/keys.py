@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from storage.errors import ConflictError, NotFoundError
@@ -47,6 +47,18 @@ class KeyRepository:
         if row is None or row.revoked_at is not None:
             return None
         return to_api_key(row)
+
+    def lock(self, key_id: int) -> None:
+        """Hold the key's row for the rest of the transaction, so that two writes of one key (two job submissions
+        checked against its limits) run one after the other: a no-op ``UPDATE`` of the row, which PostgreSQL
+        locks and SQLite serializes (its write lock; issued first in a transaction, nothing read before it can
+        be stale)."""
+        self.s.execute(
+            update(ApiKeyRow)
+            .where(ApiKeyRow.id == key_id)
+            .values(id=ApiKeyRow.id)
+            .execution_options(synchronize_session=False)
+        )
 
     def list_all(self) -> list[ApiKey]:
         return [to_api_key(r) for r in self.s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.id))]

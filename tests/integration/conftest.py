@@ -10,11 +10,10 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from uuid import uuid4
 
 import httpx
 import pytest
-from live_server import PG_ADMIN, free_port, pg_admin_connect, pg_unreachable, spawn
+from live_server import free_port, fresh_pg_database, pg_unreachable, spawn
 
 
 @pytest.fixture
@@ -23,14 +22,8 @@ def postgres_url() -> Iterator[str]:
     reason = pg_unreachable()
     if reason:
         pytest.skip(reason)
-    name = f"memtune_it_{uuid4().hex[:12]}"
-    conn = pg_admin_connect()
-    conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
-    finally:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.close()
+    with fresh_pg_database("memtune_it") as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -49,7 +42,8 @@ def serve_args() -> list[str]:
 
 @pytest.fixture
 def server(database_url: str, serve_args: list[str], tmp_path: Path) -> Iterator[str]:
-    """``memtune serve`` (API + one in-process worker) on a free loopback port; yields the base URL."""
+    """``memtune serve`` (the API, and its worker in a process of its own) on a free loopback port; yields the base
+    URL."""
     port = free_port()
     log = tmp_path / "serve.log"
     args = ["serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", database_url]

@@ -6,12 +6,15 @@ PostgreSQL is expected at 127.0.0.1:5432 (user ``postgres``, trust auth); overri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 from storage.database import Database
 from storage.migrate import upgrade
@@ -47,6 +50,20 @@ def pg_unreachable() -> str | None:
         return f"PostgreSQL at {PG_ADMIN} is unreachable: {e}"
     conn.close()
     return None
+
+
+@contextlib.contextmanager
+def fresh_pg_database(prefix: str) -> Iterator[str]:
+    """A new PostgreSQL database named ``<prefix>_<random>``, dropped on exit; yields its URL (the server must
+    answer: check ``pg_unreachable`` first)."""
+    name = f"{prefix}_{uuid4().hex[:12]}"
+    conn = pg_admin_connect()
+    conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
+    finally:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.close()
 
 
 def free_port() -> int:

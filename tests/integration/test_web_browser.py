@@ -130,7 +130,8 @@ def test_job_page_and_leaderboard_in_chromium(server: str, database_url: str, tm
         results = mt.job_results(job.id).data
         n_stages = len(mt.profile(done.profile_id or -1).profile["stages"])
     trials = httpx.get(f"{server}/v1/jobs/{job.id}/trials", timeout=30).json()
-    assert trials["count"] == 30
+    # 30 searched, and the best recorded as a trial of its own when no searched trial is it (NOTE [ One objective ])
+    assert trials["count"] in (30, 31)
 
     dom = _chromium(tmp_path, f"{server}/jobs/{job.id}", "--dump-dom").stdout
     assert 'data-ready="true"' in dom, dom[-2000:]

@@ -35,7 +35,11 @@ def serve_args() -> list[str]:
 
 def _complete(url: str, study: str) -> dict[int, tuple[float, ...]]:
     s = optuna.load_study(study_name=study, storage=url)
-    return {t.number: tuple(t.values) for t in s.get_trials(deepcopy=False) if t.state is TrialState.COMPLETE}
+    return {  # the searched trials; not the best recorded as a trial of its own (NOTE [ One objective ])
+        t.number: tuple(t.values)
+        for t in s.get_trials(deepcopy=False)
+        if t.state is TrialState.COMPLETE and t.user_attrs.get("recorded") != "best"
+    }
 
 
 def test_killed_worker_job_resumes_on_the_other(server: str, postgres_url: str, tmp_path: Path) -> None:

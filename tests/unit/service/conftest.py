@@ -54,3 +54,18 @@ def http(db: Database, settings: Settings) -> Iterator[TestClient]:
 @pytest.fixture
 def client(http: TestClient, api_key: str) -> MemtuneClient:
     return MemtuneClient(api_key=api_key, http=http)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty SQLite file, or a fresh PostgreSQL database dropped afterwards (skipped when no server answers)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'memtune-url.db'}"
+        return
+    from tests.integration.live_server import fresh_pg_database, pg_unreachable
+
+    reason = pg_unreachable()
+    if reason:
+        pytest.skip(f"PostgreSQL tests need a server: {reason}")
+    with fresh_pg_database("memtune_unit") as url:
+        yield url

@@ -113,3 +113,50 @@ def test_calibration_push_and_get(
     file.write_text("{not json")
     r = runner.invoke(app, ["calibration", "push", str(file), "--api-key", api_key])
     assert r.exit_code == 2 and "not a readable JSON file" in r.output
+
+
+def test_serve_runs_its_worker_in_another_process_by_default(tmp_path: Path) -> None:
+    from api.cli_service import serve_plan
+
+    settings = Settings(data_dir=tmp_path, worker_gpus=["h200"])
+    plan = serve_plan(settings)
+    assert not plan.settings.embedded_worker  # no worker thread in the API process
+    assert plan.worker_command is not None
+    assert plan.worker_command[1:6] == ["-m", "api.cli_service", "worker", "--database-url", settings.url()]
+    assert plan.worker_command[-2:] == ["--gpu", "h200"]
+    threaded = serve_plan(settings, in_process=True)
+    assert threaded.settings.embedded_worker and threaded.worker_command is None
+    none = serve_plan(settings, worker=False)
+    assert not none.settings.embedded_worker and none.worker_command is None
+
+
+def test_serve_starts_and_stops_the_worker_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import uvicorn
+
+    import api.cli_service as cli_service
+
+    started: list[object] = []
+    real_start = cli_service._start_worker
+
+    def start(command: list[str]) -> object:
+        proc = real_start(command)
+        started.append(proc)
+        return proc
+
+    seen: dict[str, object] = {}
+
+    def fake_run(app: object, **kwargs: object) -> None:
+        (proc,) = started
+        seen["alive"] = proc.poll() is None  # type: ignore[attr-defined]
+        seen["pid"] = proc.pid  # type: ignore[attr-defined]
+        seen["embedded"] = app.state.settings.embedded_worker  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(cli_service, "_start_worker", start)
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    r = CliRunner().invoke(_app(), ["serve", "--data-dir", str(tmp_path), "--log-level", "warning"])
+    assert r.exit_code == 0, r.output
+    assert seen["alive"] is True and seen["pid"] != os.getpid() and seen["embedded"] is False
+    (proc,) = started
+    assert proc.poll() is not None  # type: ignore[attr-defined]  # stopped with the API

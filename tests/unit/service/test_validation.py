@@ -196,7 +196,7 @@ def test_a_cpu_worker_skips_validation_and_says_why(
     ("extra", "reason"),
     [
         ({"optimizer": "adam"}, "optimizer 'adam'"),
-        ({"budget": "1KiB"}, "no plan fits the budget"),
+        ({"budget": "160KiB"}, "no plan fits the budget"),  # above the floor, below params + input
     ],
 )
 def test_validation_skips_what_it_cannot_measure_faithfully(

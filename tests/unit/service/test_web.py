@@ -47,7 +47,8 @@ def test_timeline_and_trials_agree_with_the_stored_results(
     r = http.get(f"/v1/jobs/{job_id}/trials")
     assert r.status_code == 200, r.text
     trials = r.json()
-    assert trials["count"] == len(trials["data"]) == 20
+    # the 20 trials, and the best plan as a trial of its own where no trial held it (NOTE [ One objective ])
+    assert trials["count"] == len(trials["data"]) in (20, 21)
     assert [t["number"] for t in trials["data"]] == sorted(t["number"] for t in trials["data"])
     assert all(t["feasible"] == (t["peak_bytes"] <= 64 << 20) for t in trials["data"])
     assert {"none", "checkpoint_sqrt"} <= {t["policy"] for t in trials["data"] if t["policy"]}

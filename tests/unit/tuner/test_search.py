@@ -202,3 +202,37 @@ def test_the_placed_descent_leaves_no_cheaper_neighbour_behind() -> None:
     placed, priced = allocator_cost(prof, best.plan, budget)
     assert best.step_ms == pytest.approx(sim.step_ms + (priced or 0.0))
     assert sim.peak_bytes <= int(0.95 * budget) and placed.out_of_memory is None
+
+
+def test_the_study_best_is_the_reported_best_at_its_priced_step() -> None:
+    """NOTE [ One objective ]: VGG-16 fp32 on the H200 at 13 GiB, whose fastest plans do not fit. Every trial's value is
+    its priced step, infeasible trials say so in Optuna's constraints (by name, and in the list optuna-dashboard reads),
+    and ``study.best_trial`` is the plan ``tune`` returns, at the same step."""
+    from api.cli import resolve_profile
+    from profiler.zoo import build
+    from tuner.search import CONSTRAINTS
+
+    prof = resolve_profile(build("vgg16", {}), 256, "float32", "h200")
+    budget = 13 << 30
+    storage = optuna.storages.InMemoryStorage()
+    result = tune(prof, budget, trials=30, seed=0, headroom=0.05, storage=storage, study_name="one")
+    best = result.best
+    assert best is not None and best.alloc_retries is not None
+    study = optuna.load_study(study_name="one", storage=storage)
+    trials = [t for t in study.trials if t.state is optuna.trial.TrialState.COMPLETE]
+    assert any(t.value < best.step_ms and t.constraints["peak_over_budget_bytes"] > 0 for t in trials)  # not vacuous
+    for t in trials:
+        assert t.value == t.user_attrs["step_ms"]
+        assert set(CONSTRAINTS) <= t.constraints.keys() and len(t.system_attrs["constraints"]) == len(CONSTRAINTS)
+        if all(v <= 0 for v in t.constraints.values()):
+            assert t.user_attrs["step_ms"] == pytest.approx(
+                t.user_attrs["simulated_step_ms"] + t.user_attrs["allocator_ms"]
+            )
+    top = study.best_trial
+    assert all(v <= 0 for v in top.constraints.values()) and all(v <= 0 for v in top.system_attrs["constraints"])
+    assert top.value == best.step_ms and top.user_attrs["peak_bytes"] == best.peak_bytes
+    assert top.user_attrs["actions"] == best.plan.compact()
+    assert study.user_attrs["seed"] == 0 == result.seed
+    # the Pareto front's feasible points carry the same priced steps as the trials
+    priced = {round(t.value, 9) for t in trials}
+    assert all(round(c.step_ms, 9) in priced for c in result.pareto if c.name.startswith("trial "))

@@ -1,0 +1,141 @@
+"""Input the API refuses rather than guesses at: integer ids out of the database's range (422, not a 500 and a
+dropped connection), JSON values of the wrong type (never converted), budgets no plan can fit (422 naming the
+floor in bytes), and bodies that are not sent as JSON (415)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from service_fixtures import SMALL_SPEC
+
+from api.deps import ID_MAX
+
+PROBLEM = "application/problem+json"
+#: SMALL_SPEC's 12,226 float32 parameters: 48,904 bytes; with their gradients and SGD momentum, 3x that
+SMALL_PARAM_BYTES = 48_904
+JOB: dict[str, Any] = {"model": {"spec": SMALL_SPEC}, "batch": 8, "gpu": "h200", "budget": "64MiB", "trials": 5}
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _problem(r: Any, status: int, code: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(PROBLEM)
+    body: dict[str, Any] = r.json()
+    assert body["status"] == status and body["code"] == code, body
+    return body
+
+
+@pytest.mark.parametrize(
+    "profile_id", ["99999999999999999999999", str(2**63), str(-(2**63) - 1), str(2**31), "0", "-1"]
+)
+def test_an_integer_id_outside_the_databases_range_is_422_not_500(http: TestClient, profile_id: str) -> None:
+    r = http.get(f"/v1/profiles/{profile_id}")
+    body = _problem(r, 422, "validation_error")
+    assert body["errors"][0]["loc"] == ["path", "profile_id"]
+    assert http.get("/healthz").status_code == 200  # the app answers on
+
+
+def test_the_largest_integer_id_is_looked_up(http: TestClient) -> None:
+    _problem(http.get(f"/v1/profiles/{ID_MAX}"), 404, "not_found")
+    _problem(http.get("/v1/profiles/1"), 404, "not_found")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("batch", True),
+        ("batch", "8"),
+        ("batch", 8.0),
+        ("trials", "5"),
+        ("trials", False),
+        ("validate_top_k", True),
+        ("validate_iters", "6"),
+        ("headroom", "0.1"),
+        ("headroom", True),
+        ("budget", True),
+        ("budget", 1.5e9),
+        ("dtype", 1),
+        ("gpu", 200),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_not_converted(
+    http: TestClient, api_key: str, field: str, value: object
+) -> None:
+    r = http.post("/v1/jobs", json=dict(JOB, **{field: value}), headers=_auth(api_key))
+    body = _problem(r, 422, "validation_error")
+    assert any(e["loc"][:2] == ["body", field] for e in body["errors"]), body
+
+
+def test_nested_request_fields_are_strict_too(http: TestClient, api_key: str) -> None:
+    r = http.post("/v1/jobs", json=dict(JOB, model={"id": 5}), headers=_auth(api_key))
+    body = _problem(r, 422, "validation_error")
+    assert any(e["loc"][:3] == ["body", "model", "id"] for e in body["errors"]), body
+    r = http.post("/v1/models", json={"zoo": ["vgg16"]}, headers=_auth(api_key))
+    _problem(r, 422, "validation_error")
+
+
+def test_an_integer_is_a_number(http: TestClient, api_key: str) -> None:
+    r = http.post("/v1/jobs", json=dict(JOB, headroom=0), headers=_auth(api_key))
+    assert r.status_code == 202, r.text
+    assert r.json()["headroom"] == 0.0 and r.json()["batch"] == 8
+
+
+@pytest.mark.parametrize("budget", [1, "1KiB", "0.0000001GiB", "100KiB"])
+def test_a_budget_below_the_parameters_gradients_and_optimizer_state_is_refused(
+    http: TestClient, api_key: str, budget: object
+) -> None:
+    r = http.post("/v1/jobs", json=dict(JOB, budget=budget, headroom=0.0), headers=_auth(api_key))
+    body = _problem(r, 422, "budget_below_floor")
+    assert body["field"] == "budget" and body["floor_bytes"] == 3 * SMALL_PARAM_BYTES
+    assert f"{3 * SMALL_PARAM_BYTES} bytes" in body["detail"] and "'sgd'" in body["detail"]
+    assert http.get("/v1/jobs").json()["count"] == 0  # nothing queued
+
+
+def test_the_floor_follows_the_optimizer_and_the_headroom(http: TestClient, api_key: str) -> None:
+    budget = 3 * SMALL_PARAM_BYTES + 1000  # above SGD's floor, below Adam's (4x the parameters)
+    ok = http.post("/v1/jobs", json=dict(JOB, budget=budget, headroom=0.0), headers=_auth(api_key))
+    assert ok.status_code == 202, ok.text
+    none = http.post("/v1/jobs", json=dict(JOB, budget=budget, optimizer="none"), headers=_auth(api_key))
+    assert none.status_code == 202, none.text  # 2x the parameters, even with the calibrated headroom
+    adam = http.post("/v1/jobs", json=dict(JOB, budget=budget, optimizer="adam"), headers=_auth(api_key))
+    assert _problem(adam, 422, "budget_below_floor")["floor_bytes"] == 4 * SMALL_PARAM_BYTES
+    # the headroom is taken off the budget before the floor is compared: 10% of it leaves too little for SGD
+    kept = http.post("/v1/jobs", json=dict(JOB, budget=budget, headroom=0.1), headers=_auth(api_key))
+    body = _problem(kept, 422, "budget_below_floor")
+    assert body["search_budget_bytes"] == int(budget * 0.9) and "headroom 0.1" in body["detail"]
+
+
+def test_a_zoo_models_floor_is_counted_without_building_it(http: TestClient, api_key: str) -> None:
+    vgg = dict(JOB, model={"zoo": "vgg16"}, batch=64, budget="1GiB", headroom=0.0)
+    body = _problem(http.post("/v1/jobs", json=vgg, headers=_auth(api_key)), 422, "budget_below_floor")
+    assert body["floor_bytes"] == 3 * 553_430_176  # VGG-16's 138,357,544 float32 parameters, x3 under SGD
+    ok = http.post("/v1/jobs", json=dict(vgg, budget="2GiB"), headers=_auth(api_key))
+    assert ok.status_code == 202, ok.text
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/models"])
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "application/xml", None])
+def test_a_body_not_sent_as_json_is_415(http: TestClient, api_key: str, path: str, content_type: str | None) -> None:
+    body = JOB if path == "/v1/jobs" else {"spec": SMALL_SPEC}
+    headers = _auth(api_key) | ({"Content-Type": content_type} if content_type else {})
+    r = http.post(path, content=json.dumps(body), headers=headers)
+    problem = _problem(r, 415, "unsupported_media_type")
+    assert "application/json" in problem["detail"] and (content_type or "no content type") in problem["detail"]
+
+
+def test_json_with_parameters_or_a_json_suffix_is_json(http: TestClient, api_key: str) -> None:
+    for content_type in ("application/json; charset=utf-8", "Application/JSON", "application/vnd.memtune+json"):
+        headers = _auth(api_key) | {"Content-Type": content_type}
+        r = http.post("/v1/models", content=json.dumps({"spec": SMALL_SPEC}), headers=headers)
+        assert r.status_code in (200, 201), (content_type, r.text)
+
+
+def test_an_unauthenticated_request_is_401_before_its_media_type_is_looked_at(http: TestClient) -> None:
+    r = http.post("/v1/jobs", content="batch=8", headers={"Content-Type": "text/plain"})
+    _problem(r, 401, "missing_api_key")
