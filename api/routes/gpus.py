@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
 from api.calibrations import ServiceCalibration, effective_calibration
-from api.deps import DbDep, ReadAccess, WriteKey
+from api.deps import DbDep, JsonBody, ReadAccess, WriteKey
 from api.gpu_types import KnownGpu, known_gpus, resolve_gpu, same_architecture
 from api.problems import ProblemError
 from api.schemas import BestPlanPublic, CalibrationPublic, CalibrationPut, GpusPublic
@@ -94,7 +94,7 @@ def get_calibration(gpu: str, db: DbDep, _read: ReadAccess) -> CalibrationPublic
         },
     },
 )
-def put_calibration(gpu: str, body: CalibrationPut, db: DbDep, key: WriteKey) -> CalibrationPublic:
+def put_calibration(gpu: str, body: CalibrationPut, db: DbDep, key: WriteKey, _json: JsonBody) -> CalibrationPublic:
     """Store this GPU type's calibration in the service's database, replacing a stored one.
 
     From then on new jobs of this GPU type get its headroom, and workers use it from their next job on (NOTE

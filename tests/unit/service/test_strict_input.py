@@ -139,3 +139,12 @@ def test_json_with_parameters_or_a_json_suffix_is_json(http: TestClient, api_key
 def test_an_unauthenticated_request_is_401_before_its_media_type_is_looked_at(http: TestClient) -> None:
     r = http.post("/v1/jobs", content="batch=8", headers={"Content-Type": "text/plain"})
     _problem(r, 401, "missing_api_key")
+
+
+def test_a_calibration_sent_as_text_is_refused_with_415(http: TestClient, api_key: str) -> None:
+    r = http.put(
+        "/v1/gpus/h100/calibration",
+        content=b'{"gpu": "h100", "headroom": 0.1}',
+        headers={"Authorization": f"Bearer {api_key}", "Content-Type": "text/plain"},
+    )
+    assert r.status_code == 415 and r.json()["code"] == "unsupported_media_type"
