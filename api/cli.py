@@ -877,7 +877,9 @@ def bench(
         plain = tuned_without_choice(main_budget, h)  # first: a seed of the joint search
         unsel = None if unselective is None else tuned(unselective, main_budget, h)
         best = tuned(prof, main_budget, h)
-        if best is not None:
+        if best is None:
+            err.print(f"  no plan fits {format_bytes(main_budget)} at headroom {h:.0%}")
+        else:
             knobs = f"{best.sync}, la {best.prefetch_lookahead}, {best.conv_rule}"
             plans.append((f"tuned (headroom {h:.0%}; {knobs})", "tuned", best))
             if plain is not None:

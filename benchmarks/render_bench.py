@@ -1,6 +1,11 @@
 """Render `memtune bench --json-out` files as the markdown tables of BENCHMARKS.md.
 
-python -m benchmarks.render_bench benchmarks/results/bench-*.json
+    python -m benchmarks.render_bench benchmarks/results/bench-*.json           # one table per file
+    python -m benchmarks.render_bench --sweep benchmarks/results/h100/sweep/*.json  # one row per tuned budget
+
+``--sweep`` lists every tuned plan of the files (the main budget's and ``--sweep``'s, at the calibrated headroom) by
+its budget as a share of the simulated unconstrained peak, with the measured and predicted step and peak; a budget
+where no plan fits has no row (``bench`` says so on stderr).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "render"]
+__all__ = ["main", "render", "render_sweep"]
 
 GiB = float(1 << 30)
 
@@ -53,8 +58,36 @@ def render(path: Path) -> str:
     return "\n".join(lines)
 
 
+def render_sweep(paths: list[Path]) -> str:
+    """One markdown table of the tuned plans of several bench files: budget (share of the peak and GiB), measured
+    and predicted step (ms) and peak (GiB), and whether the measured peak stayed under the budget."""
+    lines = [
+        "| model | dtype | budget | budget GiB | step ms measured / predicted | sim err | peak GiB measured / "
+        "predicted | peak err | under the budget |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in paths:
+        d = json.loads(path.read_text())
+        peak = d["unconstrained_simulated_peak_bytes"]
+        tuned = [r for r in d["rows"] if r["kind"] == "tuned" and "no algorithm choice" not in r["name"]]
+        for r in sorted(tuned, key=lambda r: r["budget_bytes"]):
+            under = "-" if r["peak_bytes"] is None else ("yes" if r["peak_bytes"] <= r["budget_bytes"] else "no")
+            lines.append(
+                f"| {d['model']} b{d['batch']} | {d['dtype']} | {r['budget_bytes'] / peak:.0%} | "
+                f"{r['budget_bytes'] / GiB:.2f} | {_f(r['step_ms'], '.1f')} / {_f(r['predicted_step_ms'], '.1f')} | "
+                f"{_f(r['step_error'], '+.1%')} | {_f(r['peak_bytes'] and r['peak_bytes'] / GiB, '.2f')} / "
+                f"{_f(r['predicted_peak_bytes'] and r['predicted_peak_bytes'] / GiB, '.2f')} | "
+                f"{_f(r['peak_error'], '+.1%')} | {under}{' — ' + r['error'][:80] if r.get('error') else ''} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
-    for name in sys.argv[1:]:
+    args = sys.argv[1:]
+    if args[:1] == ["--sweep"]:
+        print(render_sweep([Path(a) for a in args[1:]]))
+        return
+    for name in args:
         print(render(Path(name)))
         print()
 
