@@ -206,11 +206,30 @@ def calibrate(
     )
 
 
+def _activation_budgets(text: str, option: str) -> list[float]:
+    """A comma-separated list of torch.compile activation budgets (0 to 1); ValueError names the option."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: give comma-separated numbers from 0 to 1, e.g. 0,0.5,1") from None
+    bad = [v for v in values if not 0.0 <= v <= 1.0]
+    if bad:
+        raise ValueError(f"{option}: activation budgets are shares from 0 to 1, not {bad[0]:g}")
+    return values
+
+
 def _measure_chain(
-    chain: ModelChain, batch: int, dtype: str, device: str, gpu: str | None, conv_algos: bool
+    chain: ModelChain,
+    batch: int,
+    dtype: str,
+    device: str,
+    gpu: str | None,
+    conv_algos: bool,
+    compile_budget: float | None = None,
 ) -> Profile:
     """Measure a chain here with a progress bar; on CUDA calibrate the GPU type first when it has no calibration,
-    take the cuDNN algorithm tables when ``conv_algos``, and keep the profile (NOTE [ First use of a GPU type ])."""
+    take the cuDNN algorithm tables when ``conv_algos`` (an eager profile), and keep the profile (NOTE [ First use
+    of a GPU type ]); ``compile_budget``: every stage compiled under it (NOTE [ Compiled stages ])."""
     from profiler.measure import profile as measure
 
     if device == "cuda":
@@ -238,8 +257,10 @@ def _measure_chain(
         if device == "cuda":
             from tuner.runtime.first_use import measure_zoo_profile
 
-            return measure_zoo_profile(chain, batch, dtype, conv_algos=conv_algos, progress=tick, note=err.print)
-        return measure(chain, batch, dtype, device=device, gpu=gpu, progress=tick)
+            return measure_zoo_profile(
+                chain, batch, dtype, conv_algos=conv_algos, progress=tick, note=err.print, compile_budget=compile_budget
+            )
+        return measure(chain, batch, dtype, device=device, gpu=gpu, progress=tick, compile_budget=compile_budget)
 
 
 def _factory_bench(
@@ -413,6 +434,16 @@ def profile(
             "for memory)"
         ),
     ] = True,
+    compile_budget: Annotated[
+        float | None,
+        typer.Option(
+            "--compile",
+            min=0.0,
+            max=1.0,
+            help="measure every stage compiled by torch.compile under this activation-memory budget (0 to 1; "
+            "--device cuda or cpu); plans tuned on the profile run compiled. No cuDNN algorithm tables then",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Profile a model: per stage forward/backward ms, saved bytes, copy ms. Measured on CUDA, the profile is kept
@@ -421,6 +452,8 @@ def profile(
 
     _check_dtype(dtype)
     described = gpu or "h200"  # what a modeled or CPU profile describes; on CUDA the device says
+    if compile_budget is not None and (device == "model" or is_factory(model)):
+        raise _fail("--compile measures compiled stages: use --device cuda or cpu, with a zoo model or a spec")
     try:
         if is_factory(model):
             prof = _factory_profile(
@@ -435,7 +468,10 @@ def profile(
             prof = modeled_profile(chain, batch, dtype, described)
         elif device in ("cpu", "cuda"):
             chain = load_chain(model, _parse_params(param), spec)
-            prof = _measure_chain(chain, batch, dtype, device, gpu if device == "cuda" else described, conv_algos)
+            on = gpu if device == "cuda" else described
+            prof = _measure_chain(
+                chain, batch, dtype, device, on, conv_algos and compile_budget is None, compile_budget
+            )
         else:
             raise _fail(f"--device {device!r}: use cuda, cpu or model")
     except (ProfilerError, TunerError, ValueError) as exc:
@@ -458,6 +494,11 @@ def profile(
         title=(
             f"{prof.model} batch {prof.batch} {prof.dtype} on {prof.device.name} ({prof.source}: "
             f"compute {prof.compute_source}, transfers {prof.transfer_source})"
+            + (
+                ""
+                if prof.compile_budget is None
+                else f"; compiled under activation budget {prof.compile_budget:g} in {prof.compile_seconds or 0:.0f} s"
+            )
         ),
     )
     for s in prof.stages:
@@ -790,6 +831,23 @@ def bench(
     profile_file: Annotated[
         Path | None, typer.Option("--profile", help="a measured profile JSON of this model on this GPU (no profiling)")
     ] = None,
+    compiled: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated torch.compile activation budgets (e.g. 0,0.5,1): measure a compiled profile at "
+            "each and, at every budget, also tune and measure memtune's best compiled plan (NOTE [ Compiled stages ])"
+        ),
+    ] = "",
+    compiler_sweep: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated activation budgets at which to measure torch.compile of the whole model alone "
+            "(e.g. 0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1)"
+        ),
+    ] = "",
+    offload_peer: Annotated[
+        bool, typer.Option(help="also measure activation offload on a side stream (torchtune's manner)")
+    ] = False,
 ) -> None:
     """Measure on this GPU: unconstrained, every baseline, PyTorch built-ins and the tuned plan, with predictions."""
     import optuna
@@ -839,6 +897,8 @@ def bench(
     try:
         fractions = [float(f) for f in sweep.split(",")] if sweep else []
         headrooms = [float(h) for h in headroom.split(",")] if headroom else []
+        compile_budgets = _activation_budgets(compiled, "--compiled")
+        compiler_budgets = _activation_budgets(compiler_sweep, "--compiler-sweep")
         text = budget.strip()
         main_budget = Budget.parse(text).resolve(gpu_memory_bytes=ident.memory_bytes, peak_bytes=base_peak)
     except (ValueError, TunerError) as exc:
@@ -855,6 +915,19 @@ def bench(
             f"--no-selective: the {prof.model} profile has no selective measurements; there is nothing to compare"
         )
     unselective = prof.without_selective() if no_selective and prof.has_selective else None
+    try:  # NOTE [ Compiled stages ]: measured in children and kept, as the eager profile
+        compiled_profiles = {
+            b: zoo_profile(model, params, batch, dtype, compile_budget=b, progress=lambda w: err.print(f"{w} …"))
+            for b in compile_budgets
+        }
+    except (ProfilerError, TunerError) as exc:
+        raise _fail(str(exc)) from exc
+
+    def tuned_compiled(budget_bytes: int) -> Plan | None:
+        """memtune's fastest compiled plan within the budget over every compiled profile (its budget chosen too)."""
+        found = [run_tune(p, budget_bytes, trials=trials, headroom=calibrated).best for p in compiled_profiles.values()]
+        best = min((c for c in found if c is not None), key=lambda c: c.step_ms, default=None)
+        return None if best is None else best.plan
 
     #: (budget, plan) of every tuned plan found with algorithm choice and without, at the calibrated headroom: a
     #: larger budget's search starts from those of smaller ones, which fit it too
@@ -889,6 +962,10 @@ def bench(
             if variants:
                 plans.append((f"tuned {h:.0%}, sync layer", "variant", best.with_(sync="layer")))
                 plans.append((f"tuned {h:.0%}, lookahead 8", "variant", best.with_(prefetch_lookahead=8)))
+    if compiled_profiles and (fast := tuned_compiled(main_budget)) is not None:
+        plans.append((f"memtune compiled@{fast.compile_budget:g} (headroom {calibrated:.0%})", "compiled-tuned", fast))
+    elif compiled_profiles:
+        err.print(f"  no compiled plan fits {format_bytes(main_budget)}")
     if variants:
         every = Plan.uniform(prof.n_stages, Action.OFFLOAD, label="all offload")
         plans += [
@@ -927,6 +1004,7 @@ def bench(
         *,
         pytorch_builtins: bool = False,
         progress: Callable[[str], None] | None = None,
+        peers: bool = False,
     ) -> list[BenchRow]:
         """Rows at another budget, or PyTorch's built-ins (the unconstrained row is measured once, first)."""
         return bench_plans(
@@ -944,6 +1022,9 @@ def bench(
             on_row=save,
             chain_factory=factory,
             unconstrained=False,
+            compiled_profiles=compiled_profiles,
+            compiler_budgets=compiler_budgets if peers else (),
+            offload_peer=offload_peer and peers,
         )
 
     rows = bench_plans(
@@ -959,6 +1040,7 @@ def bench(
         progress=show,
         on_row=save,
         chain_factory=factory,
+        compiled_profiles=compiled_profiles,
     )
     for frac in sorted(fractions):
         b = int(frac * base_peak)
@@ -976,13 +1058,17 @@ def bench(
             err.print(f"  without algorithm choice no plan fits {frac:.0%} of the peak ({format_bytes(b)})")
         if unsel is not None:
             at_budget.append((f"tuned@{frac:.0%}, no selective stages", "tuned", unsel))
+        if compiled_profiles and (fast := tuned_compiled(b)) is not None:
+            at_budget.append((f"memtune compiled@{fast.compile_budget:g}, {frac:.0%}", "compiled-tuned", fast))
+        elif compiled_profiles:
+            err.print(f"  no compiled plan fits {frac:.0%} of the peak ({format_bytes(b)})")
         if not at_budget:
             continue
         rows += measure_more(b, at_budget)
-    if builtins:
+    if builtins or compiler_budgets or offload_peer:
         # last: a built-in that fails in backward (checkpoint_sequential on in-place ReLU) has been seen to leave
         # memory behind for the rows after it (bench_plans reports it as leaked_bytes)
-        rows += measure_more(main_budget, [], pytorch_builtins=True, progress=show)
+        rows += measure_more(main_budget, [], pytorch_builtins=builtins, progress=show, peers=True)
     base = rows[0].step_ms or float("nan")
     table = Table(
         "configuration",

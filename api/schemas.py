@@ -519,13 +519,20 @@ class TimelineSeries(BaseModel):
 
 
 class TimelinePublic(BaseModel):
-    """The best plan's memory timeline for a job, with the unplanned step's for comparison. Bytes, ms."""
+    """The best plan's memory timeline for a job, with the unplanned step's for comparison. Bytes, ms.
+
+    A job that has no profile yet (queued) has neither series; one with a profile but no feasible plan yet has only
+    the unplanned one; ``detail`` then says what the job is waiting for."""
 
     job_id: str
+    state: str = Field(description="the job's state when this was read")
     budget_bytes: int
     source: Literal["simulated"] = "simulated"
-    best: TimelineSeries
-    unplanned: TimelineSeries = Field(description="every stage 'keep' (PyTorch default)")
+    best: TimelineSeries | None = Field(description="the best feasible plan's; null until the job stored one")
+    unplanned: TimelineSeries | None = Field(
+        description="every stage 'keep' (PyTorch default); null until the job has a profile"
+    )
+    detail: str | None = Field(default=None, description="why a series is missing")
 
 
 class TrialPoint(BaseModel):

@@ -31,16 +31,15 @@ move them by up to a third at the same cost).
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
-from importlib.resources import files
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from profiler.devices import GPUSpec, get_gpu
+from profiler.library import list_profiles
 from profiler.modeled import ROOFLINE, Roofline, meta_facts, roofline_loss_ms, roofline_ms
 from profiler.profile import Profile
 from profiler.stagefacts import ChainFacts
@@ -65,9 +64,6 @@ __all__ = [
     "summary",
 ]
 
-PROFILE_NAME = re.compile(
-    r"^(?P<model>[a-z0-9]+)-b(?P<batch>\d+)-(?P<dtype>float32|bfloat16|float16)-(?P<gpu>[a-z0-9-]+)$"
-)
 
 # (field of Roofline, start, lower bound, upper bound); the starts are round numbers, not the committed constants
 STAGE_FIELDS: tuple[tuple[str, float, float, float], ...] = (
@@ -137,13 +133,13 @@ def load_samples(gpus: Iterable[str] | None = None, models: Iterable[str] | None
     model_set = set(models) if models is not None else None
     cache: dict[tuple[str, str, int, str], ChainFacts] = {}
     out = []
-    for path in sorted(files("profiler").joinpath("data").iterdir(), key=lambda p: p.name):
-        m = PROFILE_NAME.match(path.name.removesuffix(".json"))
-        if m is None or (gpu_set is not None and m["gpu"] not in gpu_set):
+    for entry in sorted(list_profiles(), key=lambda e: e.path.name):
+        m = {"model": entry.model, "gpu": entry.gpu}
+        if entry.compile_budget is not None or (gpu_set is not None and entry.gpu not in gpu_set):
+            continue  # the roofline models eager stages
+        if model_set is not None and entry.model not in model_set:
             continue
-        if model_set is not None and m["model"] not in model_set:
-            continue
-        measured = Profile.from_json(path.read_bytes())
+        measured = Profile.from_json(entry.path.read_bytes())
         if measured.source != "measured":
             continue
         key = (m["model"], repr(sorted(measured.model_params.items())), measured.batch, measured.dtype)

@@ -55,7 +55,7 @@ def _key(url: str) -> str:
 
 def time_job(base: str, key: str, trials: int, budget_bytes: int) -> tuple[float, float, dict[str, object]]:
     """Post one job and poll it to the end; (seconds POST→finished, seconds the worker ran it, the job)."""
-    body = {"model": {"zoo": "vgg16"}, "batch": 256, "gpu": "h200", "budget": budget_bytes, "trials": trials}
+    body = {"model": {"zoo": "vgg16"}, "batch": 256, "gpu": "h200", "budget": f"{budget_bytes}B", "trials": trials}
     with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {key}"}) as c:
         t0 = time.perf_counter()
         r = c.post("/v1/jobs", json=body)
@@ -71,6 +71,16 @@ def time_job(base: str, key: str, trials: int, budget_bytes: int) -> tuple[float
 
     ran = (datetime.fromisoformat(job["finished_at"]) - datetime.fromisoformat(job["started_at"])).total_seconds()
     return wall, ran, job
+
+
+def time_cli(trials: int, budget_bytes: int) -> float:
+    """Seconds ``memtune tune`` takes for the job's search (same model, budget, trials and seed) in a fresh process."""
+    cmd = [sys.executable, "-m", "api", "tune", "vgg16", "--batch", "256", "--gpu", "h200",
+           "--budget", f"{budget_bytes}B", "--trials", str(trials), "--json"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
+    return time.perf_counter() - t0
 
 
 def _run_backend(backend: str, runs: int, trials: int) -> tuple[list[float], list[float], dict[str, object]]:
@@ -131,21 +141,26 @@ def main() -> None:
     ap.add_argument("--backend", action="append", choices=["sqlite", "postgresql"], default=None)
     args = ap.parse_args()
     rows = []
+    cli = statistics.median(time_cli(args.trials, BUDGET) for _ in range(args.runs))
     for backend in args.backend or ["sqlite", "postgresql"]:
         walls, rans, job = _run_backend(backend, args.runs, args.trials)
         rows.append((backend, walls, rans, job))
     print(f"environment: {environment()}")
     print(f"command: `python -m benchmarks.job_time {' '.join(sys.argv[1:])}`")
+    print(f"`memtune tune` of the same search in a fresh process: {cli:.1f} s (median of {args.runs})")
     print()
-    print("| database | job | runs | POST → succeeded, s (median) | min | max | worker ran it, s (median) | best |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| database | job | runs | POST → succeeded, s (median) | min | max | worker ran it, s (median) | "
+        "× the command line | best |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for backend, walls, rans, job in rows:
         best = job["progress"]["best"]  # type: ignore[index]
         best_text = f"{best['step_ms']:.1f} ms, {best['peak_bytes'] / 2**30:.2f} GiB" if best else "none fits"
         print(
             f"| {backend} | VGG-16, batch 256, h200, 18 GiB, {args.trials} trials | {len(walls)} | "
             f"{statistics.median(walls):.1f} | {min(walls):.1f} | {max(walls):.1f} | "
-            f"{statistics.median(rans):.1f} | {best_text} |"
+            f"{statistics.median(rans):.1f} | {statistics.median(walls) / cli:.2f} | {best_text} |"
         )
 
 

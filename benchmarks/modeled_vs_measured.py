@@ -14,11 +14,10 @@ constants (NOTE [ Roofline ] in ``profiler.modeled``) were fitted to these same 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from importlib.resources import files
 
 from benchmarks.common import environment
+from profiler.library import list_profiles
 from profiler.modeled import modeled_profile
 from profiler.profile import Profile
 from profiler.zoo import build
@@ -29,8 +28,6 @@ from tuner.simulator import Simulator
 __all__ = ["LIMIT", "Row", "main", "rows", "summary"]
 
 LIMIT = 0.15  # the step error the roofline aims to stay within
-
-_NAME = re.compile(r"^(?P<model>[a-z0-9]+)-b(?P<batch>\d+)-(?P<dtype>float32|bfloat16|float16)-(?P<gpu>[a-z0-9-]+)$")
 
 
 @dataclass(frozen=True)
@@ -75,11 +72,11 @@ class Row:
 def rows() -> list[Row]:
     """One ``Row`` per committed measured zoo profile, sorted by GPU, model, batch and dtype."""
     out = []
-    for path in sorted(files("profiler").joinpath("data").iterdir(), key=lambda p: p.name):
-        m = _NAME.match(path.name.removesuffix(".json"))
-        if m is None:
-            continue
-        measured = Profile.from_json(path.read_bytes())
+    for entry in sorted(list_profiles(), key=lambda e: e.path.name):
+        if entry.compile_budget is not None:
+            continue  # the roofline models eager stages
+        m = {"model": entry.model, "gpu": entry.gpu}
+        measured = Profile.from_json(entry.path.read_bytes())
         if measured.source != "measured":
             continue
         chain = build(m["model"], dict(measured.model_params))

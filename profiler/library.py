@@ -38,7 +38,8 @@ __all__ = [
 ]
 
 _NAME = re.compile(
-    r"^(?P<model>.+)-b(?P<batch>\d+)-(?P<dtype>float32|bfloat16|float16)-(?P<gpu>[a-z0-9][a-z0-9-]*)\.json$"
+    r"^(?P<model>.+)-b(?P<batch>\d+)-(?P<dtype>float32|bfloat16|float16)-(?P<gpu>[a-z0-9][a-z0-9-]*?)"
+    r"(?:-compiled(?P<compiled>[0-9.]+))?\.json$"
 )
 
 
@@ -51,6 +52,8 @@ class LibraryEntry:
     dtype: str
     gpu: str
     path: Path
+    compile_budget: float | None = None
+    """a compiled profile's activation budget (NOTE [ Compiled stages ] in ``profiler.compiled``); None: eager"""
 
 
 def data_dir() -> Path:
@@ -85,9 +88,11 @@ def _gpu_key(gpu: str) -> str:
         return gpu.strip().lower()
 
 
-def profile_filename(model: str, batch: int, dtype: str, gpu: str) -> str:
-    """``<model>-b<batch>-<dtype>-<gpu key>.json``."""
-    return f"{model}-b{batch}-{dtype}-{_gpu_key(gpu)}.json"
+def profile_filename(model: str, batch: int, dtype: str, gpu: str, compile_budget: float | None = None) -> str:
+    """``<model>-b<batch>-<dtype>-<gpu key>.json``; ``…-compiled<budget>.json`` for a compiled profile (NOTE
+    [ Compiled stages ] in ``profiler.compiled``)."""
+    compiled = "" if compile_budget is None else f"-compiled{compile_budget:g}"
+    return f"{model}-b{batch}-{dtype}-{_gpu_key(gpu)}{compiled}.json"
 
 
 def list_profiles(directory: Path | None = None) -> list[LibraryEntry]:
@@ -99,7 +104,8 @@ def list_profiles(directory: Path | None = None) -> list[LibraryEntry]:
     for path in root.iterdir():
         m = _NAME.match(path.name)
         if m:
-            out.append(LibraryEntry(m["model"], int(m["batch"]), m["dtype"], m["gpu"], path))
+            compiled = None if m["compiled"] is None else float(m["compiled"])
+            out.append(LibraryEntry(m["model"], int(m["batch"]), m["dtype"], m["gpu"], path, compiled))
     return sorted(out, key=lambda e: (e.model, e.gpu, e.dtype, e.batch))
 
 
@@ -111,6 +117,7 @@ def find_profile(
     *,
     params: Mapping[str, object] | None = None,
     directory: Path | None = None,
+    compile_budget: float | None = None,
 ) -> Profile | None:
     """The measured profile of ``model`` at ``batch``/``dtype`` on ``gpu``, or None: this user's
     (``user_profile_dir``), else the shipped one unless ``shipped_data()`` is off (NOTE [ Measured data per GPU
@@ -123,15 +130,18 @@ def find_profile(
         gpu: a GPU name ``get_gpu`` accepts (or a key of a GPU without a roofline spec).
         params: the model's build parameters; a profile made with other parameters does not match.
         directory: look only here.
+        compile_budget: the compiled profile measured under this activation budget; None: the eager one.
 
     Raises:
         ProfilerError: a file exists but describes something else than its name says.
     """
-    name = profile_filename(model, batch, dtype, gpu)
+    name = profile_filename(model, batch, dtype, gpu, compile_budget)
     folders = [directory] if directory is not None else [user_profile_dir(), *([data_dir()] if shipped_data() else [])]
     for folder in folders:
         prof = _read_entry(folder / name, (model, batch, dtype, _gpu_key(gpu)))
-        if prof is not None and (params is None or dict(prof.model_params) == dict(params)):
+        if prof is None or prof.compile_budget != compile_budget:
+            continue
+        if params is None or dict(prof.model_params) == dict(params):
             return prof
     return None
 

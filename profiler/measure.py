@@ -22,6 +22,7 @@ rounds, then the median of ``repeats``.
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import statistics
 import time
@@ -35,6 +36,7 @@ from typing import Any, TypeVar
 import torch
 
 from profiler.chain import ModelChain, Stage, may_write_input
+from profiler.compiled import CompiledStage, compiled_chain, eager_module
 from profiler.devices import get_gpu
 from profiler.errors import ProfilerError
 from profiler.identity import cuda_identity, spec_identity, transfer_ms
@@ -136,11 +138,13 @@ def time_stage(
     dtype: str = "float32",
     warmup: int = 2,
     repeats: int = 5,
+    selective: bool = True,
 ) -> StageTiming:
     """Time one stage's forward and backward on input ``x`` by NOTE [ Stage timing ].
 
     On CUDA also measures the transient workspace of forward and backward: the allocator's peak during
-    the pass minus the larger of what was allocated before and after it (bytes).
+    the pass minus the larger of what was allocated before and after it (bytes). ``selective=False`` leaves out
+    the stage under selective checkpointing (a compiled stage cannot take it: NOTE [ Compiled stages ]).
     """
     device = x.device
     timer = _Timer(device)
@@ -160,9 +164,10 @@ def time_stage(
             _, b_ms = timer.run(_backward, y, wrt, g)
             # NOTE [ Selective stages ]: the forward under the caching mode, the backward re-running the cheap
             # operations first
-            del y
-            y, sf_ms = timer.run(sel_forward, leaf.clone())
-            _, s_ms = timer.run(_backward, y, wrt, g)
+            if selective:
+                del y
+                y, sf_ms = timer.run(sel_forward, leaf.clone())
+                _, s_ms = timer.run(_backward, y, wrt, g)
         del y, inp
         if k >= warmup:
             fwd_times.append(f_ms)
@@ -172,12 +177,13 @@ def time_stage(
     fwd_ws = bwd_ws = 0
     inline: int | None = None
     chained: int | None = None
-    selective: int | None = None
+    sel_bytes: int | None = None
     if device.type == "cuda":
         fwd_ws, bwd_ws = stage_workspaces(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
         inline = inline_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
         chained = chained_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
-        selective = selective_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
+        if selective:
+            sel_bytes = selective_backward_bytes(stage, x, input_needs_grad=input_needs_grad, dtype=dtype)
     return StageTiming(
         statistics.median(fwd_times),
         statistics.median(bwd_times),
@@ -185,9 +191,9 @@ def time_stage(
         bwd_ws,
         inline,
         chained,
-        statistics.median(sel_fwd_times),
-        statistics.median(sel_times),
-        selective,
+        statistics.median(sel_fwd_times) if selective else None,
+        statistics.median(sel_times) if selective else None,
+        sel_bytes,
     )
 
 
@@ -303,10 +309,10 @@ def _chained_backward_bytes(
     resident = {t.untyped_storage().data_ptr() for t in (*stage.module.parameters(), *stage.module.buffers())}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        return t if t.untyped_storage().data_ptr() in resident else t.to("cpu")
+        return t if t.untyped_storage().data_ptr() in resident else _strided_copy(t, "cpu")
 
     def unpack(t: torch.Tensor) -> torch.Tensor:
-        return t.to(device)
+        return t if t.device == device else _strided_copy(t, device)
 
     inp = leaf.clone()
     hooks: AbstractContextManager[Any] = (
@@ -329,6 +335,14 @@ def _chained_backward_bytes(
     peak = torch.cuda.max_memory_allocated(device)
     del grads, total, y, inp
     return max(0, peak - before - made)
+
+
+def _strided_copy(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device`` with its size and strides: ``Tensor.to`` makes a padded layout dense, and a compiled
+    backward asserts the strides it saved (NOTE [ Compiled stages ])."""
+    out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+    out.copy_(t)
+    return out
 
 
 def _backward(y: torch.Tensor, wrt: list[torch.Tensor], g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -373,6 +387,7 @@ def profile(
     repeats: int = 5,
     progress: ProgressFn | None = None,
     conv_algos: bool = False,
+    compile_budget: float | None = None,
 ) -> Profile:
     """Measure a profile of ``chain`` at ``batch`` on this machine.
 
@@ -390,6 +405,10 @@ def profile(
         progress: ``progress(stage_name, done, total)`` after each stage.
         conv_algos: on CUDA, also enumerate and time every cuDNN algorithm of every convolution
             (``profiler.cudnn.enumerate_stage_convs``) into ``StageProfile.convs``; CUDA only.
+        compile_budget: measure every stage compiled by ``torch.compile`` under this activation-memory budget
+            (0 to 1; NOTE [ Compiled stages ] in ``profiler.compiled``): times, transients and the saved-storage
+            table are the compiled stages', FLOPs and convolution shapes the eager ones'; no algorithm tables and
+            no selective measurements. None: eager stages.
 
     Returns:
         The ``Profile``; ``source`` is ``measured`` only on CUDA (see the module docstring).
@@ -404,6 +423,11 @@ def profile(
         raise ProfilerError(
             f"profiler.measure.profile takes a ModelChain (a zoo model or a JSON spec), not {type(chain).__name__}; "
             "profile any nn.Module with memtune.profile(model, example_inputs)"
+        )
+    if compile_budget is not None and conv_algos:
+        raise ProfilerError(
+            "conv_algos and compile_budget exclude each other: a compiled stage's convolutions are the compiler's, "
+            "memtune cannot choose their cuDNN algorithms"
         )
     torch_dtype(dtype)
     if batch < 1 or repeats < 1 or warmup < 0:
@@ -446,6 +470,21 @@ def profile(
     else:
         raise ProfilerError(f"device {device!r} is not supported; use 'cuda', 'cuda:N' or 'cpu'")
 
+    compile_seconds: float | None = None
+    if compile_budget is not None:  # NOTE [ Compiled stages ]
+        eager_facts = facts
+        chain = compiled_chain(chain, compile_budget)
+        compile_seconds = _compile_stages(chain, batch, dtype, dev, eager_facts)
+        traced = chain_facts(chain, model_input(chain, batch, dev), dtype, eager=False)
+        facts = dataclasses.replace(
+            traced,
+            stages=tuple(
+                dataclasses.replace(c, count=e.count, convs=e.convs)
+                for c, e in zip(traced.stages, eager_facts.stages, strict=True)
+            ),
+        )
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     timings, out_shape = _time_chain(chain, batch, dtype, dev, facts, warmup, repeats, progress)
     convs = [f.convs for f in facts.stages]
     if conv_algos:
@@ -503,7 +542,27 @@ def profile(
         stages=stages,
         storages=facts.storages,
         loss_ms=loss_ms,
+        compile_budget=compile_budget,
+        compile_seconds=compile_seconds,
     )
+
+
+def _compile_stages(chain: ModelChain, batch: int, dtype: str, dev: torch.device, facts: ChainFacts) -> float:
+    """Run every compiled stage's forward and backward once on the input the chain feeds it, so that each compiles
+    before it is traced or timed; returns the seconds that took (NOTE [ Compiled stages ])."""
+    x = model_input(chain, batch, dev)
+    start = time.perf_counter()
+    for i, stage in enumerate(chain.stages):
+        leaf, wrt = _grad_leaf(stage, x, facts.stages[i].input_needs_grad)
+        y = _stage_forward(stage, dev, dtype)(leaf.clone())
+        if y.requires_grad and y.is_floating_point() and wrt:
+            _backward(y, wrt, torch.ones_like(y))
+        del y
+        with torch.no_grad(), _autocast(dev, dtype):
+            x = eager_module(stage.module)(x)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter() - start
 
 
 def _time_chain(
@@ -522,13 +581,21 @@ def _time_chain(
     x = model_input(chain, batch, dev)
     out: list[StageTiming] = []
     for i, stage in enumerate(chain.stages):
+        compiled = isinstance(stage.module, CompiledStage)
+        needs_grad = facts.stages[i].input_needs_grad
         out.append(
             time_stage(
-                stage, x, input_needs_grad=facts.stages[i].input_needs_grad, dtype=dtype, warmup=warmup, repeats=repeats
+                stage,
+                x,
+                input_needs_grad=needs_grad,
+                dtype=dtype,
+                warmup=warmup,
+                repeats=repeats,
+                selective=not compiled,
             )
         )
-        with torch.no_grad(), _autocast(dev, dtype):
-            x = stage.module(x)
+        with torch.no_grad(), _autocast(dev, dtype):  # the eager module: no inference graph to compile
+            x = eager_module(stage.module)(x)
         if progress is not None:
             progress(stage.name, i + 1, n)
     return out, tuple(x.shape)

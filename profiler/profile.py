@@ -257,6 +257,16 @@ class Profile(_Frozen):
         description="module stages: what the loss function keeps from its forward to its backward, bytes; None: "
         "the cross-entropy model of NOTE [ Loss memory ]",
     )
+    compile_budget: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="every stage measured compiled by torch.compile under this activation-memory budget (NOTE "
+        "[ Compiled stages ] in profiler.compiled); None: eager stages",
+    )
+    compile_seconds: float | None = Field(
+        default=None, ge=0, description="a compiled profile: seconds its stages took to compile (first calls)"
+    )
     loss_backward_bytes: int | None = Field(
         default=None,
         ge=0,
@@ -276,6 +286,8 @@ class Profile(_Frozen):
         for i, st in enumerate(self.stages):
             if st.index != i:
                 raise ValueError(f"stages[{i}].index is {st.index}; stages must be numbered 0..{n - 1}")
+            if self.compile_budget is not None and (st.convs and any(c.algos for c in st.convs)):
+                raise ValueError(f"stages[{i}] has cuDNN algorithm tables, which a compiled profile cannot use")
             if st.output_storage is not None and not 0 <= st.output_storage < len(self.storages):
                 raise ValueError(f"stages[{i}].output_storage {st.output_storage} is out of range")
         for k, s in enumerate(self.storages):

@@ -111,27 +111,32 @@ def conv_profiles(stage: Stage, input_hw: dict[str, tuple[int, int]]) -> tuple[C
     return tuple(out)
 
 
-def chain_facts(chain: ModelChain, x: torch.Tensor, dtype: str = "float32") -> ChainFacts:
+def chain_facts(chain: ModelChain, x: torch.Tensor, dtype: str = "float32", *, eager: bool = True) -> ChainFacts:
     """Trace ``chain`` once on ``x`` (any device; ``meta`` for CUDA semantics at no cost).
 
     Args:
         chain: the model, on ``x``'s device.
         x: the batch's input.
         dtype: ``float32``, or ``bfloat16``/``float16`` for autocast.
+        eager: count FLOPs and bytes moved per stage and read convolution shapes through module hooks; False leaves
+            them out (compiled stages: a dispatch mode or a new hook would make dynamo trace again, NOTE [ Compiled
+            stages ] in ``profiler.compiled``).
     """
     low = None if dtype == "float32" else torch_dtype(dtype)
-    tr = trace_chain(chain, x, autocast_dtype=low, stage_context=lambda i: count_stage())
+    tr = trace_chain(
+        chain, x, autocast_dtype=low, stage_context=(lambda i: count_stage()) if eager else None, conv_shapes=eager
+    )
     n = len(chain)
     saved = stage_saved_bytes(tr.storages, n)
     stages = []
     for i, stage in enumerate(chain.stages):
-        count = cast(StageCount, tr.stage_results[i])
+        counted = cast(StageCount, tr.stage_results[i]) if eager else StageCount()
         stages.append(
             StageFacts(
                 output_bytes=tr.output_bytes[i],
                 saved_bytes=saved[i],
                 param_bytes=param_bytes(stage.module),
-                count=count,
+                count=counted,
                 input_needs_grad=i > 0 and tr.output_requires_grad[i - 1],
                 has_params=any(p.requires_grad for p in stage.module.parameters()),
                 convs=conv_profiles(stage, tr.conv_inputs[i]),

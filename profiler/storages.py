@@ -129,6 +129,7 @@ def trace_chain(
     *,
     autocast_dtype: torch.dtype | None = None,
     stage_context: Callable[[int], AbstractContextManager[Any]] | None = None,
+    conv_shapes: bool = True,
 ) -> ChainTrace:
     """Run one training-mode forward of ``chain`` on ``x`` and build its saved-storage table.
 
@@ -138,6 +139,7 @@ def trace_chain(
         autocast_dtype: run under autocast to this dtype (``torch.bfloat16``), or None for fp32.
         stage_context: called with the stage index; the context it returns wraps that stage's forward
             and what it yields is kept in ``stage_results`` (used to count FLOPs per stage).
+        conv_shapes: record each ``nn.Conv2d``'s input size through a forward pre-hook (``conv_inputs``).
 
     Returns:
         A ``ChainTrace``. The forward's graph is dropped before returning.
@@ -169,7 +171,7 @@ def trace_chain(
             handles = [
                 m.register_forward_pre_hook(_conv_shape_hook(shapes, name))
                 for name, m in stage.module.named_modules()
-                if isinstance(m, torch.nn.Conv2d)
+                if conv_shapes and isinstance(m, torch.nn.Conv2d)
             ]
             in_key = storage_key(cur) if cur.untyped_storage().nbytes() else None
             try:

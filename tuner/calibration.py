@@ -219,8 +219,9 @@ def missing_calibration(profile: Profile) -> str | None:
 
 
 def profile_key(profile: Profile) -> str:
-    """``model-bBATCH-dtype``: how the calibration names a profile."""
-    return f"{profile.model}-b{profile.batch}-{profile.dtype}"
+    """``model-bBATCH-dtype`` (``…-compiledB`` for a compiled profile): how the calibration names a profile."""
+    compiled = "" if profile.compile_budget is None else f"-compiled{profile.compile_budget:g}"
+    return f"{profile.model}-b{profile.batch}-{profile.dtype}{compiled}"
 
 
 def user_calibration_dir() -> Path:

@@ -138,6 +138,14 @@ class Plan(BaseModel):
         description="the qualified names of the module stages the actions apply to, in run order (NOTE [ Module "
         "stages ] in profiler.modules); None for a chain",
     )
+    compile_budget: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="every stage runs compiled by torch.compile, partitioned under this activation-memory budget "
+        "(NOTE [ Compiled stages ] in profiler.compiled); the plan is priced on the compiled profile of that "
+        "budget. None: eager stages",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
@@ -151,13 +159,30 @@ class Plan(BaseModel):
             raise ValueError("conv_rule 'fastest_within' needs conv_workspace_limit_bytes")
         if self.stages is not None and len(self.stages) != len(self.actions):
             raise ValueError(f"plan names {len(self.stages)} stages but has {len(self.actions)} actions")
+        if self.compile_budget is not None:  # NOTE [ Compiled stages ]: the compiler's operations, not eager ones
+            if Action.SELECTIVE in self.actions:
+                k = self.actions.index(Action.SELECTIVE)
+                raise ValueError(f"stage {k} is 'selective', which a compiled plan cannot take (compile_budget is set)")
+            if self.conv_rule != "default" or self.conv_algos:
+                raise ValueError("a compiled plan leaves convolutions to the compiler: conv_rule must be 'default' "
+                                 "and conv_algos empty when compile_budget is set")  # fmt: skip
         return self
 
     def named(self, profile: Profile) -> Plan:
-        """This plan with the stage names of a profile of module stages (unchanged for a chain)."""
-        if not profile.modules or self.stages is not None:
-            return self
-        return self.model_copy(update={"stages": tuple(s.name for s in profile.stages)})
+        """This plan as it applies to ``profile``: with the stage names of a profile of module stages, and with the
+        compile budget of a compiled profile (NOTE [ Compiled stages ]; convolutions are then the compiler's, as
+        they were priced: a compiled profile has no algorithm tables). Unchanged for an eager chain."""
+        plan = self
+        if profile.modules and plan.stages is None:
+            plan = plan.model_copy(update={"stages": tuple(s.name for s in profile.stages)})
+        if profile.compile_budget is not None and plan.compile_budget is None:
+            plan = plan.with_(
+                compile_budget=profile.compile_budget,
+                conv_rule="default",
+                conv_algos={},
+                conv_workspace_limit_bytes=None,
+            )
+        return plan
 
     # ---- constructors ----------------------------------------------------------------------------
     @classmethod
@@ -182,8 +207,15 @@ class Plan(BaseModel):
 
     # ---- checks ----------------------------------------------------------------------------------
     def check(self, profile: Profile) -> None:
-        """Raise ``PlanError`` if this plan does not fit ``profile`` (stage count, conv keys, selective stages)."""
+        """Raise ``PlanError`` if this plan does not fit ``profile`` (stage count, conv keys, selective stages, a
+        compiled plan on another profile)."""
         n = profile.n_stages
+        if self.compile_budget is not None and self.compile_budget != profile.compile_budget:
+            made = "an eager profile" if profile.compile_budget is None else f"budget {profile.compile_budget:g}"
+            raise PlanError(
+                f"the plan runs its stages compiled under activation budget {self.compile_budget:g} but the profile "
+                f"was measured with {made}; price it on the compiled profile of its budget"
+            )
         if len(self.actions) != n:
             raise PlanError(
                 f"plan has {len(self.actions)} actions but {profile.model!r} has {n} stages; "

@@ -17,7 +17,6 @@ from fastapi import APIRouter, Query, Request
 from optuna.trial import TrialState
 
 from api.deps import DbDep, ReadAccess
-from api.problems import ProblemError
 from api.schemas import TimelinePoint, TimelinePublic, TimelineSeries, TrialPoint, TrialsPublic
 from storage.database import Database, engine_kwargs
 from storage.records import Result
@@ -32,10 +31,12 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 _storage_lock = threading.Lock()
 
 
-def best_result(results: list[Result]) -> Result | None:
-    """The job's best plan as simulated: the fastest feasible simulated result (``results`` come fastest
-    first). The timeline is a simulation, so a measured row of the same plan does not stand in for it."""
-    return next((r for r in results if r.feasible and r.source == "simulated"), None)
+def best_result(results: list[Result], name: str | None = None) -> Result | None:
+    """The job's best plan as simulated: the feasible simulated result named ``name`` (the job's best, as its
+    summary names it), else the fastest feasible simulated one (``results`` come fastest first; a policy can tie
+    with the search's best). The timeline is a simulation, so a measured row of the same plan does not stand in."""
+    feasible = [r for r in results if r.feasible and r.source == "simulated"]
+    return next((r for r in feasible if r.name == name), feasible[0] if feasible else None)
 
 
 def _series(name: str, sim: SimResult) -> TimelineSeries:
@@ -52,38 +53,46 @@ def _series(name: str, sim: SimResult) -> TimelineSeries:
 @router.get(
     "/{job_id}/timeline",
     response_model=TimelinePublic,
-    responses={404: {"description": "unknown job, or the job has no profile or no feasible plan yet"}},
+    responses={404: {"description": "unknown job"}},
 )
 def job_timeline(job_id: str, db: DbDep, _read: ReadAccess) -> TimelinePublic:
-    """The simulated memory timeline (live bytes over ms) of the job's best plan and of the unplanned step."""
+    """The simulated memory timeline (live bytes over ms) of the job's best plan and of the unplanned step; a job
+    that exists but has no profile or no feasible plan yet answers with the series it has and why the rest is
+    missing (not 404: the job is there)."""
     with db.session() as s:
         job = JobRepository(s).get(job_id)
         if job.profile_id is None:
-            raise ProblemError(
-                404,
-                "no_profile",
-                "Job has no profile yet",
-                f"job {job_id} is {job.state} and has no profile yet; wait until a worker runs it "
-                f"(GET /v1/jobs/{job_id})",
+            return TimelinePublic(
+                job_id=job_id,
+                state=job.state,
+                budget_bytes=job.budget_bytes,
+                best=None,
+                unplanned=None,
+                detail=f"job {job_id} is {job.state} and has no profile yet; the timeline follows once a worker "
+                f"runs it (GET /v1/jobs/{job_id})",
             )
         record = ProfileRepository(s).get(job.profile_id)
-        best = best_result(ResultRepository(s).for_job(job_id))
-    if best is None:
-        raise ProblemError(
-            404,
-            "no_plan",
-            "Job has no feasible plan",
-            f"job {job_id} is {job.state} and stored no plan within its budget of {job.budget_bytes} bytes; "
-            "wait for it to finish, or submit a job with a larger budget",
-        )
+        best = best_result(ResultRepository(s).for_job(job_id), job.best_name)
     profile = record.profile()
     sim = Simulator(profile, job.optimizer)
+    unplanned = _series("none", sim.run(Plan.uniform(profile.n_stages, Action.KEEP), timeline=True))
+    if best is None:
+        return TimelinePublic(
+            job_id=job_id,
+            state=job.state,
+            budget_bytes=job.budget_bytes,
+            best=None,
+            unplanned=unplanned,
+            detail=f"job {job_id} is {job.state} and has stored no plan within its budget of {job.budget_bytes} "
+            "bytes yet; wait for it to finish, or submit a job with a larger budget",
+        )
     plan = Plan.model_validate(best.plan)
     return TimelinePublic(
         job_id=job_id,
+        state=job.state,
         budget_bytes=job.budget_bytes,
         best=_series(best.name, sim.run(plan, timeline=True)),
-        unplanned=_series("none", sim.run(Plan.uniform(profile.n_stages, Action.KEEP), timeline=True)),
+        unplanned=unplanned,
     )
 
 

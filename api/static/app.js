@@ -308,7 +308,7 @@
     const ly = Math.abs(py - 8 - by) < 12 ? Math.min(py, by) - 14 : py - 8; // keep clear of the budget line
     el("text", { x: px + (right ? 8 : -8), y: Math.max(fr.y1 + 12, ly), "text-anchor": right ? "start" : "end", class: "label halo best" }, plot, `peak ${fmtGiB(peak.live_bytes)}`);
     legend(fr, [
-      { label: `best plan (${b.name})`, mark: markLine(C.fwd) },
+      { label: b.name === "none" ? "best plan (every stage kept)" : `best plan (${b.name})`, mark: markLine(C.fwd) },
       { label: "unplanned", mark: markLine(C.unplanned, "5 3", 1.6) },
       { label: "budget", mark: markLine(C.budget, "6 4", 1.5) },
     ]);
@@ -537,6 +537,7 @@
     else drawPareto(pareto, job, results.data, trials.data);
     const tlBox = document.getElementById("chart-timeline");
     if (timeline instanceof Error) message(tlBox, timeline.message, timeline.status === 404 ? "muted" : "error");
+    else if (!timeline.best) message(tlBox, timeline.detail, "muted");
     else drawTimeline(tlBox, timeline);
     const profBox = document.getElementById("chart-profile");
     const bestRow = results instanceof Error ? null : results.data.find((r) => r.feasible && r.source !== "measured");

@@ -22,7 +22,7 @@ import gc
 import math
 import statistics
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -38,6 +38,7 @@ from tuner.runtime.conv import apply_conv_choices
 from tuner.runtime.errors import PlanOutOfMemoryError
 from tuner.runtime.guard import budget_guard
 from tuner.runtime.isolate import IsolatedProcessError, run_isolated
+from tuner.runtime.peers import OffloadActivations, compiled_model
 from tuner.runtime.planned import PlannedBase, planned
 from tuner.simulator import simulate
 
@@ -152,19 +153,23 @@ def _clean() -> None:
     torch.cuda.empty_cache()
 
 
-Builtin = Literal["save_on_cpu", "checkpoint_sequential"]
+Builtin = Literal["save_on_cpu", "checkpoint_sequential", "compile", "offload_activations"]
 
 
 @dataclass(frozen=True)
 class RowSpec:
-    """One configuration to measure: a plan of ours (``plan``), one of PyTorch's tools (``builtin``) or, with
-    neither, the unconstrained step. ``capped``: run under ``budget_guard`` (our plans always are)."""
+    """One configuration to measure: a plan of ours (``plan``), one of PyTorch's tools or a peer (``builtin``) or,
+    with neither, the unconstrained step. ``capped``: run under ``budget_guard`` (our plans always are).
+    ``compile_budget``: the ``compile`` peer's activation budget. ``profile``: what prices ``plan`` when it is not
+    the bench's profile (a compiled plan's compiled profile, NOTE [ Compiled stages ])."""
 
     name: str
-    kind: str  # "unconstrained", "policy", "tuned", "variant", "pytorch"
+    kind: str  # "unconstrained", "policy", "tuned", "compiled-tuned", "variant", "pytorch", "compiler"
     plan: Plan | None = None
     builtin: Builtin | None = None
     capped: bool = False
+    compile_budget: float | None = None
+    profile: Profile | None = None
 
 
 def checkpoint_segments(chain: ModelChain) -> int:
@@ -180,11 +185,26 @@ def row_specs(
     pytorch_builtins: bool = True,
     capped_builtins: bool = False,
     unconstrained: bool = True,
+    compiler_budgets: Sequence[float] = (),
+    offload_peer: bool = False,
+    compiled_profiles: Mapping[float, Profile] | None = None,
 ) -> list[RowSpec]:
-    """The rows ``bench_plans`` measures, in order: unconstrained, each plan, then PyTorch's built-ins."""
+    """The rows ``bench_plans`` measures, in order: unconstrained, each plan, PyTorch's built-ins, then the peers:
+    ``torch.compile`` of the whole model at each of ``compiler_budgets`` and, with ``offload_peer``, activation
+    offload on a side stream (``tuner.runtime.peers.OffloadActivations``), uncapped as users run them.
+
+    Raises:
+        ValueError: a compiled plan whose budget has no profile in ``compiled_profiles``.
+    """
     first = RowSpec("unconstrained", "unconstrained", Plan.uniform(profile.n_stages, label="none"))
     specs = [first] if unconstrained else []
-    specs += [RowSpec(name, kind, plan, capped=True) for name, kind, plan in plans]
+    for name, kind, plan in plans:
+        priced_on = None
+        if plan.compile_budget is not None:
+            priced_on = (compiled_profiles or {}).get(plan.compile_budget)
+            if priced_on is None:
+                raise ValueError(f"plan {name!r} runs compiled at budget {plan.compile_budget:g}: pass its profile")
+        specs.append(RowSpec(name, kind, plan, capped=True, profile=priced_on))
     if pytorch_builtins:
         # uncapped by default (PyTorch's tools as users run them); capped_builtins runs them under our plans' cap
         under = " under the cap" if capped_builtins else ""
@@ -200,6 +220,12 @@ def row_specs(
                 capped=capped_builtins,
             )
         )
+    specs += [
+        RowSpec(f"torch.compile budget {b:g}", "compiler", builtin="compile", compile_budget=b)
+        for b in compiler_budgets
+    ]
+    if offload_peer:
+        specs.append(RowSpec("offload activations (side stream)", "pytorch", builtin="offload_activations"))
     return specs
 
 
@@ -224,6 +250,11 @@ class _Bench:
         """Measure one row (NOTE [ Bench step ]); an out-of-memory or runtime error becomes the row's ``error``."""
         if spec.builtin is not None:
             cap = functools.partial(budget_guard, self.budget_bytes) if spec.capped else contextlib.nullcontext
+            if spec.builtin == "compile":
+                assert spec.compile_budget is not None
+                return self._run(spec, compiled_model(self.seq, spec.compile_budget), guard=cap)
+            if spec.builtin == "offload_activations":
+                return self._run(spec, self.seq, ctx=OffloadActivations, guard=cap)
             if spec.builtin == "save_on_cpu":
                 ctx = functools.partial(torch.autograd.graph.save_on_cpu, pin_memory=True)
                 return self._run(spec, self.seq, ctx=ctx, guard=cap)
@@ -269,12 +300,13 @@ class _Bench:
         # under the cap (every row of ours but the unconstrained one) the prediction is for the plan as PyTorch's
         # convolutions will run it (NOTE [ Framework fallback ]) plus the retries the placement model predicts at
         # their calibrated cost (NOTE [ Allocator placement ])
+        priced_on = spec.profile or self.profile
         capped = (
-            predict_capped(self.profile, plan, budget_bytes, steps=warmup + iters)
+            predict_capped(priced_on, plan, budget_bytes, steps=warmup + iters)
             if plan is not None and spec.capped
             else None
         )
-        predicted = capped.sim if capped is not None else simulate(self.profile, plan) if plan is not None else None
+        predicted = capped.sim if capped is not None else simulate(priced_on, plan) if plan is not None else None
         alloc_ms = capped.allocator_ms if capped is not None else None
         predicted_ms = predicted.step_ms + (alloc_ms or 0.0) if predicted is not None else None
         predicted_retries = capped.placed.mean_retries if capped is not None else None
@@ -379,8 +411,11 @@ def bench_plans(
     on_row: Callable[[BenchRow], None] | None = None,
     chain_factory: Callable[[], ModelChain] | None = None,
     unconstrained: bool = True,
+    compiler_budgets: Sequence[float] = (),
+    offload_peer: bool = False,
+    compiled_profiles: Mapping[float, Profile] | None = None,
 ) -> list[BenchRow]:
-    """Measure the unconstrained step, each ``(name, kind, plan)`` and PyTorch's built-ins on CUDA.
+    """Measure the unconstrained step, each ``(name, kind, plan)``, PyTorch's built-ins and the peers on CUDA.
 
     # NOTE [ Bench isolation ]
     PyTorch's cuDNN convolution caches, per shape and pass, the execution plan that last ran. When that plan's
@@ -407,6 +442,8 @@ def bench_plans(
         chain_factory: a picklable callable that builds the model (e.g. ``functools.partial(zoo.build, name,
             params)``): measure each row in a fresh process (NOTE [ Bench isolation ]).
         unconstrained: measure the unconstrained step first (False: only the plans and built-ins).
+        compiler_budgets, offload_peer: the peers (``row_specs``).
+        compiled_profiles: the compiled profile of each compile budget a plan runs at (NOTE [ Compiled stages ]).
 
     Returns:
         One row per configuration, in ``row_specs``'s order (the unconstrained one first, when measured).
@@ -423,6 +460,9 @@ def bench_plans(
         pytorch_builtins=pytorch_builtins,
         capped_builtins=capped_builtins,
         unconstrained=unconstrained,
+        compiler_budgets=compiler_budgets,
+        offload_peer=offload_peer,
+        compiled_profiles=compiled_profiles,
     )
     bench = None
     if chain_factory is None:

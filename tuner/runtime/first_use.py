@@ -92,15 +92,19 @@ def measure_zoo_profile(
     conv_algos: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
     note: Note | None = None,
+    compile_budget: float | None = None,
 ) -> Profile:
     """Measure ``chain`` on this GPU — with cuDNN algorithm tables and lean transients when ``conv_algos`` and the
-    chain has convolutions — and keep it in ``user_profile_dir``.
+    chain has convolutions; compiled under ``compile_budget`` when given (NOTE [ Compiled stages ], no tables) — and
+    keep it in ``user_profile_dir``.
 
     When libcudnn cannot be loaded for the tables the profile is measured without them (said through ``note``).
     """
-    algos = conv_algos and _has_convs(chain)
+    algos = conv_algos and compile_budget is None and _has_convs(chain)
     try:
-        prof = measure(chain, batch, dtype, device="cuda", progress=progress, conv_algos=algos)
+        prof = measure(
+            chain, batch, dtype, device="cuda", progress=progress, conv_algos=algos, compile_budget=compile_budget
+        )
     except CudnnError as exc:
         (note or print)(f"cuDNN algorithm tables could not be measured ({exc}); profiling without them")
         prof = measure(chain, batch, dtype, device="cuda", progress=progress)
@@ -110,13 +114,15 @@ def measure_zoo_profile(
         prof = measure_lean_transients(chain, prof)
     folder = user_profile_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    prof.save(folder / profile_filename(chain.name, batch, dtype, prof.device.key))
+    prof.save(folder / profile_filename(chain.name, batch, dtype, prof.device.key, compile_budget))
     torch.cuda.empty_cache()
     return prof
 
 
-def _measure_in_child(model: str, params: dict[str, object], batch: int, dtype: str, conv_algos: bool) -> Profile:
-    return measure_zoo_profile(build(model, params), batch, dtype, conv_algos=conv_algos)
+def _measure_in_child(
+    model: str, params: dict[str, object], batch: int, dtype: str, conv_algos: bool, compile_budget: float | None
+) -> Profile:
+    return measure_zoo_profile(build(model, params), batch, dtype, conv_algos=conv_algos, compile_budget=compile_budget)
 
 
 def zoo_profile(
@@ -128,9 +134,11 @@ def zoo_profile(
     calibrate_first: bool = True,
     conv_algos: bool = True,
     progress: Note | None = None,
+    compile_budget: float | None = None,
 ) -> Profile:
     """The measured profile of zoo ``model`` on the present GPU type: this user's or the shipped one, else measured
     in a child process and kept (after calibrating the GPU type when it has no calibration and ``calibrate_first``).
+    ``compile_budget``: the compiled profile of that activation budget (NOTE [ Compiled stages ]).
 
     Raises:
         TunerError: no CUDA device, or the calibration did not run.
@@ -142,13 +150,19 @@ def zoo_profile(
     if gpu is None:
         raise TunerError("measuring a profile needs a CUDA device, and none is available here")
     chain_params = dict(build(model, params or {}).params)
-    found = find_profile(model, batch, dtype, gpu.key, params=chain_params)
+    found = find_profile(model, batch, dtype, gpu.key, params=chain_params, compile_budget=compile_budget)
     if found is not None and found.source == "measured":
         return found
     if calibrate_first:
         ensure_calibration(progress=progress)
-    (progress or (lambda _w: None))(
-        f"profiling {model} batch {batch} {dtype} on this {gpu.name}"
-        + (" with its cuDNN algorithm tables" if conv_algos else "")
+    what = (
+        f" compiled under activation budget {compile_budget:g}"
+        if compile_budget is not None
+        else " with its cuDNN algorithm tables"
+        if conv_algos
+        else ""
     )
-    return run_isolated(functools.partial(_measure_in_child, model, params or {}, batch, dtype, conv_algos))
+    (progress or (lambda _w: None))(f"profiling {model} batch {batch} {dtype} on this {gpu.name}{what}")
+    return run_isolated(
+        functools.partial(_measure_in_child, model, params or {}, batch, dtype, conv_algos, compile_budget)
+    )

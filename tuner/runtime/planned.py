@@ -41,6 +41,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from profiler.chain import ModelChain, flatten
+from profiler.compiled import CompiledStage
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan, segments
 from tuner.runtime.allocator import reserved_summary
@@ -242,6 +243,7 @@ class PlannedModel(PlannedBase):
                 stacklevel=3,
             )
         self._chain = model if isinstance(model, ModelChain) else None
+        self._compiled: dict[int, CompiledStage] = {}  # by stage index; not submodules (the parameters are model's)
         # the forward as a program: ("stage", k, k) or ("segment", i, j)
         segs = {i: Segment(i, j, modules, names, clone_segment_inputs) for i, j in segments(plan.actions)}
         for k, a in enumerate(plan.actions):  # NOTE [ Selective stages ] (profiler.selective)
@@ -259,7 +261,8 @@ class PlannedModel(PlannedBase):
                 k += 1
 
     def stage_modules(self) -> list[nn.Module]:
-        """The stage modules as the chain holds them now (a context manager may have swapped some)."""
+        """The stage modules as the chain holds them now (a context manager may have swapped some); compiled by
+        ``torch.compile`` under the plan's activation budget when it has one (NOTE [ Compiled stages ])."""
         if self._chain is not None:
             modules = [s.module for s in self._chain.stages]
         else:
@@ -268,7 +271,14 @@ class PlannedModel(PlannedBase):
             raise PlanError(
                 f"the model now has {len(modules)} stages but had {len(self.stage_names)} when planned; plan it again"
             )
-        return modules
+        budget = self.plan.compile_budget
+        if budget is None:
+            return modules
+        compiled = [self._compiled.get(k) for k in range(len(modules))]
+        for k, (m, c) in enumerate(zip(modules, compiled, strict=True)):
+            if c is None or c.inner is not m:  # compiled once per module; a swapped module compiles anew
+                self._compiled[k] = CompiledStage(m, budget)
+        return [self._compiled[k] for k in range(len(modules))]
 
     # ---- forward ---------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:

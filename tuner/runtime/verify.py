@@ -128,17 +128,24 @@ def _step(
 
 
 def reference_step(
-    model: ModelChain | nn.Module, inputs: Any, *, loss_fn: LossFn = _default_loss, seed: int = 0
+    model: ModelChain | nn.Module,
+    inputs: Any,
+    *,
+    loss_fn: LossFn = _default_loss,
+    seed: int = 0,
+    run: nn.Module | None = None,
 ) -> ReferenceStep:
     """Run one unplanned step (gradients reset first) and record loss, gradients and buffers.
 
-    Pass it to ``check_equivalence(..., reference=...)`` to compare several plans against one run.
+    Pass it to ``check_equivalence(..., reference=...)`` to compare several plans against one run. ``run``: what
+    computes the step instead of the model itself, sharing its parameters and buffers (the model compiled, NOTE
+    [ Compiled stages ] in ``profiler.compiled``: plans run compiled are compared with the unplanned compiled run).
     """
     module = _module(model)
     start = {n: b.detach().clone() for n, b in module.named_buffers()}
     for _, p in _trainable(module):
         p.grad = None
-    loss, buffers = _step(module, module, inputs, loss_fn, seed, start)
+    loss, buffers = _step(module, module if run is None else run, inputs, loss_fn, seed, start)
     grads = tuple(None if p.grad is None else p.grad.detach().clone() for _, p in _trainable(module))
     return ReferenceStep(loss, grads, buffers, start, seed)
 

@@ -43,9 +43,11 @@ def test_a_misnamed_file_is_an_error(tmp_path: Path) -> None:
 
 def test_committed_profiles_load() -> None:
     assert data_dir().name == "data"
-    for entry in list_profiles():
-        prof = find_profile(entry.model, entry.batch, entry.dtype, entry.gpu)
+    entries = list_profiles()
+    for entry in entries:
+        prof = find_profile(entry.model, entry.batch, entry.dtype, entry.gpu, compile_budget=entry.compile_budget)
         assert prof is not None and prof.source == "measured"
+    assert any(e.compile_budget is not None for e in entries)  # a compiled profile's name parses as one
 
 
 def test_user_profiles_come_before_shipped_ones_and_shipped_data_can_be_ignored(

@@ -122,9 +122,14 @@ def test_measured_rows_stand_beside_the_simulated_ones(client: MemtuneClient, db
     assert min(r.step_ms for r in simulated if r.feasible) < best.step_ms
     assert best.predicted_step_ms == twins[best.name].step_ms
 
-    # the charts stay simulated: the timeline is the simulated best's
+    # the charts stay simulated: the timeline is the simulated twin of the plan the job's summary names, even where
+    # a baseline ties with it at the top of the simulated rows ("best plan (none)" beside a summary naming optuna)
     timeline = http.get(f"/v1/jobs/{job.id}/timeline").json()
-    assert timeline["source"] == "simulated" and timeline["best"]["name"] == simulated[0].name
+    best_so_far = client.get_job(job.id).progress.best
+    assert best_so_far is not None
+    named = best_so_far.name
+    assert timeline["source"] == "simulated" and timeline["best"]["name"] == named
+    assert twins[named].step_ms == simulated[0].step_ms
 
 
 def test_a_plan_that_fails_on_the_gpu_is_named_and_the_rest_are_stored(client: MemtuneClient, db: Database) -> None:

@@ -1,0 +1,72 @@
+"""Compiled plans on a CUDA GPU (NOTE [ Compiled stages ] in ``profiler.compiled``): keep / offload / recompute
+around stages compiled by ``torch.compile`` give the loss, gradients and buffers of the same model run compiled
+without a plan (offload keeps strides, which the compiled backward asserts), within ``max(1e-6, 10 x the noise of two
+unplanned compiled runs)``: bitwise where the kernels are deterministic (ResNet-18 was), not where a kernel adds
+atomically (the GPT's embedding backward). Skipped without CUDA (``pytest -m gpu tests/gpu``).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts: deterministic GEMMs
+
+import pytest
+import torch
+
+from profiler import zoo
+from profiler.compiled import compiled_chain
+from profiler.measure import model_input, profile
+from tuner.plan import Action, Plan
+from tuner.runtime import check_equivalence, reference_step
+from tuner.runtime.verify import relative_error
+from tuner.search import tune
+from tuner.simulator import simulate
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "batch", "budget"),
+    [
+        ("resnet18", {"image_size": 64, "num_classes": 10}, 8, 0.5),
+        ("gpt", {"layers": 2, "width": 64, "heads": 4, "seq_len": 32, "vocab": 128}, 4, 1.0),
+    ],
+)
+def test_compiled_plans_keep_the_compiled_math_on_cuda(
+    name: str, params: dict[str, int], batch: int, budget: float
+) -> None:
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.manual_seed(0)
+    chain = zoo.build(name, params)
+    for s in chain.stages:
+        s.module.cuda()
+    x = model_input(chain, batch, "cuda")
+    run = compiled_chain(chain, budget).as_sequential()
+    ref = reference_step(chain, x, run=run)
+    again = reference_step(chain, x, run=run)  # atomics (an embedding's backward) make two runs differ
+    noise = max(
+        [relative_error(ref.loss, again.loss)]
+        + [relative_error(g, h) for g, h in zip(ref.grads, again.grads, strict=True) if g is not None and h is not None]
+    )
+    n = len(chain)
+    for acts in ("k" * n, "o" * n, "r" * n, ("okr" * n)[:n]):
+        plan = Plan.from_actions(acts, compile_budget=budget)
+        eq, pm = check_equivalence(chain, plan, x, steps=2, reference=ref)
+        assert eq.ok(max(1e-6, 10 * noise)), (acts, eq, noise)
+        if Action.OFFLOAD in plan.actions:
+            assert pm.stats.d2h_copies > 0
+
+
+def test_a_plan_tuned_on_a_compiled_profile_runs_compiled() -> None:
+    torch.manual_seed(0)
+    chain = zoo.build("resnet18", {"image_size": 64, "num_classes": 10})
+    prof = profile(chain, 16, device="cuda", warmup=1, repeats=2, compile_budget=1.0)
+    assert prof.compile_budget == 1.0 and prof.compile_seconds is not None
+    fits = simulate(prof, Plan.uniform(prof.n_stages, Action.RECOMPUTE)).peak_bytes
+    best = tune(prof, fits, trials=30, seed=0).best
+    assert best is not None and best.plan.compile_budget == 1.0
