@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
 import random
 import time
 import warnings
@@ -676,27 +677,67 @@ def _plan_key(c: Candidate) -> str:
 
 class _Mirror:
     """Writes the finished trials of an in-memory study to the database's study in batches, at most every
-    ``interval_s`` seconds (NOTE [ Written behind ])."""
+    ``interval_s`` seconds (NOTE [ Written behind ]): in a child process when the database is an Optuna
+    ``RDBStorage`` (its writes, some 100 ms a trial on PostgreSQL, then run beside the search on another core),
+    else here."""
 
     interval_s = 1.0
 
-    def __init__(self, kept: optuna.Study, searched: optuna.Study) -> None:
+    def __init__(self, kept: optuna.Study, searched: optuna.Study, storage: str | optuna.storages.BaseStorage) -> None:
         self.kept, self.searched = kept, searched
         #: numbers (in ``searched``) of the trials the kept study holds; an enqueued trial has its number before it
         #: runs, so trials do not finish in number order
         self.written = {t.number for t in searched.get_trials(deepcopy=False) if t.state.is_finished()}
         self.last = time.monotonic()
+        self._queue: Any = None
+        self._writer: Any = None
+        url: object = storage if isinstance(storage, str) else getattr(storage, "url", None)
+        kwargs: dict[str, Any] | None = {} if isinstance(storage, str) else None
+        if isinstance(storage, optuna.storages.RDBStorage):
+            kwargs = dict(storage.engine_kwargs)
+        if isinstance(url, str) and kwargs is not None and not multiprocessing.current_process().daemon:
+            ctx = multiprocessing.get_context("spawn")  # a daemonic process may have no children: it writes itself
+            self._queue = ctx.Queue()
+            args = (url, kwargs, kept.study_name, self._queue)
+            self._writer = ctx.Process(target=_write_trials, args=args, name="memtune-trials", daemon=True)
+            self._writer.start()
 
     def write(self, *, every: bool = False) -> None:
-        """Add the trials finished since the last write to the kept study (``every``: whatever the time)."""
+        """Send the trials finished since the last write to the kept study (``every``: whatever the time)."""
         if not every and time.monotonic() - self.last < self.interval_s:
             return
         trials = self.searched.get_trials(deepcopy=False)
         new = [t for t in trials if t.state.is_finished() and t.number not in self.written]
         if new:
-            self.kept.add_trials(new)
+            if self._queue is not None:
+                self._queue.put(new)
+            else:
+                self.kept.add_trials(new)
             self.written.update(t.number for t in new)
         self.last = time.monotonic()
+
+    def close(self) -> None:
+        """Write what is left and wait until the kept study holds every trial.
+
+        Raises:
+            SearchError: the child process that writes trials failed.
+        """
+        self.write(every=True)
+        if self._writer is None:
+            return
+        self._queue.put(None)
+        self._writer.join()
+        if self._writer.exitcode != 0:
+            raise SearchError(f"writing the trials to the study's database failed (exit code {self._writer.exitcode})")
+
+
+def _write_trials(url: str, engine_kwargs: dict[str, Any], study_name: str, queue: Any) -> None:
+    """The child of ``_Mirror``: add each batch of trials from ``queue`` to the study, until None."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    while (batch := queue.get()) is not None:
+        study.add_trials(batch)
 
 
 def tune(
@@ -793,7 +834,7 @@ def tune(
     if storage is not None:
         study = optuna.create_study(sampler=sampler, directions=directions)
         study.add_trials(existing)
-        mirror = _Mirror(kept, study)
+        mirror = _Mirror(kept, study, storage)
     if not existing:
         seen: set[str] = set()
         for c in policies:
@@ -862,7 +903,7 @@ def tune(
             study.optimize(search.objective, n_trials=remaining, callbacks=[callback], gc_after_trial=False)
         finally:
             if mirror is not None:
-                mirror.write(every=True)
+                mirror.close()
     study = kept  # what is served and recorded is the database's study (NOTE [ Written behind ])
 
     all_trials = study.get_trials(deepcopy=False)
