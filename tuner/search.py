@@ -49,7 +49,7 @@ import multiprocessing
 import random
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -75,6 +75,7 @@ __all__ = [
     "decode_params",
     "leaves_convs_to_framework",
     "pareto_front",
+    "trial_fits",
     "tune",
 ]
 
@@ -365,7 +366,7 @@ class _Search:
 
     def fits(self, t: FrozenTrial) -> bool:
         """Whether a trial's plan is feasible: its peak fits and the allocator model places it."""
-        return bool(t.user_attrs["peak_bytes"] <= self.budget and not t.user_attrs.get("allocator_out_of_memory"))
+        return trial_fits(t.user_attrs, self.budget)
 
     def distributions(self) -> dict[str, BaseDistribution]:
         """The search space's distributions by parameter (NOTE [ Search space ])."""
@@ -673,6 +674,12 @@ def evaluate_policies(profile: Profile, budget_bytes: int, sim: Simulator) -> li
 
 def _plan_key(c: Candidate) -> str:
     return c.plan.model_dump_json(exclude={"label"})
+
+
+def trial_fits(attrs: Mapping[str, Any], budget_bytes: int) -> bool:
+    """Whether the trial with user attributes ``attrs`` is feasible as the search judged it (NOTE [ One objective ]):
+    its simulated peak fits ``budget_bytes`` (the budget less the headroom) and the allocator model places it."""
+    return bool(int(attrs["peak_bytes"]) <= budget_bytes and not attrs.get("allocator_out_of_memory"))
 
 
 class _Mirror:

@@ -22,6 +22,7 @@ from storage.database import Database, engine_kwargs
 from storage.records import Result
 from storage.repositories import JobRepository, ProfileRepository, ResultRepository
 from tuner.plan import Action, Plan
+from tuner.search import trial_fits
 from tuner.simulator import SimResult, Simulator
 
 __all__ = ["router"]
@@ -141,7 +142,7 @@ def job_trials(
                 number=t.number,
                 step_ms=float(attrs["step_ms"]),
                 peak_bytes=peak,
-                feasible=peak <= job.search_budget_bytes,  # as the search judged it (headroom)
+                feasible=trial_fits(attrs, job.search_budget_bytes),  # as the search judged it (NOTE [ One objective ])
                 policy=str(policy) if policy is not None else None,
             )
         )

@@ -256,3 +256,13 @@ def test_the_study_best_is_the_reported_best_at_its_priced_step() -> None:
     # the Pareto front's feasible points carry the same priced steps as the trials
     priced = {round(t.value, 9) for t in trials}
     assert all(round(c.step_ms, 9) in priced for c in result.pareto if c.name.startswith("trial "))
+
+
+def test_a_trial_fits_as_the_search_judged_it() -> None:
+    """The trials chart reads feasibility as the search does: a plan within the budget that the allocator model cannot
+    place is infeasible (the chart drew it feasible from its peak alone)."""
+    from tuner.search import trial_fits
+
+    assert trial_fits({"peak_bytes": 10}, 10)
+    assert not trial_fits({"peak_bytes": 11}, 10)
+    assert not trial_fits({"peak_bytes": 10, "allocator_out_of_memory": True}, 10)
