@@ -2,7 +2,7 @@
 
     python -m benchmarks.budget_bound vgg16:256:float32 resnet50:256:float32 gpt:16:bfloat16 --fractions 0.6
 
-Printed per budget: the bound's step and its ratio to the unconstrained step (the goal of issue 4 is 1.10× at
+Printed per budget: the bound's step and its ratio to the unconstrained step (the goal is 1.10× at
 60% of the peak), how it pays (offload, re-made bytes, algorithm, waits), and the search's best plan: its simulated
 step, and in brackets what the search ranked it by (the step plus the allocator retries the placement model
 predicts under the budget, NOTE [ Placement ranking ] in ``tuner.search``; ``--no-placement``: the step alone).
