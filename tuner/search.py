@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import multiprocessing
+import queue as queue_module
 import random
 import time
 import warnings
@@ -739,12 +740,26 @@ class _Mirror:
 
 
 def _write_trials(url: str, engine_kwargs: dict[str, Any], study_name: str, queue: Any) -> None:
-    """The child of ``_Mirror``: add each batch of trials from ``queue`` to the study, until None."""
+    """The child of ``_Mirror``: add the trials of each batch from ``queue`` to the study, until None. When the
+    searching process is gone (killed), it stops at once: another worker may be resuming the study, and a trial
+    written then would be one the resumed search does not know of."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
     study = optuna.load_study(study_name=study_name, storage=storage)
-    while (batch := queue.get()) is not None:
-        study.add_trials(batch)
+    parent = multiprocessing.parent_process()
+    while True:
+        try:
+            batch = queue.get(timeout=0.5)
+        except queue_module.Empty:
+            if parent is not None and not parent.is_alive():
+                return
+            continue
+        if batch is None:
+            return
+        for trial in batch:
+            if parent is not None and not parent.is_alive():
+                return
+            study.add_trial(trial)
 
 
 def tune(
@@ -833,9 +848,10 @@ def tune(
         kept.set_user_attr("seed", seed)
         kept.set_user_attr("priced", priced)
     # NOTE [ Written behind ]: a study in a database is searched in memory and its finished trials written to the
-    # database in batches (``_Mirror``): Optuna's RDBStorage commits some 45 times per trial, which made a job
-    # 2.6x slower than the same search from the command line. A job that is killed and resumed keeps the trials
-    # written before (at most ``_Mirror.interval_s`` of search is lost) and searches on from them
+    # database in batches by a child process (``_Mirror``): Optuna's RDBStorage commits some 45 times per trial,
+    # which made a job 2.6x slower than the same search from the command line. The database can lag the search
+    # (a job's progress counts the trials searched); a job that is killed keeps the trials written before and is
+    # searched on from them when resumed, and the writer stops with the process it writes for
     study = kept
     mirror: _Mirror | None = None
     if storage is not None:
