@@ -102,10 +102,18 @@ def serve_plan(settings: Settings, *, worker: bool = True, in_process: bool = Fa
 # the interpreter with the API. The worker claims jobs from the database exactly as a ``memtune worker`` on another
 # host does; serve migrates the database before starting it, stops it (SIGTERM, then SIGKILL after 30 s) when the
 # API stops, and the API answers jobs as before. ``--worker-in-process`` keeps the older single-process mode.
+# uvicorn re-raises the SIGTERM it shut down on, so serve can die before its ``finally`` stops the worker; the worker
+# therefore also watches for serve (``MEMTUNE_SERVE_PID``) and stops itself when serve is gone (every benchmark run
+# of ``memtune serve`` had left its worker polling a dropped database).
+
+
+#: the pid of the ``memtune serve`` that started a worker, in the worker's environment (NOTE [ Worker process ])
+SERVE_PID_ENV = "MEMTUNE_SERVE_PID"
 
 
 def _start_worker(command: list[str]) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
+    env[SERVE_PID_ENV] = str(os.getpid())
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return subprocess.Popen(command, env=env)
@@ -192,10 +200,14 @@ def worker(
 
     signal.signal(signal.SIGTERM, _graceful)
     signal.signal(signal.SIGINT, _graceful)
+    parent = os.environ.get(SERVE_PID_ENV)  # NOTE [ Worker process ]: started by serve, it ends with serve
     w.start()
     while not done.wait(0.5):
         if not w.alive:
             raise typer.Exit(1)
+        if parent is not None and str(os.getppid()) != parent:
+            logging.getLogger(__name__).warning("memtune serve (pid %s) is gone; stopping its worker", parent)
+            break
     w.stop()
 
 

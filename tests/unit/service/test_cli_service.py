@@ -160,3 +160,46 @@ def test_serve_starts_and_stops_the_worker_process(tmp_path: Path, monkeypatch: 
     assert seen["alive"] is True and seen["pid"] != os.getpid() and seen["embedded"] is False
     (proc,) = started
     assert proc.poll() is not None  # type: ignore[attr-defined]  # stopped with the API
+
+
+def test_the_worker_ends_with_serve_when_serve_is_terminated(tmp_path: Path) -> None:
+    """SIGTERM to ``memtune serve`` (docker stop, systemd): uvicorn re-raises the signal after its shutdown, so serve
+    may die before it stops its worker; the worker watches for serve and stops itself (NOTE [ Worker process ]).
+    Every benchmark run of serve had left its worker behind, polling a dropped database."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[3]
+    cmd = [sys.executable, "-m", "api.cli_service", "serve", "--port", str(port), "--data-dir", str(tmp_path),
+           "--log-level", "warning"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    serve = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert serve.poll() is None and time.monotonic() < deadline, "memtune serve did not start"
+            time.sleep(0.2)
+        children = subprocess.run(["pgrep", "-P", str(serve.pid)], capture_output=True, text=True).stdout.split()
+        assert len(children) == 1, children  # the worker process
+        serve.terminate()
+        serve.wait(timeout=40)
+        deadline = time.monotonic() + 20
+        while Path(f"/proc/{children[0]}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{children[0]}").exists(), "the worker outlived memtune serve"
+    finally:
+        if serve.poll() is None:
+            serve.kill()
