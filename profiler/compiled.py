@@ -23,6 +23,7 @@ dynamo silently runs the stages past the limit eagerly, and a profile of them wo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -113,11 +114,4 @@ def eager_module(module: nn.Module) -> nn.Module:
 def compiled_chain(chain: ModelChain, budget: float) -> ModelChain:
     """``chain`` with every stage compiled under ``budget`` (shares its parameters; NOTE [ Compiled stages ])."""
     stages = [Stage(s.name, s.kind, CompiledStage(eager_module(s.module), budget)) for s in chain.stages]
-    return ModelChain(
-        name=chain.name,
-        stages=stages,
-        input_shape=chain.input_shape,
-        input_kind=chain.input_kind,
-        vocab_size=chain.vocab_size,
-        params=dict(chain.params),
-    )
+    return dataclasses.replace(chain, stages=stages, params=dict(chain.params))

@@ -8,6 +8,7 @@ its tables.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from typing import Annotated
@@ -62,11 +63,9 @@ def job_timeline(job_id: str, db: DbDep, _read: ReadAccess) -> TimelinePublic:
     missing (not 404: the job is there)."""
     with db.session() as s:
         job = JobRepository(s).get(job_id)
+        answer = functools.partial(TimelinePublic, job_id=job_id, state=job.state, budget_bytes=job.budget_bytes)
         if job.profile_id is None:
-            return TimelinePublic(
-                job_id=job_id,
-                state=job.state,
-                budget_bytes=job.budget_bytes,
+            return answer(
                 best=None,
                 unplanned=None,
                 detail=f"job {job_id} is {job.state} and has no profile yet; the timeline follows once a worker "
@@ -78,23 +77,14 @@ def job_timeline(job_id: str, db: DbDep, _read: ReadAccess) -> TimelinePublic:
     sim = Simulator(profile, job.optimizer)
     unplanned = _series("none", sim.run(Plan.uniform(profile.n_stages, Action.KEEP), timeline=True))
     if best is None:
-        return TimelinePublic(
-            job_id=job_id,
-            state=job.state,
-            budget_bytes=job.budget_bytes,
+        return answer(
             best=None,
             unplanned=unplanned,
             detail=f"job {job_id} is {job.state} and has stored no plan within its budget of {job.budget_bytes} "
             "bytes yet; wait for it to finish, or submit a job with a larger budget",
         )
     plan = Plan.model_validate(best.plan)
-    return TimelinePublic(
-        job_id=job_id,
-        state=job.state,
-        budget_bytes=job.budget_bytes,
-        best=_series(best.name, sim.run(plan, timeline=True)),
-        unplanned=unplanned,
-    )
+    return answer(best=_series(best.name, sim.run(plan, timeline=True)), unplanned=unplanned)
 
 
 def _optuna_storage(request: Request, db: Database) -> optuna.storages.RDBStorage:

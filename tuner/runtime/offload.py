@@ -60,7 +60,7 @@ import torch
 
 from tuner.runtime.pool import HostPool
 
-__all__ = ["OffloadRuntime", "OffloadStats", "StepState"]
+__all__ = ["OffloadRuntime", "OffloadStats", "StepState", "bytes_view"]
 
 _SYNC_MODES = ("layer", "deferred", "points", "inline")
 
@@ -153,7 +153,8 @@ def _wait_copy(entry: _Entry) -> None:
     entry.hold = None
 
 
-def _bytes_view(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+def bytes_view(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+    """``storage`` on ``device`` as a flat uint8 tensor, no copy: what a copy of a whole storage reads or writes."""
     return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
 
 
@@ -241,7 +242,7 @@ class StepState:
         host = rt.pool_for(self.device).alloc(storage.nbytes())
         entry = _Entry(storage, host, need)
         rt.live_entries += 1
-        src = _bytes_view(storage, self.device)
+        src = bytes_view(storage, self.device)
         if self.cuda and self.sync != "inline":
             d2h = rt.d2h_stream(self.device)
             d2h.wait_stream(torch.cuda.current_stream(self.device))
@@ -332,7 +333,7 @@ class StepState:
         if storage is not None:
             # still on the device (a keep reference or the runtime's hold keeps it): keep it until unpack uses
             # it in place, as the simulator does, even if that other reference dies first
-            entry.device_buf = _bytes_view(storage, self.device)
+            entry.device_buf = bytes_view(storage, self.device)
             return
         host = entry.host
         assert host is not None

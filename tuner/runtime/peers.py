@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from profiler.compiled import CompiledStage
+from tuner.runtime.offload import bytes_view
 
 __all__ = ["OffloadActivations", "OffloadActivationsStats", "compiled_model"]
 
@@ -111,11 +112,6 @@ class _Handle:
         self.offset = t.storage_offset()
         self.size = tuple(t.shape)
         self.stride = t.stride()
-
-
-def _bytes(storage: torch.UntypedStorage) -> torch.Tensor:
-    """The storage as a flat uint8 tensor (no copy)."""
-    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
@@ -225,7 +221,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         return stream
 
     def _copy_out(self, storage: torch.UntypedStorage) -> _Copy:
-        src = _bytes(storage)
+        src = bytes_view(storage, storage.device)
         cuda = src.is_cuda
         host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=cuda and self.pin_memory)
         copy = _Copy(storage, host)
