@@ -263,6 +263,32 @@ def _measure_chain(
         return measure(chain, batch, dtype, device=device, gpu=gpu, progress=tick, compile_budget=compile_budget)
 
 
+def _measure_compiler_points(
+    model: str, params: dict[str, Any] | None, spec: Path | None, prof: Profile, budgets: list[float]
+) -> Profile:
+    """``prof`` with the whole model compiled at each budget measured (each in a fresh process) and kept in this GPU
+    type's profile library beside it (NOTE [ Whole-model compile ])."""
+    from profiler.library import profile_filename, user_profile_dir
+    from tuner.runtime.whole import measure_compiler_points, with_compiler_points
+
+    factory = functools.partial(load_chain, model, params, spec)
+    with err.status("compiling the whole model") as status:
+        points, rows = measure_compiler_points(
+            factory, prof, budgets, progress=lambda what: status.update(f"measuring {what} (the first steps compile)")
+        )
+    for row in rows:
+        if row.error:
+            err.print(f"  {row.name}: {row.error}")
+    prof = with_compiler_points(prof, points)
+    path = user_profile_dir() / profile_filename(prof.model, prof.batch, prof.dtype, prof.device.key)
+    prof.save(path)
+    measured = ", ".join(
+        f"budget {p.activation_budget:g} {p.step_ms:.1f} ms at {format_bytes(p.peak_bytes)}" for p in points
+    )
+    err.print(f"compiled whole: {measured}; kept in {path}")
+    return prof
+
+
 def _factory_bench(
     model: str,
     batch: int,
@@ -444,6 +470,13 @@ def profile(
             "--device cuda or cpu); plans tuned on the profile run compiled. No cuDNN algorithm tables then",
         ),
     ] = None,
+    compiler_sweep: Annotated[
+        str | None,
+        typer.Option(
+            help="comma-separated torch.compile activation budgets (e.g. 0,0.25,0.5,0.75,1): on CUDA also measure the "
+            "whole model compiled at each, so that tune may choose to compile it whole (NOTE [ Whole-model compile ])",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Profile a model: per stage forward/backward ms, saved bytes, copy ms. Measured on CUDA, the profile is kept
@@ -454,6 +487,13 @@ def profile(
     described = gpu or "h200"  # what a modeled or CPU profile describes; on CUDA the device says
     if compile_budget is not None and (device == "model" or is_factory(model)):
         raise _fail("--compile measures compiled stages: use --device cuda or cpu, with a zoo model or a spec")
+    if compiler_sweep is not None and (device != "cuda" or is_factory(model) or compile_budget is not None):
+        raise _fail("--compiler-sweep measures the whole model compiled on this GPU: use --device cuda with a zoo "
+                    "model or a spec, without --compile")  # fmt: skip
+    try:
+        whole_budgets = _activation_budgets(compiler_sweep or "", "--compiler-sweep")
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
     try:
         if is_factory(model):
             prof = _factory_profile(
@@ -472,6 +512,8 @@ def profile(
             prof = _measure_chain(
                 chain, batch, dtype, device, on, conv_algos and compile_budget is None, compile_budget
             )
+            if whole_budgets:
+                prof = _measure_compiler_points(model, _parse_params(param), spec, prof, whole_budgets)
         else:
             raise _fail(f"--device {device!r}: use cuda, cpu or model")
     except (ProfilerError, TunerError, ValueError) as exc:
@@ -862,6 +904,7 @@ def bench(
 
     from tuner.policies import POLICIES
     from tuner.runtime.bench import BenchRow, bench_plans
+    from tuner.runtime.whole import measure_compiler_points, with_compiler_points
     from tuner.search import tune as run_tune
     from tuner.simulator import simulate as run_sim
 
@@ -915,6 +958,41 @@ def bench(
             f"--no-selective: the {prof.model} profile has no selective measurements; there is nothing to compare"
         )
     unselective = prof.without_selective() if no_selective and prof.has_selective else None
+    done: list[BenchRow] = []
+
+    def save(row: BenchRow) -> None:
+        """Write every row measured so far, so that an interrupted run still leaves its results."""
+        done.append(row)
+        if json_out is not None:
+            json_out.write_text(
+                json.dumps(
+                    {
+                        "model": prof.model,
+                        "batch": batch,
+                        "dtype": dtype,
+                        "device": prof.device.model_dump(),
+                        "unconstrained_simulated_peak_bytes": base_peak,
+                        # NOTE [ Batch split ]: what fastest_within could choose (benchmarks.retry_cost.read_run)
+                        "profile_split_rows": prof.has_split_rows,
+                        "rows": [r.to_dict() for r in done],
+                    },
+                    indent=1,
+                )
+                + "\n"
+            )
+
+    def show(name: str) -> None:
+        err.print(f"  measuring {name}")
+
+    compiler_rows: list[BenchRow] = []
+    if compiler_budgets:  # NOTE [ Whole-model compile ]: measured first, so that memtune's plans may compile whole
+        err.print(f"  the whole model compiled at activation budgets {', '.join(f'{b:g}' for b in compiler_budgets)}")
+        if factory is None:
+            raise _fail("--compiler-sweep measures each budget in a fresh process: leave out --no-isolate")
+        points, compiler_rows = measure_compiler_points(
+            factory, prof, compiler_budgets, warmup=warmup, iters=iters, progress=show, on_row=save
+        )
+        prof = with_compiler_points(prof, points)
     try:  # NOTE [ Compiled stages ]: measured in children and kept, as the eager profile
         compiled_profiles = {
             b: zoo_profile(model, params, batch, dtype, compile_budget=b, progress=lambda w: err.print(f"{w} …"))
@@ -972,31 +1050,6 @@ def bench(
             ("all offload, deferred", "variant", every),
             ("all offload, layer", "variant", every.with_(sync="layer")),
         ]
-    done: list[BenchRow] = []
-
-    def save(row: BenchRow) -> None:
-        """Write every row measured so far, so that an interrupted run still leaves its results."""
-        done.append(row)
-        if json_out is not None:
-            json_out.write_text(
-                json.dumps(
-                    {
-                        "model": prof.model,
-                        "batch": batch,
-                        "dtype": dtype,
-                        "device": prof.device.model_dump(),
-                        "unconstrained_simulated_peak_bytes": base_peak,
-                        # NOTE [ Batch split ]: what fastest_within could choose (benchmarks.retry_cost.read_run)
-                        "profile_split_rows": prof.has_split_rows,
-                        "rows": [r.to_dict() for r in done],
-                    },
-                    indent=1,
-                )
-                + "\n"
-            )
-
-    def show(name: str) -> None:
-        err.print(f"  measuring {name}")
 
     def measure_more(
         budget_bytes: int,
@@ -1023,7 +1076,7 @@ def bench(
             chain_factory=factory,
             unconstrained=False,
             compiled_profiles=compiled_profiles,
-            compiler_budgets=compiler_budgets if peers else (),
+            compiler_budgets=(),
             offload_peer=offload_peer and peers,
         )
 
@@ -1065,7 +1118,8 @@ def bench(
         if not at_budget:
             continue
         rows += measure_more(b, at_budget)
-    if builtins or compiler_budgets or offload_peer:
+    rows[1:1] = compiler_rows  # after the unconstrained row, which the table's ratios divide by
+    if builtins or offload_peer:
         # last: a built-in that fails in backward (checkpoint_sequential on in-place ReLU) has been seen to leave
         # memory behind for the rows after it (bench_plans reports it as leaked_bytes)
         rows += measure_more(main_budget, [], pytorch_builtins=builtins, progress=show, peers=True)

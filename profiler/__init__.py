@@ -11,11 +11,12 @@ import importlib
 from typing import Any
 
 from profiler.errors import ProfilerError, SpecError, UnknownGPUError
-from profiler.profile import ConvAlgo, ConvProfile, DeviceIdentity, Profile, SavedStorage, StageProfile
+from profiler.profile import CompilerPoint, ConvAlgo, ConvProfile, DeviceIdentity, Profile, SavedStorage, StageProfile
 
 __all__ = [
     "GPUS",
     "ZOO_NAMES",
+    "CompilerPoint",
     "ConvAlgo",
     "ConvProfile",
     "DeviceIdentity",

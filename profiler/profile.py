@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
+    "CompilerPoint",
     "ConvAlgo",
     "ConvProfile",
     "DeviceIdentity",
@@ -221,6 +222,17 @@ class StageProfile(_Frozen):
         return fwd, bwd
 
 
+class CompilerPoint(_Frozen):
+    """The whole model compiled by ``torch.compile`` under one activation budget, as measured on the profile's GPU
+    (NOTE [ Whole-model compile ] in ``tuner.whole``): one training step of the profile's batch."""
+
+    activation_budget: float = Field(
+        ge=0.0, le=1.0, description="torch._functorch.config.activation_memory_budget while it compiled"
+    )
+    step_ms: float = Field(gt=0, description="median training step (forward, loss, backward, SGD update), ms")
+    peak_bytes: int = Field(gt=0, description="max_memory_allocated over the timed steps, bytes")
+
+
 class Profile(_Frozen):
     """A whole chain's profile on one device. Serialises to versioned JSON (``to_json``/``from_json``)."""
 
@@ -266,6 +278,11 @@ class Profile(_Frozen):
     )
     compile_seconds: float | None = Field(
         default=None, ge=0, description="a compiled profile: seconds its stages took to compile (first calls)"
+    )
+    compiler_points: tuple[CompilerPoint, ...] = Field(
+        default=(),
+        description="the whole model compiled at several activation budgets, measured (NOTE [ Whole-model compile ] "
+        "in tuner.whole); a plan may run so (Plan.whole_compile). Empty: not measured",
     )
     loss_backward_bytes: int | None = Field(
         default=None,

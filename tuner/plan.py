@@ -146,6 +146,14 @@ class Plan(BaseModel):
         "(NOTE [ Compiled stages ] in profiler.compiled); the plan is priced on the compiled profile of that "
         "budget. None: eager stages",
     )
+    whole_compile: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="the whole model runs compiled by torch.compile under this activation-memory budget, every "
+        "stage 'keep' (NOTE [ Whole-model compile ] in tuner.whole); priced by the profile's measured compiler point "
+        "of that budget. None: the stages run as the actions say",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
@@ -166,6 +174,16 @@ class Plan(BaseModel):
             if self.conv_rule != "default" or self.conv_algos:
                 raise ValueError("a compiled plan leaves convolutions to the compiler: conv_rule must be 'default' "
                                  "and conv_algos empty when compile_budget is set")  # fmt: skip
+        if self.whole_compile is not None:  # NOTE [ Whole-model compile ]: the compiler chooses what to save
+            if any(a is not Action.KEEP for a in self.actions):
+                k = next(k for k, a in enumerate(self.actions) if a is not Action.KEEP)
+                raise ValueError(
+                    f"stage {k} is {self.actions[k].value!r}: a plan that compiles the whole model keeps every stage "
+                    "(whole_compile is set; the compiler's partition decides what is saved)"
+                )
+            if self.compile_budget is not None or self.conv_rule != "default" or self.conv_algos:
+                raise ValueError("whole_compile excludes compile_budget and convolution choices (conv_rule "
+                                 "'default', no conv_algos): the compiler lowers the whole model")  # fmt: skip
         return self
 
     def named(self, profile: Profile) -> Plan:
@@ -175,7 +193,7 @@ class Plan(BaseModel):
         plan = self
         if profile.modules and plan.stages is None:
             plan = plan.model_copy(update={"stages": tuple(s.name for s in profile.stages)})
-        if profile.compile_budget is not None and plan.compile_budget is None:
+        if profile.compile_budget is not None and plan.compile_budget is None and plan.whole_compile is None:
             plan = plan.with_(
                 compile_budget=profile.compile_budget,
                 conv_rule="default",
@@ -210,6 +228,15 @@ class Plan(BaseModel):
         """Raise ``PlanError`` if this plan does not fit ``profile`` (stage count, conv keys, selective stages, a
         compiled plan on another profile)."""
         n = profile.n_stages
+        if self.whole_compile is not None and all(
+            p.activation_budget != self.whole_compile for p in profile.compiler_points
+        ):
+            have = ", ".join(f"{p.activation_budget:g}" for p in profile.compiler_points) or "none"
+            raise PlanError(
+                f"the plan compiles the whole model under activation budget {self.whole_compile:g}, which the "
+                f"profile has not measured (its compiler points: {have}); `memtune profile --compiler-sweep` "
+                "measures them"
+            )
         if self.compile_budget is not None and self.compile_budget != profile.compile_budget:
             made = "an eager profile" if profile.compile_budget is None else f"budget {profile.compile_budget:g}"
             raise PlanError(
@@ -253,7 +280,9 @@ class Plan(BaseModel):
         return {a.value: sum(1 for x in self.actions if x is a) for a in Action}
 
     def compact(self) -> str:
-        """One letter per stage (k, o, r, s): a short human-readable form."""
+        """One letter per stage (k, o, r, s): a short human-readable form; a whole-model compile says so."""
+        if self.whole_compile is not None:
+            return f"compiled whole, budget {self.whole_compile:g}"
         return "".join(a.value[0] for a in self.actions)
 
 

@@ -951,7 +951,11 @@ def tune(
         framework = [c for c in feasible if leaves_convs_to_framework(c.plan)]
         if search.has_conv_algos and framework and not leaves_convs_to_framework(best.plan):
             no_choice = dataclasses.replace(min(framework, key=lambda c: (c.step_ms, c.peak_bytes)), name=NO_CHOICE)
-    front = pareto_front(cands + policies)
+    compiled = compiler_candidates(profile, budget_bytes)  # NOTE [ Whole-model compile ] (tuner.whole)
+    fastest = min((c for c in compiled if c.feasible), key=lambda c: (c.step_ms, c.peak_bytes), default=None)
+    if fastest is not None and (best is None or fastest.step_ms < best.step_ms):
+        best, no_choice = fastest, None
+    front = pareto_front(cands + policies + compiled)
     if profile.modules or profile.compile_budget is not None:  # NOTE [ Module stages ], NOTE [ Compiled stages ]
         unconstrained = _named(unconstrained, profile)  # type: ignore[assignment]
         best, no_choice = _named(best, profile), _named(no_choice, profile)
@@ -998,6 +1002,22 @@ def _is_study_best(study: optuna.Study, search: _Search, best: Candidate, trials
     return any(
         t.values is not None and t.values[0] == best.step_ms and _plan_key(search._candidate(t)) == key for t in held
     )
+
+
+def compiler_candidates(profile: Profile, budget_bytes: int) -> list[Candidate]:
+    """Every measured compiler point of ``profile`` as a whole-model compile plan (NOTE [ Whole-model compile ] in
+    ``tuner.whole``), feasible where its measured peak is at most ``budget_bytes``."""
+    return [
+        Candidate(
+            f"compiled whole {p.activation_budget:g}",
+            Plan.uniform(profile.n_stages, whole_compile=p.activation_budget, label="compiled whole"),
+            p.step_ms,
+            p.peak_bytes,
+            p.peak_bytes <= budget_bytes,
+            source="measured",
+        )
+        for p in profile.compiler_points
+    ]
 
 
 def _named(c: Candidate | None, profile: Profile) -> Candidate | None:

@@ -52,10 +52,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from profiler.loss import profile_loss_ms
-from profiler.profile import ConvProfile, Profile, SavedStorage
+from profiler.profile import CompilerPoint, ConvProfile, Profile, SavedStorage
 from tuner.calibration import calibration_for
 from tuner.conv_choice import PASSES, ConvTriple, choose_algorithms, select_algo, working_algos
 from tuner.plan import Action, Plan, StorageFate, resolve_storages, segments, selective_gain_bytes, storage_copy_ms
+from tuner.whole import compiler_point
 
 __all__ = ["OPTIMIZERS", "SimResult", "Simulator", "StorageTables", "backward_transients", "merge_storages", "simulate"]
 
@@ -273,6 +274,8 @@ class Simulator:
         """Simulate one step under ``plan``. ``check=False`` skips validating it against the profile."""
         if check:
             plan.check(self.profile)
+        if plan.whole_compile is not None:
+            return _measured(compiler_point(self.profile, plan))
         return self._run(plan.actions, plan, timeline)
 
     def run_actions(self, actions: Sequence[Action], plan: Plan) -> SimResult:
@@ -849,6 +852,24 @@ def merge_storages(profile: Profile) -> Profile:
             )
         )
     return profile.model_copy(update={"stages": tuple(stages), "storages": tuple(merged)})
+
+
+def _measured(point: CompilerPoint) -> SimResult:
+    """A whole-model compile plan's cost: its measured point (NOTE [ Whole-model compile ] in ``tuner.whole``), no
+    copies and no stalls; the step is reported as forward, since one compiled step is not split into phases."""
+    return SimResult(
+        step_ms=point.step_ms,
+        peak_bytes=point.peak_bytes,
+        forward_ms=point.step_ms,
+        backward_ms=0.0,
+        recompute_ms=0.0,
+        stall_ms=0.0,
+        forward_stalls_ms=(),
+        backward_stalls_ms=(),
+        d2h_bytes=0,
+        h2d_bytes=0,
+        base_bytes=0,
+    )
 
 
 def simulate(profile: Profile, plan: Plan, *, optimizer: str = "sgd", timeline: bool = False) -> SimResult:

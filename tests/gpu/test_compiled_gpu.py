@@ -70,3 +70,42 @@ def test_a_plan_tuned_on_a_compiled_profile_runs_compiled() -> None:
     fits = simulate(prof, Plan.uniform(prof.n_stages, Action.RECOMPUTE)).peak_bytes
     best = tune(prof, fits, trials=30, seed=0).best
     assert best is not None and best.plan.compile_budget == 1.0
+
+
+def test_whole_compile_plans_are_measured_chosen_and_run_on_cuda() -> None:
+    """NOTE [ Whole-model compile ]: compiler points measured in fresh processes, a plan ``tune`` serves from them, and
+    ``planned`` running it gives the compiler's own run at that budget (within the noise of two such runs)."""
+    import functools
+
+    from tuner.runtime.peers import compiled_model
+    from tuner.runtime.planned import CompiledWhole
+    from tuner.runtime.whole import measure_compiler_points, with_compiler_points
+
+    params = {"image_size": 64, "num_classes": 10}
+    torch.manual_seed(0)
+    chain = zoo.build("resnet18", params)
+    prof = profile(chain, 16, device="cuda", warmup=1, repeats=2)
+    points, rows = measure_compiler_points(functools.partial(zoo.build, "resnet18", params), prof, [0.5, 1.0])
+    assert [p.activation_budget for p in points] == [0.5, 1.0], [r.error for r in rows]
+    assert all(p.step_ms > 0 and p.peak_bytes > 0 for p in points)
+    prof = with_compiler_points(prof, points)
+    fastest = min(points, key=lambda p: p.step_ms)
+    result = tune(prof, 4 * fastest.peak_bytes, trials=20, seed=0)
+    assert result.best is not None and result.best.plan.whole_compile is not None
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    for s in chain.stages:
+        s.module.cuda()
+    x = model_input(chain, 8, "cuda")
+    budget = result.best.plan.whole_compile
+    run = compiled_model(chain.as_sequential(), budget)
+    ref = reference_step(chain, x, run=run)
+    again = reference_step(chain, x, run=run)
+    noise = max(
+        [relative_error(ref.loss, again.loss)]
+        + [relative_error(g, h) for g, h in zip(ref.grads, again.grads, strict=True) if g is not None and h is not None]
+    )
+    tol = max(1e-6, 10 * noise)
+    eq, pm = check_equivalence(chain, result.best.plan, x, steps=2, reference=ref)
+    assert isinstance(pm, CompiledWhole)
+    assert eq.ok(tol), (eq, tol)

@@ -77,6 +77,8 @@ class BenchRow:
     (NOTE [ Allocator placement ]), beside ``alloc_retries``"""
     predicted_allocator_ms: float | None = None
     """of ``predicted_step_ms``, what those retries are predicted to cost (``tuner.calibration``), ms"""
+    compile_budget: float | None = None
+    """a ``torch.compile`` peer's activation budget (``RowSpec.compile_budget``)"""
     predicted_fallbacks: int | None = None
     """convolutions left to PyTorch that are predicted to fall back to a smaller workspace under the cap
     (NOTE [ Framework fallback ] in ``tuner.capped``); the prediction is for the plan with those algorithms"""
@@ -303,7 +305,7 @@ class _Bench:
         priced_on = spec.profile or self.profile
         capped = (
             predict_capped(priced_on, plan, budget_bytes, steps=warmup + iters)
-            if plan is not None and spec.capped
+            if plan is not None and spec.capped and plan.whole_compile is None  # NOTE [ Whole-model compile ]
             else None
         )
         predicted = capped.sim if capped is not None else simulate(priced_on, plan) if plan is not None else None
@@ -359,6 +361,7 @@ class _Bench:
                 predicted_retries=predicted_retries,
                 predicted_allocator_ms=alloc_ms,
                 predicted_fallbacks=fallbacks,
+                compile_budget=spec.compile_budget,
             )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:
             # the allocator's own numbers (tried to allocate, allocated vs reserved) are the diagnosis: keep them

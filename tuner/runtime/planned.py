@@ -51,7 +51,7 @@ from tuner.runtime.offload import OffloadRuntime, OffloadStats, StepState
 from tuner.runtime.pool import HostPool
 from tuner.runtime.segments import Segment
 
-__all__ = ["PlannedBase", "PlannedModel", "load_plan", "planned"]
+__all__ = ["CompiledWhole", "PlannedBase", "PlannedModel", "load_plan", "planned"]
 
 
 def load_plan(source: Plan | Mapping[str, Any] | str | Path) -> Plan:
@@ -325,6 +325,39 @@ class PlannedModel(PlannedBase):
         return x
 
 
+class CompiledWhole(PlannedBase):
+    """The whole model compiled by ``torch.compile`` under the plan's activation budget (NOTE [ Whole-model
+    compile ] in ``tuner.whole``): the compiler decides what the backward recomputes; nothing is offloaded.
+
+    Args:
+        model: a ``ModelChain`` (run as its ``nn.Sequential``) or any ``nn.Module``, called with what it takes.
+        plan: a plan with ``whole_compile`` set.
+
+    Raises:
+        PlanError: the plan does not compile the whole model, or its stage count differs from the chain's.
+    """
+
+    def __init__(self, model: ModelChain | nn.Module, plan: Plan) -> None:
+        if plan.whole_compile is None:
+            raise PlanError("CompiledWhole runs plans with whole_compile set; planned() runs the others")
+        if isinstance(model, ModelChain) or plan.stages is None:
+            module, names, _ = _stages_of(model)
+            if len(names) != len(plan.actions):
+                raise PlanError(
+                    f"plan {plan.label or ''!r} has {len(plan.actions)} actions but the model has {len(names)} "
+                    "stages; a plan is made for one model"
+                )
+        else:
+            module, names = model, list(plan.stages)
+        super().__init__(module, plan, names)
+        # not a submodule: the parameters are the model's, listed once (state_dict, optimizers)
+        object.__setattr__(self, "_compiled", CompiledStage(module, plan.whole_compile))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        compiled: CompiledStage = self.__dict__["_compiled"]
+        return compiled(*args, **kwargs)
+
+
 def planned(
     model: ModelChain | nn.Module,
     plan: Plan | Mapping[str, Any] | str | Path,
@@ -343,7 +376,8 @@ def planned(
         pool_bytes: host bytes to reserve for offloaded storages up front (0: grow during step one).
 
     Returns:
-        A ``PlannedModule`` or ``PlannedModel`` sharing ``model``'s parameters.
+        A ``CompiledWhole`` (a plan that compiles the whole model), ``PlannedModule`` or ``PlannedModel``,
+        sharing ``model``'s parameters.
 
     Raises:
         PlanError: the plan's length or sync points do not match the model's stages.
@@ -353,6 +387,8 @@ def planned(
         model = planned(model, load_plan("plan.json"))
     """
     the_plan = load_plan(plan)
+    if the_plan.whole_compile is not None:  # NOTE [ Whole-model compile ] (tuner.whole)
+        return CompiledWhole(model, the_plan)
     if the_plan.stages is not None:  # NOTE [ Module stages ] (profiler.modules)
         from tuner.runtime.modules import PlannedModule
 

@@ -1,0 +1,117 @@
+"""Plans that compile the whole model (NOTE [ Whole-model compile ] in ``tuner.whole``): priced by the profile's
+measured compiler points, chosen by ``tune`` where one fits and beats the searched plans, and run by ``planned`` as
+``torch.compile`` of the whole model, bitwise the compiler's own run at that budget.
+
+The compiler points here are written by hand (on a GPU ``tuner.runtime.whole.measure_compiler_points`` measures
+them; ``tests/gpu/test_compiled_gpu.py`` does); what is tested is how they are priced and chosen."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from profiler import zoo
+from profiler.measure import model_input
+from profiler.modeled import modeled_profile
+from profiler.profile import CompilerPoint, Profile
+from tuner.errors import PlanError
+from tuner.plan import Plan
+from tuner.runtime import check_equivalence, planned, reference_step
+from tuner.runtime.bench import BenchRow
+from tuner.runtime.peers import compiled_model
+from tuner.runtime.planned import CompiledWhole
+from tuner.runtime.whole import compiler_points, with_compiler_points
+from tuner.search import tune
+from tuner.simulator import simulate
+
+torch.set_num_threads(1)
+
+GPT = {"layers": 2, "width": 32, "heads": 4, "seq_len": 8, "vocab": 64}
+
+
+@pytest.fixture(scope="module")
+def resnet() -> Profile:
+    return modeled_profile(zoo.build("resnet50"), 64, "float32", "h100")
+
+
+def _points(prof: Profile, *shares: tuple[float, float, float]) -> Profile:
+    """``prof`` with compiler points (budget, step as a share of the unplanned step, peak as a share of its peak)."""
+    base = simulate(prof, Plan.uniform(prof.n_stages))
+    pts = [CompilerPoint(activation_budget=b, step_ms=base.step_ms * t, peak_bytes=int(base.peak_bytes * m))
+           for b, t, m in shares]  # fmt: skip
+    return with_compiler_points(prof, pts)
+
+
+def test_whole_compile_plan_rules(resnet: Profile) -> None:
+    with pytest.raises(ValueError, match=r"stage 1 is 'offload': a plan that compiles the whole model keeps"):
+        Plan.from_actions("kok", whole_compile=0.5)
+    with pytest.raises(ValueError, match="whole_compile excludes compile_budget"):
+        Plan.from_actions("kk", whole_compile=0.5, compile_budget=0.5)
+    with pytest.raises(ValueError, match="less than or equal to 1"):
+        Plan.from_actions("kk", whole_compile=2.0)
+    plan = Plan.uniform(resnet.n_stages, whole_compile=0.5)
+    assert plan.compact() == "compiled whole, budget 0.5"
+    with pytest.raises(PlanError, match=r"budget 0.5, which the profile has not measured \(its compiler points: none"):
+        simulate(resnet, plan)
+    with pytest.raises(PlanError, match=r"its compiler points: 0, 1\)"):
+        simulate(_points(resnet, (0.0, 0.9, 1.0), (1.0, 0.6, 1.0)), plan)
+
+
+def test_whole_compile_plans_are_priced_by_their_measured_point(resnet: Profile) -> None:
+    prof = _points(resnet, (1.0, 0.6, 1.0), (0.5, 0.7, 0.55))
+    r = simulate(prof, Plan.uniform(prof.n_stages, whole_compile=0.5))
+    point = next(p for p in prof.compiler_points if p.activation_budget == 0.5)
+    assert (r.step_ms, r.peak_bytes, r.d2h_bytes, r.stall_ms) == (point.step_ms, point.peak_bytes, 0, 0.0)
+    again = Profile.from_json(prof.to_json())  # kept in the profile's JSON, sorted by budget
+    assert [p.activation_budget for p in again.compiler_points] == [0.5, 1.0]
+    assert again.compiler_points == prof.compiler_points
+
+
+def test_tune_serves_the_compiler_where_it_fits_and_is_faster(resnet: Profile) -> None:
+    base = simulate(resnet, Plan.uniform(resnet.n_stages))
+    prof = _points(resnet, (1.0, 0.6, 1.0), (0.5, 0.7, 0.55), (0.0, 0.65, 1.0))
+    # at 60% of the peak only budget 0.5 fits (0.55 of the peak), and it is faster than any eager plan
+    at60 = tune(prof, int(0.6 * base.peak_bytes), trials=30, seed=0)
+    assert at60.best is not None and at60.best.plan.whole_compile == 0.5
+    assert at60.best.source == "measured" and at60.best.step_ms == pytest.approx(0.7 * base.step_ms)
+    assert any(c.plan.whole_compile == 0.5 for c in at60.pareto)  # the measured points join the Pareto line
+    # unconstrained, budget 1 is the fastest point
+    top = tune(prof, 2 * base.peak_bytes, trials=10, seed=0)
+    assert top.best is not None and top.best.plan.whole_compile == 1.0
+    # below the compiler's lowest peak the searched plans train
+    low = tune(prof, int(0.45 * base.peak_bytes), trials=30, seed=0)
+    assert low.best is not None and low.best.plan.whole_compile is None
+    assert low.best.peak_bytes <= int(0.45 * base.peak_bytes)
+    # a compiler point slower than the best searched plan is not served
+    slow = _points(resnet, (0.5, 5.0, 0.55))
+    at60_slow = tune(slow, int(0.6 * base.peak_bytes), trials=30, seed=0)
+    assert at60_slow.best is not None and at60_slow.best.plan.whole_compile is None
+
+
+def test_compiler_points_from_bench_rows(resnet: Profile) -> None:
+    rows = [
+        BenchRow("unconstrained", "unconstrained", 10.0, 100, 1.0, True),
+        BenchRow("torch.compile budget 0.5", "compiler", 8.0, 60, 1.0, True, compile_budget=0.5),
+        BenchRow("torch.compile budget 0", "compiler", None, None, None, False, compile_budget=0.0, error="oom"),
+    ]
+    assert compiler_points(rows) == (CompilerPoint(activation_budget=0.5, step_ms=8.0, peak_bytes=60),)
+    prof = with_compiler_points(resnet, compiler_points(rows))
+    newer = with_compiler_points(prof, [CompilerPoint(activation_budget=0.5, step_ms=7.0, peak_bytes=61)])
+    assert [(p.activation_budget, p.step_ms) for p in newer.compiler_points] == [(0.5, 7.0)]
+
+
+def test_a_whole_compile_plan_runs_the_compiler_bitwise() -> None:
+    """``planned`` with a whole-compile plan is ``torch.compile`` of the model at that budget: loss, gradients and
+    buffers bitwise those of the compiler's own run (the peer), and eager's within tolerance."""
+    torch.manual_seed(0)
+    chain = zoo.build("gpt", GPT)
+    x = model_input(chain, 2)
+    plan = Plan.uniform(len(chain), whole_compile=0.0)
+    ref = reference_step(chain, x, run=compiled_model(chain.as_sequential(), 0.0))
+    eq, pm = check_equivalence(chain, plan, x, steps=2, reference=ref)
+    assert isinstance(pm, CompiledWhole)
+    assert (eq.loss, eq.grad, eq.buffer) == (0.0, 0.0, 0.0), eq
+    eager, _ = check_equivalence(chain, plan, x, steps=1, reference=reference_step(chain, x))
+    assert eager.ok(1e-4), eager
+    with pytest.raises(PlanError, match="has 3 actions but the model has"):
+        planned(chain, Plan.uniform(3, whole_compile=0.0))
