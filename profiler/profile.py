@@ -231,6 +231,19 @@ class CompilerPoint(_Frozen):
     )
     step_ms: float = Field(gt=0, description="median training step (forward, loss, backward, SGD update), ms")
     peak_bytes: int = Field(gt=0, description="max_memory_allocated over the timed steps, bytes")
+    reserved_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="max_memory_reserved over the timed steps, bytes: what a memory cap sees; None: not measured",
+    )
+
+    def fits(self, cap_bytes: int, search_budget_bytes: int) -> bool:
+        """Whether the point runs under ``cap_bytes``: its measured reserved peak is within the cap (the caching
+        allocator held no more than that), or, where that was not measured, its allocated peak is within the
+        search budget (the cap less the GPU type's headroom)."""
+        if self.reserved_bytes is not None:
+            return self.reserved_bytes <= cap_bytes
+        return self.peak_bytes <= search_budget_bytes
 
 
 class Profile(_Frozen):

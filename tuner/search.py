@@ -951,7 +951,7 @@ def tune(
         framework = [c for c in feasible if leaves_convs_to_framework(c.plan)]
         if search.has_conv_algos and framework and not leaves_convs_to_framework(best.plan):
             no_choice = dataclasses.replace(min(framework, key=lambda c: (c.step_ms, c.peak_bytes)), name=NO_CHOICE)
-    compiled = compiler_candidates(profile, budget_bytes)  # NOTE [ Whole-model compile ] (tuner.whole)
+    compiled = compiler_candidates(profile, requested_budget, budget_bytes)  # NOTE [ Whole-model compile ]
     fastest = min((c for c in compiled if c.feasible), key=lambda c: (c.step_ms, c.peak_bytes), default=None)
     if fastest is not None and (best is None or fastest.step_ms < best.step_ms):
         best, no_choice = fastest, None
@@ -1004,16 +1004,16 @@ def _is_study_best(study: optuna.Study, search: _Search, best: Candidate, trials
     )
 
 
-def compiler_candidates(profile: Profile, budget_bytes: int) -> list[Candidate]:
+def compiler_candidates(profile: Profile, cap_bytes: int, search_budget_bytes: int) -> list[Candidate]:
     """Every measured compiler point of ``profile`` as a whole-model compile plan (NOTE [ Whole-model compile ] in
-    ``tuner.whole``), feasible where its measured peak is at most ``budget_bytes``."""
+    ``tuner.whole``), feasible where it runs under the cap (``CompilerPoint.fits``)."""
     return [
         Candidate(
             f"compiled whole {p.activation_budget:g}",
             Plan.uniform(profile.n_stages, whole_compile=p.activation_budget, label="compiled whole"),
             p.step_ms,
             p.peak_bytes,
-            p.peak_bytes <= budget_bytes,
+            p.fits(cap_bytes, search_budget_bytes),
             source="measured",
         )
         for p in profile.compiler_points

@@ -12,11 +12,12 @@ one by one loses what the compiler fuses across stage boundaries. So a plan may 
 ``tuner.runtime.whole.measure_compiler_points``), not by the simulator.
 
 What memtune adds to the compiler's one knob: the knob is not a memory bound (at budget 0 ResNet-50's peak was
-10.48 GiB, as at budget 1), so ``tune`` takes the fastest measured point whose peak fits the search budget (the
-budget less its headroom; ``tuner.search.compiler_candidates``) and serves it where it beats the best searched
-plan; below the lowest compiled peak the searched plans (offload, recompute) still train. The math is the
-compiler's: the same as ``torch.compile`` of the model at that budget, equal to eager up to floating-point
-reassociation.
+10.48 GiB, as at budget 1), so ``tune`` takes the fastest measured point that runs under the cap (its measured
+reserved peak, what the cap sees, within the budget; where that was not measured, its allocated peak within the
+budget less its headroom: ``CompilerPoint.fits``, ``tuner.search.compiler_candidates``) and serves it where it
+beats the best searched plan; below the lowest compiled peak the searched plans (offload, recompute) still
+train. The math is the compiler's: the same as ``torch.compile`` of the model at that budget, equal to eager up
+to floating-point reassociation.
 """
 
 from __future__ import annotations

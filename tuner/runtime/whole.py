@@ -18,7 +18,12 @@ def compiler_points(rows: Sequence[BenchRow]) -> tuple[CompilerPoint, ...]:
     """The compiler points of the ``torch.compile`` peer rows of ``rows`` that ran (rows with an error are left
     out), in the order of ``rows``."""
     return tuple(
-        CompilerPoint(activation_budget=r.compile_budget, step_ms=r.step_ms, peak_bytes=r.peak_bytes)
+        CompilerPoint(
+            activation_budget=r.compile_budget,
+            step_ms=r.step_ms,
+            peak_bytes=r.peak_bytes,
+            reserved_bytes=r.reserved_bytes,
+        )
         for r in rows
         if r.kind == "compiler" and r.compile_budget is not None and r.step_ms and r.peak_bytes and not r.error
     )

@@ -88,6 +88,14 @@ def test_tune_serves_the_compiler_where_it_fits_and_is_faster(resnet: Profile) -
     assert at60_slow.best is not None and at60_slow.best.plan.whole_compile is None
 
 
+def test_a_point_fits_by_what_the_cap_sees() -> None:
+    """Measured reserved bytes decide under the cap; without them the allocated peak must leave the headroom."""
+    point = CompilerPoint(activation_budget=0.5, step_ms=1.0, peak_bytes=90, reserved_bytes=99)
+    assert point.fits(cap_bytes=100, search_budget_bytes=90) and not point.fits(98, 90)
+    bare = CompilerPoint(activation_budget=0.5, step_ms=1.0, peak_bytes=95)
+    assert not bare.fits(100, 90) and bare.fits(100, 95)
+
+
 def test_compiler_points_from_bench_rows(resnet: Profile) -> None:
     rows = [
         BenchRow("unconstrained", "unconstrained", 10.0, 100, 1.0, True),
