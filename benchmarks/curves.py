@@ -26,7 +26,11 @@ __all__ = ["Point", "family_of", "main", "output_name", "render", "render_file",
 GiB = float(1 << 30)
 
 COMPILER = "torch.compile activation budget"
-_KIND_FAMILIES = {"compiler": COMPILER, "tuned": "memtune (eager)", "compiled-tuned": "memtune (compiled)"}
+_KIND_FAMILIES = {
+    "compiler": COMPILER,
+    "tuned": "memtune (eager, or compiled whole where faster)",
+    "compiled-tuned": "memtune (compiled stages)",
+}
 _PYTORCH_PREFIXES = ("torch save_on_cpu", "torch checkpoint_sequential", "offload activations")
 _BUDGET = re.compile(r"budget\s*([0-9]*\.?[0-9]+)")
 
@@ -134,7 +138,8 @@ def render(data: dict[str, Any], out: Path) -> Path:
         f" on {device.get('name', 'unknown device')}"
     )
     ax.set_xlabel("measured peak memory (GiB)")
-    ax.set_ylabel("step time (ms)")
+    ax.set_ylabel("step time (ms, log scale)")
+    ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
     if families or unconstrained is not None:
         ax.legend(fontsize=8, loc="best")
