@@ -10,7 +10,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 __all__ = [
     "BestPlanPublic",
@@ -66,17 +67,44 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def _exactly_one(*keys: str) -> list[JsonValue]:
+    """A JSON Schema ``oneOf``: exactly one of ``keys`` is present, and ``params`` only beside ``zoo`` (what the
+    request models' validators enforce, stated in the OpenAPI document)."""
+    branches: list[JsonValue] = []
+    for key in keys:
+        others = [k for k in keys if k != key] + ([] if key == "zoo" else ["params"])
+        branches.append({"required": [key], "not": {"anyOf": [{"required": [k]} for k in others]}})
+    return branches
+
+
+def _no_nulls(data: Any, keys: tuple[str, ...]) -> Any:
+    """Refuse an explicit JSON ``null`` for any of ``keys``: a member is given or left out, as the schema says."""
+    if isinstance(data, dict):
+        nulls = [k for k in keys if k in data and data[k] is None]
+        if nulls:
+            raise ValueError(f"{nulls[0]!r} is null: leave it out instead")
+    return data
+
+
 class ModelCreate(_Request):
     """A model to store: a zoo name with parameters, or a JSON spec (exactly one of ``zoo``, ``spec``)."""
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"zoo": "vgg16", "params": {}}, {"spec": _SPEC_EXAMPLE}]},
+        json_schema_extra={
+            "examples": [{"zoo": "vgg16", "params": {}}, {"spec": _SPEC_EXAMPLE}],
+            "oneOf": _exactly_one("zoo", "spec"),
+        },
     )
 
-    zoo: str | None = Field(default=None, max_length=100, description="a name from the model zoo")
-    params: dict[str, ParamValue] | None = Field(default=None, description="zoo parameters")
-    spec: dict[str, Any] | None = Field(default=None, description="a JSON model spec (profiler.spec)")
+    zoo: str | SkipJsonSchema[None] = Field(default=None, max_length=100, description="a name from the model zoo")
+    params: dict[str, ParamValue] | SkipJsonSchema[None] = Field(default=None, description="zoo parameters")
+    spec: dict[str, Any] | SkipJsonSchema[None] = Field(default=None, description="a JSON model spec (profiler.spec)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _given(cls, data: Any) -> Any:
+        return _no_nulls(data, ("zoo", "params", "spec"))
 
     @model_validator(mode="after")
     def _one(self) -> ModelCreate:
@@ -91,10 +119,17 @@ class ModelRef(_Request):
     """The model of a job: ``{"zoo", "params"}``, ``{"spec"}`` or ``{"id"}`` of a stored model (exported programs are
     uploaded first, with ``POST /v1/models/exported``, then referred to by id)."""
 
-    zoo: str | None = Field(default=None, max_length=100)
-    params: dict[str, ParamValue] | None = None
-    spec: dict[str, Any] | None = None
-    id: str | None = Field(default=None, max_length=64)
+    model_config = ConfigDict(json_schema_extra={"oneOf": _exactly_one("zoo", "spec", "id")})
+
+    zoo: str | SkipJsonSchema[None] = Field(default=None, max_length=100)
+    params: dict[str, ParamValue] | SkipJsonSchema[None] = None
+    spec: dict[str, Any] | SkipJsonSchema[None] = None
+    id: str | SkipJsonSchema[None] = Field(default=None, max_length=64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _given(cls, data: Any) -> Any:
+        return _no_nulls(data, ("zoo", "params", "spec", "id"))
 
     @model_validator(mode="after")
     def _one(self) -> ModelRef:
