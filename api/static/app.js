@@ -567,7 +567,12 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     const page = document.body.dataset.page;
-    const done = () => { document.body.dataset.ready = "true"; };
+    // data-fits: whether the page is no wider than the window (no horizontal scrolling); the browser test reads it
+    const done = () => {
+      const root = document.documentElement;
+      document.body.dataset.fits = String(root.scrollWidth <= root.clientWidth);
+      document.body.dataset.ready = "true";
+    };
     if (page === "index") indexPage().finally(done);
     else if (page === "job") jobPage().catch((e) => message(document.getElementById("summary"), e.message, "error")).finally(done);
   });

@@ -3,7 +3,8 @@
 A VGG-16 job (modeled profile, 30 trials) is tuned by the server's own worker; then Chromium loads the
 job page and the leaderboard, and the test checks what the JavaScript drew (``--dump-dom``: one forward
 bar and one D2H bar per stage, one dot per trial, one diamond per baseline, the best plan, the memory
-timeline) and that the screenshot is a real 1280×1600 PNG showing the charts' colours. Skips, saying
+timeline), that the screenshot is a real 1280×1600 PNG showing the charts' colours, and that both pages fit
+windows 1024 and 1400 pixels wide without horizontal scrolling. Skips, saying
 why, when Chromium is not installed (``apt-get install chromium``; ``.ci/run`` installs it).
 """
 
@@ -38,7 +39,7 @@ def database_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'memtune.db'}"
 
 
-def _chromium(tmp_path: Path, url: str, *mode: str) -> subprocess.CompletedProcess[str]:
+def _chromium(tmp_path: Path, url: str, *mode: str, width: int = WIDTH) -> subprocess.CompletedProcess[str]:
     assert CHROMIUM is not None
     args = [
         CHROMIUM,
@@ -51,7 +52,7 @@ def _chromium(tmp_path: Path, url: str, *mode: str) -> subprocess.CompletedProce
         "--disable-component-update",
         "--disable-sync",
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        f"--window-size={WIDTH},{HEIGHT}",
+        f"--window-size={width},{HEIGHT}",
         "--virtual-time-budget=5000",
         *mode,
         url,
@@ -162,6 +163,12 @@ def test_job_page_and_leaderboard_in_chromium(server: str, database_url: str, tm
     assert 'data-ready="true"' in board
     assert board.count(f'href="/jobs/{job.id}"') >= 1 + sum(r.feasible for r in results)  # jobs table + rows
     assert "Could not load" not in board
+
+    for width in (1024, 1400):  # the pages fit a laptop's window: no horizontal scrolling
+        for url in (f"{server}/", f"{server}/jobs/{job.id}"):
+            dom = _chromium(tmp_path, url, "--dump-dom", width=width).stdout
+            body = re.search(r"<body[^>]*>", dom)
+            assert 'data-ready="true"' in dom and 'data-fits="true"' in dom, (width, url, body and body.group(0))
 
     missing = httpx.get(f"{server}/jobs/{'0' * 32}", timeout=10)
     assert missing.status_code == 404 and "No job" in missing.text
