@@ -17,10 +17,11 @@ committed constants:
    step ((modeled - measured) / step: a stage counts as much as it weighs in the step) and the log of the modeled
    over the measured step.
 
-It prints the constants as ``profiler/modeled.py`` spells them (paste them there; nothing is written), the error of
-every profile's step, and two hold-outs: the constants fitted on one GPU type alone and the errors they give on the
-other, and, for each model, the constants fitted without it and the errors they give on its profiles. Tracing the
-models takes about half a minute, each fit a few seconds.
+It prints the constants as ``profiler/modeled.py`` spells them (paste them there, the two ``LOSS_`` ones into
+``profiler/loss_model.py``; nothing is written), the error of every profile's step, and two hold-outs: the constants
+fitted on one GPU type alone and the errors they give on the other, and, for each model, the constants fitted
+without it and the errors they give on its profiles. Tracing the models takes about half a minute, each fit a few
+seconds.
 
 The objective is only piecewise smooth (the max of compute and memory, the launch queue), so the fit finds a nearby
 minimum, not necessarily the lowest: the step errors are stable, but the split of host time between
@@ -40,7 +41,8 @@ from scipy.optimize import least_squares
 
 from profiler.devices import GPUSpec, get_gpu
 from profiler.library import list_profiles
-from profiler.modeled import ROOFLINE, Roofline, meta_facts, roofline_loss_ms, roofline_ms
+from profiler.loss_model import roofline_loss_ms
+from profiler.modeled import ROOFLINE, Roofline, meta_facts, roofline_ms
 from profiler.profile import Profile
 from profiler.stagefacts import ChainFacts
 from profiler.zoo import build
@@ -256,7 +258,8 @@ def summary(errors: Sequence[tuple[Sample, float, float]], limit: float = 0.15) 
 
 
 def python_constants(rl: Roofline) -> str:
-    """``rl`` as the constant lines of ``profiler/modeled.py`` (3 significant digits)."""
+    """``rl`` as the constant lines of ``profiler/modeled.py`` and, ``LOSS_*``, ``profiler/loss_model.py`` (3
+    significant digits)."""
     return "\n".join(f"{f.name.upper()} = {float(f'{getattr(rl, f.name):.3g}')!r}" for f in fields(rl))
 
 
@@ -266,7 +269,7 @@ def main() -> None:
     gpus = sorted({s.gpu for s in samples})
     print(f"{len(samples)} measured profiles ({', '.join(gpus)}), meta facts in {time.perf_counter() - t0:.0f} s")
     fitted = fit(samples)
-    print("\nfitted on every GPU type (profiler/modeled.py):")
+    print("\nfitted on every GPU type (profiler/modeled.py; LOSS_* in profiler/loss_model.py):")
     print(python_constants(fitted))
     if fitted != ROOFLINE:
         drift = max(

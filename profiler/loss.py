@@ -7,11 +7,9 @@ a language model's logits it is several memory-bound passes over gigabytes (meas
 11 ms of a 141 ms GPT step at batch 16), so the profile carries its time (``Profile.loss_ms``) and the
 simulator adds it between forward and backward (NOTE [ Loss memory ] in ``tuner.simulator`` counts its bytes).
 
-Where no measurement exists (profiles made on the CPU or from the roofline), ``modeled_loss_ms`` estimates it
-from the bytes its kernels move: under autocast the cast of the output to fp32 (read 2, write 4 bytes per
-element), log-softmax (read and write 4), its backward (read the saved output and the incoming gradient,
-write the gradient: 12), the NLL backward's gradient (write 4) and the cast of the gradient back (read 4,
-write 2); in fp32 there are no casts. The kernels are bandwidth-bound, so bytes / memory bandwidth.
+Where no measurement exists (profiles made on the CPU or from the roofline), the simulator estimates it from the
+bytes its kernels move: that model needs no torch and lives in ``profiler.loss_model`` (``modeled_loss_ms``,
+``profile_loss_ms``), which this module re-exports.
 """
 
 from __future__ import annotations
@@ -20,13 +18,14 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-# torch is imported where it is used: the simulator reads ``profile_loss_ms`` and must not import torch
-# (the service's search processes stay light; tests/unit/tuner/test_policies.py checks it)
+from profiler.loss_model import loss_bytes_moved, modeled_loss_ms, profile_loss_ms
+
+# torch is imported where it is used, so that importing this module stays light; the simulator's loss time
+# (``profile_loss_ms``) lives in the torch-free ``profiler.loss_model``
 if TYPE_CHECKING:
     import torch
 
     from profiler.chain import ModelChain
-    from profiler.profile import Profile
 
 __all__ = [
     "loss_bytes_moved",
@@ -61,20 +60,6 @@ def output_shape(chain: ModelChain, batch: int) -> tuple[int, ...]:
     if chain.input_kind == "tokens":
         return (batch, *chain.input_shape, loss_classes(chain))
     return (batch, loss_classes(chain))
-
-
-def loss_bytes_moved(numel: int, itemsize: int) -> int:
-    """Bytes the loss's forward and backward kernels read and write for an output of ``numel`` elements of
-    ``itemsize`` bytes (see the module docstring)."""
-    per_element = 4 + 4 + 12 + 4  # log-softmax, its backward, the NLL gradient (fp32)
-    if itemsize != 4:
-        per_element += (itemsize + 4) * 2  # the casts to fp32 and back
-    return numel * per_element
-
-
-def modeled_loss_ms(numel: int, itemsize: int, memory_bandwidth: float) -> float:
-    """Roofline estimate of the loss's forward + backward, ms, at ``memory_bandwidth`` bytes/s."""
-    return loss_bytes_moved(numel, itemsize) / memory_bandwidth * 1e3
 
 
 def measure_loss_ms(
@@ -112,19 +97,3 @@ def measure_loss_ms(
         if i >= warmup:
             times.append(start.elapsed_time(end))
     return statistics.median(times)
-
-
-def profile_loss_ms(profile: Profile) -> float:
-    """The loss time a simulation uses, ms: the profile's measured ``loss_ms``, else the roofline estimate
-    (``profiler.modeled.roofline_loss_ms``) on the profile's GPU when it is a known one, else 0."""
-    if profile.loss_ms is not None:
-        return profile.loss_ms
-    from profiler.devices import get_gpu
-    from profiler.errors import UnknownGPUError
-    from profiler.modeled import roofline_loss_ms
-
-    try:
-        spec = get_gpu(profile.device.key)
-    except UnknownGPUError:
-        return 0.0
-    return roofline_loss_ms(profile.stages[-1].output_bytes, profile.dtype, spec)

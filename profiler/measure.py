@@ -41,7 +41,8 @@ from profiler.devices import get_gpu
 from profiler.errors import ProfilerError
 from profiler.identity import cuda_identity, spec_identity, transfer_ms
 from profiler.loss import measure_loss_ms
-from profiler.modeled import meta_facts, roofline_loss_ms
+from profiler.loss_model import roofline_loss_ms
+from profiler.modeled import meta_facts
 from profiler.profile import ConvProfile, DeviceIdentity, Profile, StageProfile
 from profiler.selective import selective_checkpoint
 from profiler.stagefacts import ChainFacts, chain_facts, torch_dtype

@@ -33,8 +33,9 @@ priced on the GPU, and the host issues the ops one after another:
   compute once per gradient it makes (dX when the stage's input needs one, dW when the stage has parameters),
   a memory-bound op ``BACKWARD_TRAFFIC_FACTOR`` x its forward GPU time. No backward when neither gradient is
   needed.
-* Loss: bytes (``profiler.loss``) / (bandwidth x ``LOSS_MEMORY_EFFICIENCY``), at least ``LOSS_KERNELS`` x
-  ``LOSS_LAUNCH_MS``.
+* Loss: bytes (``profiler.loss_model``) / (bandwidth x ``LOSS_MEMORY_EFFICIENCY``), at least ``LOSS_KERNELS`` x
+  ``LOSS_LAUNCH_MS``. The loss's constants and ``roofline_loss_ms`` live in the torch-free ``profiler.loss_model``
+  (the simulator prices the loss of a profile without ``loss_ms`` by them); this module re-exports them.
 
 The constants are global: GPUs differ only by their ``GPUSpec`` (peaks, bandwidth, SMs). They are fitted by
 least squares to the measured H100 and H200 profiles of the zoo (``profiler/data``), stage by stage and step
@@ -55,7 +56,12 @@ from profiler.chain import ModelChain
 from profiler.devices import GPUSpec, get_gpu
 from profiler.flops import OpCount
 from profiler.identity import spec_identity
-from profiler.loss import modeled_loss_ms
+from profiler.loss_model import (
+    LOSS_KERNELS,
+    LOSS_LAUNCH_MS,
+    LOSS_MEMORY_EFFICIENCY,
+    roofline_loss_ms,
+)
 from profiler.meta import meta_chain, meta_input
 from profiler.profile import Profile, StageProfile
 from profiler.stagefacts import ChainFacts, StageFacts, chain_facts, torch_dtype
@@ -90,7 +96,8 @@ __all__ = [
     "roofline_ms",
 ]
 
-# Fitted by ``python -m benchmarks.fit_roofline`` (NOTE [ Roofline ]); paste what it prints.
+# Fitted by ``python -m benchmarks.fit_roofline`` (NOTE [ Roofline ]); paste what it prints (the two ``LOSS_``
+# constants into ``profiler/loss_model.py``).
 TENSOR_EFFICIENCY = 0.492
 CONV_EFFICIENCY = 0.744
 CONV_HALF_CHANNELS = 172.0
@@ -105,13 +112,10 @@ LAUNCH_MS = 0.0545
 BACKWARD_LAUNCH_FACTOR = 0.519
 STAGE_FORWARD_MS = 0.0165
 STAGE_BACKWARD_MS = 0.146
-LOSS_MEMORY_EFFICIENCY = 0.595
-LOSS_LAUNCH_MS = 0.0204
 
 # Structural, not fitted.
 FEW_CHANNELS = 8  # input channels per group below which a convolution does not use the tensor cores
 BATCH_NORM_BLOCKS_PER_SM = 2  # channel-reduction blocks one SM runs at once
-LOSS_KERNELS = 10  # casts, log-softmax, NLL and their backwards (profiler.loss)
 
 _LOW = ("bfloat16", "float16")
 
@@ -227,15 +231,6 @@ def roofline_ms(
     backward_gpu = [b for _, b in reversed(times)]
     bwd = rl.stage_backward_ms + queue_ms(rl.launch_ms * rl.backward_launch_factor, backward_gpu)
     return fwd, bwd
-
-
-def roofline_loss_ms(output_bytes: int, dtype: str, spec: GPUSpec, rl: Roofline = ROOFLINE) -> float:
-    """The step loss's forward + backward over an output of ``output_bytes`` on ``spec``, ms: bytes moved
-    (``profiler.loss``) at ``loss_memory_efficiency`` of the bandwidth, at least ``LOSS_KERNELS`` x
-    ``loss_launch_ms`` (NOTE [ Roofline ])."""
-    itemsize = 4 if dtype == "float32" else 2
-    memory_ms = modeled_loss_ms(output_bytes // itemsize, itemsize, spec.memory_bandwidth * rl.loss_memory_efficiency)
-    return max(memory_ms, LOSS_KERNELS * rl.loss_launch_ms)
 
 
 def meta_facts(chain: ModelChain, batch: int, dtype: str) -> ChainFacts:

@@ -3,7 +3,7 @@
     python scripts/measure_loss.py profiler/data/*-h200.json
 
 Profiles measured before ``Profile.loss_ms`` existed lack it, and the simulator then falls back to the
-roofline estimate (``profiler.modeled.profile_loss_ms``). For each file whose device is this GPU, this runs
+roofline estimate (``profiler.loss_model.profile_loss_ms``). For each file whose device is this GPU, this runs
 ``profiler.loss.measure_loss_ms`` at the profile's output shape and dtype and adds ``loss_ms`` to the JSON,
 changing nothing else in the file. Prints the measurement beside the roofline estimate.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from profiler.identity import cuda_identity
-from profiler.loss import loss_classes, measure_loss_ms, output_shape, profile_loss_ms
+from profiler.loss import loss_classes, measure_loss_ms, output_shape
+from profiler.loss_model import profile_loss_ms
 from profiler.profile import Profile
 from profiler.stagefacts import torch_dtype
 from profiler.zoo import build

@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from profiler.loss import profile_loss_ms
+from profiler.loss_model import profile_loss_ms
 from profiler.profile import CompilerPoint, ConvProfile, Profile, SavedStorage
 from tuner.calibration import calibration_for
 from tuner.conv_choice import PASSES, ConvTriple, choose_algorithms, select_algo, working_algos
@@ -382,7 +382,8 @@ class Simulator:
         logits), then leaves the output's gradient. Negligible for 1000 classes; for a language model's (batch,
         tokens, vocab) logits it is several GiB. The output itself is freed after the loss's forward unless a stage
         saves it (log_softmax saves its result). Its time is the profile's measured ``loss_ms`` (profiler.loss), else
-        a roofline estimate: ~11 ms of a GPT step on the H200, which the simulator missed before it counted it.
+        a roofline estimate (profiler.loss_model, no torch): ~11 ms of a GPT step on the H200, which the simulator
+        missed before it counted it.
         A profile of module stages measured the user's own loss function instead (``Profile.loss_saved_bytes``,
         ``profiler.modules``): it holds what that function saves from its forward to its backward, and in its backward
         what was measured there on CUDA (``Profile.loss_backward_bytes``: the loss function's backward and that of the

@@ -33,7 +33,7 @@ from profiler.selective import selective_context
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan
 from tuner.runtime.offload import StepState
-from tuner.runtime.planned import PlannedBase
+from tuner.runtime.planned_base import PlannedBase
 
 __all__ = ["PlannedModule"]
 

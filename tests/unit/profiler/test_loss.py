@@ -7,16 +7,16 @@ import torch
 import torch.nn.functional as F
 
 from profiler.devices import get_gpu
-from profiler.loss import (
+from profiler.loss import loss_classes, measure_loss_ms, output_shape, step_loss
+from profiler.loss_model import (
+    LOSS_KERNELS,
+    LOSS_LAUNCH_MS,
+    LOSS_MEMORY_EFFICIENCY,
     loss_bytes_moved,
-    loss_classes,
-    measure_loss_ms,
     modeled_loss_ms,
-    output_shape,
     profile_loss_ms,
-    step_loss,
+    roofline_loss_ms,
 )
-from profiler.modeled import LOSS_KERNELS, LOSS_LAUNCH_MS, LOSS_MEMORY_EFFICIENCY, roofline_loss_ms
 from profiler.profile import DeviceIdentity
 from profiler.zoo import build
 from tests.unit.tuner.profiles import conv_profile
@@ -81,3 +81,17 @@ def test_without_a_measurement_the_loss_is_estimated_on_known_gpus_only() -> Non
 def test_measuring_the_loss_needs_cuda() -> None:
     with pytest.raises(ValueError, match="CUDA"):
         measure_loss_ms((4, 10), 10, torch.float32, torch.device("cpu"))
+
+
+def test_the_loss_model_keeps_its_old_names_and_the_rooflines_constants() -> None:
+    from profiler import loss, loss_model, modeled
+
+    for name in ("loss_bytes_moved", "modeled_loss_ms", "profile_loss_ms"):
+        assert getattr(loss, name) is getattr(loss_model, name)
+    for name in ("LOSS_KERNELS", "LOSS_LAUNCH_MS", "LOSS_MEMORY_EFFICIENCY", "roofline_loss_ms"):
+        assert getattr(modeled, name) is getattr(loss_model, name)
+    assert modeled.ROOFLINE.loss_memory_efficiency == LOSS_MEMORY_EFFICIENCY
+    assert modeled.ROOFLINE.loss_launch_ms == LOSS_LAUNCH_MS
+    h200 = get_gpu("h200")
+    big = 16 * 1024 * 50257 * 2
+    assert roofline_loss_ms(big, "bfloat16", h200, modeled.ROOFLINE) == roofline_loss_ms(big, "bfloat16", h200)

@@ -1,0 +1,60 @@
+"""The tuner runs without torch: a simulation and a search of a shipped profile with ``import torch`` failing.
+
+The service's search processes import the tuner, never torch (``tuner/__init__.py``; ``profiler/__init__.py`` loads
+its torch names on first use). ``test_layering`` checks the tuner's own imports; this runs the code, so a torch
+import reached through a call (``profiler.loss_model.profile_loss_ms`` estimating a missing ``loss_ms``, once
+``profiler.loss`` -> ``profiler.modeled`` -> ``profiler.chain``) fails here too. The profile's ``loss_ms`` is
+stripped so that the estimate runs.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT / "profiler" / "data" / "resnet50-b128-float32-h100.json"
+
+CODE = f"""
+import sys
+
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"torch is blocked: {{name}}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NoTorch())
+sys.modules.pop("torch", None)
+
+import optuna
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+from profiler.loss_model import profile_loss_ms
+from profiler.profile import Profile
+from tuner.plan import Plan
+from tuner.search import tune
+from tuner.simulator import simulate
+
+profile = Profile.load({str(PROFILE)!r}).model_copy(update={{"loss_ms": None}})
+loss_ms = profile_loss_ms(profile)
+assert loss_ms > 0, loss_ms  # the roofline estimate ran (the profile's GPU is a known one)
+result = simulate(profile, Plan.uniform(profile.n_stages))
+tuned = tune(profile, int(result.peak_bytes * 0.8), trials=10)
+assert tuned.best is not None and tuned.best.feasible
+assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
+print(f"step_ms={{result.step_ms:.3f}} loss_ms={{loss_ms:.3f}} tuned_ms={{tuned.best.step_ms:.3f}}")
+"""
+
+
+def test_simulate_and_tune_run_without_torch() -> None:
+    run = subprocess.run([sys.executable, "-c", CODE], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-4000:]
+    found = re.search(r"step_ms=(\d+\.\d+) loss_ms=(\d+\.\d+) tuned_ms=(\d+\.\d+)", run.stdout)
+    assert found, run.stdout
+    assert float(found[1]) > 0

@@ -1,0 +1,116 @@
+"""``PlannedBase``: what every planned model shares (``tuner.runtime.planned.PlannedModel`` runs a chain,
+``tuner.runtime.modules.PlannedModule`` any module).
+
+Its own module so that ``tuner.runtime.modules`` subclasses it without importing ``tuner.runtime.planned``, whose
+``planned`` builds a ``PlannedModule``: the two would import each other. ``tuner.runtime.planned`` re-exports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import traceback
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from tuner.plan import Plan
+from tuner.runtime.allocator import reserved_summary
+from tuner.runtime.errors import Phase, PlanOutOfMemoryError
+from tuner.runtime.offload import OffloadRuntime, OffloadStats, StepState
+from tuner.runtime.pool import HostPool
+
+__all__ = ["PlannedBase"]
+
+
+class PlannedBase(nn.Module):
+    """What every planned model shares: the offload runtime, where a step is, and out-of-memory errors that name
+    the plan and the stage. ``PlannedModel`` runs a chain; ``tuner.runtime.modules.PlannedModule`` any module.
+
+    Args:
+        model: the wrapped model (parameters shared, no copy).
+        plan: the plan.
+        names: the stage names, for error messages.
+        pool_bytes: host bytes to reserve up front for offloaded storages (0: grow in the first step).
+    """
+
+    def __init__(self, model: nn.Module, plan: Plan, names: Sequence[str], *, pool_bytes: int = 0) -> None:
+        super().__init__()
+        self.model = model
+        self.plan = plan
+        self.stage_names: tuple[str, ...] = tuple(names)
+        self._runtime = OffloadRuntime(reserve_bytes=pool_bytes)
+        self._step: StepState | None = None
+        self._budget_bytes: int | None = None  # set by oom_guard, for error messages
+
+    # ---- inspection ------------------------------------------------------------------------------
+    @property
+    def stats(self) -> OffloadStats:
+        """Offload counters since construction (copies, bytes, prefetches, dedupes)."""
+        return self._runtime.stats
+
+    @property
+    def pool(self) -> HostPool | None:
+        """The host pool offloaded storages go to (None before the first offload)."""
+        return self._runtime.pool
+
+    @property
+    def running(self) -> tuple[Phase, int | None]:
+        """Where the current or last step is: (phase, stage index)."""
+        step = self._step
+        if step is None:
+            return "forward", None
+        if step.forward_stage is not None:
+            return "forward", step.forward_stage
+        return "backward", step.backward_stage
+
+    def _begin_step(self, device: torch.device, exclude_ptrs: set[int]) -> StepState:
+        """A new step of the offload runtime with the plan's knobs; ``exclude_ptrs`` stay on the device."""
+        plan = self.plan
+        self._step = self._runtime.begin_step(
+            device,
+            sync=plan.sync,
+            sync_delay=plan.sync_delay,
+            sync_points=plan.sync_points,
+            lookahead=plan.prefetch_lookahead,
+            exclude_ptrs=exclude_ptrs,
+        )
+        return self._step
+
+    # ---- out of memory ---------------------------------------------------------------------------
+    def _oom(self, exc: BaseException, phase: Phase, stage: int | None) -> PlanOutOfMemoryError:
+        """Free what the failed step holds and build the error that names plan and stage."""
+        reserved = reserved_summary()  # before anything is freed: where the memory sat when the step failed
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)  # frames keep activations alive
+        self._runtime.abandon(self._step)
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        return PlanOutOfMemoryError(
+            label=self.plan.label,
+            stage=stage,
+            stage_name=self.stage_names[stage] if stage is not None else None,
+            phase=phase,
+            budget_bytes=self._budget_bytes,
+            detail=str(exc),
+            reserved=reserved,
+        )
+
+    @contextlib.contextmanager
+    def oom_guard(self, budget_bytes: int | None = None) -> Iterator[None]:
+        """Turn an out-of-memory error inside the block (forward or backward) into ``PlanOutOfMemoryError``.
+
+        The error names the plan label and the stage that was running; the runtime's in-flight state
+        is dropped and the CUDA cache emptied first, so the next step can run. ``budget_guard`` uses it.
+        """
+        previous = self._budget_bytes
+        self._budget_bytes = budget_bytes
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            phase, stage = self.running
+            raise self._oom(exc, phase, stage) from exc
+        finally:
+            self._budget_bytes = previous
