@@ -16,7 +16,8 @@ EXPECTED = {
     profiler: {
         "GPUS", "ZOO_NAMES", "CompilerPoint", "ConvAlgo", "ConvProfile", "DeviceIdentity", "ModelChain", "Profile",
         "ProfilerError", "SavedStorage", "SpecError", "StageProfile", "UnknownGPUError", "build", "build_factory",
-        "find_profile", "find_stages", "from_spec", "get_gpu", "modeled_profile", "profile", "profile_module", "spec_hash",
+        "find_profile", "find_stages", "from_spec", "get_gpu", "modeled_profile", "profile", "profile_module",
+        "spec_hash",
     },
     tuner: {
         "POLICIES", "Action", "BudgetError", "Candidate", "Plan", "PlanError", "SearchError", "SimResult",
