@@ -16,7 +16,7 @@ from tuner.plan import Action, ConvChoice, Plan, resolve_storages, segments
 from tuner.policies import POLICIES, run_policy
 from tuner.policies._storage import StorageMap, is_conv
 from tuner.policies.checkpoint_sqrt import checkpoint_sqrt, sqrt_boundaries
-from tuner.policies.hmms import hmms, hmms_schedule
+from tuner.policies.hmms import capped_stages, hmms, hmms_schedule, offload_limit
 from tuner.policies.layup import layup, layup_thresholds
 from tuner.policies.layup_cumulative import cumulative_steps, layup_cumulative
 from tuner.policies.none import none
@@ -349,11 +349,24 @@ def test_hmms_syncs_where_the_capacity_balance_turns_non_negative(
         2,
         7,
     )  # conv2 pays off relu1's 64 MiB; the rest waits for the last op
-    plan = hmms(small, 0)
+    plan = hmms(small, 0, cap=False)
     assert plan.compact() == "o" * 8 and plan.sync == "points" and plan.sync_points == (2, 7)
     # prefetch, analysed from the last backward op: need (MiB) at 2: 64, 4: 80, 5: 16, 7: 4; H2D 32 MiB/ms
     assert s.prefetch_starts == (-1, -1, 4, -1, 5, 7, -1, 7)
     assert plan.prefetch_lookahead == 2
+
+
+def test_hmms_offloads_up_to_its_theoretical_limit(small: Profile) -> None:
+    """NOTE [ HMMS offload cap ]: the forward's gains (forward ms x 8 MiB/ms: 32, 4, 80, 4, 8, 10, 0.8, 2 = 140.8
+    MiB) over the saved bytes (164 MiB) cap the share offloaded; the first stages are offloaded while their bytes
+    (0, 64, 0, 64 = 128 MiB; with stage 4's 16 it would be 144) stay within it, the rest keep."""
+    assert offload_limit(small) == pytest.approx(140.8 / 164)
+    assert capped_stages(small, offload_limit(small)) == frozenset({0, 1, 2, 3})
+    plan = hmms(small, 0)
+    assert plan.compact() == "ooookkkk" and plan.sync == "points"
+    assert hmms_schedule(small, frozenset({0, 1, 2, 3})).sync_points == plan.sync_points == (2, 7)
+    assert capped_stages(small, 1.0) == frozenset(range(8)) and capped_stages(small, 0.0) == frozenset({0})
+    plan.check(small)
 
 
 def test_hmms_a_faster_link_syncs_more_often(small: Profile) -> None:
