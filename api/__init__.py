@@ -6,7 +6,11 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the lazy names, for type checkers (``__getattr__`` would make them ``Any``)
+    from api.client import MemtuneClient
+    from api.main import create_app
 
 __all__ = ["MemtuneClient", "create_app"]
 

@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from storage.records import CalibrationRecord, HeadroomSource
 from storage.repositories import CalibrationRepository
+from tuner import CalibrationError
 from tuner.calibration import Calibration, calibration_for
-from tuner.errors import CalibrationError
 
 __all__ = ["ServiceCalibration", "ServiceOrigin", "effective_calibration", "job_headroom", "stored_calibration"]
 

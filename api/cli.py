@@ -18,13 +18,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from profiler.chain import ModelChain
-from profiler.errors import ProfilerError
-from profiler.profile import Profile
-from tuner.budget import Budget, format_bytes, profile_budget, search_budget
+from profiler import ModelChain, Profile, ProfilerError
+from tuner import Action, Plan, TunerError, format_bytes
+from tuner.budget import Budget, profile_budget, search_budget
 from tuner.calibration import calibration_for
-from tuner.errors import TunerError
-from tuner.plan import Action, Plan
 
 __all__ = ["app", "load_chain", "resolve_profile"]
 
@@ -62,14 +59,14 @@ def _parse_params(items: list[str] | None) -> dict[str, Any]:
 def load_chain(model: str, params: dict[str, Any] | None = None, spec: Path | None = None) -> ModelChain:
     """Build a zoo model by name, or a JSON spec file's model."""
     if spec is not None:
-        from profiler.spec import from_spec
+        from profiler import from_spec
 
         try:
             data = json.loads(spec.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise _fail(f"cannot read the spec {spec}: {exc}") from exc
         return from_spec(data)
-    from profiler.zoo import build
+    from profiler import build
 
     return build(model, params or {})
 
@@ -86,12 +83,12 @@ def resolve_profile(
     if profile_file is not None:
         return Profile.load(profile_file)
     if allow_measured and not chain.name.startswith("spec:"):
-        from profiler.library import find_profile
+        from profiler import find_profile
 
         found = find_profile(chain.name, batch, dtype, gpu, params=chain.params)
         if found is not None:
             return found
-    from profiler.modeled import modeled_profile
+    from profiler import modeled_profile
 
     return modeled_profile(chain, batch, dtype, gpu)
 
@@ -305,7 +302,8 @@ def _factory_bench(
     """``memtune bench`` for a factory model: NOTE [ Module bench ] at ``budget`` (a fraction of the peak)."""
     import torch
 
-    from profiler.factory import build_factory, factory_inputs
+    from profiler import build_factory
+    from profiler.factory import factory_inputs
     from tuner.runtime.guard import configure_allocator
     from tuner.runtime.module_bench import bench_module
 
@@ -379,7 +377,8 @@ def _factory_profile(
 ) -> Profile:
     """Build a factory model and measure it stage by stage on ``device`` (NOTE [ Module stages ])."""
     from api.python import profile as measure_module
-    from profiler.factory import build_factory, factory_inputs
+    from profiler import build_factory
+    from profiler.factory import factory_inputs
 
     if device not in ("cpu", "cuda"):
         raise _fail(f"--device {device!r}: a factory model is measured; use cpu or cuda")
@@ -402,7 +401,8 @@ def _check_dtype(dtype: str) -> None:
 @app.command()
 def models() -> None:
     """List the model zoo and its parameters."""
-    from profiler.zoo import ZOO_NAMES, zoo_params
+    from profiler import ZOO_NAMES
+    from profiler.zoo import zoo_params
 
     table = Table("model", "parameters (defaults)")
     for name in ZOO_NAMES:
@@ -413,7 +413,7 @@ def models() -> None:
 @app.command()
 def gpus() -> None:
     """List the GPU types memtune knows (roofline specs), and which have measured profiles."""
-    from profiler.devices import GPUS
+    from profiler import GPUS
 
     table = Table("key", "name", "memory", "fp32 TFLOP/s", "bf16 TFLOP/s", "HBM GB/s", "PCIe D2H GB/s")
     for spec in GPUS.values():
@@ -503,7 +503,7 @@ def profile(
             )  # fmt: skip
         elif device == "model":
             chain = load_chain(model, _parse_params(param), spec)
-            from profiler.modeled import modeled_profile
+            from profiler import modeled_profile
 
             prof = modeled_profile(chain, batch, dtype, described)
         elif device in ("cpu", "cuda"):
@@ -575,8 +575,8 @@ def simulate(
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate one training step under a policy's plan or a plan file."""
-    from tuner.policies import POLICIES
-    from tuner.simulator import simulate as run_sim
+    from tuner import POLICIES
+    from tuner import simulate as run_sim
 
     _check_dtype(dtype)
     try:
@@ -714,9 +714,9 @@ def tune(
     import optuna
 
     from profiler.factory import is_factory
+    from tuner import Simulator
+    from tuner import tune as run_tune
     from tuner.bound import step_lower_bound
-    from tuner.search import tune as run_tune
-    from tuner.simulator import Simulator
 
     _check_dtype(dtype)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -902,11 +902,11 @@ def bench(
                        json_out)  # fmt: skip
         return
 
-    from tuner.policies import POLICIES
+    from tuner import POLICIES
+    from tuner import simulate as run_sim
+    from tuner import tune as run_tune
     from tuner.runtime.bench import BenchRow, bench_plans
     from tuner.runtime.whole import measure_compiler_points, with_compiler_points
-    from tuner.search import tune as run_tune
-    from tuner.simulator import simulate as run_sim
 
     _check_dtype(dtype)
     if not torch.cuda.is_available():
@@ -921,7 +921,7 @@ def bench(
     assert ident is not None  # CUDA is available (checked above)
     params = _parse_params(param)
     chain = load_chain(model, params)
-    from profiler.zoo import build as build_chain
+    from profiler import build as build_chain
 
     factory = functools.partial(build_chain, model, params or {}) if isolate else None
     try:

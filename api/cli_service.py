@@ -21,9 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from api.settings import Settings
-from storage.database import Database
-from storage.errors import StorageError
-from storage.migrate import upgrade
+from storage import Database, StorageError, upgrade
 from storage.repositories import KeyRepository
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.problems import ProblemError
 from api.settings import Settings
-from storage.database import Database
+from storage import Database
 from storage.records import ApiKey
 from storage.repositories import KeyRepository
 

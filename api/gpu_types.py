@@ -6,12 +6,10 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from profiler.devices import GPUS, get_gpu
-from profiler.errors import UnknownGPUError
+from profiler import GPUS, UnknownGPUError, get_gpu
 from profiler.identity import spec_identity
 from storage.records import GpuType
-from storage.repositories import GpuRepository
-from storage.repositories.gpus import identity_hash
+from storage.repositories import GpuRepository, identity_hash
 
 __all__ = ["KnownGpu", "known_gpus", "resolve_gpu", "same_architecture"]
 

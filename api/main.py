@@ -19,8 +19,7 @@ from api.openapi import install_docs
 from api.problems import install_problem_handlers
 from api.routes import charts, gpus, health, jobs, leaderboard, models, profiles, web
 from api.settings import Settings
-from storage.database import Database
-from storage.migrate import upgrade
+from storage import Database, upgrade
 
 __all__ = ["API_VERSION", "create_app"]
 

@@ -24,7 +24,7 @@ from storage.records import ModelRecord
 from storage.repositories import ModelRepository, content_hash
 
 if TYPE_CHECKING:
-    from profiler.chain import ModelChain
+    from profiler import ModelChain
     from profiler.exported import CheckedProgram
 
 __all__ = [
@@ -106,11 +106,11 @@ def build_stored_chain(kind: str, definition_json: str) -> ModelChain:
     """
     definition = json.loads(definition_json)
     if kind == "zoo":
-        from profiler.zoo import build
+        from profiler import build
 
         return build(str(definition["zoo"]), definition.get("params"))
     if kind == "spec":
-        from profiler.spec import from_spec
+        from profiler import from_spec
 
         return from_spec(definition["spec"])
     raise ValueError(f"unknown stored model kind {kind!r} (expected 'zoo' or 'spec')")

@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from profiler.errors import ArchiveTooLargeError, ExportedError, ProfilerError, SpecError, UnknownGPUError
-from storage.errors import ConflictError, NotFoundError, StorageError, UnavailableError
-from tuner.errors import BudgetError, CalibrationError, TunerError
+from profiler import ArchiveTooLargeError, ExportedError, ProfilerError, SpecError, UnknownGPUError
+from storage import ConflictError, NotFoundError, StorageError, UnavailableError
+from tuner import BudgetError, CalibrationError, TunerError
 
 __all__ = ["PROBLEM_MEDIA_TYPE", "ProblemError", "install_problem_handlers", "problem_response"]
 

@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profiler.profile import Profile
-from tuner.budget import format_bytes, profile_budget
-from tuner.plan import Plan
-from tuner.search import Candidate, TuneResult
+from profiler import Profile
+from tuner import Candidate, Plan, TuneResult, format_bytes
+from tuner.budget import profile_budget
 
 if TYPE_CHECKING:
     import torch
@@ -213,10 +212,10 @@ def tune(
     """
     import optuna
 
+    from tuner import Simulator
+    from tuner import tune as run_tune
     from tuner.bound import step_lower_bound
     from tuner.calibration import calibration_for, missing_calibration
-    from tuner.search import tune as run_tune
-    from tuner.simulator import Simulator
 
     if isinstance(model_or_profile, Profile):
         prof = model_or_profile
@@ -271,8 +270,8 @@ def planned(
     Raises:
         PlanError: no plan fits (``tune`` found none), or the plan does not match the model's stages.
     """
-    from tuner.errors import PlanError
-    from tuner.runtime.planned import planned as apply_plan
+    from tuner import PlanError
+    from tuner.runtime import planned as apply_plan
 
     if isinstance(plan, Tuned):
         plan = plan.result

@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from storage.database import default_url, normalize_url
+from storage import default_url, normalize_url
 
 __all__ = ["Settings"]
 

@@ -97,8 +97,8 @@ from uuid import uuid4
 
 import optuna
 
-from storage.database import Database, engine_kwargs
-from storage.errors import ConflictError, StorageError
+from storage import ConflictError, Database, StorageError
+from storage.database import engine_kwargs
 from storage.records import CalibrationRecord, Job, ModelRecord, ResultIn
 from storage.repositories import (
     CalibrationRepository,
@@ -108,14 +108,14 @@ from storage.repositories import (
     ProfileRepository,
     ResultRepository,
 )
+from tuner import CalibrationError
 from tuner.calibration import Calibration, calibration_for, install_calibration, installed_calibrations
-from tuner.errors import CalibrationError
 
 if TYPE_CHECKING:
     from api.settings import Settings
-    from profiler.profile import DeviceIdentity, Profile
+    from profiler import DeviceIdentity, Profile
+    from tuner import Candidate, TuneResult
     from tuner.runtime.validate import ValidationRun
-    from tuner.search import Candidate, TuneResult
 
 __all__ = [
     "VALIDATION_WARMUP",
@@ -538,7 +538,7 @@ class Worker:
         the headroom); the result, and every row stored from it, keeps ``job.budget_bytes``, the budget asked
         for, so results and the leaderboard are filed under the user's budget with ``feasible`` judged with
         the slack."""
-        from tuner.search import tune
+        from tuner import tune
 
         last_write = [0.0]
 
@@ -618,7 +618,7 @@ class Worker:
                 log.warning("job %s: lease check between plans failed: %s", job.id, e)
             return watch.should_stop()
 
-        from tuner.plan import Plan
+        from tuner import Plan
         from tuner.runtime.validate import ValidationUnavailable, validate_plans
 
         validator: Validator = self.validator or validate_plans
@@ -830,7 +830,7 @@ def _committed_profile(model: ModelRecord, job: Job) -> Profile | None:
     """A committed measured profile for this zoo model, parameters, batch, dtype and GPU type, if one exists."""
     if model.kind != "zoo":
         return None
-    from profiler.library import find_profile
+    from profiler import find_profile
 
     params = model.definition.get("params") or {}
     profile = find_profile(str(model.definition["zoo"]), job.batch, job.dtype, job.gpu_key, params=params)
@@ -856,9 +856,9 @@ def _exported_profile(model: ModelRecord, job: Job, archive: bytes) -> Profile:
     roofline spec (``modeled``). The archive is checked again on loading (NOTE [ Safe exported programs ])."""
     import torch
 
+    from profiler import profile_module
     from profiler.devices import gpu_key
     from profiler.exported import load_exported
-    from profiler.module_profile import profile_module
 
     exported = model.definition["exported"]
     if job.batch != exported["batch"]:  # the API refuses such jobs; a job queued another way fails here
@@ -883,9 +883,7 @@ def _modeled_profile(model: ModelRecord, job: Job) -> Profile:
     """A roofline profile of the model on the job's GPU type, built on the meta device."""
     import torch
 
-    from profiler.modeled import modeled_profile
-    from profiler.spec import from_spec
-    from profiler.zoo import build
+    from profiler import build, from_spec, modeled_profile
 
     with torch.device("meta"):
         if model.kind == "zoo":

@@ -13,10 +13,8 @@ from __future__ import annotations
 import argparse
 
 from benchmarks.common import budget_table_args
+from tuner import Plan, Simulator, tune
 from tuner.bound import step_lower_bound
-from tuner.plan import Plan
-from tuner.search import tune
-from tuner.simulator import Simulator
 
 __all__ = ["main"]
 

@@ -24,9 +24,8 @@ from importlib.resources import files
 from pathlib import Path
 
 from benchmarks.retry_cost import fit_ms_per_gib, read_run, rows_of
+from tuner import Plan, Simulator
 from tuner.calibration import profile_key
-from tuner.plan import Plan
-from tuner.simulator import Simulator
 
 __all__ = ["compute_scales"]
 

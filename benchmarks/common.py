@@ -9,7 +9,7 @@ import os
 import platform
 from collections.abc import Callable, Mapping
 
-from profiler.profile import Profile
+from profiler import Profile
 
 __all__ = ["budget_table_args", "config_profile", "environment", "zoo_profile"]
 
@@ -18,9 +18,7 @@ def zoo_profile(
     model: str, batch: int, dtype: str = "float32", gpu: str = "h200", params: Mapping[str, object] | None = None
 ) -> Profile:
     """The committed measured profile when there is one, else a modeled one."""
-    from profiler.library import find_profile
-    from profiler.modeled import modeled_profile
-    from profiler.zoo import build
+    from profiler import build, find_profile, modeled_profile
 
     chain = build(model, params or {})
     found = find_profile(chain.name, batch, dtype, gpu, params=chain.params)

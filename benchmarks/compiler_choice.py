@@ -16,11 +16,10 @@ from pathlib import Path
 
 import optuna
 
-from profiler.library import find_profile
-from profiler.profile import CompilerPoint
+from profiler import CompilerPoint, find_profile
+from tuner import tune
 from tuner.calibration import calibration_for
 from tuner.runtime.whole import with_compiler_points
-from tuner.search import tune
 
 GiB = 1 << 30
 

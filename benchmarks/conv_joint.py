@@ -17,10 +17,7 @@ import argparse
 import optuna
 
 from benchmarks.common import environment, zoo_profile
-from tuner.plan import Plan
-from tuner.policies import POLICIES
-from tuner.search import tune
-from tuner.simulator import simulate
+from tuner import POLICIES, Plan, simulate, tune
 
 __all__ = ["main"]
 

@@ -39,16 +39,13 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 from scipy.optimize import least_squares
 
-from profiler.devices import GPUSpec, get_gpu
+from profiler import GPUSpec, Profile, build, get_gpu
 from profiler.library import list_profiles
 from profiler.loss_model import roofline_loss_ms
 from profiler.modeled import ROOFLINE, Roofline, meta_facts, roofline_ms
-from profiler.profile import Profile
 from profiler.stagefacts import ChainFacts
-from profiler.zoo import build
+from tuner import Plan, Simulator
 from tuner.calibration import calibration_for
-from tuner.plan import Plan
-from tuner.simulator import Simulator
 
 __all__ = [
     "LOSS_FIELDS",

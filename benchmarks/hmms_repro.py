@@ -10,12 +10,9 @@ ResNet-50 able to offload 40% of its data and a 5.1% overhead, VGG-19 all of it.
 
 from __future__ import annotations
 
-from profiler import zoo
-from profiler.modeled import modeled_profile
-from profiler.profile import Profile
-from tuner.plan import Plan
+from profiler import Profile, build, modeled_profile
+from tuner import Plan, simulate
 from tuner.policies.hmms import hmms, offload_limit
-from tuner.simulator import simulate
 
 GiB = 1 << 30
 RATES_GBPS = (12.0, 20.0, 34.1)
@@ -35,7 +32,7 @@ def main() -> None:
     print("| model | link GB/s | limit | capped: slowdown, stall ms, peak GiB, syncs | all offloaded: the same |")
     print("|---|---|---|---|---|")
     for name in ("vgg19", "resnet50"):
-        base_profile = modeled_profile(zoo.build(name), 64, "float32", "p100")
+        base_profile = modeled_profile(build(name), 64, "float32", "p100")
         for gbps in RATES_GBPS:
             p = at_link(base_profile, gbps)
             base = simulate(p, Plan.uniform(p.n_stages))

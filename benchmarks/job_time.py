@@ -41,8 +41,7 @@ def _free_port() -> int:
 
 
 def _key(url: str) -> str:
-    from storage.database import Database
-    from storage.migrate import upgrade
+    from storage import Database, upgrade
     from storage.repositories import KeyRepository
 
     db = Database(url)

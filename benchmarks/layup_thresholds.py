@@ -19,9 +19,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from profiler import zoo
-from profiler.modeled import modeled_profile
-from profiler.profile import Profile
+from profiler import Profile, build, modeled_profile
 from tuner.policies._storage import StorageMap
 from tuner.policies.layup_cumulative import checkpoint_transfer_ms, cumulative_steps
 
@@ -48,7 +46,7 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    chain = zoo.build("vgg16")
+    chain = build("vgg16")
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharey=True)
     print("| GPU | batch | stages | checkpoints | median Threshold | median Cumulative Threshold |")
     print("|---|---|---|---|---|---|")

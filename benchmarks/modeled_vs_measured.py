@@ -17,13 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from benchmarks.common import environment
+from profiler import Profile, build, modeled_profile
 from profiler.library import list_profiles
-from profiler.modeled import modeled_profile
-from profiler.profile import Profile
-from profiler.zoo import build
+from tuner import Plan, Simulator
 from tuner.calibration import calibration_for
-from tuner.plan import Plan
-from tuner.simulator import Simulator
 
 __all__ = ["LIMIT", "Row", "main", "rows", "summary"]
 

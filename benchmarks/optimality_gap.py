@@ -20,8 +20,7 @@ import time
 import optuna
 
 from benchmarks.common import environment, zoo_profile
-from tuner.exact import exact_front
-from tuner.search import tune
+from tuner import exact_front, tune
 
 __all__ = ["main"]
 

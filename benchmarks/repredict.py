@@ -19,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.retry_cost import read_run
-from profiler.profile import Profile
+from profiler import Profile
+from tuner import Plan, run_policy, simulate
 from tuner.capped import predict_capped
-from tuner.plan import Plan
-from tuner.policies import run_policy
-from tuner.simulator import simulate
 
 __all__ = ["repredict_file"]
 

@@ -22,13 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from api.cli import resolve_profile
-from profiler.profile import Profile
-from profiler.zoo import build
+from profiler import Profile, build
+from tuner import Plan, Simulator
 from tuner.calibration import calibration_for
 from tuner.capped import framework_fallback
 from tuner.placement import predict_retries
-from tuner.plan import Plan
-from tuner.simulator import Simulator
 
 __all__ = ["RetryRow", "fit_ms_per_gib", "read_run", "rows_of"]
 

@@ -13,10 +13,9 @@ stages the first one makes selective.
 from __future__ import annotations
 
 from benchmarks.common import budget_table_args
-from profiler.profile import Profile
-from tuner.plan import Action, Plan, selective_gain_bytes
-from tuner.search import Candidate, tune
-from tuner.simulator import simulate
+from profiler import Profile
+from tuner import Action, Candidate, Plan, simulate, tune
+from tuner.plan import selective_gain_bytes
 
 __all__ = ["main"]
 

@@ -132,8 +132,7 @@ def _seed(url: str, trials: int) -> None:
     """A real tuned job for VGG-16 batch 256 at 18 GiB on h200, so that the lookup has rows to find."""
     from api.model_refs import store_zoo_model
     from api.worker import Worker
-    from storage.database import Database
-    from storage.migrate import upgrade
+    from storage import Database, upgrade
     from storage.repositories import JobRepository
 
     db = Database(url)
@@ -206,7 +205,7 @@ def main() -> None:
 
     import psycopg
 
-    from storage.database import normalize_url
+    from storage import normalize_url
 
     dbname = None
     if args.database_url:

@@ -14,8 +14,8 @@ import statistics
 import time
 
 from benchmarks.common import environment, zoo_profile
-from tuner.plan import Plan, stage_actions
-from tuner.simulator import Simulator
+from tuner import Plan, Simulator
+from tuner.plan import stage_actions
 
 __all__ = ["main"]
 

@@ -15,9 +15,8 @@ you name), ``tune`` searches plans of offload, recompute and selective stages, `
 from __future__ import annotations
 
 from api.python import Tuned, planned, profile, tune
-from profiler.profile import Profile
-from tuner.plan import Action, Plan
-from tuner.runtime.guard import budget_guard
-from tuner.runtime.planned import load_plan
+from profiler import Profile
+from tuner import Action, Plan
+from tuner.runtime import budget_guard, load_plan
 
 __all__ = ["Action", "Plan", "Profile", "Tuned", "budget_guard", "load_plan", "planned", "profile", "tune"]

@@ -8,18 +8,35 @@ Value types (``Profile`` …) and errors import without torch; the names that ne
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from profiler.errors import ProfilerError, SpecError, UnknownGPUError
+from profiler.errors import ArchiveTooLargeError, ExportedError, ProfilerError, SpecError, UnknownGPUError
 from profiler.profile import CompilerPoint, ConvAlgo, ConvProfile, DeviceIdentity, Profile, SavedStorage, StageProfile
+
+# The lazy names, for type checkers (``__getattr__`` would make them ``Any``). All but ``profile``: the submodule
+# ``profiler.profile`` (imported above) shadows it, so ``profiler.profile`` is that module, never
+# ``profiler.measure.profile``; import the function from ``profiler.measure``.
+if TYPE_CHECKING:
+    from profiler.chain import ModelChain
+    from profiler.devices import GPUS, GPUSpec, get_gpu
+    from profiler.factory import build_factory
+    from profiler.library import find_profile
+    from profiler.modeled import modeled_profile
+    from profiler.module_profile import profile_module
+    from profiler.modules import find_stages
+    from profiler.spec import from_spec, spec_hash
+    from profiler.zoo import ZOO_NAMES, build
 
 __all__ = [
     "GPUS",
     "ZOO_NAMES",
+    "ArchiveTooLargeError",
     "CompilerPoint",
     "ConvAlgo",
     "ConvProfile",
     "DeviceIdentity",
+    "ExportedError",
+    "GPUSpec",
     "ModelChain",
     "Profile",
     "ProfilerError",
@@ -41,6 +58,7 @@ __all__ = [
 
 _LAZY = {
     "GPUS": "profiler.devices",
+    "GPUSpec": "profiler.devices",
     "get_gpu": "profiler.devices",
     "ZOO_NAMES": "profiler.zoo",
     "build": "profiler.zoo",

@@ -17,9 +17,8 @@ import optuna
 import torch
 from configs import read_config
 
-from tuner.plan import Action, Plan
+from tuner import Action, Plan, tune
 from tuner.runtime.bench import BenchRow, bench_plans
-from tuner.search import tune
 
 __all__: list[str] = []
 

@@ -9,11 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from api.cli import resolve_profile
-from profiler.chain import ModelChain
-from profiler.profile import Profile
-from profiler.zoo import build
-from tuner.plan import Plan
-from tuner.simulator import simulate
+from profiler import ModelChain, Profile, build
+from tuner import Plan, simulate
 
 __all__ = ["Config", "read_config", "rewrite_profiles"]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from configs import read_config
 
-from tuner.policies import POLICIES
+from tuner import POLICIES
 from tuner.runtime.bench import BenchRow, bench_plans
 from tuner.runtime.guard import configure_allocator
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 from configs import rewrite_profiles
 
+from profiler import Profile, build
 from profiler.measure import chain_inline_backward_bytes
-from profiler.profile import Profile
-from profiler.zoo import build
 
 
 def measure(prof: Profile) -> tuple[Profile, str]:

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from configs import rewrite_profiles
 
-from profiler.profile import Profile
-from profiler.zoo import build
+from profiler import Profile, build
 from tuner.runtime.lean import measure_lean_transients
 
 

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import torch
 
+from profiler import Profile, build
 from profiler.identity import cuda_identity
 from profiler.loss import loss_classes, measure_loss_ms, output_shape
 from profiler.loss_model import profile_loss_ms
-from profiler.profile import Profile
 from profiler.stagefacts import torch_dtype
-from profiler.zoo import build
 
 __all__: list[str] = []
 

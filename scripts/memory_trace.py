@@ -33,18 +33,14 @@ import optuna
 import torch
 
 from api.cli import resolve_profile
+from profiler import build
 from profiler.loss import step_loss
-from profiler.zoo import build
+from tuner import Plan, run_policy, simulate, tune
 from tuner.calibration import calibration_for
-from tuner.plan import Plan
-from tuner.policies import run_policy
+from tuner.runtime import budget_guard, planned
 from tuner.runtime.bench import _autocast, make_batch
 from tuner.runtime.conv import apply_conv_choices
-from tuner.runtime.guard import budget_guard
 from tuner.runtime.offload import StepState
-from tuner.runtime.planned import planned
-from tuner.search import tune
-from tuner.simulator import simulate
 
 __all__: list[str] = []
 

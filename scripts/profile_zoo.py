@@ -26,10 +26,9 @@ except ImportError:  # run from a checkout without `pip install -e .`
 
 import torch
 
-from profiler.errors import ProfilerError
+from profiler import ZOO_NAMES, ProfilerError, build
 from profiler.library import data_dir, profile_filename
 from profiler.measure import profile
-from profiler.zoo import ZOO_NAMES, build
 
 __all__ = ["DEFAULT_BATCHES", "main"]
 

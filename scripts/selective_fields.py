@@ -15,11 +15,10 @@ from __future__ import annotations
 import torch
 from configs import rewrite_profiles
 
+from profiler import Profile, build
 from profiler.measure import model_input, selective_held_bytes, time_stage
-from profiler.profile import Profile
 from profiler.selective import selective_saved_bytes
 from profiler.stagefacts import torch_dtype
-from profiler.zoo import build
 
 
 def measure(prof: Profile) -> tuple[Profile, str]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from configs import rewrite_profiles
 
+from profiler import Profile
 from profiler.conv_split import profile_with_splits
-from profiler.profile import Profile
 
 
 def measure(prof: Profile) -> tuple[Profile, str]:

@@ -26,13 +26,11 @@ import torch
 from configs import read_config
 from fastapi.testclient import TestClient
 
-from api.client import MemtuneClient
-from api.main import create_app
+from api import MemtuneClient, create_app
 from api.settings import Settings
 from api.worker import Worker
 from profiler.identity import cuda_identity
-from storage.database import Database
-from storage.migrate import upgrade
+from storage import Database, upgrade
 from storage.repositories import KeyRepository
 
 

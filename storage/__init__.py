@@ -7,12 +7,13 @@ SQLAlchemy errors. Optuna's tables live in the same database (``RDBStorage`` on 
 from __future__ import annotations
 
 from storage.database import Database, default_url, normalize_url
-from storage.errors import ConflictError, NotFoundError, StorageError, UnavailableError
+from storage.errors import ConflictError, IdempotencyConflictError, NotFoundError, StorageError, UnavailableError
 from storage.migrate import upgrade
 
 __all__ = [
     "ConflictError",
     "Database",
+    "IdempotencyConflictError",
     "NotFoundError",
     "StorageError",
     "UnavailableError",

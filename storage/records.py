@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from profiler.profile import Profile
+from profiler import Profile
 from tuner.budget import search_budget
 
 __all__ = [

@@ -6,7 +6,7 @@ Everything here is pure Python (no torch); ``tuner.runtime`` applies plans to li
 from __future__ import annotations
 
 from tuner.budget import format_bytes, parse_budget
-from tuner.errors import BudgetError, PlanError, SearchError, TunerError
+from tuner.errors import BudgetError, CalibrationError, PlanError, SearchError, TunerError
 from tuner.exact import exact_front, exact_optimum
 from tuner.plan import Action, Plan
 from tuner.policies import POLICIES, run_policy
@@ -17,6 +17,7 @@ __all__ = [
     "POLICIES",
     "Action",
     "BudgetError",
+    "CalibrationError",
     "Candidate",
     "Plan",
     "PlanError",

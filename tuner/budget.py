@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal
 from tuner.errors import BudgetError
 
 if TYPE_CHECKING:
-    from profiler.profile import Profile
+    from profiler import Profile
 
 __all__ = ["Budget", "format_bytes", "parse_budget", "profile_budget", "search_budget"]
 

@@ -42,8 +42,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal
 
+from profiler import Profile
 from profiler.library import shipped_data, user_data_dir
-from profiler.profile import Profile
 from tuner.errors import CalibrationError
 
 __all__ = [

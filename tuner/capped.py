@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from profiler.profile import ConvAlgo, ConvProfile, Profile
+from profiler import ConvAlgo, ConvProfile, Profile
 from tuner.conv_choice import PASSES, choose_algorithms, conv_key, working_algos
 from tuner.placement import PlacementResult, allocator_cost
 from tuner.plan import ConvChoice, Plan

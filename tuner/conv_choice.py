@@ -27,11 +27,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
-from profiler.profile import ConvAlgo, ConvProfile
+from profiler import ConvAlgo, ConvProfile
 from tuner.errors import PlanError
 
 if TYPE_CHECKING:
-    from profiler.profile import Profile
+    from profiler import Profile
     from tuner.plan import Plan
 
 __all__ = ["PASSES", "ConvTriple", "choose_algorithms", "conv_key", "select_algo", "working_algos"]

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from profiler.profile import Profile
+from profiler import Profile
 from tuner.errors import SearchError
 from tuner.plan import Action, Plan, stage_actions
 from tuner.search import _MAX_LOOKAHEAD, _MAX_SYNC_DELAY

@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
-from profiler.profile import Profile
+from profiler import Profile
 from tuner.plan import Plan
 
 __all__ = ["AllocatorModel", "AllocatorOutOfMemory", "PlacementResult", "allocator_cost", "predict_retries"]

@@ -64,7 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tuner.errors import PlanError
 
 if TYPE_CHECKING:
-    from profiler.profile import Profile
+    from profiler import Profile
 
 __all__ = [
     "PLAN_SCHEMA_VERSION",

@@ -59,7 +59,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.samplers._base import _CONSTRAINTS_KEY
 from optuna.trial import FrozenTrial, TrialState
 
-from profiler.profile import Profile
+from profiler import Profile
 from tuner.budget import search_budget
 from tuner.calibration import calibration_for
 from tuner.errors import SearchError
@@ -459,7 +459,10 @@ class _Search:
         moves += [
             (actions, (v, sync, delay, rule, cap)) for v in (la - 2, la - 1, la + 1, la + 2) if 0 <= v <= _MAX_LOOKAHEAD
         ]
-        moves.append((actions, (la, "layer" if sync == "deferred" else "deferred", delay, rule, cap)))
+        if sync == "deferred":
+            moves.append((actions, (la, "layer", delay, rule, cap)))
+        else:  # under "layer" the delay is unused, so flipping to "deferred" tries the short delays as well as its own
+            moves += [(actions, (la, "deferred", d, rule, cap)) for d in sorted({1, 2, delay}) if d <= _MAX_SYNC_DELAY]
         if sync == "deferred":
             moves += [(actions, (la, sync, d, rule, cap)) for d in (delay - 1, delay + 1) if 0 <= d <= _MAX_SYNC_DELAY]
         if self.has_conv_algos:
@@ -889,7 +892,8 @@ def tune(
             if pre is not None:
                 study.enqueue_trial(_params_for(pre.plan, True), user_attrs={"policy": "no algorithm choice"})
 
-    finished = sum(1 for t in existing if t.state is TrialState.COMPLETE)
+    # a best recorded after a search (NOTE [ One objective ]) is not a searched trial: it counts toward no budget
+    finished = sum(1 for t in existing if t.state is TrialState.COMPLETE and t.user_attrs.get("recorded") != "best")
     remaining = max(0, trials - finished)
     n_baselines = len(policies)
     # NOTE [ Cheap callbacks ]: reading every trial back after each one costs O(n) reads per trial; the callback
@@ -969,7 +973,7 @@ def tune(
         policies=policies,
         best=best,
         pareto=front,
-        n_trials=len(done_trials),
+        n_trials=sum(1 for t in done_trials if t.user_attrs.get("recorded") != "best"),
         study_name=study.study_name,
         seed=seed,
         headroom=headroom,

@@ -51,8 +51,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from profiler import CompilerPoint, ConvProfile, Profile, SavedStorage
 from profiler.loss_model import profile_loss_ms
-from profiler.profile import CompilerPoint, ConvProfile, Profile, SavedStorage
 from tuner.calibration import calibration_for
 from tuner.conv_choice import PASSES, ConvTriple, choose_algorithms, select_algo, working_algos
 from tuner.plan import Action, Plan, StorageFate, resolve_storages, segments, selective_gain_bytes, storage_copy_ms

@@ -22,7 +22,7 @@ to floating-point reassociation.
 
 from __future__ import annotations
 
-from profiler.profile import CompilerPoint, Profile
+from profiler import CompilerPoint, Profile
 from tuner.errors import PlanError
 from tuner.plan import Plan
 

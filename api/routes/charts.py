@@ -19,12 +19,12 @@ from optuna.trial import TrialState
 
 from api.deps import DbDep, ReadAccess
 from api.schemas import TimelinePoint, TimelinePublic, TimelineSeries, TrialPoint, TrialsPublic
-from storage.database import Database, engine_kwargs
+from storage import Database
+from storage.database import engine_kwargs
 from storage.records import Result
 from storage.repositories import JobRepository, ProfileRepository, ResultRepository
-from tuner.plan import Action, Plan
+from tuner import Action, Plan, SimResult, Simulator
 from tuner.search import trial_fits
-from tuner.simulator import SimResult, Simulator
 
 __all__ = ["router"]
 

@@ -13,9 +13,9 @@ from api.gpu_types import KnownGpu, known_gpus, resolve_gpu, same_architecture
 from api.problems import ProblemError
 from api.schemas import BestPlanPublic, CalibrationPublic, CalibrationPut, GpusPublic
 from api.views import calibration_public, calibration_summary, gpu_public
-from profiler.errors import UnknownGPUError
+from profiler import UnknownGPUError
 from storage.repositories import CalibrationRepository, ModelRepository, ResultRepository
-from tuner.budget import format_bytes, parse_budget
+from tuner import format_bytes, parse_budget
 from tuner.calibration import Calibration
 
 __all__ = ["router"]

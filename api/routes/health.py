@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 
 from api.deps import DbDep
 from api.schemas import HealthPublic
-from storage.errors import StorageError
+from storage import StorageError
 from storage.migrate import current_revision, head_revision
 
 __all__ = ["router"]

@@ -44,12 +44,12 @@ from api.settings import Settings
 from api.views import job_public, result_public
 from profiler.spec import FLOAT_BYTES, SpecLimits, validate_spec
 from profiler.zoo import ZOO, ZOO_LIMITS, gpt_param_count, image_spec
-from storage.database import Database
-from storage.errors import ConflictError, IdempotencyConflictError
+from storage import ConflictError, Database, IdempotencyConflictError
 from storage.records import Job, ModelRecord
 from storage.repositories import JobRepository, KeyRepository, ModelRepository, ResultRepository
 from storage.rows import utcnow
-from tuner.budget import format_bytes, parse_budget, search_budget
+from tuner import format_bytes, parse_budget
+from tuner.budget import search_budget
 from tuner.simulator import OPTIMIZERS
 
 __all__ = ["router"]

@@ -12,7 +12,7 @@ from api.problems import ProblemError
 from api.schemas import LeaderboardPublic
 from api.views import row_public
 from storage.repositories import ModelRepository, ResultRepository
-from tuner.budget import parse_budget
+from tuner import parse_budget
 
 __all__ = ["router"]
 

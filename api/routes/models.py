@@ -14,8 +14,7 @@ from api.problems import ProblemError
 from api.schemas import ModelCreate, ModelPublic
 from api.views import model_public
 from profiler.exported import CheckedProgram, check_exported
-from storage.database import Database
-from storage.errors import ConflictError
+from storage import ConflictError, Database
 from storage.records import ModelRecord
 from storage.repositories import ModelRepository
 

@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from api.deps import DbDep
-from storage.errors import NotFoundError
+from storage import NotFoundError
 from storage.repositories import JobRepository
 
 __all__ = ["STATIC_DIR", "install", "render", "router"]

@@ -8,7 +8,7 @@ import json
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from profiler.profile import DeviceIdentity
+from profiler import DeviceIdentity
 from storage.errors import NotFoundError
 from storage.records import GpuType
 from storage.repositories._convert import to_gpu

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import case, select
 from sqlalchemy.orm import Session
 
-from profiler.profile import Profile
+from profiler import Profile
 from storage.errors import NotFoundError
 from storage.records import ProfileRecord
 from storage.repositories._convert import to_profile

@@ -70,3 +70,12 @@ def server(database_url: str, serve_args: list[str], tmp_path: Path) -> Iterator
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every integration test starts servers or a browser: all of them are ``slow`` (the README's fast set leaves
+    them out; CI runs them)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.slow)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from profiler.profile import Profile
+from profiler import Profile
 from tuner.errors import TunerError
 from tuner.plan import Plan
 from tuner.policies.checkpoint_sqrt import checkpoint_sqrt

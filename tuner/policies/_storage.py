@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from profiler.profile import Profile, StageProfile
+from profiler import Profile, StageProfile
 from tuner.plan import storage_copy_ms
 
 __all__ = ["StorageMap", "is_conv"]

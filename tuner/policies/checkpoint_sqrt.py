@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from profiler.profile import Profile
+from profiler import Profile
 from tuner.plan import Action, Plan
 
 __all__ = ["checkpoint_sqrt", "sqrt_boundaries"]

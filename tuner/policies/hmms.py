@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from profiler.profile import Profile
+from profiler import Profile
 from tuner.plan import Action, Plan
 from tuner.policies._storage import StorageMap
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from profiler.profile import Profile
+from profiler import Profile
 from tuner.plan import Action, Plan
 from tuner.policies._storage import StorageMap
 

@@ -20,7 +20,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from profiler.profile import Profile
+from profiler import Profile
 from tuner.plan import Action, Plan
 from tuner.policies._storage import StorageMap
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from profiler.profile import Profile
+from profiler import Profile
 from tuner.plan import Action, Plan
 
 __all__ = ["save_on_cpu"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from profiler.profile import Profile
+from profiler import Profile
 from tuner.plan import Action, Plan
 from tuner.policies._storage import StorageMap, is_conv
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from profiler.profile import ConvAlgo, ConvProfile, Profile
+from profiler import ConvAlgo, ConvProfile, Profile
 from tuner.conv_choice import working_algos
 from tuner.plan import Action, ConvChoice, Plan
 from tuner.policies.vdnn import vdnn_all, vdnn_conv

@@ -29,9 +29,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from profiler.chain import ModelChain
+from profiler import ModelChain, Profile
 from profiler.loss import loss_classes, step_loss
-from profiler.profile import Profile
 from tuner.capped import predict_capped
 from tuner.plan import Plan
 from tuner.runtime.conv import apply_conv_choices

@@ -36,10 +36,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from profiler import Profile, build
 from profiler.identity import cuda_identity
 from profiler.measure import profile as measure
-from profiler.profile import Profile
-from profiler.zoo import build
 from tuner.calibration import calibration_for, profile_key, user_calibration_dir
 from tuner.errors import TunerError
 from tuner.plan import Plan

@@ -34,11 +34,10 @@ from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 from torch.nn.grad import conv2d_input, conv2d_weight
 
-from profiler.chain import ModelChain, Stage, conv_modules, flatten
+from profiler import ConvProfile, ModelChain, Profile, ProfilerError
+from profiler.chain import Stage, conv_modules, flatten
 from profiler.conv_split import batch_chunks, run_split, split_workspace_bytes
 from profiler.cudnn import ConvGeometry, Pass, algo_name, cudnn_available, load_cudnn, module_padding
-from profiler.errors import ProfilerError
-from profiler.profile import ConvProfile, Profile
 from tuner.conv_choice import ConvTriple, choose_algorithms
 from tuner.errors import PlanError
 from tuner.plan import Plan

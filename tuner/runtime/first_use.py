@@ -26,13 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
-from profiler.chain import ModelChain
+from profiler import ModelChain, Profile, build
 from profiler.cudnn import CudnnError
 from profiler.devices import gpu_key
 from profiler.library import profile_filename, user_profile_dir
 from profiler.measure import profile as measure
-from profiler.profile import Profile
-from profiler.zoo import build
 from tuner.calibration import calibration_for
 from tuner.errors import TunerError
 from tuner.runtime.calibrate import CalibrationRun, calibrate
@@ -144,7 +142,7 @@ def zoo_profile(
         TunerError: no CUDA device, or the calibration did not run.
         ProfilerError: the model cannot be measured (a child's error is raised here as it was raised there).
     """
-    from profiler.library import find_profile
+    from profiler import find_profile
 
     gpu = present_gpu()
     if gpu is None:

@@ -12,9 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from profiler.chain import ModelChain
+from profiler import ModelChain, Profile
 from profiler.measure import chained_backward_bytes, model_input, stage_workspaces
-from profiler.profile import Profile
 from profiler.stagefacts import torch_dtype
 from tuner.errors import PlanError
 from tuner.plan import Plan
@@ -49,7 +48,7 @@ def measure_lean_transients(
             f"the model has {len(chain.stages)} stages but profile {profile.model!r} has {profile.n_stages}"
         )
     if not torch.cuda.is_available():
-        from profiler.errors import ProfilerError
+        from profiler import ProfilerError
 
         raise ProfilerError("measuring transients needs a CUDA device")
     dev = torch.device("cuda")

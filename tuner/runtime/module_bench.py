@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiler.module_profile import as_inputs, default_loss, profile_module
+from profiler import profile_module
+from profiler.module_profile import as_inputs, default_loss
 from profiler.modules import call_model
 from tuner.plan import Plan
 from tuner.runtime.bench import measure_step as measure_chain_step

@@ -38,7 +38,8 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from profiler.chain import ModelChain, flatten
+from profiler import ModelChain
+from profiler.chain import flatten
 from profiler.compiled import CompiledStage
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan, segments

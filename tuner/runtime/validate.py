@@ -28,10 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from profiler.chain import ModelChain
-from profiler.errors import ProfilerError
+from profiler import DeviceIdentity, ModelChain, Profile, ProfilerError
 from profiler.identity import cuda_identity
-from profiler.profile import DeviceIdentity, Profile
 from tuner.errors import TunerError
 from tuner.plan import Plan
 from tuner.runtime.bench import BenchRow, bench_plans

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiler.chain import ModelChain
+from profiler import ModelChain
 from profiler.modules import call_model
 from tuner.plan import Plan
 from tuner.runtime.planned import PlannedBase, planned

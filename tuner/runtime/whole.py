@@ -7,8 +7,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from profiler.chain import ModelChain
-from profiler.profile import CompilerPoint, Profile
+from profiler import CompilerPoint, ModelChain, Profile
 from tuner.runtime.bench import BenchRow, bench_plans
 
 __all__ = ["compiler_points", "measure_compiler_points", "with_compiler_points"]

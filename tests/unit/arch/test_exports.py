@@ -10,19 +10,35 @@ import pytest
 import api
 import memtune
 import profiler
+import storage
+import storage.repositories
 import tuner
+import tuner.runtime
 
 EXPECTED = {
     profiler: {
-        "GPUS", "ZOO_NAMES", "CompilerPoint", "ConvAlgo", "ConvProfile", "DeviceIdentity", "ModelChain", "Profile",
-        "ProfilerError", "SavedStorage", "SpecError", "StageProfile", "UnknownGPUError", "build", "build_factory",
-        "find_profile", "find_stages", "from_spec", "get_gpu", "modeled_profile", "profile", "profile_module",
-        "spec_hash",
+        "GPUS", "ZOO_NAMES", "ArchiveTooLargeError", "CompilerPoint", "ConvAlgo", "ConvProfile", "DeviceIdentity",
+        "ExportedError", "GPUSpec", "ModelChain", "Profile", "ProfilerError", "SavedStorage", "SpecError",
+        "StageProfile", "UnknownGPUError", "build", "build_factory", "find_profile", "find_stages", "from_spec",
+        "get_gpu", "modeled_profile", "profile", "profile_module", "spec_hash",
     },
     tuner: {
-        "POLICIES", "Action", "BudgetError", "Candidate", "Plan", "PlanError", "SearchError", "SimResult",
-        "Simulator", "TuneResult", "TunerError", "exact_front", "exact_optimum", "format_bytes", "parse_budget",
-        "run_policy", "simulate", "tune",
+        "POLICIES", "Action", "BudgetError", "CalibrationError", "Candidate", "Plan", "PlanError", "SearchError",
+        "SimResult", "Simulator", "TuneResult", "TunerError", "exact_front", "exact_optimum", "format_bytes",
+        "parse_budget", "run_policy", "simulate", "tune",
+    },
+    tuner.runtime: {
+        "Equivalence", "HostPool", "OffloadStats", "PlanOutOfMemoryError", "PlannedModel", "ReferenceStep",
+        "budget_guard", "check_equivalence", "load_plan", "planned", "reference_step",
+    },
+    storage: {
+        "ConflictError", "Database", "IdempotencyConflictError", "NotFoundError", "StorageError", "UnavailableError",
+        "default_url", "normalize_url", "upgrade",
+    },
+    storage.repositories: {
+        "BestAnswer", "CalibrationRepository", "GpuRepository", "JobLease", "JobRepository", "KeyRepository",
+        "LeaderboardPage", "LeaseStatus", "ModelRepository", "ProfileRepository", "ResultRepository",
+        "content_hash", "hash_key", "identity_hash", "pareto_flags",
     },
     api: {"MemtuneClient", "create_app"},
     memtune: {"Action", "Plan", "Profile", "Tuned", "budget_guard", "load_plan", "planned", "profile", "tune"},

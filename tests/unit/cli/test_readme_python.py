@@ -20,6 +20,7 @@ def _example() -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 def test_the_readme_python_example_tunes_and_applies_a_plan_of_several_stages(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     code = _example()

@@ -38,6 +38,7 @@ def test_the_simulated_share_is_the_largest_allocated_excess_over_the_simulated_
         simulated_share([_row("tuned@50%", "tuned", step=None, err="out of memory")], {"tuned@50%": (GiB, GiB)})
 
 
+@pytest.mark.slow
 def test_the_headroom_grows_until_every_plan_runs_under_its_own_cap() -> None:
     prof = conv_profile(6)
     peak = Simulator(prof).run(Plan.uniform(prof.n_stages)).peak_bytes

@@ -39,6 +39,7 @@ def _plans(n: int, budget: float) -> list[Plan]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "params", "budget"),
     [("resnet18", {"image_size": 16, "num_classes": 5}, 0.5), ("gpt", GPT, 0.0)],
@@ -78,6 +79,7 @@ def test_compiled_plan_rules() -> None:
         CompiledStage(torch.nn.Linear(2, 2), -0.1)
 
 
+@pytest.mark.slow
 def test_compiled_profiles_price_compiled_plans_only(tmp_path: object) -> None:
     """A compiled profile at budget 0 saves no more than at budget 1; plans tuned on it carry its budget, and a
     compiled plan is refused on a profile of another budget or an eager one."""

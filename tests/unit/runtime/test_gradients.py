@@ -93,6 +93,7 @@ def check_all_policies(name: str, params: dict[str, int], batch: int, steps: int
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TINY))
 def test_every_policy_keeps_the_math(name: str) -> None:
     params, batch, steps = TINY[name]
@@ -194,6 +195,7 @@ SMALL: dict[str, tuple[Any, int]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", list(SMALL))
 def test_hand_made_plans_keep_the_math(model: str) -> None:
     make, batch = SMALL[model]

@@ -67,6 +67,7 @@ def test_whole_compile_plans_are_priced_by_their_measured_point(resnet: Profile)
     assert again.compiler_points == prof.compiler_points
 
 
+@pytest.mark.slow
 def test_tune_serves_the_compiler_where_it_fits_and_is_faster(resnet: Profile) -> None:
     base = simulate(resnet, Plan.uniform(resnet.n_stages))
     prof = _points(resnet, (1.0, 0.6, 1.0), (0.5, 0.7, 0.55), (0.0, 0.65, 1.0))

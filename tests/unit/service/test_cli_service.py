@@ -162,6 +162,7 @@ def test_serve_starts_and_stops_the_worker_process(tmp_path: Path, monkeypatch: 
     assert proc.poll() is not None  # type: ignore[attr-defined]  # stopped with the API
 
 
+@pytest.mark.slow
 def test_the_worker_ends_with_serve_when_serve_is_terminated(tmp_path: Path) -> None:
     """SIGTERM to ``memtune serve`` (docker stop, systemd): uvicorn re-raises the signal after its shutdown, so serve
     may die before it stops its worker; the worker watches for serve and stops itself (NOTE [ Worker process ]).

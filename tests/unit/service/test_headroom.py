@@ -106,6 +106,7 @@ def test_requests_without_headroom_hash_and_dedupe_as_before(http: TestClient, a
         assert len(JobRepository(s).list_all()) == 1
 
 
+@pytest.mark.slow
 def test_the_worker_searches_within_the_budget_less_the_jobs_headroom(
     client: MemtuneClient, db: Database, http: TestClient
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import optuna
+import pytest
 from typer.testing import CliRunner
 
 from api.cli import app
@@ -16,6 +17,7 @@ from storage.repositories import JobRepository
 from tuner.search import DEFAULT_SEED
 
 
+@pytest.mark.slow
 def test_a_job_and_the_command_line_give_the_same_plan(client: MemtuneClient, db: Database) -> None:
     request = {"batch": 256, "gpu": "h200", "budget": "13GiB", "trials": 30}
     job = client.submit_job({"zoo": "vgg16"}, **request)  # type: ignore[arg-type]

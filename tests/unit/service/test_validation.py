@@ -267,6 +267,7 @@ def test_request_hash_of_a_job_without_validation_is_as_before(http: TestClient,
     assert r.status_code == 409 and r.json()["code"] == "idempotency_key_reused"
 
 
+@pytest.mark.slow
 def test_the_best_plan_without_algorithm_choice_is_measured_too_and_served_if_faster(
     client: MemtuneClient, db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -52,6 +52,7 @@ def _random_plans(profile: Profile, rng: random.Random, count: int) -> list[Plan
     return plans
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "batch", "dtype"),
     [("resnet50", 256, "float32"), ("vgg16", 256, "bfloat16"), ("gpt", 16, "bfloat16"), ("gpt", 16, "float32")],

@@ -156,6 +156,7 @@ def test_predicted_retries_follow_the_budget(vgg16) -> None:  # type: ignore[no-
     assert tight.out_of_memory is not None  # 19.5 GiB of live tensors cannot fit 10 GiB
 
 
+@pytest.mark.slow
 def test_the_search_prices_retries_and_stays_no_worse_than_the_baselines(vgg16) -> None:  # type: ignore[no-untyped-def]
     budget = int(0.9 * 20924859616)
     plain = tune(vgg16, budget, trials=60, headroom=0.05, placement=False)
