@@ -2,7 +2,9 @@
 specs and identity.
 
 Value types (``Profile`` …) and errors import without torch; the names that need torch (``build``,
-``profile``, ``modeled_profile`` …) are loaded on first use, so the torch-free tuner can import this package.
+``modeled_profile`` …) are loaded on first use, so the torch-free tuner can import this package. The measuring
+function is ``profiler.measure.profile`` (``memtune.profile`` for users): it is not on this face, where the
+name ``profile`` is the submodule of the ``Profile`` type.
 """
 
 from __future__ import annotations
@@ -13,9 +15,7 @@ from typing import TYPE_CHECKING, Any
 from profiler.errors import ArchiveTooLargeError, ExportedError, ProfilerError, SpecError, UnknownGPUError
 from profiler.profile import CompilerPoint, ConvAlgo, ConvProfile, DeviceIdentity, Profile, SavedStorage, StageProfile
 
-# The lazy names, for type checkers (``__getattr__`` would make them ``Any``). All but ``profile``: the submodule
-# ``profiler.profile`` (imported above) shadows it, so ``profiler.profile`` is that module, never
-# ``profiler.measure.profile``; import the function from ``profiler.measure``.
+# The lazy names, for type checkers (``__getattr__`` would make them ``Any``).
 if TYPE_CHECKING:
     from profiler.chain import ModelChain
     from profiler.devices import GPUS, GPUSpec, get_gpu
@@ -51,7 +51,6 @@ __all__ = [
     "from_spec",
     "get_gpu",
     "modeled_profile",
-    "profile",
     "profile_module",
     "spec_hash",
 ]
@@ -67,7 +66,6 @@ _LAZY = {
     "spec_hash": "profiler.spec",
     "find_profile": "profiler.library",
     "modeled_profile": "profiler.modeled",
-    "profile": "profiler.measure",
     "profile_module": "profiler.module_profile",
     "find_stages": "profiler.modules",
     "build_factory": "profiler.factory",

@@ -20,7 +20,7 @@ EXPECTED = {
         "GPUS", "ZOO_NAMES", "ArchiveTooLargeError", "CompilerPoint", "ConvAlgo", "ConvProfile", "DeviceIdentity",
         "ExportedError", "GPUSpec", "ModelChain", "Profile", "ProfilerError", "SavedStorage", "SpecError",
         "StageProfile", "UnknownGPUError", "build", "build_factory", "find_profile", "find_stages", "from_spec",
-        "get_gpu", "modeled_profile", "profile", "profile_module", "spec_hash",
+        "get_gpu", "modeled_profile", "profile_module", "spec_hash",
     },
     tuner: {
         "POLICIES", "Action", "BudgetError", "CalibrationError", "Candidate", "Plan", "PlanError", "SearchError",

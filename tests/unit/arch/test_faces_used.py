@@ -20,7 +20,7 @@ imported from their module; that is allowed without a list. Three lists make the
   face does. Consumers import them deeply; the test checks that the face neither offers their names nor loads them.
 * ``ALLOWED``: deep imports of names a face *does* offer, kept deliberately (import-cycle avoidance, a face that
   cannot deliver the name). Every entry must still be needed: a stale entry fails.
-* ``KNOWN_SHADOWED``: face names that a submodule of the same name hides (``profiler.profile``), locked exactly.
+* ``KNOWN_SHADOWED``: face names that a submodule of the same name hides (none now), locked exactly.
 """
 
 from __future__ import annotations
@@ -44,21 +44,12 @@ WALKED = ("api", "storage", "tuner", "benchmarks", "scripts", "memtune")
 #: face-offered names go through their face without a cycle (the layering is strictly downward,
 #: profiler <- tuner <- storage <- api, so no face is half-initialized when another package imports it) and without
 #: extra weight (a deep import runs the face's ``__init__.py`` anyway).
-_SHADOWED_PROFILE = (
-    "profiler's face lists `profile` (lazily, from profiler.measure), but the submodule profiler/profile.py, which "
-    "the face imports, shadows it: `from profiler import profile` gives that module (KNOWN_SHADOWED)"
-)
-ALLOWED: dict[tuple[str, str], str] = {
-    ("api.cli", "profiler.measure"): _SHADOWED_PROFILE,
-    ("tuner.runtime.calibrate", "profiler.measure"): _SHADOWED_PROFILE,
-    ("tuner.runtime.first_use", "profiler.measure"): _SHADOWED_PROFILE,
-    ("scripts.profile_zoo", "profiler.measure"): _SHADOWED_PROFILE,
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 #: (face, name) of ``__all__`` names that the face cannot deliver because a submodule of that name shadows them
 #: (importing ``pkg.sub`` sets ``pkg.sub`` to the module; ``__getattr__`` is then never asked). A face bug, locked
 #: here so that it stays visible; fixing it (renaming the submodule or dropping the name) must update this set.
-KNOWN_SHADOWED = {("profiler", "profile")}
+KNOWN_SHADOWED: set[tuple[str, str]] = set()
 
 #: (face, module) -> why the module stays out of that face: its names are imported from the module itself.
 KEPT_OUT_OF_FACES: dict[tuple[str, str], str] = {
