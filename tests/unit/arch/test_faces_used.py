@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 #: the project's importable packages: the targets whose faces are checked
 PACKAGES = ("profiler", "tuner", "storage", "api", "memtune")
@@ -179,6 +181,7 @@ def test_no_stale_allowed_entries() -> None:
     assert not stale, f"ALLOWED entries no longer needed (remove them): {stale}"
 
 
+@pytest.mark.slow
 def test_modules_kept_out_of_faces_stay_out() -> None:
     face_names = faces()
     imported = {

@@ -31,6 +31,7 @@ def invoke(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.slow
 def test_tune_json_has_the_documented_object(tmp_path: Path) -> None:
     plan_file = tmp_path / "plan.json"
     limit = budget("resnet18", 0.9)
@@ -46,6 +47,7 @@ def test_tune_json_has_the_documented_object(tmp_path: Path) -> None:
     assert Plan.model_validate_json(plan_file.read_text()) == Plan.model_validate(data["best"]["plan"])
 
 
+@pytest.mark.slow
 def test_tune_prints_the_policy_table_and_the_plan() -> None:
     code, out = invoke(
         "tune", "vgg16", *SMALL, "--gpu", "k40", "--budget", budget("vgg16", 0.95, "k40"), "--trials", "20"

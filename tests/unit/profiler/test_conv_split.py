@@ -167,6 +167,7 @@ def test_simulator_counts_the_chunks_time_and_one_chunks_workspace() -> None:
 
 
 # ---- the Function's chunked fallback --------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("splits", [(2, 2, 2), (4, 1, 3), (8, 5, 1), (3, 4, 5)])
 def test_chunked_fallback_gives_the_unsplit_values(
     monkeypatch: pytest.MonkeyPatch, splits: tuple[int, int, int]

@@ -59,6 +59,7 @@ def test_the_tables_summary_counts_its_rows() -> None:
     assert set(found) == {"h100", "h200"}
 
 
+@pytest.mark.slow
 def test_committed_constants_reproduce_the_table_on_the_resnets() -> None:
     rows = _table()
     samples = load_samples(models={"resnet18", "resnet50"})

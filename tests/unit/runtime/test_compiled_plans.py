@@ -59,6 +59,7 @@ def test_compiled_plans_equal_the_unplanned_compiled_run_bitwise(
             assert pm.stats.d2h_copies > 0, plan.compact()
 
 
+@pytest.mark.slow
 def test_compiled_run_is_eager_within_tolerance() -> None:
     torch.manual_seed(0)
     chain = zoo.build("gpt", GPT)

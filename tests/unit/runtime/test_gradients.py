@@ -107,6 +107,7 @@ def test_every_policy_keeps_the_math_deep_vgg(name: str) -> None:
     check_all_policies(name, params, batch, steps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TINY))
 def test_selective_stages_keep_the_math(name: str) -> None:
     """Every stage ``selective`` (NOTE [ Selective stages ] in ``profiler.selective``), then every other one."""

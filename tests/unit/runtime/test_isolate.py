@@ -25,6 +25,7 @@ def _chain_size(name: str, params: dict[str, int]) -> int:
     return len(build(name, params))
 
 
+@pytest.mark.slow
 def test_runs_in_another_process_and_returns_the_result() -> None:
     assert run_isolated(os.getpid) != os.getpid()
     # two calls, two processes: nothing carries over from one call to the next

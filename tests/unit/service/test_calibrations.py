@@ -267,6 +267,7 @@ def _worker(db: Database, fake: FakeCalibrate, *, gpu: str | None = NEW_GPU, **k
     )
 
 
+@pytest.mark.slow
 def test_a_worker_calibrates_a_new_gpu_type_before_the_first_job_it_validates(
     client: MemtuneClient, db: Database
 ) -> None:
@@ -331,6 +332,7 @@ def test_a_measurement_that_is_not_a_calibration_is_not_stored(client: MemtuneCl
         assert CalibrationRepository(s).list_all() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("submit", "local"),
     [

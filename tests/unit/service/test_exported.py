@@ -35,6 +35,7 @@ def _run_worker(db: Database) -> str | None:
     return Worker(db, worker_id="unit-worker", heartbeat_interval_s=0.5, progress_interval_s=0.0).run_once()
 
 
+@pytest.mark.slow
 def test_upload_tune_best_and_leaderboard(client: MemtuneClient, db: Database, tiny: bytes) -> None:
     model = client.upload_exported(tiny, name="tiny-exported")
     assert (model.kind, model.name, model.n_stages) == ("exported", "tiny-exported", None)
@@ -108,6 +109,7 @@ class _Hashed(torch.nn.Module):
         return self.net(ids % 50)
 
 
+@pytest.mark.slow
 def test_integer_inputs_are_bounded_by_their_embedding_or_int_high(client: MemtuneClient, db: Database) -> None:
     tokens = client.upload_exported(export_archive(TokenNet(vocab=50), torch.randint(0, 50, (4, 8))))
     assert tokens.definition["exported"]["inputs"][0] == {"name": "ids", "shape": [4, 8], "dtype": "int64", "high": 50}

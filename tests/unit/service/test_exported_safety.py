@@ -132,6 +132,7 @@ def test_not_a_zip_truncated_and_zip_bomb(
     assert "unpacks to" in problem["detail"] and problem["limit_bytes"] == 32 << 20
 
 
+@pytest.mark.slow
 def test_the_stock_loader_runs_these_payloads(base: bytes, tmp_path: Path) -> None:
     """Control: in a subprocess, ``torch.export.load`` and a call of ``.module()`` run every payload in
     ``HOSTILE_STOCK_RUNS`` (so the refusals above are tested against working attacks)."""

@@ -158,6 +158,7 @@ def test_the_worker_searches_within_the_budget_less_the_jobs_headroom(
     assert all(r.name != "none" for r in tight_rows)
 
 
+@pytest.mark.slow
 def test_a_job_that_fits_only_without_its_headroom_says_so(client: MemtuneClient, db: Database) -> None:
     probe = _submit(client, headroom=0.0, trials=5)
     assert _run(db) == probe.id

@@ -88,6 +88,7 @@ def test_etag_304_and_bodies_equal_to_the_uncached_ones(
         assert uncached.get("/v1/leaderboard", params=board).content == cached_board[0].content
 
 
+@pytest.mark.slow
 def test_a_new_result_is_served_once_the_ttl_has_passed(http: TestClient, client: MemtuneClient, db: Database) -> None:
     model_id, job_id = _tuned(client, db)
     params = {"model": model_id, "batch": 8, "budget": "64MiB"}

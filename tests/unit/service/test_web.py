@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import optuna
+import pytest
 from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 
@@ -21,6 +22,7 @@ def _tuned_job(client: MemtuneClient, db: Database, trials: int = 20) -> str:
     return job.id
 
 
+@pytest.mark.slow
 def test_timeline_and_trials_agree_with_the_stored_results(
     client: MemtuneClient, http: TestClient, db: Database
 ) -> None:

@@ -37,6 +37,7 @@ def test_search_is_never_worse_than_the_best_feasible_baseline(fwd: float, fract
     assert again.step_ms == pytest.approx(r.best.step_ms) and again.peak_bytes == r.best.peak_bytes
 
 
+@pytest.mark.slow
 def test_search_matches_the_exact_optimum_on_a_small_chain() -> None:
     p = linear_chain(6, forward_ms=3.0)
     budget = _budget(p, 0.7)
@@ -77,6 +78,7 @@ def test_pareto_front_helper() -> None:
     assert [c.name for c in pareto_front(cs)] == ["a", "b", "d"]
 
 
+@pytest.mark.slow
 def test_study_resumes_in_a_database_keeping_finished_trials(tmp_path: Path) -> None:
     p = linear_chain(6, forward_ms=3.0)
     url = f"sqlite:///{tmp_path / 'study.db'}"
@@ -92,6 +94,7 @@ def test_study_resumes_in_a_database_keeping_finished_trials(tmp_path: Path) -> 
     assert second.best.step_ms <= first.best.step_ms
 
 
+@pytest.mark.slow
 def test_a_study_in_a_database_is_written_behind_the_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [ Written behind ]: the search runs in memory; its trials reach the database from a child process, in
     batches. Written inline (some 45 commits a trial) a job took 2.6x the command line's time."""
@@ -241,6 +244,7 @@ def test_the_placed_descent_leaves_no_cheaper_neighbour_behind() -> None:
     assert sim.peak_bytes <= int(0.95 * budget) and placed.out_of_memory is None
 
 
+@pytest.mark.slow
 def test_the_study_best_is_the_reported_best_at_its_priced_step() -> None:
     """NOTE [ One objective ]: VGG-16 fp32 on the H200 at 13 GiB, whose fastest plans do not fit. Every trial's value is
     its priced step, infeasible trials say so in Optuna's constraints (by name, and in the list optuna-dashboard reads),

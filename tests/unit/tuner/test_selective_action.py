@@ -80,6 +80,7 @@ def test_a_plan_cannot_make_an_unmeasured_stage_selective() -> None:
     assert all(Action.SELECTIVE not in acts for acts in stage_actions(prof))
 
 
+@pytest.mark.slow
 def test_the_search_takes_selective_stages_where_they_are_cheap(gpt: Profile) -> None:
     """With the measured costs the search's trials leave GPT bf16's blocks to keep, offload and recompute (the
     caching mode costs more than a block's forward); made as cheap as a plain pass, selective stages win at 60% of
