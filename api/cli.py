@@ -787,7 +787,14 @@ def tune(
         )
         raise typer.Exit(1)
     best = result.best
-    out.print(_plan_table(prof, best.plan))
+    if best.plan.whole_compile is None:
+        out.print(_plan_table(prof, best.plan))
+    else:  # NOTE [ Whole-model compile ]: no action per stage; the compiler partitions the whole model
+        out.print(
+            f"best plan: the whole model compiled by torch.compile with activation_memory_budget "
+            f"{best.plan.whole_compile:g}, measured on this GPU type (`memtune profile --compiler-sweep`); every "
+            "stage kept, the compiler deciding what to recompute"
+        )
     out.print(
         f"[bold green]best: {best.name}[/] {best.step_ms:.2f} ms "
         f"({best.step_ms / result.unconstrained.step_ms:.2f}x unconstrained), "

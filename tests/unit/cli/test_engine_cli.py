@@ -63,6 +63,30 @@ def test_tune_prints_the_policy_table_and_the_plan() -> None:
     assert float(bound.group(1)) <= float(found.group(1))
 
 
+@pytest.mark.slow
+def test_tune_says_when_its_best_plan_compiles_the_whole_model(tmp_path: Path) -> None:
+    """NOTE [ Whole-model compile ]: a profile carrying a measured compiler point that fits and beats every plan of
+    offload and recompute gets that compile as its best plan, said in words (no table of per-stage actions)."""
+    from profiler.modeled import modeled_profile
+    from profiler.profile import CompilerPoint
+    from profiler.zoo import build
+    from tuner.runtime.whole import with_compiler_points
+    from tuner.simulator import simulate
+
+    prof = modeled_profile(build("resnet18", {"image_size": 32}), 256, "float32", "h200")
+    base = simulate(prof, Plan.uniform(prof.n_stages))
+    point = CompilerPoint(activation_budget=0.5, step_ms=0.8 * base.step_ms, peak_bytes=int(0.5 * base.peak_bytes))
+    path = tmp_path / "with-points.json"
+    with_compiler_points(prof, [point]).save(path)
+    limit = f"{int(0.6 * base.peak_bytes)}B"
+    code, out = invoke("tune", "resnet18", *SMALL, "--gpu", "h200", "--budget", limit, "--trials", "10",
+                       "--profile", str(path))  # fmt: skip
+    assert code == 0, out
+    flat = " ".join(out.split())
+    assert "the whole model compiled by torch.compile with activation_memory_budget 0.5" in flat, out
+    assert "best: compiled whole 0.5" in flat and "best plan: lookahead" not in flat
+
+
 def test_tune_without_a_fitting_plan_exits_1() -> None:
     code, out = invoke("tune", "resnet18", *SMALL, "--gpu", "h200", "--budget", "1MiB", "--trials", "10")
     assert code == 1
