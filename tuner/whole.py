@@ -3,13 +3,13 @@
 # NOTE [ Whole-model compile ]
 ``torch.compile`` lowers a whole model into few fused kernels, and AOTAutograd's min-cut partitioner decides
 what the backward recomputes under ``activation_memory_budget`` (0 to 1). Measured on an H100 (ResNet-50,
-batch 128, fp32; BENCHMARKS.md, "Against torch.compile"), that recomputation costs about 1.7 ms per GiB of peak
-saved, while moving a GiB over the host link costs about 20 ms each way (55 GB/s): where the compiler's
-partition reaches a peak, no plan of offload and eager recompute runs faster, and a plan over stages compiled
-one by one loses what the compiler fuses across stage boundaries. So a plan may run the whole model compiled
-(``Plan.whole_compile``), every stage kept, priced by a measured *compiler point* of the profile
-(``Profile.compiler_points``: step and peak of the whole model compiled at one budget, measured by
-``tuner.runtime.whole.measure_compiler_points``), not by the simulator.
+batch 128, fp32; docs/results/torch-compile.md), that recomputation costs 1.0–1.7 ms per GiB of peak saved,
+while moving a GiB over the host link takes 19.5 ms each way (55 GB/s): there, where the compiler's partition
+reaches a peak, no plan of offload and eager recompute ran faster, and a plan over stages compiled one by one
+loses what the compiler fuses across stage boundaries (on the GPT model in fp32 eager plans were faster). So a
+plan may run the whole model compiled (``Plan.whole_compile``), every stage kept, priced by a measured
+*compiler point* of the profile (``Profile.compiler_points``: step and peak of the whole model compiled at one
+budget, measured by ``tuner.runtime.whole.measure_compiler_points``), not by the simulator.
 
 What memtune adds to the compiler's one knob: the knob is not a memory bound (at budget 0 ResNet-50's peak was
 10.48 GiB, as at budget 1), so ``tune`` takes the fastest measured point that runs under the cap (its measured
@@ -37,8 +37,5 @@ def compiler_point(profile: Profile, plan: Plan) -> CompilerPoint:
     """
     if plan.whole_compile is None:
         raise PlanError("the plan runs stage by stage (whole_compile is None): the simulator prices it")
-    for point in profile.compiler_points:
-        if point.activation_budget == plan.whole_compile:
-            return point
-    plan.check(profile)  # raises, naming the budgets measured
-    raise AssertionError("unreachable")
+    plan.check(profile)  # raises PlanError naming the budgets measured when none is at the plan's budget
+    return next(p for p in profile.compiler_points if p.activation_budget == plan.whole_compile)
