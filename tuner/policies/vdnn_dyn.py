@@ -2,13 +2,14 @@
 
 vDNN_dyn picks the offloaded layers and the convolution algorithms by trying training passes, each of
 which either runs or fails for lack of memory. Here a pass is a simulated step (``tuner.simulator``): it
-fails when the simulated peak is above the budget. The passes, in the order they are tried:
+fails when the simulated peak is above the budget. The passes, in the paper's order (section 3.3):
 
-1. ``none_p``: no offload, fastest algorithms everywhere. If it fits it is adopted ("the best approach
-   is to have all the memory allocations resident in GPU ... and employ the fastest possible
-   convolutional algorithm").
-2. ``vdnn_all_m``: vDNN_all with memory-optimal algorithms, the trainability check. If even this fails
-   the network cannot be trained within the budget and this plan (the least memory) is returned.
+1. ``vdnn_all_m``: vDNN_all with memory-optimal algorithms, the trainability check ("Because this
+   configuration uses the least memory, this initial pass determines if the target DNN can be trained at
+   all"). If it fails the network cannot be trained within the budget and this plan (the least memory) is
+   returned.
+2. ``none_p``: no offload, fastest algorithms everywhere. If it fits it is adopted ("the highest
+   performance while guaranteeing trainability").
 3. ``vdnn_conv_p`` then ``vdnn_all_p``: offloading with the fastest algorithms.
 4. ``greedy_conv`` then ``greedy_all``: the greedy phase. Starting from vDNN_conv (then vDNN_all) with
    every convolution on its fastest algorithms, the convolutions are visited in forward order; while the
@@ -16,9 +17,8 @@ fails when the simulated peak is above the budget. The passes, in the order they
    memory-efficient algorithm, down to its memory-optimal one.
 5. ``fallback_all_m``: if both greedy passes fail, vDNN_all with memory-optimal algorithms.
 
-The paper runs the trainability check (2) before the no-offload pass (1); both orders adopt the same
-plan except when the no-offload pass fits and the least-memory pass does not, where trying (1) first
-is the sensible reading.
+The pass stands in for a training run, so any accounting can be the pass: ``vdnn_dyn_passes(..., peak=...)``
+takes vDNN's own (``tuner.policies.vdnn_accounting.paper_memory``) as readily as the simulator's.
 """
 
 from __future__ import annotations
@@ -161,13 +161,12 @@ def vdnn_dyn_passes(
     def done(plan: Plan) -> tuple[Plan, tuple[PassRecord, ...]]:
         return plan.with_(label="vdnn_dyn"), tuple(records)
 
-    n = profile.n_stages
-    base_p = Plan.uniform(n, Action.KEEP, conv_rule="fastest")
-    if attempt("none_p", base_p):
-        return done(base_p)
     all_m = vdnn_all(profile, budget_bytes, conv_rule="memory_optimal")
     if not attempt("vdnn_all_m", all_m):
         return done(all_m)
+    base_p = Plan.uniform(profile.n_stages, Action.KEEP, conv_rule="fastest")
+    if attempt("none_p", base_p):
+        return done(base_p)
     for name, make in (("vdnn_conv_p", vdnn_conv), ("vdnn_all_p", vdnn_all)):
         plan = make(profile, budget_bytes, conv_rule="fastest")
         if attempt(name, plan):
@@ -181,7 +180,7 @@ def vdnn_dyn_passes(
         )
         if attempt(name, plan, used):
             return done(plan)
-    records.append(PassRecord("fallback_all_m", records[1].peak_bytes, records[1].fits))
+    records.append(PassRecord("fallback_all_m", records[0].peak_bytes, records[0].fits))
     return done(all_m)
 
 

@@ -193,24 +193,24 @@ def test_vdnn_dyn_tries_its_passes_in_order_as_the_budget_tightens(
     assert peak["none"] > peak["vdnn_conv_p"] > peak["vdnn_all_p"] >= all_m  # the fixture separates them
 
     plan, trace = _passes(deep, peak["none"])
-    assert trace == [("none_p", True)]
+    assert trace == [("vdnn_all_m", True), ("none_p", True)]
     assert plan.compact() == "k" * deep.n_stages and plan.conv_rule == "fastest" and plan.label == "vdnn_dyn"
 
     plan, trace = _passes(deep, peak["none"] - 1)
-    assert trace == [("none_p", False), ("vdnn_all_m", True), ("vdnn_conv_p", True)]
+    assert trace == [("vdnn_all_m", True), ("none_p", False), ("vdnn_conv_p", True)]
     assert plan.actions == vdnn_conv_p(deep, 0).actions and plan.conv_rule == "fastest"
 
     plan, trace = _passes(deep, peak["vdnn_conv_p"] - 1)
     assert trace == [
-        ("none_p", False),
         ("vdnn_all_m", True),
+        ("none_p", False),
         ("vdnn_conv_p", False),
         ("vdnn_all_p", True),
     ]
     assert plan.actions == vdnn_all_p(deep, 0).actions and plan.conv_rule == "fastest"
 
     plan, trace = _passes(deep, all_m - 1)  # not trainable: the least-memory pass is returned
-    assert trace == [("none_p", False), ("vdnn_all_m", False)]
+    assert trace == [("vdnn_all_m", False)]
     assert plan.with_(label=None) == vdnn_all_m(deep, 0).with_(label=None)
     assert vdnn_dyn(deep, all_m - 1) == plan
 
@@ -267,8 +267,8 @@ def test_vdnn_dyn_greedy_downgrades_convs_in_forward_order(small: Profile, deep:
     base = Simulator(small).run(none(small, 0)).peak_bytes
     plan, trace = _passes(small, base + 45 * MiB, peak=peak)
     assert trace == [
-        ("none_p", False),
         ("vdnn_all_m", True),
+        ("none_p", False),
         ("vdnn_conv_p", False),
         ("vdnn_all_p", False),
         ("greedy_conv", True),
@@ -289,14 +289,14 @@ def test_vdnn_dyn_greedy_downgrades_convs_in_forward_order(small: Profile, deep:
     all_m = Simulator(deep).run(vdnn_all_m(deep, 0)).peak_bytes
     plan, trace = _passes(deep, all_m + 45 * MiB, peak=peak)
     assert [name for name, _ in trace] == [
-        "none_p",
         "vdnn_all_m",
+        "none_p",
         "vdnn_conv_p",
         "vdnn_all_p",
         "greedy_conv",
         "greedy_all",
     ]
-    assert [fits for _, fits in trace] == [False, True, False, False, False, True]
+    assert [fits for _, fits in trace] == [True, False, False, False, False, True]
     assert plan.compact() == "o" * deep.n_stages and plan.sync == "layer"
     assert plan.conv_algos["0."] == ConvChoice(fwd=2, bwd_data=0, bwd_filter=1)
 
