@@ -654,6 +654,14 @@ def _policy_table(result: Any) -> Table:
     return table
 
 
+def _lookahead_text(plan: Plan) -> str:
+    """The plan's prefetch lookahead: one number, or the per-stage range (NOTE [ Prefetch lookahead ])."""
+    per_stage = plan.prefetch_lookaheads
+    if per_stage is None:
+        return str(plan.prefetch_lookahead)
+    return f"per stage {min(per_stage)}-{max(per_stage)}"
+
+
 def _plan_table(prof: Profile, plan: Plan) -> Table:
     table = Table(
         "#",
@@ -663,7 +671,7 @@ def _plan_table(prof: Profile, plan: Plan) -> Table:
         "saved MiB",
         "fwd ms",
         "D2H ms",
-        title=f"best plan: lookahead {plan.prefetch_lookahead}, sync {plan.sync}, convolutions {_conv_text(plan)}",
+        title=f"best plan: lookahead {_lookahead_text(plan)}, sync {plan.sync}, convolutions {_conv_text(plan)}",
     )
     colors = {"keep": "white", "offload": "cyan", "recompute": "magenta"}
     for s, a in zip(prof.stages, plan.actions, strict=True):
@@ -704,13 +712,27 @@ def tune(
     headroom: Annotated[
         float | None, typer.Option(help="fraction of the budget kept free for the allocator (default: calibrated)")
     ] = None,
-    device: Annotated[str, typer.Option(help="a factory model is measured here: cpu or cuda")] = "cpu",
+    device: Annotated[
+        str, typer.Option(help="a factory model (and an --inference --measure run) is measured here: cpu or cuda")
+    ] = "cpu",
     input_shape: ShapeOpt = None,
     vocab: VocabOpt = None,
     stage: StagesOpt = None,
     as_json: JsonOpt = False,
+    inference: Annotated[
+        bool,
+        typer.Option(
+            "--inference",
+            help="plan inference instead (mmCNN): weights prefetched from host memory and layers split by output "
+            "channels so that each layer's working set fits --budget",
+        ),
+    ] = False,
+    measure: Annotated[
+        bool, typer.Option("--measure", help="with --inference: measure the layers on --device and run the plan there")
+    ] = False,
 ) -> None:
-    """Search the fastest plan within a budget (or the Pareto front) and compare every baseline."""
+    """Search the fastest plan within a budget (or the Pareto front) and compare every baseline; with --inference,
+    plan the forward pass alone within a working-set budget per layer."""
     import optuna
 
     from profiler.factory import is_factory
@@ -719,6 +741,21 @@ def tune(
     from tuner.bound import step_lower_bound
 
     _check_dtype(dtype)
+    if measure and not inference:
+        raise _fail("--measure runs an inference plan: add --inference (`memtune bench` measures training plans)")
+    if inference:  # NOTE [ Inference plans ] in tuner.inference.plan
+        from api.cli_inference import tune_inference
+
+        if is_factory(model):
+            raise _fail("--inference plans zoo models and JSON specs (--spec); describe a factory's model as a spec")
+        try:
+            chain = load_chain(model, _parse_params(param), spec)
+            tune_inference(chain, batch=batch, dtype=dtype, budget=budget, device=device, measure=measure,
+                           profile=lambda: resolve_profile(chain, batch, dtype, gpu or "h200", profile_file),
+                           as_json=as_json, plan_out=plan_out, out=out, err=err)  # fmt: skip
+        except (ProfilerError, TunerError, ValueError, OSError) as exc:
+            raise _fail(str(exc)) from exc
+        return
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from tuner.calibration import missing_calibration
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from profiler import Profile, build, find_profile, modeled_profile
 from profiler.algo_transplant import transplant_algos
-from tuner import Plan, Simulator
+from tuner import Plan, Simulator, prefetch_trigger
 from tuner.policies.vdnn import vdnn_all, vdnn_conv
 from tuner.policies.vdnn_accounting import paper_memory
 from tuner.policies.vdnn_dyn import vdnn_dyn_passes
@@ -88,14 +88,17 @@ def memory_rows(model: str, batch: int, source: Profile) -> list[str]:
 
 
 def prefetch_rows(source: Profile) -> list[str]:
-    """vDNN_all(m) on VGG-16 b256 with one-layer prefetch against prefetch at each layer's own backward."""
+    """vDNN_all(m) on VGG-16 b256: global prefetch lookaheads, and the per-layer trigger within the K40's 12 GiB."""
     p = k40_profile("vgg16", 256, source)
     sim = Simulator(p, "sgd")
+    plan = vdnn_all(p, 0, conv_rule="memory_optimal")
     rows = []
     for lookahead in (2, 1, 0):
-        plan = vdnn_all(p, 0, conv_rule="memory_optimal").with_(prefetch_lookahead=lookahead)
-        r = sim.run(plan)
+        r = sim.run(plan.with_(prefetch_lookahead=lookahead))
         rows.append(f"| {lookahead} | {_fits(r.peak_bytes)} | {r.step_ms / 1000:.1f} | {r.stall_ms / 1000:.2f} |")
+    trig = prefetch_trigger(p, plan, K40_BYTES, simulator=sim)
+    r = trig.result
+    rows.append(f"| per layer | {_fits(r.peak_bytes)} | {r.step_ms / 1000:.1f} | {r.stall_ms / 1000:.2f} |")
     return rows
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from profiler.errors import ArchiveTooLargeError, ExportedError, ProfilerError, SpecError, UnknownGPUError
 from profiler.profile import CompilerPoint, ConvAlgo, ConvProfile, DeviceIdentity, Profile, SavedStorage, StageProfile
+from profiler.rows import RowMap
 
 # The lazy names, for type checkers (``__getattr__`` would make them ``Any``).
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ __all__ = [
     "ModelChain",
     "Profile",
     "ProfilerError",
+    "RowMap",
     "SavedStorage",
     "SpecError",
     "StageProfile",

@@ -45,6 +45,7 @@ from profiler.loss_model import roofline_loss_ms
 from profiler.modeled import meta_facts
 from profiler.profile import ConvProfile, DeviceIdentity, Profile, StageProfile
 from profiler.selective import selective_checkpoint
+from profiler.spatial import chain_row_maps
 from profiler.stagefacts import ChainFacts, chain_facts, torch_dtype
 
 __all__ = [
@@ -501,6 +502,7 @@ def profile(
         copies = [(spec.transfer_ms(s, "d2h"), spec.transfer_ms(s, "h2d")) for s in saved]
         loss_ms = roofline_loss_ms(facts.stages[-1].output_bytes, dtype, spec)
 
+    rows = chain_row_maps([s.module for s in chain.stages], facts.input_shape, facts.output_shapes)
     stages = tuple(
         StageProfile(
             index=i,
@@ -525,6 +527,7 @@ def profile(
             selective_backward_bytes=t.selective_backward_bytes,
             flops=f.count.flops,
             convs=convs[i],
+            rows=rows[i],
         )
         for i, (stage, f, t) in enumerate(zip(chain.stages, facts.stages, timings, strict=True))
     )

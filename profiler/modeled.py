@@ -64,6 +64,7 @@ from profiler.loss_model import (
 )
 from profiler.meta import meta_chain, meta_input
 from profiler.profile import Profile, StageProfile
+from profiler.spatial import chain_row_maps
 from profiler.stagefacts import ChainFacts, StageFacts, chain_facts, torch_dtype
 
 __all__ = [
@@ -261,6 +262,7 @@ def modeled_profile(chain: ModelChain, batch: int, dtype: str, gpu: str | GPUSpe
     """
     spec = gpu if isinstance(gpu, GPUSpec) else get_gpu(gpu)
     facts = meta_facts(chain, batch, dtype)
+    rows = chain_row_maps([s.module for s in chain.stages], facts.input_shape, facts.output_shapes)
     stages = []
     for i, (stage, f) in enumerate(zip(chain.stages, facts.stages, strict=True)):
         fwd, bwd = roofline_ms(f, spec, dtype, rl)
@@ -280,6 +282,7 @@ def modeled_profile(chain: ModelChain, batch: int, dtype: str, gpu: str | GPUSpe
                 h2d_ms=spec.transfer_ms(f.saved_bytes, "h2d"),
                 flops=f.count.flops,
                 convs=f.convs,
+                rows=rows[i],
             )
         )
     return Profile(

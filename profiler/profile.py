@@ -21,6 +21,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from profiler.rows import RowMap
+
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
     "CompilerPoint",
@@ -203,6 +205,11 @@ class StageProfile(_Frozen):
     )
     flops: float = Field(default=0.0, ge=0, description="forward floating-point operations")
     convs: tuple[ConvProfile, ...] = ()
+    rows: RowMap | None = Field(
+        default=None,
+        description="how its output rows (H) read its input rows, where the stage can run on strips of rows with "
+        "the same math (NOTE [ Spatial splitting ] in tuner.spatial); None: it cannot, or the profile does not say",
+    )
     input_storages: tuple[int, ...] | None = Field(
         default=None,
         description="module stages: indices into Profile.storages of the tensors its forward takes (arguments and "

@@ -64,6 +64,9 @@ class ChainFacts:
     output_storage: tuple[int | None, ...]
     inplace: tuple[bool, ...]
     input_bytes: int
+    #: each stage's output shape (batch included); ``output_shapes[i - 1]`` is stage i's input shape
+    output_shapes: tuple[tuple[int, ...], ...] = ()
+    input_shape: tuple[int, ...] = ()
 
 
 def param_bytes(module: nn.Module) -> int:
@@ -148,4 +151,6 @@ def chain_facts(chain: ModelChain, x: torch.Tensor, dtype: str = "float32", *, e
         output_storage=tuple(tr.output_storage),
         inplace=tuple(tr.inplace),
         input_bytes=x.numel() * x.element_size(),
+        output_shapes=tuple(tr.output_shapes),
+        input_shape=tuple(x.shape),
     )

@@ -16,8 +16,9 @@ Where ``calibration_for`` finds a GPU type's calibration, first found wins:
 4. none: an empty calibration (headroom 0, ``source`` ``none``).
 
 A calibration is JSON data (``Calibration.from_data`` checks it): ``gpu``, ``headroom``, ``remap_ms_per_gib``,
-``compute_scale``, ``copy_gbps``, ``source`` and whatever else a newer ``memtune calibrate`` writes, which is kept as
-it came (``Calibration.data``, ``to_data``) and passed on unread.
+``compute_scale``, ``copy_gbps``, ``shared_link_gbps`` and ``allreduce_gbps`` (the host link several GPUs share and
+the all-reduce rate between them, ``tuner.link``), ``source`` and whatever else a newer ``memtune calibrate`` writes,
+which is kept as it came (``Calibration.data``, ``to_data``) and passed on unread.
 
 # NOTE [ Compute scale ]
 The profiler times each stage alone (forward, then backward, synchronised around each); a training step runs
@@ -45,6 +46,7 @@ from typing import Any, Literal
 from profiler import Profile
 from profiler.library import shipped_data, user_data_dir
 from tuner.errors import CalibrationError
+from tuner.link import SharedLink, allreduce_table
 
 __all__ = [
     "Calibration",
@@ -96,6 +98,8 @@ class Calibration:
         Rules: ``gpu`` a non-empty string (``gpu`` given here fills it in, and must agree with it); ``headroom`` (0
         when absent) a number in [0, 1); ``remap_ms_per_gib`` absent, null or a number >= 0 (ms per GiB);
         ``compute_scale`` an object of numbers > 0; ``copy_gbps`` absent, null or an object of numbers > 0 (GB/s);
+        ``shared_link_gbps`` and ``allreduce_gbps`` absent, null or as ``tuner.link`` says (GB/s per GPU by GPUs
+        copying at once, the row '1' required; bus GB/s by ranks >= 2);
         ``source`` and ``remap_source`` strings; every number finite, the whole object JSON. Other fields are kept
         unread.
 
@@ -119,6 +123,9 @@ class Calibration:
             )
         scale = _positive_table(data, "compute_scale", key, "factors")
         _positive_table(data, "copy_gbps", key, "GB/s by direction (d2h, h2d)")
+        if data.get("shared_link_gbps") is not None:  # NOTE [ Shared host link ] in tuner.ranks
+            SharedLink.from_table(data["shared_link_gbps"], gpu=key)
+        allreduce_table(data.get("allreduce_gbps"), gpu=key)
         sources = [_text(data, "source", key), _text(data, "remap_source", key)]
         try:
             raw = json.loads(json.dumps({**data, "gpu": key}, allow_nan=False))
@@ -143,6 +150,16 @@ class Calibration:
             out["remap_ms_per_gib"] = self.remap_ms_per_gib
         out["compute_scale"] = dict(self.compute_scale)
         return out
+
+    @property
+    def shared_link(self) -> SharedLink | None:
+        """The measured per-GPU copy rates by GPUs copying at once (``shared_link_gbps``), or None."""
+        table = self.data.get("shared_link_gbps")
+        return None if table is None else SharedLink.from_table(table, gpu=self.gpu)
+
+    def allreduce_gbps(self, ranks: int) -> float | None:
+        """NCCL's bus GB/s of an all-reduce among ``ranks`` GPUs of one host (``allreduce_gbps``), or None."""
+        return allreduce_table(self.data.get("allreduce_gbps"), gpu=self.gpu).get(ranks)
 
     def compute_scale_for(self, profile: Profile) -> float:
         """The factor on ``profile``'s compute times (NOTE [ Compute scale ]); 1.0 when not calibrated."""

@@ -15,7 +15,7 @@ This is DESIGN.md's "Plan" section made exact; the simulator (``tuner.simulator`
   ``layer``. Compute never waits on the host: the wait is a stream wait, so the runtime frees exactly
   where the simulator does, however far the host runs ahead of the GPU (NOTE [ Deferred frees ] in
   ``tuner.simulator``). The copy comes back ``prefetch_lookahead`` stages before the backward that first
-  needs it. With
+  needs it (per stage: NOTE [ Prefetch lookahead ] below). With
   ``sync="points"`` (HMMS Algorithm 1) compute waits for every outstanding copy at the end of each stage
   in ``sync_points`` and the copies finished by then are freed there. With ``sync="inline"`` (PyTorch's
   ``save_on_cpu``) copies run on the compute stream, blocking it, and come back only when needed.
@@ -32,6 +32,10 @@ This is DESIGN.md's "Plan" section made exact; the simulator (``tuner.simulator`
   the outputs it keeps are held apart from the table, from the end of its forward to the end of its backward.
   Only stages the profile measured so (``selective_*`` fields) may take it; a recompute segment next to it
   treats it as ``keep``.
+* ``spatial_splits``: a recompute segment i..j of a chain plan, keyed ``"i-j"``, may run in s strips of rows
+  (2..64) with exact halos (NOTE [ Spatial splitting ] in ``tuner.spatial``): it saves and re-runs what an unsplit
+  segment does (only x_{i-1} is saved), but its forward and its re-run go strip by strip, so one strip's
+  intermediates live at a time. Only stages whose profile records ``StageProfile.rows`` may be split.
 
 A storage (NOTE [ Saved storages ] in ``profiler.profile``) is referenced by every non-recompute stage
 that saves it and by every segment whose input it is (with stage i-1's action; ``keep`` for module stages).
@@ -44,6 +48,19 @@ Then:
 
 A storage that has both an ``offload`` and a ``keep`` reference is still copied (the offloading stage
 cannot know the future) but stays on the GPU: a wasted copy, which the search learns to avoid.
+
+# NOTE [ Prefetch lookahead ]
+An offloaded storage whose first backward need is stage k (``StorageFate.need``) is prefetched when the backward
+reaches stage min(n-1, k + L_k), where L_k (stages) is ``prefetch_lookaheads[k]`` when the plan has per-stage
+lookaheads, else the global ``prefetch_lookahead`` for every k; under ``sync="inline"`` L_k is 0 (fetched on
+demand). ``Plan.stage_lookaheads`` computes L_k once for the simulator's ``prefetch_at`` and the runtime's
+``StepState.on_backward``. Per-stage values are what the per-layer trigger chooses (NOTE [ Per-layer prefetch
+trigger ] in ``tuner.prefetch_trigger``); an entry for a stage that no offloaded storage first needs changes nothing.
+The prefetches one backward stage issues share one copy engine: they are queued by need, the storage needed first
+(the highest need stage) first, storage order among equals. The runtime always issued them so (its entries sorted by
+need); the simulator queued them in storage order, the one needed last first, so a lookahead that brought back many
+storages at the backward's start was simulated stalling on copies that the runtime had already made: on a hand-made
+chain (``tests/unit/tuner/test_prefetch_trigger.py``) lookahead 4 was simulated 5.5 ms slower than lookahead 3.
 
 Convolution algorithms: ``conv_rule`` applies to every convolution (``default`` = the framework's
 choice, ``fastest``, ``memory_optimal``, ``fastest_within`` a workspace cap), ``conv_algos`` overrides
@@ -62,6 +79,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuner.errors import PlanError
+from tuner.spatial import check_split_keys, parse_segment_key, spatial_refusal
 
 if TYPE_CHECKING:
     from profiler import Profile
@@ -120,6 +138,11 @@ class Plan(BaseModel):
     schema_version: int = PLAN_SCHEMA_VERSION
     actions: tuple[Action, ...] = Field(min_length=1)
     prefetch_lookahead: int = Field(default=2, ge=0, le=1024, description="stages")
+    prefetch_lookaheads: tuple[int, ...] | None = Field(
+        default=None,
+        description="stages, one per stage: the lookahead of the offloaded storages first needed by that stage's "
+        "backward (NOTE [ Prefetch lookahead ]); None: prefetch_lookahead for every stage",
+    )
     sync: SyncMode = "deferred"
     sync_delay: int = Field(
         default=2,
@@ -154,6 +177,11 @@ class Plan(BaseModel):
         "stage 'keep' (NOTE [ Whole-model compile ] in tuner.whole); priced by the profile's measured compiler point "
         "of that budget. None: the stages run as the actions say",
     )
+    spatial_splits: dict[str, int] = Field(
+        default_factory=dict,
+        description="recompute segment 'i-j' -> strips of rows (2..64) it runs in, halos included (NOTE [ Spatial "
+        "splitting ] in tuner.spatial); empty: every segment runs whole",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
@@ -167,6 +195,8 @@ class Plan(BaseModel):
             raise ValueError("conv_rule 'fastest_within' needs conv_workspace_limit_bytes")
         if self.stages is not None and len(self.stages) != len(self.actions):
             raise ValueError(f"plan names {len(self.stages)} stages but has {len(self.actions)} actions")
+        if self.prefetch_lookaheads is not None:  # NOTE [ Prefetch lookahead ]
+            _check_lookaheads(self.prefetch_lookaheads, len(self.actions))
         if self.compile_budget is not None:  # NOTE [ Compiled stages ]: the compiler's operations, not eager ones
             if Action.SELECTIVE in self.actions:
                 k = self.actions.index(Action.SELECTIVE)
@@ -184,6 +214,12 @@ class Plan(BaseModel):
             if self.compile_budget is not None or self.conv_rule != "default" or self.conv_algos:
                 raise ValueError("whole_compile excludes compile_budget and convolution choices (conv_rule "
                                  "'default', no conv_algos): the compiler lowers the whole model")  # fmt: skip
+        check_split_keys(  # NOTE [ Spatial splitting ]
+            self.spatial_splits,
+            segments(self.actions),
+            module_stages=self.stages is not None,
+            compiled=self.compile_budget is not None,
+        )
         return self
 
     def named(self, profile: Profile) -> Plan:
@@ -226,7 +262,7 @@ class Plan(BaseModel):
     # ---- checks ----------------------------------------------------------------------------------
     def check(self, profile: Profile) -> None:
         """Raise ``PlanError`` if this plan does not fit ``profile`` (stage count, conv keys, selective stages, a
-        compiled plan on another profile)."""
+        compiled plan on another profile, spatial splits of stages that cannot be split)."""
         n = profile.n_stages
         if self.whole_compile is not None and all(
             p.activation_budget != self.whole_compile for p in profile.compiler_points
@@ -264,6 +300,10 @@ class Plan(BaseModel):
         bad = [p for p in self.sync_points if not 0 <= p < n]
         if bad:
             raise PlanError(f"sync_points {bad} are outside the stage range 0..{n - 1}")
+        for key, strips in self.spatial_splits.items():  # NOTE [ Spatial splitting ]
+            refusal = spatial_refusal(profile, *parse_segment_key(key), strips)
+            if refusal is not None:
+                raise PlanError(refusal)
         for key in self.conv_algos:
             stage_s, _, conv = key.partition(".")
             if not stage_s.isdigit() or not 0 <= int(stage_s) < n:
@@ -275,6 +315,15 @@ class Plan(BaseModel):
                     f"has no convolution named {conv!r} (has {sorted(names) or 'none'})"
                 )
 
+    def stage_lookaheads(self) -> tuple[int, ...]:
+        """Per stage k, the prefetch lookahead L_k (stages) of the offloaded storages first needed by stage k's
+        backward: NOTE [ Prefetch lookahead ], the one place the rule is written (simulator and runtime use it)."""
+        if self.sync == "inline":
+            return (0,) * len(self.actions)
+        if self.prefetch_lookaheads is not None:
+            return self.prefetch_lookaheads
+        return (self.prefetch_lookahead,) * len(self.actions)
+
     def counts(self) -> dict[str, int]:
         """How many stages take each action."""
         return {a.value: sum(1 for x in self.actions if x is a) for a in Action}
@@ -284,6 +333,21 @@ class Plan(BaseModel):
         if self.whole_compile is not None:
             return f"compiled whole, budget {self.whole_compile:g}"
         return "".join(a.value[0] for a in self.actions)
+
+
+_MAX_LOOKAHEAD = 1024  # stages, as ``prefetch_lookahead``'s bound
+
+
+def _check_lookaheads(lookaheads: Sequence[int], n_actions: int) -> None:
+    """Raise ``ValueError`` unless ``lookaheads`` has one value per action, each 0..1024 stages."""
+    if len(lookaheads) != n_actions:
+        raise ValueError(
+            f"prefetch_lookaheads has {len(lookaheads)} values but the plan has {n_actions} actions: give one "
+            "lookahead per stage, or None for the global prefetch_lookahead"
+        )
+    bad = next((k for k, v in enumerate(lookaheads) if not 0 <= v <= _MAX_LOOKAHEAD), None)
+    if bad is not None:
+        raise ValueError(f"prefetch_lookaheads[{bad}] is {lookaheads[bad]}: a lookahead is 0..{_MAX_LOOKAHEAD} stages")
 
 
 def segments(actions: Sequence[Action], *, one_stage: bool = False) -> list[tuple[int, int]]:

@@ -6,7 +6,12 @@ gives every stage a default action), an override per stage ``aNNN`` in {auto, ke
 ``selective`` for the stages where it can beat recompute (``tuner.plan.stage_actions``),
 ``lookahead`` (prefetch stages), ``sync`` (deferred or layer) and ``sync_delay`` (stages a deferred copy may
 overlap before compute waits for it). ``auto`` takes the threshold rule's action,
-so the search starts from the published policy and edits it stage by stage.
+so the search starts from the published policy and edits it stage by stage. ``per_layer_prefetch`` (a boolean)
+replaces, once a trial's descent has ended, the global lookahead by the per-layer trigger's per-stage lookaheads
+(NOTE [ Per-layer prefetch trigger ] in ``tuner.prefetch_trigger``) where that scores better; only where the trigger
+can help (the plan is over the budget or stalls in its backward), so it costs a fraction of the trials' time.
+Where the profile records row maps, each trial's descent also splits recompute segments into strips of rows, and
+the counts are refined per segment after it (NOTE [ Searching splits ] in ``tuner.spatial_search``).
 
 Every baseline policy is evaluated and enqueued as one of the first trials, so the result is never worse than
 the best feasible baseline (a baseline whose knobs the space cannot express, e.g. HMMS sync points, is also
@@ -65,7 +70,9 @@ from tuner.calibration import calibration_for
 from tuner.errors import SearchError
 from tuner.placement import allocator_cost
 from tuner.plan import Action, Plan, stage_actions
+from tuner.prefetch_trigger import prefetch_trigger
 from tuner.simulator import SimResult, Simulator
+from tuner.spatial_search import STRIP_CHOICES, split_descent, splittable, valid_splits, with_strips
 
 __all__ = [
     "CONSTRAINTS",
@@ -87,6 +94,7 @@ _MAX_SYNC_DELAY = 16
 _DEFAULT_SYNC_DELAY: int = Plan.model_fields["sync_delay"].default
 _THRESHOLD_RANGE = (0.05, 20.0)
 _CONV_RULES = ("default", "fastest", "memory_optimal", "fastest_within")
+_PER_LAYER = (False, True)  # NOTE [ Search space ]: per_layer_prefetch
 _MAX_WS_CAP_MIB = 16384
 _PLACED_DESCENT = 40  # NOTE [ Placed descent ]: most placements the descent after the ranking models
 _PRE_TRIALS_MIN = 10  # NOTE [ Rule basins ]: fewest trials of the search without algorithm choice
@@ -264,6 +272,8 @@ class _Search:
         # per stage, the actions it may take, and its override parameter's choices (NOTE [ Search space ])
         self.actions = stage_actions(profile)
         self.choices = [("auto", *(a.value for a in acts)) for acts in self.actions]
+        self.splittable = splittable(profile)  # NOTE [ Searching splits ] (tuner.spatial_search)
+        self.strips = 1
 
     def threshold_actions(self, threshold: float) -> tuple[Action, ...]:
         key = round(threshold, 6)
@@ -286,6 +296,7 @@ class _Search:
         if self.has_conv_algos:
             params["conv_rule"] = trial.suggest_categorical("conv_rule", _CONV_RULES)
             params["ws_cap_mib"] = trial.suggest_int("ws_cap_mib", 1, _MAX_WS_CAP_MIB, log=True)
+        trial.suggest_categorical("per_layer_prefetch", _PER_LAYER)  # applied after the descent (objective)
         return decode_params(params, self.n, self.threshold_actions)
 
     def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
@@ -294,7 +305,12 @@ class _Search:
         if self.mode == "pareto" and self.peak_range is not None:  # aim each descent at a random budget
             lo, hi = self.peak_range
             budget = int(lo + self.rng.random() * (hi - lo))
+        self.strips = self.rng.choice(STRIP_CHOICES) if self.splittable else 1  # NOTE [ Searching splits ]
         plan, r = self.descend(start, budget)
+        if self.splittable:  # NOTE [ Searching splits ] (tuner.spatial_search)
+            plan, r = split_descent(self.profile, self.sim, plan, r, lambda res: self._score(res, budget))
+        if trial.params.get("per_layer_prefetch"):
+            plan, r = self.per_layer(plan, r, budget)
         lo_hi = self.peak_range
         self.peak_range = (min(r.peak_bytes, lo_hi[0]), max(r.peak_bytes, lo_hi[1])) if lo_hi else (r.peak_bytes,) * 2
         c = Candidate(f"trial {trial.number}", plan, r.step_ms, r.peak_bytes, r.peak_bytes <= self.budget)
@@ -307,6 +323,17 @@ class _Search:
         if self.mode == "pareto":
             return c.step_ms, float(c.peak_bytes)
         return c.step_ms
+
+    def per_layer(self, plan: Plan, r: SimResult, budget: int) -> tuple[Plan, SimResult]:
+        """``plan`` with the per-layer prefetch trigger's lookaheads where they score better within ``budget``, else
+        ``plan`` (NOTE [ Search space ]). In ``fastest`` mode a plan that fits and never waits for a prefetch is
+        left as it is: the trigger could only lower its peak, which that mode does not score."""
+        if self.mode == "fastest" and r.peak_bytes <= budget and not any(r.backward_stalls_ms):
+            return plan, r
+        trig = prefetch_trigger(self.profile, plan, budget, simulator=self.sim)
+        if self._score(trig.result, budget) < self._score(r, budget):
+            return trig.plan, trig.result
+        return plan, r
 
     # NOTE [ One objective ]: what a trial records, and what pricing adds
     def price(self, c: Candidate) -> Candidate:
@@ -348,11 +375,14 @@ class _Search:
             "peak_bytes": c.peak_bytes,
             "actions": plan.compact(),
             "lookahead": plan.prefetch_lookahead,
+            "lookaheads": None if plan.prefetch_lookaheads is None else list(plan.prefetch_lookaheads),
             "sync": plan.sync,
             "sync_delay": plan.sync_delay,
             "conv_rule": plan.conv_rule,
             "conv_workspace_limit_bytes": plan.conv_workspace_limit_bytes,
         }
+        if plan.spatial_splits:  # NOTE [ Searching splits ]
+            attrs["spatial_splits"] = dict(plan.spatial_splits)
         if c.alloc_retries is not None:
             attrs["simulated_step_ms"] = c.step_ms - c.allocator_ms
             attrs["allocator_ms"] = c.allocator_ms
@@ -380,6 +410,7 @@ class _Search:
         if self.has_conv_algos:
             d["conv_rule"] = CategoricalDistribution(_CONV_RULES)
             d["ws_cap_mib"] = IntDistribution(1, _MAX_WS_CAP_MIB, log=True)
+        d["per_layer_prefetch"] = CategoricalDistribution(_PER_LAYER)
         return d
 
     def record(self, study: optuna.Study, c: Candidate) -> None:
@@ -427,7 +458,7 @@ class _Search:
                 self._templates[k] = _with_knobs(Plan(actions=tuple(actions), label="optuna"), actions, k)
             return self._templates[k]
 
-        best_r = self.sim.run_actions(actions, template(knobs))
+        best_r = self.sim.run_actions(actions, self.split(actions, template(knobs)))
         best = self._score(best_r, budget)
         evals = 1
         improved = True
@@ -437,14 +468,18 @@ class _Search:
             for acts, k2 in moves:
                 if evals >= self.descent_evals:
                     break
-                r = self.sim.run_actions(acts, template(k2))
+                r = self.sim.run_actions(acts, self.split(acts, template(k2)))
                 evals += 1
                 score = self._score(r, budget)
                 if score < best:
                     actions, knobs, best, best_r = acts, k2, score, r
                     improved = True
                     break
-        return template(knobs).model_copy(update={"actions": tuple(actions)}), best_r
+        return self.split(actions, template(knobs)).model_copy(update={"actions": tuple(actions)}), best_r
+
+    def split(self, actions: Sequence[Action], plan: Plan) -> Plan:
+        """``plan`` as the descent prices ``actions``: with this trial's strips (NOTE [ Searching splits ])."""
+        return with_strips(self.profile, plan, actions, self.strips) if self.strips > 1 else plan
 
     def _moves(self, actions: list[Action], knobs: _Knobs) -> list[tuple[list[Action], _Knobs]]:
         """Every plan one edit from (``actions``, ``knobs``), in random order (NOTE [ Local descent ])."""
@@ -593,6 +628,8 @@ class _Search:
         if rng.random() < 0.15:
             d = int(p.get("sync_delay", _DEFAULT_SYNC_DELAY)) + rng.choice((-1, 1))
             p["sync_delay"] = min(_MAX_SYNC_DELAY, max(0, d))
+        if rng.random() < 0.1:
+            p["per_layer_prefetch"] = not p.get("per_layer_prefetch", False)
         if self.has_conv_algos and rng.random() < 0.15:
             p["conv_rule"] = rng.choice(_CONV_RULES)
             p["ws_cap_mib"] = min(
@@ -611,10 +648,12 @@ class _Search:
             plan = Plan.from_actions(
                 attrs["actions"],
                 prefetch_lookahead=attrs["lookahead"],
+                prefetch_lookaheads=attrs.get("lookaheads"),
                 sync=attrs["sync"],
                 sync_delay=attrs.get("sync_delay", _DEFAULT_SYNC_DELAY),
                 conv_rule=attrs.get("conv_rule", "default"),
                 conv_workspace_limit_bytes=attrs.get("conv_workspace_limit_bytes"),
+                spatial_splits=attrs.get("spatial_splits") or {},
                 label="optuna",
             )
         retries = attrs.get("alloc_retries")
@@ -635,16 +674,19 @@ def _knobs_of(plan: Plan) -> _Knobs:
 
 
 def _with_knobs(plan: Plan, actions: Sequence[Action], knobs: _Knobs) -> Plan:
-    """``plan`` with ``actions`` and ``knobs`` (not validated again: both come from valid plans' moves)."""
+    """``plan`` with ``actions`` and ``knobs`` (not validated again: both come from valid plans' moves). A new global
+    lookahead replaces per-stage ones (NOTE [ Prefetch lookahead ] in ``tuner.plan``)."""
     la, sync, delay, rule, cap = knobs
     return plan.model_copy(
         update={
             "actions": tuple(actions),
             "prefetch_lookahead": la,
+            "prefetch_lookaheads": plan.prefetch_lookaheads if la == plan.prefetch_lookahead else None,
             "sync": sync,
             "sync_delay": delay,
             "conv_rule": rule,
             "conv_workspace_limit_bytes": cap,
+            "spatial_splits": valid_splits(plan.spatial_splits, actions),  # NOTE [ Searching splits ]
         }
     )
 
@@ -657,6 +699,7 @@ def _params_for(plan: Plan, with_conv: bool = False) -> dict[str, Any]:
     params["lookahead"] = min(_MAX_LOOKAHEAD, plan.prefetch_lookahead)
     params["sync"] = plan.sync if plan.sync in _SYNCS else "layer"
     params["sync_delay"] = min(_MAX_SYNC_DELAY, plan.sync_delay)
+    params["per_layer_prefetch"] = plan.prefetch_lookaheads is not None
     if with_conv:
         params["conv_rule"] = plan.conv_rule
         cap = plan.conv_workspace_limit_bytes

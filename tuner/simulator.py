@@ -56,6 +56,7 @@ from profiler.loss_model import profile_loss_ms
 from tuner.calibration import calibration_for
 from tuner.conv_choice import PASSES, ConvTriple, choose_algorithms, select_algo, working_algos
 from tuner.plan import Action, Plan, StorageFate, resolve_storages, segments, selective_gain_bytes, storage_copy_ms
+from tuner.spatial import SplitPricing, parse_segment_key
 from tuner.whole import compiler_point
 
 __all__ = ["OPTIMIZERS", "SimResult", "Simulator", "StorageTables", "backward_transients", "merge_storages", "simulate"]
@@ -82,6 +83,9 @@ class SimResult:
         timeline: ``(time ms, live bytes, label)`` after each event, when asked for.
         blocks: the same events tensor by tensor, ``("alloc" | "free", key, bytes)`` in program order, when a
             timeline is asked for (NOTE [ Allocator placement ] in ``tuner.placement`` replays them).
+        spans: when a timeline is asked for, what the copy engines and the backward ran when: ``("d2h" | "h2d",
+            storage id in ``Simulator.tables``, start ms, end ms)`` per copy and ``("backward", stage, start ms, end
+            ms)`` per stage (``tuner.ranks`` prices a shared host link with them).
     """
 
     step_ms: float
@@ -97,6 +101,7 @@ class SimResult:
     base_bytes: int
     timeline: tuple[tuple[float, int, str], ...] = field(default=(), repr=False)
     blocks: tuple[tuple[str, object, int], ...] = field(default=(), repr=False)
+    spans: tuple[tuple[str, int, float, float], ...] = field(default=(), repr=False)
 
     def fits(self, budget_bytes: int) -> bool:
         """True when the simulated peak is within ``budget_bytes``."""
@@ -259,6 +264,7 @@ class Simulator:
         self.loss_ms = profile_loss_ms(profile) * self.compute_scale
         self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
         self._conv_costs: dict[object, tuple[list[float], list[float], list[int], list[int]]] = {}
+        self._split_costs: dict[object, SplitPricing] = {}  # NOTE [ Spatial splitting ]: by splits and tables
         # merged storages give the same numbers under every sync mode (see merge_storages)
         self._tables = StorageTables(merge_storages(profile) if merge else profile)
         # NOTE [ Inline fetches ]: inline plans hold one storage at a time, so merged storages would over-count
@@ -445,6 +451,21 @@ class Simulator:
             [("free", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_freed[k]],
         )
 
+    def _split_pricing(self, plan: Plan, actions: Sequence[Action], tab: StorageTables) -> SplitPricing | None:
+        """The plan's spatial splits that are recompute segments of ``actions``, priced (NOTE [ Spatial splitting ]
+        in ``tuner.spatial``); keys of other segments (a search's move changed the actions) are left out."""
+        if self.profile.modules:
+            return None
+        segs = set(segments(actions))
+        splits = {ij: s for ij, s in ((parse_segment_key(k), s) for k, s in plan.spatial_splits.items()) if ij in segs}
+        if not splits:
+            return None
+        key = (tab is self._tables, *sorted(splits.items()))
+        if key not in self._split_costs:
+            args = (self.profile, splits, self.out, tab.produced, tab.output_storage, tab.s_bytes)
+            self._split_costs[key] = SplitPricing(*args)
+        return self._split_costs[key]
+
     def _inline_stages(self, tab: StorageTables, fates: Sequence[StorageFate]) -> set[int]:
         """Under ``inline`` sync: the stages whose measured inline transient stands for their backward (NOTE
         [ Inline fetches ]): the profile measured it, and every storage the stage saves goes to host memory."""
@@ -471,13 +492,20 @@ class Simulator:
                 self._unmerged = StorageTables(self.profile)
             tab = self._unmerged
         s_bytes, s_last, s_d2h, s_h2d = tab.s_bytes, tab.s_last_use, tab.s_d2h, tab.s_h2d
-        lookahead = 0 if inline else plan.prefetch_lookahead
+        lookahead = plan.stage_lookaheads()  # NOTE [ Prefetch lookahead ]: by need stage; 0 under inline
         fates = resolve_storages(tab.profile, actions)
+        # NOTE [ Spatial splitting ] (tuner.spatial): a split segment's stages cost their strips' share
+        split = self._split_pricing(plan, actions, tab) if plan.spatial_splits else None
+        c_bytes = s_bytes  # what a re-run's second copies hold (NOTE [ Re-made copies ]): one strip's when split
+        if split is not None:
+            s_bytes, c_bytes = split.s_bytes, split.copy_bytes
+            fwd, bwd, ws_f, ws_b = split.costs(fwd, bwd, ws_f, ws_b)
 
         events: list[tuple[float, int, str]] = []  # (time, delta bytes, label), in program order
         ev = events.append
         # the same, tensor by tensor, only on the timeline path (NOTE [ Allocator placement ])
         blk: list[tuple[str, object, int]] | None = [] if want_timeline else None
+        sp: list[tuple[str, int, float, float]] | None = [] if want_timeline else None  # SimResult.spans
 
         # ---- plan-dependent tables --------------------------------------------------------------
         # storages to copy, by the stage at whose forward end the copy is issued
@@ -505,6 +533,8 @@ class Simulator:
         for i, j in segments(actions, one_stage=modules):
             for r in range(i, j + 1):
                 prog_end[r] = j
+            if split is not None and j in split.cost:  # NOTE [ Spatial splitting ]: strips clone only a strip
+                continue
             if modules:  # a module stage's checkpoint keeps every input (NOTE [ Plan semantics ])
                 src = tab.inputs[i][0] if tab.inputs[i] else None
             else:
@@ -585,6 +615,8 @@ class Simulator:
                     fstall[k] += s_d2h[sid]
                     t += s_d2h[sid]
                     copy_done[sid] = t
+                    if sp is not None:
+                        sp.append(("d2h", sid, t - s_d2h[sid], t))
             else:
                 # NOTE [ Copies during the forward ]: a storage packed by the stage that makes it is copied
                 # while that stage computes (the runtime issues each copy at its pack); the rest at its end
@@ -593,11 +625,15 @@ class Simulator:
                         d2h_bytes += s_bytes[sid]
                         d2h_free = max(d2h_free, t_start) + s_d2h[sid]
                         copy_done[sid] = max(d2h_free, t)
+                        if sp is not None:
+                            sp.append(("d2h", sid, d2h_free - s_d2h[sid], d2h_free))
                 for sid in copy_at[k]:
                     if not copy_during[sid]:
                         d2h_bytes += s_bytes[sid]
                         d2h_free = max(d2h_free, t) + s_d2h[sid]
                         copy_done[sid] = d2h_free
+                        if sp is not None:
+                            sp.append(("d2h", sid, d2h_free - s_d2h[sid], d2h_free))
             if wait_at[k] or (sync == "points" and k in sync_points):
                 wait = max((copy_done[sid] for sid in wait_at[k]), default=0.0)
                 if sync == "points":  # HMMS waits for every copy issued so far
@@ -649,17 +685,21 @@ class Simulator:
         local: set[int] = set()
         local_max = [0] * n
         fetched = self._inline_stages(tab, fates) if inline else set()
+        lift = split.lift if split is not None else range(n)  # NOTE [ Spatial splitting ]: the node's prefetches
         for sid, f in enumerate(fates):
             if tab.s_producer[sid] < 0:
                 continue
             if f.fate == "offload":
-                prefetch_at[min(n - 1, f.need + lookahead)].append(sid)
+                prefetch_at[lift[min(n - 1, f.need + lookahead[f.need])]].append(sid)
                 need_at[f.need].append(sid)
                 release_at[f.release].append(sid)
                 if inline and (f.need == f.release or all(r in fetched for r in tab.s_saved_by[sid])):
                     local.add(sid)
             elif f.fate == "keep":
                 release_at[f.release].append(sid)
+        for queued in prefetch_at:  # NOTE [ Prefetch lookahead ]: issued together, the one needed first goes first
+            if len(queued) > 1:
+                queued.sort(key=lambda sid: -fates[sid].need)
         # storages nobody keeps are re-made by the recompute of the segment holding their savers
         if seg_end:
             seg_of = [-1] * n
@@ -712,6 +752,8 @@ class Simulator:
                 else:
                     h2d_free = max(t, h2d_free, copy_done[sid]) + s_h2d[sid]
                     ready[sid] = h2d_free
+                if sp is not None:
+                    sp.append(("h2d", sid, ready[sid] - s_h2d[sid], ready[sid]))
             if k in seg_end:
                 i = seg_end[k]
                 src = tab.output_storage[i - 1] if i > 0 and not modules else None
@@ -720,12 +762,12 @@ class Simulator:
                     t = ready[src]
                 remat = remat_at.get(k, ())
                 remade = copy_at_seg.get(k, ())
-                transient = max(out[i : k + 1])
-                made = sum(s_bytes[sid] for sid in remat) + sum(s_bytes[sid] for sid in remade) + reclone.get(k, 0)
+                transient = split.transient(k) if split is not None and k in split.cost else max(out[i : k + 1])
+                made = sum(s_bytes[sid] for sid in remat) + sum(c_bytes[sid] for sid in remade) + reclone.get(k, 0)
                 ev((t, made + transient, f"recompute {i}..{k}"))
                 if blk is not None:
                     blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in remat]
-                    blk += [("alloc", ("c", sid), s_bytes[sid]) for sid in remade]
+                    blk += [("alloc", ("c", sid), c_bytes[sid]) for sid in remade]
                     blk += [("alloc", ("clone", i), reclone[k])] if k in reclone else []
                     blk += [("alloc", ("r", k), transient), ("free", ("r", k), transient)]
                 seg_ms = sum(fwd[i : k + 1])
@@ -737,6 +779,8 @@ class Simulator:
                     bstall[k] += ready[sid] - t
                     t = ready[sid]
             grad_made, grad_freed = self._grad_blocks(k)
+            if split is not None and split.member[k] >= 0:  # NOTE [ Spatial splitting ]: one node, strip gradients
+                grad_made, grad_freed = split.grad_blocks(k)
             grad_in = sum(b[2] for b in grad_made)
             held = local_max[k]  # NOTE [ Inline fetches ]
             ws_k = ws_b[k]
@@ -750,6 +794,8 @@ class Simulator:
                 recompute_ms += self.sel_extra_ms[k]
             ev((t, grad_in + self.pgrad[k] + ws_k + held, f"bwd {k} start"))
             t += bwd_k
+            if sp is not None:
+                sp.append(("backward", k, t - bwd_k, t))
             released = [sid for sid in release_at[k] if sid not in local or not freed[sid]]
             copies = copy_release_at[k]
             freed_now = (
@@ -759,7 +805,7 @@ class Simulator:
                 + kept_k
                 + clone_bwd_free[k]
                 + sum(s_bytes[sid] for sid in released)
-                + sum(s_bytes[sid] for sid in copies)
+                + sum(c_bytes[sid] for sid in copies)
             )
             ev((t, -freed_now, f"bwd {k} end"))
             if blk is not None:
@@ -770,7 +816,7 @@ class Simulator:
                 blk += [("free", ("wsb", k), ws_k)] if ws_k else []
                 blk += grad_freed
                 blk += [("free", ("s", sid), s_bytes[sid]) for sid in released]
-                blk += [("free", ("c", sid), s_bytes[sid]) for sid in copies]
+                blk += [("free", ("c", sid), c_bytes[sid]) for sid in copies]
                 blk += [("free", ("clone", k), clone_bwd_free[k])] if clone_bwd_free[k] else []
                 blk += [("free", ("sel", k), kept_k)] if kept_k else []
 
@@ -800,6 +846,7 @@ class Simulator:
             base_bytes=self.base,
             timeline=tuple(tl),
             blocks=tuple(blk) if blk is not None else (),
+            spans=tuple(sp) if sp is not None else (),
         )
 
 

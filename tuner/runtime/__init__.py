@@ -6,13 +6,16 @@ plan file or ``tune --json`` output; ``budget_guard`` caps CUDA memory and repor
 ``PlanOutOfMemoryError`` naming the plan and stage; ``check_equivalence`` checks that a plan leaves
 loss, gradients and buffers unchanged. ``tuner.runtime.bench`` measures plans side by side and
 ``tuner.runtime.validate`` measures a job's chosen plans on this process's GPU (imported on their own:
-they pull in the simulator and cuDNN bindings).
+they pull in the simulator and cuDNN bindings). ``tuner.runtime.ddp`` runs a plan on every rank of a
+data-parallel run, its copies staggered over a shared host link (``tuner.runtime.stagger``; imported on its
+own). ``InferenceRunner`` runs an inference plan (``tuner.inference``).
 """
 
 from __future__ import annotations
 
 from tuner.runtime.errors import PlanOutOfMemoryError
 from tuner.runtime.guard import budget_guard
+from tuner.runtime.inference import InferenceRunner
 from tuner.runtime.offload import OffloadStats
 from tuner.runtime.planned import PlannedModel, load_plan, planned
 from tuner.runtime.pool import HostPool
@@ -21,6 +24,7 @@ from tuner.runtime.verify import Equivalence, ReferenceStep, check_equivalence, 
 __all__ = [
     "Equivalence",
     "HostPool",
+    "InferenceRunner",
     "OffloadStats",
     "PlanOutOfMemoryError",
     "PlannedModel",

@@ -24,9 +24,11 @@ This is the ``offload`` action of NOTE [ Plan semantics ] (``tuner.plan``) on a 
 * Prefetch. Each handle records the backward stage that first needs it (the stage itself, or a
   segment's last stage for a segment input). A backward pre-hook on the autograd node of every stage's
   output calls ``on_backward(k)`` when backward reaches stage k; it issues, on a host-to-device stream
-  that waits for the entry's D2H event, the copies of every entry first needed at stage
-  ``k - prefetch_lookahead`` or later that is not back yet. The buffer is allocated on the compute stream
-  (the copy stream waits for compute first), so the caching allocator accounts it in compute-stream
+  that waits for the entry's D2H event, the copies of every entry first needed at a stage j with
+  ``j + L_j >= k`` that is not back yet, L_j being the plan's lookahead for stage j (NOTE [ Prefetch lookahead ]
+  in ``tuner.plan``: ``Plan.stage_lookaheads``, the global ``prefetch_lookahead`` or per stage). The buffer is
+  allocated on the compute stream (the copy stream waits for compute first), so the caching allocator accounts
+  it in compute-stream
   order, where the simulator does, and reuses its block for compute: a block allocated on a copy stream
   lives in that stream's pool, which compute cannot use, and under a memory cap the allocator then frees
   and synchronises (measured on the H200, ``scripts/cap_experiment.py``: the tuned ResNet-50 plan ran 221 ms
@@ -52,7 +54,7 @@ import contextlib
 import functools
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,6 +177,7 @@ class StepState:
         sync_points: Iterable[int],
         lookahead: int,
         exclude_ptrs: set[int],
+        lookaheads: Sequence[int] | None = None,
     ) -> None:
         self.runtime = runtime
         self.device = device
@@ -182,6 +185,8 @@ class StepState:
         self.sync_delay = sync_delay
         self.sync_points = frozenset(sync_points)
         self.lookahead = 0 if sync == "inline" else lookahead
+        # NOTE [ Prefetch lookahead ]: per need stage, else the global one
+        self.lookaheads: tuple[int, ...] | None = None if lookaheads is None or sync == "inline" else tuple(lookaheads)
         self.exclude_ptrs = exclude_ptrs
         self.entries: dict[tuple[int, int], _Entry] = {}
         self.all_entries: list[_Entry] = []
@@ -307,22 +312,30 @@ class StepState:
         self.forward_stage = None
 
     # ---- backward ------------------------------------------------------------------------------
+    def trigger(self, need: int) -> int:
+        """The backward stage whose pre-hook prefetches an entry first needed at stage ``need``: ``need`` plus that
+        stage's lookahead (NOTE [ Prefetch lookahead ]; past the last stage it fires at the first pre-hook)."""
+        las = self.lookaheads
+        return need + (las[need] if las is not None and 0 <= need < len(las) else self.lookahead)
+
     def on_backward(self, stage: int) -> None:
-        """Backward has reached ``stage``: prefetch what is first needed ``lookahead`` stages later."""
+        """Backward has reached ``stage``: prefetch every entry whose trigger (``trigger``) is ``stage`` or later."""
         self.backward_stage = stage
         if self.sync == "inline":
             return
         # no poll here: a storage still held after the forward stays until its backward uses it in place,
         # as the simulator has it (dropping it now would cost a copy back)
-        lo = stage - self.lookahead
         with self.runtime.lock:
             if self._order is None:
-                self._order = sorted(self.all_entries, key=lambda e: e.need, reverse=True)
+                self._order = sorted(self.all_entries, key=lambda e: self.trigger(e.need), reverse=True)
                 self.all_entries = []
             order = self._order
-            while self._cursor < len(order) and order[self._cursor].need >= lo:
-                entry = order[self._cursor]
+            due: list[_Entry] = []
+            while self._cursor < len(order) and self.trigger(order[self._cursor].need) >= stage:
+                due.append(order[self._cursor])
                 self._cursor += 1
+            # NOTE [ Prefetch lookahead ]: of the copies issued together, the one needed first goes first
+            for entry in sorted(due, key=lambda e: e.need, reverse=True):
                 if entry.host is not None and not entry.fetched and entry.pending:
                     self._fetch(entry, prefetch=True)
 
@@ -411,6 +424,9 @@ class OffloadRuntime:
         reserve_bytes: host bytes to allocate up front (0: grow during the first step).
     """
 
+    #: the per-forward state ``begin_step`` makes (``tuner.runtime.stagger`` makes one that staggers its copies)
+    step_type: type[StepState] = StepState
+
     def __init__(self, *, reserve_bytes: int = 0) -> None:
         self.lock = threading.RLock()
         self.stats = OffloadStats()
@@ -456,6 +472,7 @@ class OffloadRuntime:
         sync_points: Iterable[int],
         lookahead: int,
         exclude_ptrs: set[int],
+        lookaheads: Sequence[int] | None = None,
     ) -> StepState:
         """Start a forward; reset the pool if nothing of an earlier step is still alive."""
         if sync not in _SYNC_MODES:
@@ -470,7 +487,7 @@ class OffloadRuntime:
                     if pool.used_bytes:
                         pool.reset()
                         self.stats.pool_resets += 1
-        return StepState(
+        return self.step_type(
             self,
             device,
             sync=sync,
@@ -478,6 +495,7 @@ class OffloadRuntime:
             sync_points=sync_points,
             lookahead=lookahead,
             exclude_ptrs=exclude_ptrs,
+            lookaheads=lookaheads,
         )
 
     def _handle_dead(self, h: _Handle) -> None:

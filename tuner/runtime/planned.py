@@ -13,8 +13,9 @@ Each stage runs as NOTE [ Plan semantics ] (``tuner.plan``) says: ``keep`` stage
 ``offload`` stages run under the offload hooks of NOTE [ Offload runtime ] (``tuner.runtime.offload``),
 each maximal run of ``recompute`` stages is one non-reentrant checkpoint
 (``tuner.runtime.segments``), called under the offload hooks when the stage before it is ``offload``
-so that its input is offloaded too, and a ``selective`` stage is a one-stage checkpoint under PyTorch's
-selective checkpointing (NOTE [ Selective stages ] in ``profiler.selective``). The plan never changes the
+so that its input is offloaded too (or, where the plan splits it, ``spatial_splits``, one autograd Function
+run strip by strip along H: ``tuner.runtime.spatial``), and a ``selective`` stage is a one-stage checkpoint under
+PyTorch's selective checkpointing (NOTE [ Selective stages ] in ``profiler.selective``). The plan never changes the
 math: loss, gradients and buffers are those of the unplanned model (tests check it for every zoo model and
 policy).
 
@@ -46,6 +47,8 @@ from tuner.plan import Action, Plan, segments
 from tuner.runtime.conv import ChosenConv2d
 from tuner.runtime.planned_base import PlannedBase
 from tuner.runtime.segments import Segment
+from tuner.runtime.spatial import SpatialSegment
+from tuner.spatial import parse_segment_key
 
 __all__ = ["CompiledWhole", "PlannedBase", "PlannedModel", "load_plan", "planned"]
 
@@ -149,7 +152,12 @@ class PlannedModel(PlannedBase):
         self._chain = model if isinstance(model, ModelChain) else None
         self._compiled: dict[int, CompiledStage] = {}  # by stage index; not submodules (the parameters are model's)
         # the forward as a program: ("stage", k, k) or ("segment", i, j)
-        segs = {i: Segment(i, j, modules, names, clone_segment_inputs) for i, j in segments(plan.actions)}
+        segs: dict[int, Segment | SpatialSegment] = {
+            i: Segment(i, j, modules, names, clone_segment_inputs) for i, j in segments(plan.actions)
+        }
+        for key, strips in plan.spatial_splits.items():  # NOTE [ Spatial splitting ] (tuner.spatial)
+            i, j = parse_segment_key(key)
+            segs[i] = SpatialSegment(i, j, modules, names, strips)
         for k, a in enumerate(plan.actions):  # NOTE [ Selective stages ] (profiler.selective)
             if a is Action.SELECTIVE:
                 segs[k] = Segment(k, k, modules, names, clone_segment_inputs, selective=True)

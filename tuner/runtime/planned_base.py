@@ -75,6 +75,7 @@ class PlannedBase(nn.Module):
             sync_points=plan.sync_points,
             lookahead=plan.prefetch_lookahead,
             exclude_ptrs=exclude_ptrs,
+            lookaheads=plan.stage_lookaheads(),  # NOTE [ Prefetch lookahead ] in tuner.plan
         )
         return self._step
 

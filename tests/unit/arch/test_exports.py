@@ -18,18 +18,22 @@ import tuner.runtime
 EXPECTED = {
     profiler: {
         "GPUS", "ZOO_NAMES", "ArchiveTooLargeError", "CompilerPoint", "ConvAlgo", "ConvProfile", "DeviceIdentity",
-        "ExportedError", "GPUSpec", "ModelChain", "Profile", "ProfilerError", "SavedStorage", "SpecError",
+        "ExportedError", "GPUSpec", "ModelChain", "Profile", "ProfilerError", "RowMap", "SavedStorage", "SpecError",
         "StageProfile", "UnknownGPUError", "build", "build_factory", "find_profile", "find_stages", "from_spec",
         "get_gpu", "modeled_profile", "profile_module", "spec_hash",
     },
     tuner: {
-        "POLICIES", "Action", "BudgetError", "CalibrationError", "Candidate", "Plan", "PlanError", "SearchError",
-        "SimResult", "Simulator", "TuneResult", "TunerError", "exact_front", "exact_optimum", "format_bytes",
-        "parse_budget", "run_policy", "simulate", "tune",
+        "POLICIES", "Action", "BudgetError", "CalibrationError", "Candidate", "Plan", "PlanError", "PrefetchTrigger",
+        "RanksResult", "SearchError", "SharedLink", "SimResult", "Simulator", "Stagger", "TuneResult", "TunerError",
+        "exact_front", "exact_optimum", "format_bytes", "parse_budget", "prefetch_trigger", "ranks_prefetch_trigger",
+        "run_policy", "simulate", "simulate_ranks", "stagger_for", "tune",
+        "InferenceFacts", "InferencePlan", "InferenceSim", "LayerFitError", "LayerPlan", "plan_inference",
+        "simulate_inference",
     },
     tuner.runtime: {
         "Equivalence", "HostPool", "OffloadStats", "PlanOutOfMemoryError", "PlannedModel", "ReferenceStep",
         "budget_guard", "check_equivalence", "load_plan", "planned", "reference_step",
+        "InferenceRunner",
     },
     storage: {
         "ConflictError", "Database", "IdempotencyConflictError", "NotFoundError", "StorageError", "UnavailableError",

@@ -71,6 +71,7 @@ def test_public_names() -> None:
         [
             "Equivalence",
             "HostPool",
+            "InferenceRunner",
             "OffloadStats",
             "PlanOutOfMemoryError",
             "PlannedModel",

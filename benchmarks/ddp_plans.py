@@ -1,0 +1,381 @@
+"""Data-parallel training of a zoo model on N GPUs of one host within a per-GPU budget: the largest batch and its speed.
+
+    python -m benchmarks.ddp_plans OUT --nproc 4 --model resnet50 --budget 12GiB --batches 64,96,128,160,192
+
+Per method, in N processes of one group (``tuner.runtime.ddp.spawn_ranks``: NCCL with NVLink multicast off, or gloo
+on CPU), each GPU runs its own share of the global batch (``--batches`` are per GPU) for ``--warmup`` then ``--steps``
+timed steps (NOTE [ Bench step ] in ``tuner.runtime.bench``: forward, cross-entropy, backward, SGD momentum) under
+``budget_guard`` at ``--budget``, from the smallest batch up to the first that does not train:
+
+* ``unplanned``: ``DistributedDataParallel`` on the plain model;
+* ``checkpoint``: ``checkpoint_sequential`` (√n segments, non-reentrant) under DDP;
+* ``plan``: memtune's plan for that batch (tuned within the budget less DDP's gradient buckets) under DDP
+  (``tuner.runtime.ddp.planned_ddp``);
+* ``staggered``: the same plan with its copies staggered over ``--stagger-slots`` slots (NOTE [ Staggered copies ]);
+* ``triggered``: the staggered plan with per-layer swap-in triggers chosen at the contended copy rate
+  (``tuner.ranks_prefetch_trigger``), the multi-GPU vDNN paper's two changes together.
+
+Each row: per-GPU batch, the step (median ms, the slowest rank's), samples per second of all GPUs, the largest peak
+allocated on any rank, and beside it the prediction of ``tuner.simulate_ranks`` (NOTE [ Shared host link ]) for the
+plans and the unplanned model. Plans are tuned on the committed measured profile of that batch where there is one,
+else a modeled one, without whole-model compile plans; their convolution choices are dropped (the runtime leaves
+convolutions to the framework here), and the prediction is for the plan as run. Copy rates with several GPUs copying
+at once and the all-reduce rate come from the GPU type's calibration, else they are measured here first
+(``tuner.runtime.link_share``). Writes ``OUT/ddp-plans-<model>-<dtype>-x<N>.json`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import environment, zoo_profile
+from profiler import Profile
+from tuner import Plan, SharedLink, parse_budget, ranks_prefetch_trigger, simulate_ranks, stagger_for, tune
+from tuner.calibration import calibration_for
+
+__all__ = ["METHODS", "main"]
+
+METHODS = ("unplanned", "checkpoint", "plan", "staggered", "triggered")
+_PLANNED = ("plan", "staggered", "triggered")
+
+
+@dataclass(frozen=True)
+class _Config:
+    """What every rank of one method's run needs (pickled to the spawned ranks)."""
+
+    model: str
+    params: dict[str, int]
+    dtype: str
+    method: str
+    budget_bytes: int | None  # None on CPU: no cap
+    warmup: int
+    steps: int
+    slots: int
+    link: dict[str, dict[str, float]]
+    plans: dict[int, dict[str, Any]] = field(default_factory=dict)  # per batch, the plan's JSON (planned methods)
+    batches: tuple[int, ...] = ()
+
+
+def _wrap(cfg: _Config, chain: Any, batch: int, rank: int, world: int) -> tuple[Any, Any]:
+    """The model this method trains, and the planned model inside it (None for PyTorch's own)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    from tuner.runtime.bench import checkpoint_segments
+    from tuner.runtime.ddp import planned_ddp, planned_of
+
+    seq = chain.as_sequential()
+    device = next(seq.parameters()).device
+    ids = [device] if device.type == "cuda" else None
+    if cfg.method == "unplanned":
+        return (DistributedDataParallel(seq, device_ids=ids) if world > 1 else seq), None
+    if cfg.method == "checkpoint":
+        segs = checkpoint_segments(chain)
+
+        class _Checkpointed(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.seq = seq
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return checkpoint_sequential(self.seq, segs, x, use_reentrant=False)
+
+        inner = _Checkpointed()
+        return (DistributedDataParallel(inner, device_ids=ids) if world > 1 else inner), None
+    plan = Plan.model_validate(cfg.plans[batch])
+    stagger = stagger_for(rank, world, cfg.slots, SharedLink.from_table(cfg.link)) if cfg.method != "plan" else None
+    model = planned_ddp(chain, plan, stagger=stagger if stagger is not None and stagger.slots > 1 else None)
+    return model, planned_of(model)
+
+
+def _measure(cfg: _Config, batch: int, rank: int, world: int) -> dict[str, Any]:
+    """One batch on this rank: median step ms, peak bytes allocated, or the error that stopped it."""
+    import torch
+
+    from profiler import build
+    from profiler.loss import step_loss
+    from tuner.runtime import PlanOutOfMemoryError, budget_guard
+    from tuner.runtime.bench import make_batch
+
+    cuda = torch.cuda.is_available() and cfg.budget_bytes is not None
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    torch.manual_seed(0)
+    chain = build(cfg.model, cfg.params)
+    chain.as_sequential().to(device)
+    try:
+        model, pm = _wrap(cfg, chain, batch, rank, world)
+        opt = torch.optim.SGD(chain.as_sequential().parameters(), lr=1e-4, momentum=0.9)
+        x, y = make_batch(chain, batch, device)
+        half = cfg.dtype != "float32" and cuda
+        autocast = torch.autocast("cuda", dtype=getattr(torch, cfg.dtype)) if half else contextlib.nullcontext()
+        times: list[float] = []
+        guard = budget_guard(cfg.budget_bytes, pm) if cuda and cfg.budget_bytes else contextlib.nullcontext()
+        with guard:
+            for k in range(cfg.warmup + cfg.steps):
+                if k == cfg.warmup and cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                times.append(_timed_step(model, opt, x, y, autocast, step_loss, cuda))
+        peak = torch.cuda.max_memory_allocated() if cuda else None
+        return {"ok": True, "ms": statistics.median(times[cfg.warmup :]), "peak": peak, "error": None}
+    except (torch.OutOfMemoryError, PlanOutOfMemoryError) as exc:
+        return {"ok": False, "ms": None, "peak": None, "error": f"out of memory: {str(exc).splitlines()[0][:160]}"}
+    finally:
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+
+
+def _timed_step(model: Any, opt: Any, x: Any, y: Any, autocast: Any, step_loss: Any, cuda: bool) -> float:
+    import time
+
+    import torch
+
+    start = time.perf_counter()
+    if cuda:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+    with autocast:
+        loss = step_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if not cuda:
+        return (time.perf_counter() - start) * 1e3
+    end.record()
+    end.synchronize()
+    return float(begin.elapsed_time(end))
+
+
+def _rank_trials(rank: int, world: int, cfg: _Config) -> list[dict[str, Any]]:
+    """This rank's rows: the batches in order up to the first that any rank could not train (ranks agree)."""
+    import torch.distributed as dist
+
+    rows = []
+    for batch in cfg.batches:
+        mine = _measure(cfg, batch, rank, world)
+        every: list[Any] = [None] * world
+        dist.all_gather_object(every, mine)
+        ok = all(r["ok"] for r in every)
+        rows.append(
+            {
+                "batch": batch,
+                "fits": ok,
+                "step_ms": max(r["ms"] for r in every) if ok else None,
+                "peak_bytes": max((r["peak"] or 0) for r in every) if ok and every[0]["peak"] is not None else None,
+                "error": next((r["error"] for r in every if r["error"]), None),
+            }
+        )
+        if not ok:
+            break
+    return rows
+
+
+def _link_and_bus(profile: Profile, nproc: int, measure: bool) -> tuple[SharedLink, float | None, str]:
+    """The copy rates by GPUs copying at once and the all-reduce rate: the calibration's, else measured here."""
+    cal = calibration_for(profile.device.key)
+    link, bus = cal.shared_link, cal.allreduce_gbps(nproc)
+    note = "calibration"
+    if (link is None or (bus is None and nproc > 1)) and measure:
+        from tuner.runtime.link_share import measure_allreduce, measure_shared_link
+
+        devices = list(range(nproc))
+        if link is None:
+            link = SharedLink.from_table(measure_shared_link(devices, repeats=3).table)
+        if bus is None and nproc > 1:
+            bus = measure_allreduce(devices).get(str(nproc))
+        note = "measured by this run"
+        import torch
+
+        torch.cuda.empty_cache()  # the ranks' budgets are theirs: this process keeps no cached blocks
+    if link is None:
+        link, note = SharedLink.fair_share(profile.device.d2h_gbps, profile.device.h2d_gbps), "fair share"
+    return link, bus, note
+
+
+def _plans(args: argparse.Namespace, nproc: int, budget: int) -> tuple[dict[int, Profile], dict[str, dict[int, Plan]]]:
+    """Per batch: its profile, and the plans of the planned methods (tuned within the budget less the buckets)."""
+    profiles: dict[int, Profile] = {}
+    plans: dict[str, dict[int, Plan]] = {m: {} for m in _PLANNED}
+    for batch in args.batch_list:
+        # whole-model compile plans are left out (each rank would compile its own replica first)
+        prof = zoo_profile(args.model, batch, args.dtype, args.gpu, args.param_map).model_copy(
+            update={"compiler_points": ()}
+        )
+        profiles[batch] = prof
+        buckets = prof.param_bytes if nproc > 1 else 0
+        headroom = calibration_for(prof.device.key).headroom
+        best = tune(prof, budget - buckets, trials=args.trials, seed=0, headroom=headroom).best
+        if best is None:
+            continue
+        plan = best.plan.with_(conv_rule="default", conv_algos={})  # the runtime leaves convolutions to the framework
+        plans["plan"][batch] = plans["staggered"][batch] = plans["triggered"][batch] = plan
+        if nproc == 1 or args.bus is not None:  # the trigger search prices the all-reduce too
+            trig = ranks_prefetch_trigger(
+                prof, plan, nproc, budget, stagger_slots=args.stagger_slots, link=args.link, allreduce_gbps=args.bus
+            )
+            plans["triggered"][batch] = trig.plan
+    return profiles, plans
+
+
+def _predict(args: argparse.Namespace, method: str, profile: Profile, plan: Plan | None) -> dict[str, Any] | None:
+    """``simulate_ranks``'s step and peak for a row (None for checkpoint_sequential, or without an all-reduce rate)."""
+    if method == "checkpoint" or (args.nproc > 1 and args.bus is None):
+        return None
+    if method == "unplanned":
+        plan = Plan.uniform(profile.n_stages)
+    if plan is None:
+        return None
+    slots = args.stagger_slots if method in ("staggered", "triggered") else 1
+    r = simulate_ranks(profile, plan, args.nproc, stagger_slots=slots, link=args.link, allreduce_gbps=args.bus)
+    return {
+        "step_ms": round(r.step_ms, 3),
+        "peak_bytes": r.peak_bytes,
+        "samples_per_s": round(r.samples_per_s(profile.batch), 2),
+        "contention_ms": round(r.contention_ms, 3),
+        "allreduce_exposed_ms": round(r.allreduce_exposed_ms, 3),
+        "link_source": r.link_source,
+    }
+
+
+def _run_method(args: argparse.Namespace, method: str, plans: dict[int, Plan], budget: int | None) -> list[dict]:
+    """One method's rows from its own spawn of N ranks (a rank that dies ends the method with an error row)."""
+    from tuner.runtime.ddp import spawn_ranks
+
+    batches = tuple(b for b in args.batch_list if method not in _PLANNED or b in plans)
+    cfg = _Config(
+        model=args.model,
+        params=args.param_map,
+        dtype=args.dtype,
+        method=method,
+        budget_bytes=budget,
+        warmup=args.warmup,
+        steps=args.steps,
+        slots=args.stagger_slots,
+        link=args.link.to_data(),
+        plans={b: p.model_dump(mode="json") for b, p in plans.items()},
+        batches=batches,
+    )
+    try:
+        return list(spawn_ranks(_rank_trials, args.nproc, cfg, backend=args.backend, timeout_s=args.timeout)[0])
+    except Exception as exc:  # a rank raised or died: the method stops there
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
+        return [{"batch": None, "fits": False, "step_ms": None, "peak_bytes": None, "error": error}]
+
+
+def _table(result: dict[str, Any]) -> str:
+    lines = [f"{'method':<10} {'batch/GPU':>9} {'step ms':>9} {'samples/s':>10} {'peak GiB':>9}   predicted (ms, GiB)"]
+    for method, rows in result["methods"].items():
+        for row in rows:
+            pred = row.get("predicted")
+            shown = f"{pred['step_ms']:.1f}, {pred['peak_bytes'] / 2**30:.2f}" if pred else "-"
+            if not row["fits"]:
+                lines.append(f"{method:<10} {row['batch']!s:>9} {'-':>9} {'-':>10} {'-':>9}   {shown}  {row['error']}")
+                continue
+            peak = f"{row['peak_bytes'] / 2**30:9.2f}" if row["peak_bytes"] is not None else f"{'-':>9}"
+            lines.append(
+                f"{method:<10} {row['batch']:>9} {row['step_ms']:9.1f} {row['samples_per_s']:10.1f} {peak}   {shown}"
+            )
+        best = result["largest"].get(method)
+        lines.append(f"{'':<10} largest batch per GPU that trains: {best['batch'] if best else 'none'}")
+    return "\n".join(lines) + "\n"
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, help="directory for the JSON result")
+    ap.add_argument("--nproc", type=int, required=True, help="ranks: GPUs of this host (or CPU processes with --cpu)")
+    ap.add_argument("--model", default="resnet50", help="zoo model")
+    ap.add_argument("--params", default="", help="zoo parameters, e.g. image_size=64,num_classes=10")
+    ap.add_argument("--dtype", default="float32", help="float32, or bfloat16/float16 under autocast")
+    ap.add_argument("--budget", default="12GiB", help="GPU memory each rank may use (bytes with a unit)")
+    ap.add_argument("--batches", default="64,96,128,160,192", help="per-GPU batches, tried in order")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per batch")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per batch")
+    ap.add_argument("--stagger-slots", type=int, default=None, help="stagger slots (default: --nproc)")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"any of {', '.join(METHODS)}")
+    ap.add_argument("--trials", type=int, default=150, help="Optuna trials per tuned plan")
+    ap.add_argument("--allreduce-gbps", type=float, default=None, help="all-reduce bus GB/s (default: calibration)")
+    ap.add_argument("--no-measure", action="store_true", help="never measure the link here (fair share instead)")
+    ap.add_argument("--cpu", action="store_true", help="gloo processes on CPU, no budget: a smoke test of the run")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a collective waits for a rank")
+    args = ap.parse_args(argv)
+    args.batch_list = sorted({int(b) for b in args.batches.split(",")})
+    args.param_map = {k: int(v) for k, v in (kv.split("=") for kv in args.params.split(",") if kv)}
+    args.method_list = [m for m in args.methods.split(",") if m]
+    bad = [m for m in args.method_list if m not in METHODS]
+    if bad:
+        ap.error(f"--methods: unknown {bad}; choose from {', '.join(METHODS)}")
+    args.stagger_slots = args.stagger_slots or args.nproc
+    if not 1 <= args.stagger_slots <= args.nproc:
+        ap.error(f"--stagger-slots must be in 1..{args.nproc}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _args(argv)
+    import optuna
+    import torch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    from profiler.devices import gpu_key
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not args.cpu and gpus < args.nproc:
+        sys.exit(f"--nproc {args.nproc} needs {args.nproc} GPUs, this host has {gpus}; --cpu runs a CPU smoke test")
+    args.backend = "gloo" if args.cpu else "nccl"
+    props = torch.cuda.get_device_properties(0) if gpus else None
+    args.gpu = gpu_key(props.name, props.total_memory) if props else "h100"
+    budget = parse_budget(args.budget, props.total_memory if props else 80 << 30)
+    probe = zoo_profile(args.model, args.batch_list[0], args.dtype, args.gpu, args.param_map)
+    args.link, bus, link_note = _link_and_bus(probe, args.nproc, measure=not args.cpu and not args.no_measure)
+    args.bus = args.allreduce_gbps if args.allreduce_gbps is not None else bus
+    profiles, plans = _plans(args, args.nproc, budget)
+    result: dict[str, Any] = {
+        "model": args.model,
+        "params": args.param_map,
+        "dtype": args.dtype,
+        "nproc": args.nproc,
+        "gpu": args.gpu,
+        "device": props.name if props else "cpu",
+        "budget_bytes": budget,
+        "stagger_slots": args.stagger_slots,
+        "link": {"source": args.link.source, "from": link_note, "shared_link_gbps": args.link.to_data()},
+        "allreduce_gbps": args.bus,
+        "profiles": {b: p.source for b, p in profiles.items()},
+        "plans": {m: {b: p.compact() for b, p in by.items()} for m, by in plans.items()},
+        "environment": environment(),
+        "command": "python -m benchmarks.ddp_plans " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "methods": {},
+        "largest": {},
+    }
+    for method in args.method_list:
+        by_batch = plans.get(method, {})
+        rows = _run_method(args, method, by_batch, None if args.cpu else budget)
+        for row in rows:
+            if row["batch"] is not None:
+                row["predicted"] = _predict(args, method, profiles[row["batch"]], by_batch.get(row["batch"]))
+            if row["fits"]:
+                row["samples_per_s"] = round(args.nproc * row["batch"] / (row["step_ms"] / 1e3), 2)
+        result["methods"][method] = rows
+        fitting = [r for r in rows if r["fits"]]
+        result["largest"][method] = max(fitting, key=lambda r: r["batch"]) if fitting else None
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"ddp-plans-{args.model}-{args.dtype}-x{args.nproc}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(_table(result), end="")
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Inference plans (mmCNN): run a chain's forward pass within a working-set budget per layer.
+
+Weights live in host memory and arrive one output-channel partition ahead of the compute that needs them; a layer
+too big for the budget runs in partitions of its output channels (NOTE [ Inference plans ] in
+``tuner.inference.plan``). ``plan_inference`` makes a plan from ``InferenceFacts`` (``facts_from_profile``, or
+``tuner.runtime.inference_measure.measure_facts`` on a live model), ``simulate_inference`` prices it, and
+``tuner.runtime``'s ``InferenceRunner`` runs it.
+"""
+
+from __future__ import annotations
+
+from tuner.inference.facts import COPY_LATENCY_MS, InferenceFacts, LayerFacts, LayerShape, facts_from_profile
+from tuner.inference.memory import WorkingSet, working_sets
+from tuner.inference.plan import INFERENCE_PLAN_SCHEMA_VERSION, InferencePlan, LayerFitError, LayerPlan
+from tuner.inference.planner import plain_plan, plan_inference
+from tuner.inference.simulator import InferenceSim, LayerTiming, simulate_inference
+
+__all__ = [
+    "COPY_LATENCY_MS",
+    "INFERENCE_PLAN_SCHEMA_VERSION",
+    "InferenceFacts",
+    "InferencePlan",
+    "InferenceSim",
+    "LayerFacts",
+    "LayerFitError",
+    "LayerPlan",
+    "LayerShape",
+    "LayerTiming",
+    "WorkingSet",
+    "facts_from_profile",
+    "plain_plan",
+    "plan_inference",
+    "simulate_inference",
+    "working_sets",
+]
