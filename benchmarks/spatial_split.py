@@ -17,8 +17,8 @@ median step ms (CUDA events around forward, loss, backward and an SGD momentum u
 reset after warm-up; ``max_memory_reserved`` beside it), with the simulator's step and peak on the profile measured
 here (``--profile measured``, ``profiler.measure.profile`` on this GPU; ``modeled`` takes the roofline profile).
 Then the gradients: each planned row's loss and parameter gradients against an unplanned step (cuDNN deterministic,
-TF32 off), elementwise within rtol 1e-5 / atol 1e-6 or not, with the largest relative error beside that of two
-unplanned steps.
+TF32 off), in float32 and in float64, elementwise within rtol 1e-5 / atol 1e-6 or not, with the largest relative
+error beside float32's noise: two unplanned steps, and an unplanned step with autotuned convolution algorithms.
 Writes ``OUT/spatial-split-<case>.json`` per case and prints a table.
 """
 
@@ -174,9 +174,11 @@ def _measure(
 
 
 def _gradients(chain: ModelChain, plans: list[tuple[str, Plan | None]], batch: int) -> dict[str, Any]:
-    """Each planned row's loss and gradients against an unplanned step's (cuDNN deterministic, TF32 off): the largest
-    relative error (``tuner.runtime.verify.relative_error``) and whether every element is within rtol 1e-5 / atol
-    1e-6; beside them the relative error of two unplanned steps (the noise)."""
+    """Each planned row's loss and gradients against an unplanned step's, cuDNN deterministic and TF32 off, in float32
+    and in float64: the largest relative error (``tuner.runtime.verify.relative_error``, per parameter) and whether
+    every element is within rtol 1e-5 / atol 1e-6. Beside them, the float32 noise floors: two unplanned steps, and an
+    unplanned step whose convolution algorithms PyTorch autotunes (``cudnn.benchmark``), i.e. the same math summed in
+    another order."""
     import torch
 
     from profiler.loss import step_loss
@@ -185,7 +187,7 @@ def _gradients(chain: ModelChain, plans: list[tuple[str, Plan | None]], batch: i
     from tuner.runtime.verify import relative_error
 
     device = torch.device(DEVICE)
-    chain.as_sequential().to(device)
+    seq = chain.as_sequential().to(device)
     x, y = make_batch(chain, batch, device)
 
     def loss_fn(out: torch.Tensor) -> torch.Tensor:
@@ -199,16 +201,30 @@ def _gradients(chain: ModelChain, plans: list[tuple[str, Plan | None]], batch: i
             "allclose": all(torch.allclose(p, q, rtol=1e-5, atol=1e-6) for p, q in pairs),
         }
 
-    with _deterministic():
-        ref = reference_step(chain, x, loss_fn=loss_fn)
-        rows: dict[str, dict[str, Any]] = {"unplanned again": compare(reference_step(chain, x, loss_fn=loss_fn), ref)}
+    def rows_at(xs: torch.Tensor) -> dict[str, dict[str, Any]]:
+        ref = reference_step(chain, xs, loss_fn=loss_fn)
+        rows = {"unplanned again": compare(reference_step(chain, xs, loss_fn=loss_fn), ref)}
         for name, plan in plans:
             if plan is not None:
-                rows[name] = compare(reference_step(chain, x, loss_fn=loss_fn, run=planned(chain, plan)), ref)
-    for p in chain.as_sequential().parameters():
+                rows[name] = compare(reference_step(chain, xs, loss_fn=loss_fn, run=planned(chain, plan)), ref)
+        return rows
+
+    with _deterministic():
+        rows = rows_at(x)
+        ref = reference_step(chain, x, loss_fn=loss_fn)
+    with _deterministic():  # TF32 stays off; only the algorithms change
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, True
+        rows["unplanned, autotuned algorithms"] = compare(reference_step(chain, x, loss_fn=loss_fn), ref)
+    seq.double()
+    try:
+        with _deterministic():
+            rows64 = rows_at(x.double())
+    finally:
+        seq.float()
+    for p in seq.parameters():
         p.grad = None
     _clean()
-    return {"rtol": 1e-5, "atol": 1e-6, "rows": rows}
+    return {"rtol": 1e-5, "atol": 1e-6, "rows": rows, "float64": rows64}
 
 
 def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
@@ -260,9 +276,11 @@ def _table(result: dict[str, Any]) -> str:
             f"{name:<10} {ms} {peak} {sim['predicted_step_ms']:9.2f} {sim['predicted_peak_bytes'] / GiB:9.3f}  {check}"
             + (f"  {m['error']}" if "error" in m else "")
         )
-    again = grads.get("unplanned again")
-    if again is not None:
-        lines.append(f"two unplanned steps differ by {again['grad_error']:.1e} (gradients)")
+    for name in ("unplanned again", "unplanned, autotuned algorithms"):
+        if name in grads:
+            lines.append(f"float32 noise, {name}: gradients differ by {grads[name]['grad_error']:.1e}")
+    for name, g in result.get("gradients", {}).get("float64", {}).items():
+        lines.append(f"float64, {name}: {'allclose' if g['allclose'] else 'NOT CLOSE'} (grad {g['grad_error']:.1e})")
     return "\n".join(lines)
 
 
