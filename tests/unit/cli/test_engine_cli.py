@@ -87,6 +87,7 @@ def test_tune_says_when_its_best_plan_compiles_the_whole_model(tmp_path: Path) -
     assert "best: compiled whole 0.5" in flat and "best plan: lookahead" not in flat
 
 
+@pytest.mark.slow
 def test_tune_without_a_fitting_plan_exits_1() -> None:
     code, out = invoke("tune", "resnet18", *SMALL, "--gpu", "h200", "--budget", "1MiB", "--trials", "10")
     assert code == 1

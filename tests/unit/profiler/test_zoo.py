@@ -60,6 +60,7 @@ def test_zoo_names_are_the_promised_set() -> None:
 @pytest.mark.parametrize(
     ("name", "size"), [("vgg16", 32), ("alexnet", 63), ("overfeat", 71), ("resnet18", 32), ("resnet50", 32)]
 )
+@pytest.mark.slow
 def test_image_model_runs_forward_and_backward_on_cpu(name: str, size: int) -> None:
     torch.manual_seed(0)
     chain = build(name, {"image_size": size, "num_classes": 10})

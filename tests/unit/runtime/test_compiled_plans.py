@@ -106,6 +106,7 @@ def test_compiled_profiles_price_compiled_plans_only(tmp_path: object) -> None:
         simulate(low, result.best.plan)
 
 
+@pytest.mark.slow
 def test_compiled_profiles_are_kept_apart(tmp_path: pytest.TempPathFactory) -> None:
     assert profile_filename("gpt", 16, "bfloat16", "h100", 0.5) == "gpt-b16-bfloat16-h100-compiled0.5.json"
     assert profile_filename("gpt", 16, "bfloat16", "h100") == "gpt-b16-bfloat16-h100.json"

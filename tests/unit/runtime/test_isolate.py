@@ -34,6 +34,7 @@ def test_runs_in_another_process_and_returns_the_result() -> None:
     assert run_isolated(_chain_size, "resnet18", {"image_size": 32, "num_classes": 10}) == here
 
 
+@pytest.mark.slow
 def test_an_exception_in_the_child_is_raised_here() -> None:
     with pytest.raises(ValueError, match="bad layer 3"):
         run_isolated(_fail, "bad layer 3")

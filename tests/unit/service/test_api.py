@@ -24,6 +24,7 @@ def _run_worker(db: Database) -> str | None:
     return Worker(db, worker_id="unit-worker", heartbeat_interval_s=0.5, progress_interval_s=0.0).run_once()
 
 
+@pytest.mark.slow
 def test_submit_tune_fetch_best_and_leaderboard(client: MemtuneClient, db: Database) -> None:
     model = client.create_model(spec=SMALL_SPEC)
     assert model.kind == "spec" and model.n_stages == len(SMALL_SPEC["layers"])

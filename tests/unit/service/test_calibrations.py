@@ -301,6 +301,7 @@ def test_a_worker_calibrates_a_new_gpu_type_before_the_first_job_it_validates(
     assert client.get_job(nxt.id).validation.note.startswith("measured 1 of 1")  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_a_failed_calibration_leaves_the_job_succeeded_with_a_note(
     client: MemtuneClient, db: Database, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -322,6 +323,7 @@ def test_a_failed_calibration_leaves_the_job_succeeded_with_a_note(
     assert calibration_for(NEW_GPU).origin == "none"
 
 
+@pytest.mark.slow
 def test_a_measurement_that_is_not_a_calibration_is_not_stored(client: MemtuneClient, db: Database) -> None:
     job = _submit(client, gpu=NEW_GPU, validate_top_k=1)
     assert _worker(db, FakeCalibrate({**MEASURED, "headroom": 1.4})).run_once() == job.id
@@ -354,6 +356,7 @@ def test_no_calibration_where_the_worker_would_not_measure(
         assert CalibrationRepository(s).list_all() == []
 
 
+@pytest.mark.slow
 def test_a_calibration_stored_meanwhile_wins(client: MemtuneClient, db: Database) -> None:
     job = _submit(client, gpu=NEW_GPU, validate_top_k=1)
 
@@ -370,6 +373,7 @@ def test_a_calibration_stored_meanwhile_wins(client: MemtuneClient, db: Database
         assert CalibrationRepository(s).get(NEW_GPU).measured_by == "w2"
 
 
+@pytest.mark.slow
 def test_a_hosts_own_calibration_file_is_stored_without_measuring(
     client: MemtuneClient, db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -93,6 +93,7 @@ def test_the_api_refuses_each_with_a_problem(
     assert list(client.iter_leaderboard(page_size=5)) == []
 
 
+@pytest.mark.slow
 def test_a_stack_trace_never_reaches_generated_code(
     client: MemtuneClient, db: Database, base: bytes, markers: Path
 ) -> None:

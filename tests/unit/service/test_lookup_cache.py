@@ -55,6 +55,7 @@ def _add_measured(db: Database, job_id: str, step_ms: float) -> None:
         ResultRepository(s).add_measured(job, [measured], profile_id=None)
 
 
+@pytest.mark.slow
 def test_etag_304_and_bodies_equal_to_the_uncached_ones(
     http: TestClient, client: MemtuneClient, db: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -112,6 +113,7 @@ def test_a_new_result_is_served_once_the_ttl_has_passed(http: TestClient, client
     assert http.get(BEST, params=params).json()["step_ms"] == 0.0005
 
 
+@pytest.mark.slow
 def test_errors_are_not_stored(http: TestClient, client: MemtuneClient, db: Database) -> None:
     cache = _cache(http)
     cache.ttl_s = 60.0
@@ -138,6 +140,7 @@ def test_etag_matching() -> None:
     assert not etag_matches(b'"b"', b'"a"')
 
 
+@pytest.mark.slow
 def test_a_stale_answer_is_served_while_it_is_refreshed(http: TestClient, client: MemtuneClient, db: Database) -> None:
     model_id, job_id = _tuned(client, db)
     params = {"model": model_id, "batch": 8, "budget": "64MiB"}

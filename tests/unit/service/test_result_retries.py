@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from service_fixtures import SMALL_SPEC
 
 from api.client import MemtuneClient
@@ -18,6 +19,7 @@ def _job(client: MemtuneClient, db: Database, gpu: str) -> Any:
     return client.job_results(job.id).data
 
 
+@pytest.mark.slow
 def test_the_best_plan_carries_its_predicted_retries(client: MemtuneClient, db: Database) -> None:
     rows = _job(client, db, "h200")  # the H200 calibration prices retries (remap_ms_per_gib)
     best = next(r for r in rows if r.kind == "optuna")
@@ -26,6 +28,7 @@ def test_the_best_plan_carries_its_predicted_retries(client: MemtuneClient, db: 
     assert best.allocator_ms is not None and 0 <= best.allocator_ms <= best.step_ms
 
 
+@pytest.mark.slow
 def test_gpu_types_without_a_retry_price_store_none(client: MemtuneClient, db: Database) -> None:
     rows = _job(client, db, "h100")  # no calibration file
     assert rows and all(r.alloc_retries is None and r.allocator_ms is None for r in rows)

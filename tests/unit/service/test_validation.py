@@ -48,6 +48,7 @@ def _plan_key(plan: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in plan.items() if k != "label"}, sort_keys=True)
 
 
+@pytest.mark.slow
 def test_measured_rows_stand_beside_the_simulated_ones(client: MemtuneClient, db: Database, http: TestClient) -> None:
     seen: list[tuple[str | None, str | None, set[str]]] = []
 
@@ -132,6 +133,7 @@ def test_measured_rows_stand_beside_the_simulated_ones(client: MemtuneClient, db
     assert twins[named].step_ms == simulated[0].step_ms
 
 
+@pytest.mark.slow
 def test_a_plan_that_fails_on_the_gpu_is_named_and_the_rest_are_stored(client: MemtuneClient, db: Database) -> None:
     job = _submit(client, validate_top_k=3)
     names: list[str] = []
@@ -146,6 +148,7 @@ def test_a_plan_that_fails_on_the_gpu_is_named_and_the_rest_are_stored(client: M
     assert sorted(r.name for r in measured) == sorted([names[0], names[2]])
 
 
+@pytest.mark.slow
 def test_cancel_between_plans_keeps_what_was_measured(client: MemtuneClient, db: Database) -> None:
     job = _submit(client, validate_top_k=3)
 
@@ -162,6 +165,7 @@ def test_cancel_between_plans_keeps_what_was_measured(client: MemtuneClient, db:
     assert sum(r.source == "measured" for r in results) == 1 and any(r.source == "simulated" for r in results)
 
 
+@pytest.mark.slow
 def test_a_job_lost_during_validation_is_left_to_its_new_worker(client: MemtuneClient, db: Database) -> None:
     job = _submit(client, validate_top_k=2)
 
@@ -179,6 +183,7 @@ def test_a_job_lost_during_validation_is_left_to_its_new_worker(client: MemtuneC
         assert {r.source for r in ResultRepository(s).for_job(job.id)} == {"simulated"}  # nothing measured written
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU worker's path; a GPU worker measures instead")
 def test_a_cpu_worker_skips_validation_and_says_why(
     client: MemtuneClient, db: Database, caplog: pytest.LogCaptureFixture
@@ -204,6 +209,7 @@ def test_a_cpu_worker_skips_validation_and_says_why(
         ({"budget": "160KiB"}, "no plan fits the budget"),  # above the floor, below params + input
     ],
 )
+@pytest.mark.slow
 def test_validation_skips_what_it_cannot_measure_faithfully(
     client: MemtuneClient, db: Database, extra: dict[str, Any], reason: str
 ) -> None:
@@ -216,6 +222,7 @@ def test_validation_skips_what_it_cannot_measure_faithfully(
     assert {r.source for r in client.job_results(job.id).data} <= {"simulated"}
 
 
+@pytest.mark.slow
 def test_jobs_without_validation_are_unchanged(client: MemtuneClient, db: Database) -> None:
     fake = FakeValidator()
     job = _submit(client)
@@ -308,6 +315,7 @@ def test_the_best_plan_without_algorithm_choice_is_measured_too_and_served_if_fa
     assert best.source == "measured" and best.name == NO_CHOICE and best.step_ms == measured[NO_CHOICE].step_ms
 
 
+@pytest.mark.slow
 def test_a_job_whose_best_plan_leaves_algorithms_to_the_framework_measures_only_its_top_k(
     client: MemtuneClient, db: Database
 ) -> None:

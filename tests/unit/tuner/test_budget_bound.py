@@ -83,6 +83,7 @@ def test_no_plan_that_fits_is_faster_than_the_bound(model: str, batch: int, dtyp
     assert checked >= 3  # the check saw plans that fit
 
 
+@pytest.mark.slow
 def test_the_bound_is_the_fastest_compute_when_everything_fits_and_infinite_when_nothing_can() -> None:
     profile = resolve_profile(build("resnet50", {}), 256, "float32", "h200")
     sim = Simulator(profile)

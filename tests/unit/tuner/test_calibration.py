@@ -14,6 +14,7 @@ from tuner.plan import Action, Plan
 from tuner.simulator import Simulator, backward_transients
 
 
+@pytest.mark.slow
 def test_a_measured_profile_runs_at_its_calibrated_scale() -> None:
     prof = resolve_profile(build("gpt", {}), 16, "bfloat16", "h200")
     cal = calibration_for("h200")
@@ -39,6 +40,7 @@ def test_copies_are_not_scaled() -> None:
     assert half.step_ms == pytest.approx(0.5 * (raw.step_ms - raw.stall_ms) + raw.stall_ms)
 
 
+@pytest.mark.slow
 def test_profiles_without_a_calibration_keep_their_times() -> None:
     prof = resolve_profile(build("vgg16", {}), 64, "float32", "h200")  # measured, not in the calibration
     assert profile_key(prof) not in calibration_for("h200").compute_scale

@@ -125,6 +125,7 @@ def test_every_tensor_the_simulator_allocates_it_frees(vgg16) -> None:  # type: 
         assert sum(live.values()) == sum(s.param_bytes for s in vgg16.stages)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "batch", "dtype"), [("resnet50", 256, "bfloat16"), ("gpt", 16, "float32")])
 def test_random_plans_free_every_tensor(model: str, batch: int, dtype: str) -> None:
     """Random mixes of keep/offload/recompute under every sync mode: the tensor events stay consistent."""

@@ -203,6 +203,7 @@ def test_the_best_plan_without_algorithm_choice_comes_back_beside_the_joint_best
     assert tune(prof.without_conv_algos(), budget, trials=20, seed=0).no_choice is None
 
 
+@pytest.mark.slow
 def test_a_seeded_plan_bounds_the_search() -> None:
     """``seeds``: a sweep's search at more memory starts from the best plan of less, which fits it too, so it
     is never slower than that plan (VGG-16 bf16 on the H200 once came out 127.2 ms at 90% of its peak against

@@ -20,6 +20,7 @@ def gpt() -> Profile:
     return resolve_profile(build("gpt", {}), 16, "bfloat16", "h200")
 
 
+@pytest.mark.slow
 def test_the_h200_profile_measured_what_a_selective_block_keeps(gpt: Profile) -> None:
     block = gpt.stages[3]
     assert block.kind == "transformer" and block.selective_saved_bytes is not None
