@@ -730,6 +730,14 @@ def tune(
     measure: Annotated[
         bool, typer.Option("--measure", help="with --inference: measure the layers on --device and run the plan there")
     ] = False,
+    conv_workspace: Annotated[
+        str,
+        typer.Option(
+            "--conv-workspace",
+            help="with --inference --measure: 'none' runs convolutions with cuDNN's workspace-free IMPLICIT_GEMM, so "
+            "that the device memory is the planned working set; 'framework' (default) lets cuDNN choose",
+        ),
+    ] = "framework",
 ) -> None:
     """Search the fastest plan within a budget (or the Pareto front) and compare every baseline; with --inference,
     plan the forward pass alone within a working-set budget per layer."""
@@ -752,7 +760,8 @@ def tune(
             chain = load_chain(model, _parse_params(param), spec)
             tune_inference(chain, batch=batch, dtype=dtype, budget=budget, device=device, measure=measure,
                            profile=lambda: resolve_profile(chain, batch, dtype, gpu or "h200", profile_file),
-                           as_json=as_json, plan_out=plan_out, out=out, err=err)  # fmt: skip
+                           as_json=as_json, plan_out=plan_out, out=out, err=err,
+                           conv_workspace=conv_workspace)  # fmt: skip
         except (ProfilerError, TunerError, ValueError, OSError) as exc:
             raise _fail(str(exc)) from exc
         return

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from profiler import ModelChain, Profile
+    from tuner.inference import ConvWorkspace
 
 __all__ = ["tune_inference"]
 
@@ -40,6 +41,7 @@ def tune_inference(
     out: Console,
     err: Console,
     repeats: int = 5,
+    conv_workspace: str = "framework",
 ) -> None:
     """Plan ``chain``'s inference at ``batch`` within ``budget`` (per layer's working set) and print the plan and its
     priced latency; with ``measure``, take the facts from ``device`` and run the plan there too.
@@ -48,13 +50,24 @@ def tune_inference(
     Budgets follow NOTE [ Budget grammar ]: a fraction of the peak is of the plain model's largest working set
     (every weight resident), one of the GPU of its memory.
 
+    ``conv_workspace`` (``InferencePlan.conv_workspace``): ``"none"`` runs convolutions without cuDNN workspace; it
+    needs ``measure``, since a profile's times are those of the framework's algorithms.
+
     Raises:
-        ValueError: ``device`` is not ``cpu`` or ``cuda``, or ``cuda`` is not here.
+        ValueError: ``device`` is not ``cpu`` or ``cuda``, or ``cuda`` is not here; ``conv_workspace`` is not
+            ``framework`` or ``none``, or is ``none`` without ``measure``.
         ProfilerError, TunerError: the model is not a chain of supported layers, the budget is not understood, or no
             plan fits it (the messages name the layer).
     """
     import torch
 
+    if conv_workspace not in ("framework", "none"):
+        raise ValueError(f"--conv-workspace {conv_workspace!r}: 'framework' or 'none'")
+    if conv_workspace == "none" and not measure:
+        raise ValueError(
+            "--conv-workspace none needs --measure: the layers are timed as they will run, and a profile timed the "
+            "framework's convolution algorithms"
+        )
     if measure and device not in ("cpu", "cuda"):
         raise ValueError(f"--device {device!r}: inference runs on cpu or cuda")
     if measure and device == "cuda" and not torch.cuda.is_available():
@@ -66,7 +79,7 @@ def tune_inference(
     x = torch.randn((batch, *chain.input_shape), generator=gen).to(torch_dtype)
     if measure:
         err.print(f"measuring {chain.name}'s layers on {device} …")
-    facts, gpu_bytes = _facts(chain, x, device if measure else None, profile)
+    facts, gpu_bytes = _facts(chain, x, device if measure else None, profile, conv_workspace)
     peak = max(ws.total_bytes for ws in working_sets(facts, plain_plan(facts)))
     budget_bytes = Budget.parse(budget).resolve(gpu_memory_bytes=gpu_bytes, peak_bytes=peak)
     plan = plan_inference(facts, budget_bytes)
@@ -96,7 +109,7 @@ def tune_inference(
 
 
 def _facts(
-    chain: ModelChain, x: torch.Tensor, device: str | None, profile: Callable[[], Profile]
+    chain: ModelChain, x: torch.Tensor, device: str | None, profile: Callable[[], Profile], conv_workspace: str
 ) -> tuple[InferenceFacts, int | None]:
     """The facts to plan with and the GPU's memory, bytes (None on the CPU): measured on ``device``, or (None) the
     profile's times with the model's bytes."""
@@ -108,7 +121,8 @@ def _facts(
     shapes = layer_shapes(chain, tuple(x.shape), x.dtype)  # first: a layer no plan runs is named before any work
     if device is not None:
         gpu = torch.cuda.get_device_properties(0).total_memory if device == "cuda" else None
-        return measure_facts(chain, x, device, name=chain.name), gpu
+        workspace: ConvWorkspace = "none" if conv_workspace == "none" else "framework"
+        return measure_facts(chain, x, device, name=chain.name, conv_workspace=workspace), gpu
     prof = profile()
     return facts_from_profile(prof, shapes), prof.device.memory_bytes
 

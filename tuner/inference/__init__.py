@@ -9,7 +9,14 @@ too big for the budget runs in partitions of its output channels (NOTE [ Inferen
 
 from __future__ import annotations
 
-from tuner.inference.facts import COPY_LATENCY_MS, InferenceFacts, LayerFacts, LayerShape, facts_from_profile
+from tuner.inference.facts import (
+    COPY_LATENCY_MS,
+    ConvWorkspace,
+    InferenceFacts,
+    LayerFacts,
+    LayerShape,
+    facts_from_profile,
+)
 from tuner.inference.memory import WorkingSet, working_sets
 from tuner.inference.plan import INFERENCE_PLAN_SCHEMA_VERSION, InferencePlan, LayerFitError, LayerPlan
 from tuner.inference.planner import plain_plan, plan_inference
@@ -18,6 +25,7 @@ from tuner.inference.simulator import InferenceSim, LayerTiming, simulate_infere
 __all__ = [
     "COPY_LATENCY_MS",
     "INFERENCE_PLAN_SCHEMA_VERSION",
+    "ConvWorkspace",
     "InferenceFacts",
     "InferencePlan",
     "InferenceSim",

@@ -113,3 +113,18 @@ def test_models_that_are_not_chains_of_supported_layers_are_refused() -> None:
 def test_measure_needs_inference(spec: Path) -> None:
     code, out = invoke("tune", "spec", "--spec", str(spec), "--measure")
     assert code == 2 and "add --inference" in out
+
+
+def test_workspace_free_convolutions_are_measured_and_kept_in_the_plan(spec: Path) -> None:
+    code, out = invoke("tune", "spec", "--spec", str(spec), "--inference", "-b", "1", "--budget", "1MiB",
+                       "--measure", "--device", "cpu", "--conv-workspace", "none", "--json")  # fmt: skip
+    assert code == 0, out
+    data = json.loads(out.strip().splitlines()[-1])
+    assert data["plan"]["conv_workspace"] == "none" and data["measured"]["equal"]
+
+
+def test_workspace_free_convolutions_need_measured_facts(spec: Path) -> None:
+    code, out = invoke("tune", "spec", "--spec", str(spec), "--inference", "--conv-workspace", "none")
+    assert code == 2 and "--conv-workspace none needs --measure" in " ".join(out.split())
+    code, out = invoke("tune", "spec", "--spec", str(spec), "--inference", "--measure", "--conv-workspace", "some")
+    assert code == 2 and "'framework' or 'none'" in " ".join(out.split())
