@@ -144,6 +144,25 @@ VocabOpt = Annotated[int | None, typer.Option(help="a factory model takes token 
 StagesOpt = Annotated[
     list[str] | None, typer.Option("--stage", help="a factory model's stages: module name pattern, repeatable")
 ]
+InferenceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--inference",
+        help="plan inference instead (mmCNN): weights prefetched from host memory and layers split by output "
+        "channels so that each layer's working set fits --budget",
+    ),
+]
+MeasureOpt = Annotated[
+    bool, typer.Option("--measure", help="with --inference: measure the layers on --device and run the plan there")
+]
+ConvWorkspaceOpt = Annotated[
+    str,
+    typer.Option(
+        "--conv-workspace",
+        help="with --inference --measure: 'none' runs convolutions with cuDNN's workspace-free IMPLICIT_GEMM, so "
+        "that the device memory is the planned working set; 'framework' (default) lets cuDNN choose",
+    ),
+]
 
 
 @app.command()
@@ -687,6 +706,97 @@ def _plan_table(prof: Profile, plan: Plan) -> Table:
     return table
 
 
+def _print_tuned(result: Any, prof: Profile, budget_bytes: int, optimizer: str, pareto: bool) -> None:
+    """``tune``'s report: the baselines, the best plan in words or stage by stage, its bound, the Pareto front."""
+    from tuner import Simulator
+    from tuner.bound import step_lower_bound
+
+    out.print(
+        f"[bold]{prof.model}[/] batch {prof.batch} {prof.dtype} on {prof.device.name} "
+        f"— profile {prof.source} ({prof.compute_source}); {result.n_trials} trials, seed {result.seed}"
+    )
+    out.print(_policy_table(result))
+    if result.best is None:
+        kept = (
+            f" less the {result.headroom:.0%} kept free for the allocator "
+            f"({format_bytes(search_budget(budget_bytes, result.headroom))}; --headroom to change it)"
+            if result.headroom
+            else ""
+        )
+        out.print(
+            f"[bold red]no plan fits {format_bytes(budget_bytes)}{kept}[/]: the smallest peak found is "
+            f"{min(c.peak_bytes for c in result.pareto) / GiB:.2f} GiB"
+        )
+        raise typer.Exit(1)
+    best = result.best
+    if best.plan.whole_compile is None:
+        out.print(_plan_table(prof, best.plan))
+    else:  # NOTE [ Whole-model compile ]: no action per stage; the compiler partitions the whole model
+        out.print(
+            f"best plan: the whole model compiled by torch.compile with activation_memory_budget "
+            f"{best.plan.whole_compile:g}, measured on this GPU type (`memtune profile --compiler-sweep`); every "
+            "stage kept, the compiler deciding what to recompute"
+        )
+    out.print(
+        f"[bold green]best: {best.name}[/] {best.step_ms:.2f} ms "
+        f"({best.step_ms / result.unconstrained.step_ms:.2f}x unconstrained), "
+        f"peak {best.peak_bytes / GiB:.2f} GiB  [dim]{best.plan.compact()}[/]"
+    )
+    if best.alloc_retries:
+        out.print(
+            f"  [dim]of which {best.allocator_ms:.1f} ms are {best.alloc_retries:.1f} allocator retries per step "
+            "predicted under the budget's cap (NOTE [ Allocator placement ])[/]"
+        )
+    try:
+        bound = step_lower_bound(Simulator(prof, optimizer), budget_bytes)
+    except RuntimeError as exc:  # the solver gave no answer: the plan stands, without its bound
+        out.print(f"  [dim]no lower bound: {exc}[/]")
+    else:
+        out.print(
+            f"  [dim]no plan of offload, recompute and algorithm choice can step faster than {bound.step_ms:.2f} ms "
+            f"({bound.ratio:.2f}x) within {format_bytes(budget_bytes)} (NOTE [ Budget bound ])[/]"
+        )
+    if pareto:
+        table = Table("step ms", "peak GiB", "plan", title="Pareto front (time vs memory)")
+        for c in result.pareto:
+            table.add_row(f"{c.step_ms:.2f}", f"{c.peak_bytes / GiB:.2f}", c.name)
+        out.print(table)
+
+
+def _inference_chain(model: str, param: list[str] | None, spec: Path | None) -> ModelChain:
+    """The chain ``tune --inference`` plans: a zoo model or a JSON spec (NOTE [ Inference plans ])."""
+    from profiler.factory import is_factory
+
+    if is_factory(model):
+        raise _fail("--inference plans zoo models and JSON specs (--spec); describe a factory's model as a spec")
+    try:
+        return load_chain(model, _parse_params(param), spec)
+    except (ProfilerError, ValueError, OSError) as exc:
+        raise _fail(str(exc)) from exc
+
+
+def _run_inference(
+    chain: ModelChain,
+    batch: int,
+    dtype: str,
+    budget: str,
+    device: str,
+    measure: bool,
+    conv_workspace: str,
+    profile: Callable[[], Profile],
+    as_json: bool,
+    plan_out: Path | None,
+) -> None:
+    """``tune --inference``: plan, price and (``measure``) run ``chain``'s forward pass (``api.cli_inference``)."""
+    from api.cli_inference import tune_inference
+
+    try:
+        tune_inference(chain, batch=batch, dtype=dtype, budget=budget, device=device, measure=measure, profile=profile,
+                       as_json=as_json, plan_out=plan_out, out=out, err=err, conv_workspace=conv_workspace)  # fmt: skip
+    except (ProfilerError, TunerError, ValueError, OSError) as exc:
+        raise _fail(str(exc)) from exc
+
+
 @app.command()
 def tune(
     model: ModelArg,
@@ -719,51 +829,24 @@ def tune(
     vocab: VocabOpt = None,
     stage: StagesOpt = None,
     as_json: JsonOpt = False,
-    inference: Annotated[
-        bool,
-        typer.Option(
-            "--inference",
-            help="plan inference instead (mmCNN): weights prefetched from host memory and layers split by output "
-            "channels so that each layer's working set fits --budget",
-        ),
-    ] = False,
-    measure: Annotated[
-        bool, typer.Option("--measure", help="with --inference: measure the layers on --device and run the plan there")
-    ] = False,
-    conv_workspace: Annotated[
-        str,
-        typer.Option(
-            "--conv-workspace",
-            help="with --inference --measure: 'none' runs convolutions with cuDNN's workspace-free IMPLICIT_GEMM, so "
-            "that the device memory is the planned working set; 'framework' (default) lets cuDNN choose",
-        ),
-    ] = "framework",
+    inference: InferenceOpt = False,
+    measure: MeasureOpt = False,
+    conv_workspace: ConvWorkspaceOpt = "framework",
 ) -> None:
     """Search the fastest plan within a budget (or the Pareto front) and compare every baseline; with --inference,
     plan the forward pass alone within a working-set budget per layer."""
     import optuna
 
     from profiler.factory import is_factory
-    from tuner import Simulator
     from tuner import tune as run_tune
-    from tuner.bound import step_lower_bound
 
     _check_dtype(dtype)
     if measure and not inference:
         raise _fail("--measure runs an inference plan: add --inference (`memtune bench` measures training plans)")
     if inference:  # NOTE [ Inference plans ] in tuner.inference.plan
-        from api.cli_inference import tune_inference
-
-        if is_factory(model):
-            raise _fail("--inference plans zoo models and JSON specs (--spec); describe a factory's model as a spec")
-        try:
-            chain = load_chain(model, _parse_params(param), spec)
-            tune_inference(chain, batch=batch, dtype=dtype, budget=budget, device=device, measure=measure,
-                           profile=lambda: resolve_profile(chain, batch, dtype, gpu or "h200", profile_file),
-                           as_json=as_json, plan_out=plan_out, out=out, err=err,
-                           conv_workspace=conv_workspace)  # fmt: skip
-        except (ProfilerError, TunerError, ValueError, OSError) as exc:
-            raise _fail(str(exc)) from exc
+        chain = _inference_chain(model, param, spec)
+        profile = functools.partial(resolve_profile, chain, batch, dtype, gpu or "h200", profile_file)
+        _run_inference(chain, batch, dtype, budget, device, measure, conv_workspace, profile, as_json, plan_out)
         return
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from tuner.calibration import missing_calibration
@@ -815,56 +898,7 @@ def tune(
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
         return
-    out.print(
-        f"[bold]{prof.model}[/] batch {prof.batch} {prof.dtype} on {prof.device.name} "
-        f"— profile {prof.source} ({prof.compute_source}); {result.n_trials} trials, seed {result.seed}"
-    )
-    out.print(_policy_table(result))
-    if result.best is None:
-        kept = (
-            f" less the {result.headroom:.0%} kept free for the allocator "
-            f"({format_bytes(search_budget(budget_bytes, result.headroom))}; --headroom to change it)"
-            if result.headroom
-            else ""
-        )
-        out.print(
-            f"[bold red]no plan fits {format_bytes(budget_bytes)}{kept}[/]: the smallest peak found is "
-            f"{min(c.peak_bytes for c in result.pareto) / GiB:.2f} GiB"
-        )
-        raise typer.Exit(1)
-    best = result.best
-    if best.plan.whole_compile is None:
-        out.print(_plan_table(prof, best.plan))
-    else:  # NOTE [ Whole-model compile ]: no action per stage; the compiler partitions the whole model
-        out.print(
-            f"best plan: the whole model compiled by torch.compile with activation_memory_budget "
-            f"{best.plan.whole_compile:g}, measured on this GPU type (`memtune profile --compiler-sweep`); every "
-            "stage kept, the compiler deciding what to recompute"
-        )
-    out.print(
-        f"[bold green]best: {best.name}[/] {best.step_ms:.2f} ms "
-        f"({best.step_ms / result.unconstrained.step_ms:.2f}x unconstrained), "
-        f"peak {best.peak_bytes / GiB:.2f} GiB  [dim]{best.plan.compact()}[/]"
-    )
-    if best.alloc_retries:
-        out.print(
-            f"  [dim]of which {best.allocator_ms:.1f} ms are {best.alloc_retries:.1f} allocator retries per step "
-            "predicted under the budget's cap (NOTE [ Allocator placement ])[/]"
-        )
-    try:
-        bound = step_lower_bound(Simulator(prof, optimizer), budget_bytes)
-    except RuntimeError as exc:  # the solver gave no answer: the plan stands, without its bound
-        out.print(f"  [dim]no lower bound: {exc}[/]")
-    else:
-        out.print(
-            f"  [dim]no plan of offload, recompute and algorithm choice can step faster than {bound.step_ms:.2f} ms "
-            f"({bound.ratio:.2f}x) within {format_bytes(budget_bytes)} (NOTE [ Budget bound ])[/]"
-        )
-    if pareto:
-        table = Table("step ms", "peak GiB", "plan", title="Pareto front (time vs memory)")
-        for c in result.pareto:
-            table.add_row(f"{c.step_ms:.2f}", f"{c.peak_bytes / GiB:.2f}", c.name)
-        out.print(table)
+    _print_tuned(result, prof, budget_bytes, optimizer, pareto)
 
 
 @app.command()

@@ -468,7 +468,19 @@ class Simulator:
 
     def _inline_stages(self, tab: StorageTables, fates: Sequence[StorageFate]) -> set[int]:
         """Under ``inline`` sync: the stages whose measured inline transient stands for their backward (NOTE
-        [ Inline fetches ]): the profile measured it, and every storage the stage saves goes to host memory."""
+        [ Inline fetches ]): the profile measured it, and every storage the stage saves goes to host memory.
+
+        NOTE [ Inline fetches ]: inline, a storage comes back at its first unpack and goes at its last, so a
+        storage that one stage's backward both needs and releases lives only while that stage's nodes use it,
+        one or two at a time: the stage holds its largest such storage, not their sum. Where the profile
+        measured it (``backward_inline_bytes``: the stage's backward alone with every saved activation fetched
+        on demand, ``profiler.measure.inline_backward_bytes``) that measured transient stands instead, and a
+        storage two such stages share (a block's input, saved by both) is fetched within each: on the H200 the
+        largest-storage model put ResNet-50's save_on_cpu identity blocks up to 2.0 GiB above their measured
+        backward peak (benchmarks/results/memtrace/trace-resnet50-256-float32-0.6-policy-save_on_cpu.json); with
+        the measurement the step's peak is 4.65 GiB against 4.33 measured (the ``-inline`` trace: a stage
+        measured alone still needs up to 0.7 GiB more than it does inside the chain)
+        """
         saves: list[list[int]] = [[] for _ in range(self.n)]
         for sid, savers in enumerate(tab.s_saved_by):
             if tab.s_producer[sid] >= 0:
@@ -479,6 +491,41 @@ class Simulator:
             for k in range(self.n)
             if self.inline_extra[k] is not None and all(fates[sid].fate == "offload" for sid in saves[k])
         }
+
+    def _remade(
+        self, tab: StorageTables, fates: Sequence[StorageFate], seg_end: dict[int, int], release_at: list[list[int]]
+    ) -> tuple[dict[int, list[int]], dict[int, list[int]], list[list[int]]]:
+        """What the recompute segments re-make in backward: storages nobody keeps, by the segment end whose re-run makes
+        them (their release is added to ``release_at``); and the second copies of kept or offloaded storages a re-run
+        makes for its own stages (NOTE [ Re-made copies ]), by segment end, with the backward stage whose end frees
+        them. Returns ``(remat_at, copy_at_seg, copy_release_at)``."""
+        n = self.n
+        remat_at: dict[int, list[int]] = {}
+        copy_at_seg: dict[int, list[int]] = {}
+        copy_release_at: list[list[int]] = [[] for _ in range(n)]
+        if not seg_end:
+            return remat_at, copy_at_seg, copy_release_at
+        seg_of = [-1] * n
+        for j, i in seg_end.items():
+            for r in range(i, j + 1):
+                seg_of[r] = j
+        for sid, f in enumerate(fates):
+            if f.fate != "none" or tab.s_producer[sid] < 0:
+                continue
+            savers = [r for r in tab.s_saved_by[sid] if seg_of[r] >= 0]
+            if savers:
+                remat_at.setdefault(max(seg_of[r] for r in savers), []).append(sid)
+                release_at[min(savers)].append(sid)
+        # NOTE [ Re-made copies ]
+        for sid, f in enumerate(fates):
+            p = tab.s_producer[sid]
+            if f.fate == "none" or p < 0 or seg_of[p] < 0:
+                continue
+            inside = [r for r in tab.s_saved_by[sid] if seg_of[r] == seg_of[p]]
+            if inside:
+                copy_at_seg.setdefault(seg_of[p], []).append(sid)
+                copy_release_at[min(inside)].append(sid)
+        return remat_at, copy_at_seg, copy_release_at
 
     def _run(self, actions: Sequence[Action], plan: Plan, want_timeline: bool) -> SimResult:
         n = self.n
@@ -667,21 +714,7 @@ class Simulator:
         prefetch_at: list[list[int]] = [[] for _ in range(n)]
         release_at: list[list[int]] = [[] for _ in range(n)]
         need_at: list[list[int]] = [[] for _ in range(n)]
-        remat_at: dict[int, list[int]] = {}
-        # second copies of kept or offloaded storages that a re-run makes for its own stages (by segment end),
-        # and the backward stage whose end frees them
-        copy_at_seg: dict[int, list[int]] = {}
-        copy_release_at: list[list[int]] = [[] for _ in range(n)]
-        # NOTE [ Inline fetches ]: inline, a storage comes back at its first unpack and goes at its last, so a
-        # storage that one stage's backward both needs and releases lives only while that stage's nodes use
-        # it, one or two at a time: the stage holds its largest such storage, not their sum. Where the profile
-        # measured it (``backward_inline_bytes``: the stage's backward alone with every saved activation fetched
-        # on demand, ``profiler.measure.inline_backward_bytes``) that measured transient stands instead, and a
-        # storage two such stages share (a block's input, saved by both) is fetched within each: on the H200 the
-        # largest-storage model put ResNet-50's save_on_cpu identity blocks up to 2.0 GiB above their measured
-        # backward peak (benchmarks/results/memtrace/trace-resnet50-256-float32-0.6-policy-save_on_cpu.json);
-        # with the measurement the step's peak is 4.65 GiB against 4.33 measured (the ``-inline`` trace: a
-        # stage measured alone still needs up to 0.7 GiB more than it does inside the chain)
+        # NOTE [ Inline fetches ] (``_inline_stages``)
         local: set[int] = set()
         local_max = [0] * n
         fetched = self._inline_stages(tab, fates) if inline else set()
@@ -700,28 +733,7 @@ class Simulator:
         for queued in prefetch_at:  # NOTE [ Prefetch lookahead ]: issued together, the one needed first goes first
             if len(queued) > 1:
                 queued.sort(key=lambda sid: -fates[sid].need)
-        # storages nobody keeps are re-made by the recompute of the segment holding their savers
-        if seg_end:
-            seg_of = [-1] * n
-            for j, i in seg_end.items():
-                for r in range(i, j + 1):
-                    seg_of[r] = j
-            for sid, f in enumerate(fates):
-                if f.fate != "none" or tab.s_producer[sid] < 0:
-                    continue
-                savers = [r for r in tab.s_saved_by[sid] if seg_of[r] >= 0]
-                if savers:
-                    remat_at.setdefault(max(seg_of[r] for r in savers), []).append(sid)
-                    release_at[min(savers)].append(sid)
-            # NOTE [ Re-made copies ]
-            for sid, f in enumerate(fates):
-                p = tab.s_producer[sid]
-                if f.fate == "none" or p < 0 or seg_of[p] < 0:
-                    continue
-                inside = [r for r in tab.s_saved_by[sid] if seg_of[r] == seg_of[p]]
-                if inside:
-                    copy_at_seg.setdefault(seg_of[p], []).append(sid)
-                    copy_release_at[min(inside)].append(sid)
+        remat_at, copy_at_seg, copy_release_at = self._remade(tab, fates, seg_end, release_at)
 
         recompute_ms = 0.0
         h2d_free = 0.0
