@@ -4,9 +4,7 @@ run (NOTE [ Inference plans ] in ``tuner.inference.plan``)."""
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,40 +141,24 @@ def _measure(chain: ModelChain, plan: InferencePlan, x: torch.Tensor, device: st
     import torch
 
     from tuner.runtime import InferenceRunner
+    from tuner.runtime.inference_measure import runner_median_ms
 
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32 means fp32 in both runs
     try:
         plain = InferenceRunner(chain, InferencePlan.resident([lp.name for lp in plan.layers]), device=device)
         ref = plain(x.clone())
-        plain_ms = _median_ms(plain, x, repeats)
+        plain_ms = runner_median_ms(plain, x, repeats)
         del plain
         runner = InferenceRunner(chain, plan, device=device)
         y = runner(x.clone())
-        latency = _median_ms(runner, x, repeats)
+        latency = runner_median_ms(runner, x, repeats)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     tol = (1e-5, 1e-6) if x.dtype == torch.float32 else (1e-2, 1e-3)
     diff = float((y.float() - ref.float()).abs().max())
     equal = bool(torch.allclose(y, ref, rtol=tol[0], atol=tol[1]))
     return {"latency_ms": latency, "plain_ms": plain_ms, "equal": equal, "max_abs_diff": diff, "repeats": repeats}
-
-
-def _median_ms(run: Any, x: torch.Tensor, repeats: int) -> float:
-    import torch
-
-    cuda = torch.cuda.is_available()
-    times = []
-    for _ in range(repeats):
-        inp = x.clone()
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run(inp)
-        if cuda:
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def _as_dict(

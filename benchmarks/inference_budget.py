@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,26 +30,11 @@ from tuner import InferenceFacts, InferencePlan, LayerFitError, parse_budget, pl
 from tuner.inference import plain_plan
 from tuner.runtime import InferenceRunner
 from tuner.runtime.inference_facts import chain_layers
-from tuner.runtime.inference_measure import measure_facts
+from tuner.runtime.inference_measure import measure_facts, runner_median_ms
 
 __all__ = ["main"]
 
 DEFAULT_BUDGETS = "unlimited,64MiB,24MiB,16MiB,4MiB,1MiB"
-
-
-def _median_ms(run: InferenceRunner, x: torch.Tensor, repeats: int) -> float:
-    cuda = run.device.type == "cuda"
-    times = []
-    for _ in range(repeats):
-        inp = x.clone()
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run(inp)
-        if cuda:
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def _run(
@@ -78,7 +61,7 @@ def _run(
         extra = torch.cuda.max_memory_allocated() - before
         out["allocated_bytes"] = extra + runner.resident_bytes + inp.numel() * inp.element_size()
         del inp
-    out["latency_ms"] = _median_ms(runner, xd, repeats)
+    out["latency_ms"] = runner_median_ms(runner, xd, repeats)
     y = y.cpu()
     if ref is not None:
         out["max_abs_diff"] = float((y - ref).abs().max())

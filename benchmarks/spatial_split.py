@@ -25,11 +25,10 @@ Writes ``OUT/spatial-split-<case>.json`` per case and prints a table.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,30 +104,6 @@ def _simulated(profile: Profile, plans: list[tuple[str, Plan | None]]) -> dict[s
     return out
 
 
-@contextlib.contextmanager
-def _deterministic() -> Iterator[None]:
-    """cuDNN deterministic, no autotuning, TF32 off; restored after."""
-    import torch
-
-    flags = (
-        torch.backends.cudnn.deterministic,
-        torch.backends.cudnn.benchmark,
-        torch.backends.cuda.matmul.allow_tf32,
-        torch.backends.cudnn.allow_tf32,
-    )
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        (
-            torch.backends.cudnn.deterministic,
-            torch.backends.cudnn.benchmark,
-            torch.backends.cuda.matmul.allow_tf32,
-            torch.backends.cudnn.allow_tf32,
-        ) = flags
-
-
 def _clean() -> None:
     import torch
 
@@ -184,7 +159,7 @@ def _gradients(chain: ModelChain, plans: list[tuple[str, Plan | None]], batch: i
     from profiler.loss import step_loss
     from tuner.runtime import planned, reference_step
     from tuner.runtime.bench import make_batch
-    from tuner.runtime.verify import relative_error
+    from tuner.runtime.verify import deterministic_math, relative_error
 
     device = torch.device(DEVICE)
     seq = chain.as_sequential().to(device)
@@ -209,15 +184,15 @@ def _gradients(chain: ModelChain, plans: list[tuple[str, Plan | None]], batch: i
                 rows[name] = compare(reference_step(chain, xs, loss_fn=loss_fn, run=planned(chain, plan)), ref)
         return rows
 
-    with _deterministic():
+    with deterministic_math():
         rows = rows_at(x)
         ref = reference_step(chain, x, loss_fn=loss_fn)
-    with _deterministic():  # TF32 stays off; only the algorithms change
+    with deterministic_math():  # TF32 stays off; only the algorithms change
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, True
         rows["unplanned, autotuned algorithms"] = compare(reference_step(chain, x, loss_fn=loss_fn), ref)
     seq.double()
     try:
-        with _deterministic():
+        with deterministic_math():
             rows64 = rows_at(x.double())
     finally:
         seq.float()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,14 @@ def _own_user_data(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("MEMTUNE_DATA_DIR", str(root))
     monkeypatch.setenv("MEMTUNE_CALIBRATION_DIR", str(root / "calibrations"))
     monkeypatch.delenv("MEMTUNE_SHIPPED_DATA", raising=False)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op torch thread for the test: its models are tiny, and on a busy CPU a second thread only waits."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tuner.runtime.guard import configure_allocator
+from tuner.runtime.verify import deterministic_math
 
 configure_allocator()  # before CUDA is initialized: the settings go into the environment
 
@@ -26,30 +27,13 @@ configure_allocator()  # before CUDA is initialized: the settings go into the en
 @pytest.fixture
 def deterministic() -> Iterator[None]:
     """Deterministic cuDNN and cuBLAS, TF32 off, for the test, restored after it (the cache emptied)."""
-    flags = (
-        torch.backends.cudnn.deterministic,
-        torch.backends.cudnn.benchmark,
-        torch.backends.cuda.matmul.allow_tf32,
-        torch.backends.cudnn.allow_tf32,
-        torch.are_deterministic_algorithms_enabled(),
-    )
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    det = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        with warnings.catch_warnings():
+        with deterministic_math(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*(deterministic|conv_rule).*")
             yield
     finally:
-        (
-            torch.backends.cudnn.deterministic,
-            torch.backends.cudnn.benchmark,
-            torch.backends.cuda.matmul.allow_tf32,
-            torch.backends.cudnn.allow_tf32,
-            det,
-        ) = flags
         torch.use_deterministic_algorithms(det)
         gc.collect()
         if torch.cuda.is_available():

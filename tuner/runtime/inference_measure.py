@@ -23,7 +23,7 @@ from tuner.inference.facts import ConvWorkspace
 from tuner.runtime.inference import InferenceRunner
 from tuner.runtime.inference_facts import chain_layers, layer_shapes, weighted_forward
 
-__all__ = ["PROBE_UNITS", "measure_facts", "partition_ms"]
+__all__ = ["PROBE_UNITS", "measure_facts", "partition_ms", "runner_median_ms"]
 
 
 def _sync(device: torch.device) -> None:
@@ -39,6 +39,20 @@ def _median_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> 
         t0 = time.perf_counter()
         fn()
         _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def runner_median_ms(run: InferenceRunner, x: torch.Tensor, repeats: int) -> float:
+    """Median wall ms of ``repeats`` calls of ``run`` on fresh clones of ``x`` (the clone outside the timing; CUDA
+    synchronised around each call on a CUDA runner)."""
+    times = []
+    for _ in range(repeats):
+        inp = x.clone()
+        _sync(run.device)
+        t0 = time.perf_counter()
+        run(inp)
+        _sync(run.device)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 

@@ -7,7 +7,8 @@ in between, no optimizer step), and the loss, every parameter gradient and every
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +20,41 @@ from profiler.modules import call_model
 from tuner.plan import Plan
 from tuner.runtime.planned import PlannedBase, planned
 
-__all__ = ["Equivalence", "ReferenceStep", "check_equivalence", "reference_step", "relative_error"]
+__all__ = [
+    "Equivalence",
+    "ReferenceStep",
+    "check_equivalence",
+    "deterministic_math",
+    "reference_step",
+    "relative_error",
+]
 
 LossFn = Callable[[Any], torch.Tensor]
+
+
+@contextlib.contextmanager
+def deterministic_math() -> Iterator[None]:
+    """cuDNN deterministic and not autotuned, TF32 off for convolutions and matrix products; the flags restored after.
+
+    Inside it, two runs of the same math give the same bits, and fp32 is fp32: what a comparison of gradients needs.
+    """
+    flags = (
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+    )
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        (
+            torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark,
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+        ) = flags
 
 
 def _default_loss(out: Any) -> torch.Tensor:

@@ -1,12 +1,13 @@
-"""A small conv-relu(in-place)-pool-conv-flatten-dropout-linear chain shared by the profiler tests."""
+"""Small chains shared by the tests: conv-relu(in-place)-pool-conv-flatten-dropout-linear, and a VGG-shaped one."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from profiler.chain import ModelChain, flatten
 
-__all__ = ["small_chain"]
+__all__ = ["small_chain", "small_vgg"]
 
 
 def small_chain() -> ModelChain:
@@ -27,3 +28,26 @@ def small_chain() -> ModelChain:
         ),
         (3, 8, 8),
     )
+
+
+def small_vgg() -> ModelChain:
+    """14 stages on 3×8×8 inputs: convolutions with in-place ReLUs, BatchNorm, pools, dropout and a classifier; cheap
+    enough for many plans (parameters seeded with 0)."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [
+        nn.Conv2d(3, 6, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(6, 6, 3, padding=1),
+        nn.BatchNorm2d(6),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Conv2d(6, 8, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8 * 2 * 2, 16),
+        nn.ReLU(inplace=True),
+        nn.Dropout(0.5),
+        nn.Linear(16, 4),
+    ]
+    return ModelChain(name="small-vgg", stages=flatten(nn.Sequential(*layers)), input_shape=(3, 8, 8))

@@ -18,9 +18,10 @@ import torch
 from torch import nn
 
 from profiler import zoo
-from profiler.chain import ModelChain, flatten
+from profiler.chain import ModelChain
 from profiler.measure import model_input
 from profiler.modeled import modeled_profile
+from tests.unit.profiler.small_chains import small_vgg
 from tuner.plan import Action, Plan
 from tuner.policies import POLICIES
 from tuner.runtime import check_equivalence, reference_step
@@ -129,28 +130,6 @@ def test_every_zoo_family_is_covered() -> None:
 
 
 # ---- hand-made plans -------------------------------------------------------------------------------
-
-
-def small_vgg() -> ModelChain:
-    """A VGG-shaped chain with in-place ReLUs, BatchNorm and dropout, cheap enough for many plans."""
-    torch.manual_seed(0)
-    layers: list[nn.Module] = [
-        nn.Conv2d(3, 6, 3, padding=1),
-        nn.ReLU(inplace=True),
-        nn.Conv2d(6, 6, 3, padding=1),
-        nn.BatchNorm2d(6),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(2),
-        nn.Conv2d(6, 8, 3, padding=1),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(8 * 2 * 2, 16),
-        nn.ReLU(inplace=True),
-        nn.Dropout(0.5),
-        nn.Linear(16, 4),
-    ]
-    return ModelChain(name="small-vgg", stages=flatten(nn.Sequential(*layers)), input_shape=(3, 8, 8))
 
 
 def hand_made(n: int) -> dict[str, Plan]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -19,14 +19,7 @@ from tuner.runtime import inference as runtime_inference
 from tuner.runtime.inference_facts import chain_layers, layer_shapes
 from tuner.runtime.inference_measure import measure_facts
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: these models are tiny, and on a busy CPU a second thread only waits for its turn."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def vgg_like() -> nn.Sequential:

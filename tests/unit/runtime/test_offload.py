@@ -18,6 +18,7 @@ import tuner.runtime as rt
 from profiler import zoo
 from profiler.chain import ModelChain, flatten, may_write_input
 from profiler.modeled import modeled_profile
+from tests.unit.runtime.prefetch_spy import record_prefetches
 from tuner.errors import PlanError, TunerError
 from tuner.plan import Action, Plan, resolve_storages, segments
 from tuner.runtime import (
@@ -209,16 +210,7 @@ def test_storage_kept_elsewhere_is_used_in_place() -> None:
 
 @pytest.mark.parametrize("lookahead", [0, 1, 3, 50])
 def test_prefetch_is_issued_lookahead_stages_ahead(monkeypatch: pytest.MonkeyPatch, lookahead: int) -> None:
-    issued: list[tuple[int, int]] = []  # (backward stage when issued, stage that needs it)
-    original = StepState._fetch
-
-    def spy(self: StepState, entry: object, *, prefetch: bool) -> None:
-        assert prefetch, "every storage should have been prefetched"
-        assert self.backward_stage is not None
-        issued.append((self.backward_stage, entry.need))  # type: ignore[attr-defined]
-        original(self, entry, prefetch=prefetch)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(StepState, "_fetch", spy)
+    issued = record_prefetches(monkeypatch)  # (backward stage when issued, stage that needs it)
     n = 11
     pm = planned(vgg_like(), Plan.uniform(n, Action.OFFLOAD, prefetch_lookahead=lookahead, sync="layer"))
     train_step(pm, image())

@@ -9,43 +9,21 @@ import random
 
 import pytest
 import torch
-from torch import nn
 
 from profiler import zoo
-from profiler.chain import ModelChain, flatten
+from profiler.chain import ModelChain
 from profiler.measure import model_input
 from profiler.modeled import modeled_profile
 from profiler.module_profile import profile_module
 from tests.unit.modules.models import build_case
+from tests.unit.profiler.small_chains import small_vgg
+from tests.unit.runtime.prefetch_spy import record_prefetches
 from tuner import prefetch_trigger
 from tuner.plan import Action, Plan
 from tuner.runtime import check_equivalence, planned, reference_step
-from tuner.runtime.offload import StepState
 from tuner.simulator import simulate
 
 torch.set_num_threads(1)
-
-
-def small_vgg() -> ModelChain:
-    """14 stages: convolutions with in-place ReLUs, BatchNorm, pools, dropout and a classifier."""
-    torch.manual_seed(0)
-    layers: list[nn.Module] = [
-        nn.Conv2d(3, 6, 3, padding=1),
-        nn.ReLU(inplace=True),
-        nn.Conv2d(6, 6, 3, padding=1),
-        nn.BatchNorm2d(6),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(2),
-        nn.Conv2d(6, 8, 3, padding=1),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(8 * 2 * 2, 16),
-        nn.ReLU(inplace=True),
-        nn.Dropout(0.5),
-        nn.Linear(16, 4),
-    ]
-    return ModelChain(name="small-vgg", stages=flatten(nn.Sequential(*layers)), input_shape=(3, 8, 8))
 
 
 def _lookaheads(n: int, seed: int) -> tuple[int, ...]:
@@ -55,16 +33,7 @@ def _lookaheads(n: int, seed: int) -> tuple[int, ...]:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_each_storage_comes_back_at_its_need_stages_own_trigger(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
-    issued: list[tuple[int, int]] = []  # (backward stage when issued, stage that needs it), in issue order
-    original = StepState._fetch
-
-    def spy(self: StepState, entry: object, *, prefetch: bool) -> None:
-        assert prefetch, "every storage should have been prefetched"
-        assert self.backward_stage is not None
-        issued.append((self.backward_stage, entry.need))  # type: ignore[attr-defined]
-        original(self, entry, prefetch=prefetch)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(StepState, "_fetch", spy)
+    issued = record_prefetches(monkeypatch)  # (backward stage when issued, stage that needs it)
     chain = small_vgg()
     n = len(chain)
     las = _lookaheads(n, seed)
