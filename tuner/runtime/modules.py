@@ -8,7 +8,8 @@ applies the stage's action (NOTE [ Plan semantics ] in ``tuner.plan``):
 * ``offload``: it runs under the offload hooks of NOTE [ Offload runtime ] (``tuner.runtime.offload``): what it
   saves goes to pinned host memory on a side stream, whole storages, so strides are kept;
 * ``recompute``: it runs under a non-reentrant ``torch.utils.checkpoint`` of its own call, arguments and keyword
-  arguments included, which keeps its inputs and re-runs it in backward; buffers are restored after the re-run
+  arguments included, which keeps its inputs and re-runs it in backward with the random state of its first run
+  (NOTE [ Random state under recompute ] in ``tuner.runtime.rng``); buffers are restored after the re-run
   (NOTE [ Buffers during recompute ] in ``tuner.runtime.segments``) and a stage that declares it writes its input
   in place runs on a clone of it (NOTE [ In-place at segment boundaries ]);
 * ``selective``: the same checkpoint under PyTorch's selective checkpointing (NOTE [ Selective stages ]).
@@ -34,6 +35,7 @@ from tuner.errors import PlanError
 from tuner.plan import Action, Plan
 from tuner.runtime.offload import StepState
 from tuner.runtime.planned_base import PlannedBase
+from tuner.runtime.rng import RandomState
 
 __all__ = ["PlannedModule"]
 
@@ -157,35 +159,41 @@ class PlannedModule(PlannedBase):
     def _checkpointed(
         self, k: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, selective: bool
     ) -> Any:
-        """Stage ``k`` under a non-reentrant checkpoint of its own call."""
+        """Stage ``k`` under a non-reentrant checkpoint of its own call; its re-run replays the random state of
+        every device it touches (NOTE [ Random state under recompute ])."""
         module = self._stages[k]
         clone = self._clone[k]
         calls = 0
+        # the re-run must see the arguments of this call: a list the model appends to later (a dense block's
+        # features) is copied now, its tensors shared. Every tensor goes to checkpoint positionally, keyword
+        # arguments' too, so that checkpoint saves them and infers the autocast device from them.
+        inputs = list(tensor_leaves((args, kwargs)))
+        positional = sum(1 for _ in tensor_leaves(args))  # the positional tensors: those a clone covers
+        structure = rebuild((args, kwargs), iter(inputs))
+        rng = RandomState.capture([*inputs, *module.parameters(), *module.buffers()])
 
-        def body(*inner: Any) -> Any:
+        def body(*tensors: Any) -> Any:
             nonlocal calls
             calls += 1
             if clone:  # NOTE [ In-place at segment boundaries ]
-                inner = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in inner)
+                tensors = tuple(a.clone() if i < positional else a for i, a in enumerate(tensors))
+            a, kw = rebuild(structure, iter(tensors))
             if calls == 1:
-                return fn(*inner, **kwargs)
+                return fn(*a, **kw)
             # NOTE [ Buffers during recompute ]; outside selective checkpointing's dispatch mode
             with _disable_current_modes():
                 snapshot = [(b, b.clone()) for b in module.buffers()]
             try:
-                return fn(*inner, **kwargs)
+                with rng.replayed():
+                    return fn(*a, **kw)
             finally:
                 with torch.no_grad(), _disable_current_modes():
                     for b, old in snapshot:
                         b.copy_(old)
 
-        # the re-run must see the arguments of this call: a list the model appends to later (a dense block's
-        # features) is copied now, its tensors shared
-        inputs = list(tensor_leaves((args, kwargs)))
-        args, kwargs = rebuild((args, kwargs), iter(inputs))
         versions = [t._version for t in inputs]
         extra: dict[str, Any] = {"context_fn": selective_context} if selective else {}
-        out = checkpoint(body, *args, use_reentrant=False, preserve_rng_state=True, **extra)
+        out = checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=False, **extra)
         if not clone and any(t._version != v for t, v in zip(inputs, versions, strict=True)):
             raise PlanError(
                 f"stage {k} ({self.stage_names[k]}) modified an input in place under a checkpoint, which corrupts "
