@@ -18,8 +18,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from api.python import device_label
 from profiler import ModelChain, Profile, ProfilerError
-from tuner import Action, Plan, TunerError, format_bytes
+from tuner import Action, Plan, TunerError, format_bytes, planning_headroom
 from tuner.budget import Budget, profile_budget, search_budget
 from tuner.calibration import calibration_for
 
@@ -553,7 +554,7 @@ def profile(
         "D2H ms",
         "D2H/fwd",
         title=(
-            f"{prof.model} batch {prof.batch} {prof.dtype} on {prof.device.name} ({prof.source}: "
+            f"{prof.model} batch {prof.batch} {prof.dtype} {device_label(prof)} ({prof.source}: "
             f"compute {prof.compute_source}, transfers {prof.transfer_source})"
             + (
                 ""
@@ -576,6 +577,7 @@ def profile(
         )
     out.print(table)
     out.print(f"saved {format_bytes(prof.saved_bytes)}, parameters {format_bytes(prof.param_bytes)}")
+    _print_peak_check(prof)
 
 
 @app.command()
@@ -706,15 +708,25 @@ def _plan_table(prof: Profile, plan: Plan) -> Table:
     return table
 
 
+def _print_peak_check(prof: Profile) -> None:
+    """The profile's self-check (NOTE [ Profile self-check ] in ``tuner.peak_check``), in red where it is off."""
+    from tuner import peak_check
+
+    check = peak_check(prof)
+    if check is not None:
+        out.print(f"[{'bold red' if check.reported else 'dim'}]memory check: {check}[/]")
+
+
 def _print_tuned(result: Any, prof: Profile, budget_bytes: int, optimizer: str, pareto: bool) -> None:
     """``tune``'s report: the baselines, the best plan in words or stage by stage, its bound, the Pareto front."""
     from tuner import Simulator
     from tuner.bound import step_lower_bound
 
     out.print(
-        f"[bold]{prof.model}[/] batch {prof.batch} {prof.dtype} on {prof.device.name} "
+        f"[bold]{prof.model}[/] batch {prof.batch} {prof.dtype} {device_label(prof)} "
         f"— profile {prof.source} ({prof.compute_source}); {result.n_trials} trials, seed {result.seed}"
     )
+    _print_peak_check(prof)
     out.print(_policy_table(result))
     if result.best is None:
         kept = (
@@ -889,7 +901,7 @@ def tune(
                 study_name=study,
                 optimizer=optimizer,
                 progress=tick,
-                headroom=calibration_for(prof.device.key).headroom if headroom is None else headroom,
+                headroom=planning_headroom(prof) if headroom is None else headroom,
             )
     except (ProfilerError, TunerError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from exc

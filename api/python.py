@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler import Profile
-from tuner import Candidate, Plan, TuneResult, format_bytes
+from tuner import Candidate, Plan, TuneResult, format_bytes, peak_check, planning_headroom
 from tuner.budget import profile_budget
 
 if TYPE_CHECKING:
@@ -37,7 +37,21 @@ if TYPE_CHECKING:
     from tuner.bound import StepBound
     from tuner.runtime.planned import PlannedBase
 
-__all__ = ["Tuned", "planned", "profile", "tune"]
+__all__ = ["Tuned", "device_label", "planned", "profile", "tune"]
+
+
+def device_label(profile: Profile) -> str:
+    """What a printout says the profile's times are of: ``on NVIDIA H100`` where they were measured there, ``modeled
+    for h100 (roofline; compute counted on the CPU)`` for a module profile made on the CPU for an H100 (NOTE [ Modeled
+    module profiles ] in ``profiler.module_roofline``), ``modeled for h100 (roofline)`` for a roofline profile of a
+    chain, and ``for NVIDIA H100 (copies modeled, compute ...)`` where only the copies are the GPU's."""
+    p = profile
+    if p.compute_source.startswith("modeled:"):
+        how = "roofline; compute counted on the CPU" if "counted on the CPU" in p.compute_source else "roofline"
+        return f"modeled for {p.device.key} ({how})"
+    if p.source == "modeled":
+        return f"for {p.device.name} (copies modeled, compute {p.compute_source})"
+    return f"on {p.device.name}"
 
 
 @contextmanager
@@ -73,6 +87,7 @@ def profile(
     warmup: int = 2,
     repeats: int = 5,
     progress: bool = True,
+    output_held: bool = True,
 ) -> Profile:
     """Measure ``model`` stage by stage on the device it is on (``profiler.module_profile.profile_module``).
 
@@ -87,14 +102,18 @@ def profile(
         gpu: on the CPU the GPU type the profile describes (its copy rates; default ``h200``); on CUDA None.
         warmup, repeats: untimed and timed rounds per stage (medians are kept).
         progress: a progress bar on standard error.
+        output_held: whether your training loop holds the model's output until the backward ends (``out =
+            model(**batch); out.loss.backward()``): the worst case and the default; False where it drops it first
+            (``model(**batch).loss.backward()``). NOTE [ Held output ] in ``tuner.simulator``.
 
     Returns:
-        The ``Profile`` (``measured`` on CUDA, ``modeled`` on the CPU).
+        The ``Profile`` (``measured`` on CUDA, ``modeled`` on the CPU). Where the simulator's unplanned peak and the
+        measured one differ by more than 3%, a warning says so (NOTE [ Profile self-check ] in ``tuner.peak_check``).
     """
     from profiler import profile_module
 
     with _bar("profiling", progress) as update:
-        return profile_module(
+        prof = profile_module(
             model,
             example_inputs,
             loss_fn=loss_fn,
@@ -104,7 +123,12 @@ def profile(
             warmup=warmup,
             repeats=repeats,
             progress=lambda name, done, total: update(done, total, name),
+            output_held=output_held,
         )
+    check = peak_check(prof)
+    if check is not None and check.reported:
+        warnings.warn(f"memory check: {check}", stacklevel=2)
+    return prof
 
 
 @dataclass(frozen=True)
@@ -139,11 +163,14 @@ class Tuned:
         r = self.result
         p = r.profile
         lines = [
-            f"{p.model} batch {p.batch} {p.dtype} on {p.device.name} (profile {p.source}, {p.n_stages} stages), "
+            f"{p.model} batch {p.batch} {p.dtype} {device_label(p)} (profile {p.source}, {p.n_stages} stages), "
             f"budget {format_bytes(r.budget_bytes)}; unconstrained {r.unconstrained.step_ms:.2f} ms, "
             f"{format_bytes(r.unconstrained.peak_bytes)}",
             f"{'policy':<22}{'step ms':>10}{'slowdown':>10}{'peak':>12}  fits",
         ]
+        check = peak_check(p)
+        if check is not None:
+            lines.insert(1, f"memory check: {check}")
         for row in self.table():
             lines.append(
                 f"{row['name']:<22}{row['step_ms']:>10.2f}{row['slowdown']:>9.2f}x{format_bytes(row['peak_bytes']):>12}"
@@ -187,6 +214,7 @@ def tune(
     headroom: float | None = None,
     progress: bool = True,
     calibrate: bool = True,
+    output_held: bool = True,
 ) -> Tuned:
     """The fastest plan for a model (profiled first) or a profile within ``budget``, beside every baseline.
 
@@ -199,7 +227,9 @@ def tune(
         trials: Optuna trials (baselines included).
         seed: the search's seed; the same seed gives the same result.
         optimizer: ``sgd`` (momentum), ``adam`` or ``none``: optimizer state bytes.
-        headroom: fraction of the budget kept free for the allocator; None: the GPU type's calibration.
+        headroom: fraction of the budget kept free for the allocator; None: the GPU type's calibration, widened by
+            the simulator's measured under-prediction of the profile's unplanned step (NOTE [ Profile self-check ]).
+        output_held: as ``profile``.
         progress: progress bars on standard error.
         calibrate: when the profile was measured on this process's GPU and its type has no calibration (and no
             ``headroom`` is given), calibrate it first, in this process (NOTE [ First use of a GPU type ]).
@@ -215,7 +245,7 @@ def tune(
     from tuner import Simulator
     from tuner import tune as run_tune
     from tuner.bound import step_lower_bound
-    from tuner.calibration import calibration_for, missing_calibration
+    from tuner.calibration import missing_calibration
 
     if isinstance(model_or_profile, Profile):
         prof = model_or_profile
@@ -230,6 +260,7 @@ def tune(
             dtype=dtype,
             gpu=gpu,
             progress=progress,
+            output_held=output_held,
         )
     budget_bytes = profile_budget(budget, prof, optimizer)
     if calibrate and headroom is None and prof.source == "measured":
@@ -245,7 +276,7 @@ def tune(
             trials=trials,
             seed=seed,
             optimizer=optimizer,
-            headroom=calibration_for(prof.device.key).headroom if headroom is None else headroom,
+            headroom=planning_headroom(prof) if headroom is None else headroom,
             progress=lambda done, total, best: update(
                 done, total, f"best {best.step_ms:.2f} ms" if best is not None else "no feasible plan yet"
             ),

@@ -512,6 +512,18 @@ class BestPlanPublic(BaseModel):
     plan: dict[str, Any]
 
 
+class MemoryCheckPublic(BaseModel):
+    """The profile's unplanned step, measured against the simulator (NOTE [ Profile self-check ] in
+    ``tuner.peak_check``); bytes above what was resident before the step."""
+
+    measured_bytes: int
+    reserved_bytes: int
+    predicted_bytes: int
+    gap: float = Field(description="(measured - predicted) / predicted: positive where the simulator under-predicts")
+    reported: bool = Field(description="whether the gap is above 3%")
+    text: str = Field(description="the check in words, as the command line prints it")
+
+
 class ProfilePublic(BaseModel):
     """A stored profile (``profile`` is ``profiler.profile.Profile`` JSON)."""
 
@@ -523,6 +535,9 @@ class ProfilePublic(BaseModel):
     source: str
     created_at: datetime
     profile: dict[str, Any]
+    memory_check: MemoryCheckPublic | None = Field(
+        default=None, description="null where the profile measured no unplanned step (modeled profiles)"
+    )
 
 
 class HealthPublic(BaseModel):

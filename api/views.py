@@ -13,6 +13,7 @@ from api.schemas import (
     JobProgress,
     JobPublic,
     LeaderboardRow,
+    MemoryCheckPublic,
     ModelPublic,
     ProfilePublic,
     ResultPublic,
@@ -20,6 +21,7 @@ from api.schemas import (
     ValidationPublic,
 )
 from storage.records import GpuType, Job, ModelRecord, ProfileRecord, Result
+from tuner import peak_check
 
 __all__ = [
     "calibration_public",
@@ -189,6 +191,7 @@ def calibration_public(found: ServiceCalibration) -> CalibrationPublic:
 
 
 def profile_public(p: ProfileRecord) -> ProfilePublic:
+    check = peak_check(p.profile())
     return ProfilePublic(
         id=p.id,
         model_id=p.model_id,
@@ -198,4 +201,14 @@ def profile_public(p: ProfileRecord) -> ProfilePublic:
         source=p.source,
         created_at=p.created_at,
         profile=json.loads(p.profile_json),
+        memory_check=None
+        if check is None
+        else MemoryCheckPublic(
+            measured_bytes=check.measured_bytes,
+            reserved_bytes=check.reserved_bytes,
+            predicted_bytes=check.predicted_bytes,
+            gap=check.gap,
+            reported=check.reported,
+            text=str(check),
+        ),
     )

@@ -13,7 +13,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from profiler.errors import ArchiveTooLargeError, ExportedError, ProfilerError, SpecError, UnknownGPUError
-from profiler.profile import CompilerPoint, ConvAlgo, ConvProfile, DeviceIdentity, Profile, SavedStorage, StageProfile
+from profiler.profile import (
+    CompilerPoint,
+    ConvAlgo,
+    ConvProfile,
+    DeviceIdentity,
+    Profile,
+    SavedStorage,
+    StageProfile,
+    StepPeak,
+)
 from profiler.rows import RowMap
 
 # The lazy names, for type checkers (``__getattr__`` would make them ``Any``).
@@ -45,6 +54,7 @@ __all__ = [
     "SavedStorage",
     "SpecError",
     "StageProfile",
+    "StepPeak",
     "UnknownGPUError",
     "build",
     "build_factory",

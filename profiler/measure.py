@@ -40,10 +40,11 @@ from profiler.compiled import CompiledStage, compiled_chain, eager_module
 from profiler.devices import get_gpu
 from profiler.errors import ProfilerError
 from profiler.identity import cuda_identity, spec_identity, transfer_ms
-from profiler.loss import measure_loss_ms
+from profiler.loss import measure_loss_ms, step_loss
 from profiler.loss_model import roofline_loss_ms
+from profiler.memory_meter import metered
 from profiler.modeled import meta_facts
-from profiler.profile import ConvProfile, DeviceIdentity, Profile, StageProfile
+from profiler.profile import ConvProfile, DeviceIdentity, Profile, StageProfile, StepPeak
 from profiler.selective import selective_checkpoint
 from profiler.spatial import chain_row_maps
 from profiler.stagefacts import ChainFacts, chain_facts, torch_dtype
@@ -502,6 +503,7 @@ def profile(
         copies = [(spec.transfer_ms(s, "d2h"), spec.transfer_ms(s, "h2d")) for s in saved]
         loss_ms = roofline_loss_ms(facts.stages[-1].output_bytes, dtype, spec)
 
+    step_peak = _chain_step_peak(chain, batch, dtype, dev) if compile_budget is None else None
     rows = chain_row_maps([s.module for s in chain.stages], facts.input_shape, facts.output_shapes)
     stages = tuple(
         StageProfile(
@@ -548,7 +550,32 @@ def profile(
         loss_ms=loss_ms,
         compile_budget=compile_budget,
         compile_seconds=compile_seconds,
+        step_peak=step_peak,
     )
+
+
+def _chain_step_peak(chain: ModelChain, batch: int, dtype: str, dev: torch.device) -> StepPeak:
+    """The unplanned step's peak off the allocator (NOTE [ Allocator meters ] in ``profiler.memory_meter``): the
+    stages in order, the step loss (NOTE [ Bench step ]) on random targets, the parameters' gradients kept to the
+    end; the output is dropped before the backward, as the bench step drops it."""
+    import gc
+
+    x = model_input(chain, batch, dev)
+    params = [p for s in chain.stages for p in s.module.parameters() if p.requires_grad]
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()  # the reserved peak is this step's, not an earlier cache's
+    with metered(dev) as reading:
+        y = x
+        with _autocast(dev, dtype):
+            for stage in chain.stages:
+                y = stage.module(y)
+        target = torch.randint(0, y.shape[-1], tuple(y.shape[:-1]), device=dev)
+        loss = step_loss(y, target)
+        del y
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        del grads, loss, target
+    return StepPeak(allocated_bytes=reading.peak_bytes, reserved_bytes=reading.peak_reserved_bytes, output_held=False)
 
 
 def _compile_stages(chain: ModelChain, batch: int, dtype: str, dev: torch.device, facts: ChainFacts) -> float:

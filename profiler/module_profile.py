@@ -3,8 +3,9 @@
 ``profile_module`` finds the stages, traces what flows between them, then times each stage alone on the
 arguments the model really gives it (NOTE [ Stage timing ] in ``profiler.measure``, generalised to several
 inputs, keyword arguments and structured outputs) and one whole step, and returns a ``Profile`` with
-``stages_from="modules"``. On CUDA every number is measured on the GPU (``source="measured"``); on the CPU the
-compute is the CPU's and the copies are the spec's of ``gpu`` (``source="modeled"``), as for chains.
+``stages_from="modules"``. On CUDA every number is measured on the GPU (``source="measured"``); on the CPU every
+time is the roofline's of ``gpu``, its ops counted on the CPU, and the copies are the spec's (``source="modeled"``,
+NOTE [ Modeled module profiles ] in ``profiler.module_roofline``).
 
 # NOTE [ Time outside stages ]
 The model's own code between stages (an embedding sum, a concatenation, a loss computed inside the model) and
@@ -14,7 +15,8 @@ stage timed alone can take longer than inside the step (on an H100, torchvision'
 DenseNet-121 at batch 64-128 summed to 1.14-1.23x their whole step, each stage's launches no longer overlapping
 the stage before); where the stages add up to more than the step, every stage's times are scaled down to it and
 ``loss_ms`` is 0, the factor written in ``compute_source``. Either way the profile adds up to the step that was
-measured.
+measured. On the CPU no clock reading is kept: ``loss_ms`` is the roofline of the ops counted outside the stages
+(NOTE [ Modeled module profiles ] in ``profiler.module_roofline``).
 
 # NOTE [ Profiler hygiene ]
 ``profile_module`` leaves the model as it found it: training mode, buffers (batch-norm running statistics, which
@@ -41,9 +43,20 @@ from profiler.chain import may_write_input
 from profiler.devices import GPUSpec, get_gpu
 from profiler.errors import ProfilerError
 from profiler.identity import cuda_identity, spec_identity, transfer_ms
-from profiler.measure import ProgressFn, _autocast, _Timer, cpu_model_name
-from profiler.modules import Inputs, StageTrace, call_model, find_stages, rebuild, tensor_leaves, trace_stages
-from profiler.profile import DeviceIdentity, Profile, SavedStorage, StageProfile
+from profiler.measure import ProgressFn, _autocast, _Timer
+from profiler.memory_meter import metered
+from profiler.module_roofline import count_module_step, modeled_compute_source, modeled_timings
+from profiler.modules import (
+    Inputs,
+    StageTrace,
+    call_model,
+    copy_structure,
+    find_stages,
+    rebuild,
+    tensor_leaves,
+    trace_stages,
+)
+from profiler.profile import DeviceIdentity, Profile, SavedStorage, StageProfile, StepPeak
 from profiler.selective import KeptOutputs, selective_context
 from profiler.stagefacts import torch_dtype
 
@@ -91,11 +104,25 @@ class _Captured(Exception):
 
 
 def _capture(model: nn.Module, module: nn.Module, inputs: Inputs, autocast: AbstractContextManager[Any]) -> Inputs:
-    """The ``(args, kwargs)`` ``model``'s forward gives ``module`` (detached copies; the forward stops there)."""
+    """The ``(args, kwargs)`` ``model``'s forward gives ``module`` (the forward stops there): its tensor leaves
+    detached copies, every other object in it (a Hugging Face cache) a structure copy of the state it was in
+    (NOTE [ State threaded between stages ] in ``profiler.modules``).
+
+    Raises:
+        ProfilerError: the stage is given state that cannot be copied, or it did not run.
+    """
 
     def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         copies = (t.detach().clone() for t in tensor_leaves((args, kwargs)))
-        raise _Captured(rebuild((args, kwargs), copies))
+        try:
+            raise _Captured(copy_structure((args, kwargs), copies))
+        except ProfilerError as exc:
+            name = next((n for n, m in model.named_modules() if m is module), "") or type(model).__name__
+            raise ProfilerError(
+                f"stage {name!r} is given state that memtune must copy to time the stage alone on what the model "
+                f"gave it, and {exc} (NOTE [ State threaded between stages ]); turn that state off (use_cache=False "
+                "in a Hugging Face model's config) or name stages that are not given it (stages=[...])"
+            ) from exc
 
     handle = module.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
     try:
@@ -138,27 +165,45 @@ class _StageRun:
         self.device = device
         self.clone = may_write_input(module)
 
-    def forward(self, *, selective: bool = False) -> list[torch.Tensor]:
-        """The stage's forward on fresh copies of its inputs; with ``selective``, as the runtime runs a ``selective``
-        stage (NOTE [ Selective stages ]): under selective checkpointing of its call."""
-        args, kwargs = rebuild(self.inputs, (t.clone() for t in self.leaves))
+    def fresh(self) -> Inputs:
+        """The stage's inputs for one call: copies of its tensor leaves (those with a gradient are graph leaves'
+        copies), a fresh structure copy of every other object (NOTE [ State threaded between stages ])."""
+        return copy_structure(self.inputs, (t.clone() for t in self.leaves))  # type: ignore[no-any-return]
 
-        def call(*a: Any) -> Any:
-            if selective and self.clone:  # as the runtime runs it (NOTE [ In-place at segment boundaries ])
-                a = tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in a)
+    def forward(self, inputs: Inputs | None = None, selective: bool = False) -> list[torch.Tensor]:
+        """The stage's forward on ``inputs`` (from ``fresh``; None: made here); with ``selective``, as the runtime
+        runs a ``selective`` stage (NOTE [ Selective stages ]): under selective checkpointing of its call, every
+        tensor passed positionally, the re-run in backward given a fresh structure copy of the captured state."""
+        args, kwargs = self.fresh() if inputs is None else inputs
+        if not selective:
             with _autocast(self.device, self.dtype):
-                return self.module(*a, **kwargs)
+                out = self.module(*args, **kwargs)
+            return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
+        tensors = list(tensor_leaves((args, kwargs)))
+        positional = sum(1 for _ in tensor_leaves(args))
+        calls = 0
 
-        out = checkpoint(call, *args, use_reentrant=False, context_fn=selective_context) if selective else call(*args)
+        def call(*ts: torch.Tensor) -> Any:
+            nonlocal calls
+            calls += 1
+            if self.clone:  # as the runtime runs it (NOTE [ In-place at segment boundaries ])
+                ts = tuple(t.clone() if i < positional else t for i, t in enumerate(ts))
+            # the first run on this call's state, the re-run on a copy of the captured one
+            a, kw = rebuild((args, kwargs), iter(ts)) if calls == 1 else copy_structure(self.inputs, iter(ts))
+            with _autocast(self.device, self.dtype):
+                return self.module(*a, **kw)
+
+        out = checkpoint(call, *tensors, use_reentrant=False, context_fn=selective_context)
         return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
 
     def kept_bytes(self) -> int:
         """What a ``selective`` run of the stage keeps besides its inputs: the outputs of its costly operations
         (``profiler.selective.KeptOutputs``), bytes."""
+        inputs = self.fresh()
         rec = KeptOutputs()
         with rec:
-            outs = self.forward()
-        del outs
+            outs = self.forward(inputs)
+        del outs, inputs
         return rec.kept_bytes
 
     def backward(self, outs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
@@ -170,52 +215,45 @@ class _StageRun:
         fwd: list[float] = []
         bwd: list[float] = []
         for k in range(warmup + repeats):
-            outs, f_ms = timer.run(lambda: self.forward(selective=selective))
+            inputs = self.fresh()  # outside the timed call: the model makes no copies
+            outs, f_ms = timer.run(self.forward, inputs, selective)
             grads = [torch.randn_like(t) for t in outs]
             _, b_ms = timer.run(self.backward, outs, grads)
-            del outs, grads
+            del outs, grads, inputs
             if k >= warmup:
                 fwd.append(f_ms)
                 bwd.append(b_ms if self.wrt else 0.0)
         return statistics.median(fwd), statistics.median(bwd)
 
     def time(self, warmup: int, repeats: int) -> _Timing:
-        """Medians of its passes, plain and selective (where it has a backward), and on CUDA its transients."""
+        """Medians of its passes, plain and selective (where it has a backward), and its transients."""
         fwd, bwd = self._medians(warmup, repeats, selective=False)
+        plain = self._transients(selective=False)
         if not self.wrt:
-            return _Timing(fwd, bwd, *(self._cuda_bytes(selective=False) if self.device.type == "cuda" else (0, None)))
+            return _Timing(fwd, bwd, *plain)
         try:
             sel_fwd, sel_bwd = self._medians(warmup, repeats, selective=True)
         except RuntimeError:  # autograd refuses it (an in-place write to a re-made tensor): never offered
-            return _Timing(fwd, bwd, *(self._cuda_bytes(selective=False) if self.device.type == "cuda" else (0, None)))
+            return _Timing(fwd, bwd, *plain)
         kept = self.kept_bytes()
-        if self.device.type != "cuda":
-            return _Timing(fwd, bwd, 0, None, sel_fwd, sel_bwd, kept)
-        _, sel_bytes = self._cuda_bytes(selective=True)
-        return _Timing(fwd, bwd, *self._cuda_bytes(selective=False), sel_fwd, sel_bwd, kept, sel_bytes)
+        _, sel_bytes = self._transients(selective=True)
+        return _Timing(fwd, bwd, *plain, sel_fwd, sel_bwd, kept, sel_bytes)
 
-    def _cuda_bytes(self, *, selective: bool) -> tuple[int, int]:
+    def _transients(self, *, selective: bool) -> tuple[int, int]:
         """Forward transient above what was live before and after it; backward's peak above what was live before it
-        and the gradients it makes, the outputs' gradients made inside it (as ``chained_backward_bytes``)."""
-        dev = self.device
-        torch.cuda.synchronize(dev)
-        before = torch.cuda.memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        outs = self.forward(selective=selective)
-        torch.cuda.synchronize(dev)
-        fwd_ws = max(0, torch.cuda.max_memory_allocated(dev) - max(before, torch.cuda.memory_allocated(dev)))
+        and the gradients it makes, the outputs' gradients made inside it (as ``chained_backward_bytes``). Read off
+        the allocator on CUDA and on the CPU alike (NOTE [ Allocator meters ])."""
+        with metered(self.device) as fwd:
+            outs = self.forward(selective=selective)
+        fwd_ws = max(0, fwd.peak_bytes - max(0, fwd.end_bytes))
         if not (outs and self.wrt):
             return fwd_ws, 0
         total = torch.stack([(t * 1.0).sum().float() for t in outs]).sum()
-        torch.cuda.synchronize(dev)
-        before = torch.cuda.memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        grads = torch.autograd.grad(total, self.wrt, allow_unused=True)
-        torch.cuda.synchronize(dev)
+        with metered(self.device) as bwd:
+            grads = torch.autograd.grad(total, self.wrt, allow_unused=True)
         made = sum(g.untyped_storage().nbytes() for g in grads if g is not None)
-        peak = torch.cuda.max_memory_allocated(dev)
         del grads, total, outs
-        return fwd_ws, max(0, peak - before - made)
+        return fwd_ws, max(0, bwd.peak_bytes - made)
 
 
 @contextmanager
@@ -316,6 +354,7 @@ def profile_module(
     warmup: int = 2,
     repeats: int = 5,
     progress: ProgressFn | None = None,
+    output_held: bool = True,
 ) -> Profile:
     """Measure a profile of any ``nn.Module`` on the device its parameters are on (NOTE [ Module stages ]).
 
@@ -330,6 +369,9 @@ def profile_module(
         name: the profile's model name (default: the model's class name).
         warmup, repeats: untimed and timed rounds per stage and for the whole step; medians are kept.
         progress: ``progress(stage_name, done, total)`` after each stage.
+        output_held: whether the training loop holds the model's output until its backward ends (``out = model(x);
+            loss(out).backward()``): the worst case, and the default. False when it drops it first
+            (``model(x).loss.backward()``); NOTE [ Held output ] in ``tuner.simulator``.
 
     Returns:
         A ``Profile`` with ``stages_from="modules"``: stage names are the modules' qualified names.
@@ -361,7 +403,11 @@ def profile_module(
             if progress is not None:
                 progress(names[k] or type(model).__name__, k + 1, len(modules))
         step_ms = _step_ms(model, inputs, loss, dtype, dev, warmup, repeats)
-        tail = _loss_backward_bytes(model, modules[-1], inputs, loss, dtype, dev) if dev.type == "cuda" else None
+        if spec is not None:  # the GPU's roofline, not the CPU's clock (NOTE [ Modeled module profiles ])
+            counted = count_module_step(model, inputs, modules, trace.input_grad, loss, dtype)
+            timings, step_ms = modeled_timings(timings, counted, spec, dtype)
+        step_peak = _step_peak(model, inputs, loss, dtype, dev, output_held)
+        tail = _loss_backward_bytes(model, modules[-1], inputs, loss, dtype, dev)
     table, remap, input_bytes = _table(trace)
     first_saver = [
         sum(s.bytes for s in table if s.saved_by and min(s.saved_by) == k and not s.outside) for k in range(len(names))
@@ -415,7 +461,7 @@ def profile_module(
         input_bytes=input_bytes,
         device=identity,
         source="measured" if spec is None else "modeled",
-        compute_source=(f"measured:{identity.key}" if spec is None else f"measured:cpu {cpu_model_name()}")
+        compute_source=(f"measured:{identity.key}" if spec is None else modeled_compute_source(spec))
         + (f" (stages scaled x{scale:.3f} to the whole step)" if scale < 1.0 else ""),
         transfer_source=f"measured:{identity.key}" if spec is None else f"modeled:{identity.key}",
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -426,7 +472,16 @@ def profile_module(
         outside_param_bytes=outside_params,
         loss_saved_bytes=trace.loss_saved_bytes,
         loss_backward_bytes=tail,
+        output_held_bytes=_held_bytes(trace, table, remap) if output_held else 0,
+        step_peak=step_peak,
     )
+
+
+def _held_bytes(trace: StageTrace, table: list[SavedStorage], remap: dict[int, int]) -> int:
+    """``Profile.output_held_bytes``: bytes of the storages the model returns that no stage saves and the model's own
+    code does not save (NOTE [ Held output ] in ``tuner.simulator``)."""
+    returned = {remap[sid] for sid in trace.model_outputs if sid in remap}
+    return sum(table[i].bytes for i in returned if not table[i].saved_by and table[i].producer >= 0)
 
 
 def _identity(dev: torch.device, gpu: str | None) -> tuple[DeviceIdentity, GPUSpec | None]:
@@ -471,6 +526,35 @@ def _step_ms(
     return statistics.median(times)
 
 
+def _step_peak(
+    model: nn.Module,
+    inputs: Inputs,
+    loss_fn: Callable[[Any], torch.Tensor],
+    dtype: str,
+    dev: torch.device,
+    output_held: bool,
+) -> StepPeak:
+    """The unplanned step's peak read off the allocator (NOTE [ Allocator meters ]): forward, loss and backward, the
+    parameters' gradients kept to the end as the simulator keeps them, the output held through the backward or
+    dropped before it as ``output_held`` says."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()  # the reserved peak is this step's, not an earlier cache's
+    with metered(dev) as reading:
+        with _autocast(dev, dtype):
+            out = call_model(model, inputs)
+        loss = loss_fn(out)
+        if not output_held:
+            del out
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        del grads, loss
+        out = None
+    return StepPeak(
+        allocated_bytes=reading.peak_bytes, reserved_bytes=reading.peak_reserved_bytes, output_held=output_held
+    )
+
+
 def _loss_backward_bytes(
     model: nn.Module,
     last: nn.Module,
@@ -480,7 +564,7 @@ def _loss_backward_bytes(
     dev: torch.device,
 ) -> int:
     """``Profile.loss_backward_bytes``: the peak of the backward from the loss to the last stage's output above what
-    was live before it and that output's gradient, bytes (CUDA only)."""
+    was live before it and that output's gradient, bytes, read off the allocator (NOTE [ Allocator meters ])."""
     got: list[torch.Tensor] = []
 
     def hook(_m: nn.Module, _a: Any, out: Any) -> None:
@@ -495,13 +579,9 @@ def _loss_backward_bytes(
     loss = loss_fn(out)
     if not got:
         return 0
-    torch.cuda.synchronize(dev)
-    before = torch.cuda.memory_allocated(dev)
-    torch.cuda.reset_peak_memory_stats(dev)
-    grads = torch.autograd.grad(loss, got[:1], allow_unused=True)
-    torch.cuda.synchronize(dev)
+    with metered(dev) as reading:
+        grads = torch.autograd.grad(loss, got[:1], allow_unused=True)
     made = sum(g.untyped_storage().nbytes() for g in grads if g is not None)
-    peak = torch.cuda.max_memory_allocated(dev)
     got.clear()
     del grads, loss, out
-    return max(0, peak - before - made)
+    return max(0, reading.peak_bytes - made)

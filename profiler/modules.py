@@ -28,11 +28,39 @@ which stages take it as an argument, which stage or the model's own code saves i
 (``saved_tensors_hooks``), and how long the model's code holds it: a weak reference to each tensor a stage takes
 or returns is checked at every stage's start, so a skip connection lives until the stage that reads it, or longer
 if the model keeps it. That is the forward lifetime the simulator uses (``SavedStorage.read_by``).
+
+# NOTE [ State threaded between stages ]
+A stage may be given, besides tensors, an object the model threads through its stages and that the stage changes:
+a Hugging Face ``Cache`` (``DynamicCache``, ``EncoderDecoderCache``; on by default, ``use_cache=True``), whose
+layer ``k`` grows by concatenation (``DynamicLayer.update``) when stage ``k`` runs, and whose cross-attention keys
+are made once and flagged (``EncoderDecoderCache.is_updated``). Calling a stage twice on the same object is not
+calling it twice on the same input: the second call reads what the first wrote (keys twice as long, or the
+cross-attention of the first call, whose graph its backward already freed). Two callers run a stage more than once
+per state: the profiler times a stage alone, again and again, on the inputs the model gave it once
+(``profiler.module_profile``), and a ``recompute`` or ``selective`` stage runs again in backward
+(``tuner.runtime.modules``). Hugging Face turns the cache off under gradient checkpointing; memtune keeps the
+model's math instead: each extra call gets a *structure copy* of the state the stage was given (``copy_structure``):
+every Python object copied (containers, the cache, its list of layer objects, their flags), every tensor shared,
+never copied. The cache's ``update`` rebinds ``keys``/``values`` to new tensors, so what the extra call writes
+goes to its throwaway copy and it computes what the first call computed, while the model's own object sees one
+call, as in the unplanned step. The profiler captures the state once (before the stage ran) and gives every timed
+call a fresh copy of it; the runtime snapshots the state before the first run and gives the re-run a fresh copy of
+the snapshot. Modules and streams are shared, not copied. A state that cannot be copied (``copy.deepcopy`` fails:
+a lock, a handle) is refused with ``ProfilerError``/``PlanError`` naming the stage and the type: turn the state
+off (``use_cache=False`` in a Hugging Face model's config) or keep that stage. Tensors inside the state are
+shared, so a stage that writes into them in place (a ``StaticCache``) still sees its own writes; and a re-run's
+snapshot keeps them (earlier layers' keys and values) alive until the stage's backward, as the model's output, which
+holds the cache, does while it is held. Inputs the caller gives with state in them (a cache passed to the model) are
+copied the same way for every forward the profiler runs (``call_model``), so each sees them as given.
 """
 
 from __future__ import annotations
 
+import copy
+import enum
 import fnmatch
+import gc
+import types
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -48,6 +76,7 @@ __all__ = [
     "StageTrace",
     "TracedStorage",
     "call_model",
+    "copy_structure",
     "find_stages",
     "rebuild",
     "tensor_leaves",
@@ -85,9 +114,120 @@ def rebuild(obj: Any, it: Iterator[torch.Tensor]) -> Any:
     return obj
 
 
+#: values ``copy_structure`` keeps as they are: immutable, or handles no call changes
+_ATOMIC: tuple[type, ...] = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    enum.Enum,
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    torch.finfo,
+    torch.iinfo,
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.ModuleType,
+)
+#: objects ``copy_structure`` shares wherever they sit: the model's modules, devices' streams and events
+_SHARED: tuple[type, ...] = (torch.Tensor, nn.Module, torch.Stream, torch.Event, torch.cuda.Stream, torch.cuda.Event)
+#: objects whose references are not followed when looking for what to share (``copy.deepcopy`` keeps them as well)
+_OPAQUE: tuple[type, ...] = (*_ATOMIC, types.CodeType, types.FrameType, weakref.ref, property)
+
+
+def _shared_memo(obj: Any) -> dict[int, Any]:
+    """A ``copy.deepcopy`` memo mapping every tensor, module, stream and event reachable from ``obj`` to itself, so
+    that deepcopy shares them; references are followed as the garbage collector sees them (``gc.get_referents``:
+    containers' items, objects' attributes and slots), whatever an object's ``__reduce__`` does."""
+    memo: dict[int, Any] = {}
+    seen: set[int] = set()
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, _SHARED):
+            memo[id(o)] = o
+        elif not isinstance(o, _OPAQUE):
+            stack.extend(gc.get_referents(o))
+    return memo
+
+
+def copy_structure(obj: Any, leaves: Iterator[torch.Tensor] | None = None) -> Any:
+    """A structure copy of ``obj`` (NOTE [ State threaded between stages ]): every Python object in it copied, its
+    tensors shared, never copied.
+
+    Tuples, lists, dicts and mappings are walked as ``rebuild`` walks them (new objects; a mapping becomes a dict),
+    their tensor leaves taken from ``leaves`` in ``tensor_leaves`` order (None: the same tensors). Any other object
+    (a Hugging Face ``Cache``, a config) is ``copy.deepcopy``'d with every tensor, module, stream and event inside it
+    shared, so a tensor that needs a gradient and has a graph is fine; an object reached twice is copied once.
+
+    Args:
+        obj: what a stage is called with, usually its ``(args, kwargs)``.
+        leaves: the tensors to put at ``obj``'s tensor leaves, in ``tensor_leaves`` order; None keeps them.
+
+    Returns:
+        The copy. Copying costs only Python time (no tensor memory).
+
+    Raises:
+        ProfilerError: an object cannot be copied (its ``copy.deepcopy`` fails: a lock, an open handle); the message
+            names its type. Callers name the stage and say what to do.
+    """
+    memo: dict[int, Any] | None = None
+
+    def walk(o: Any) -> Any:
+        nonlocal memo
+        if isinstance(o, torch.Tensor):
+            return o if leaves is None else next(leaves)
+        if isinstance(o, Mapping):
+            return {k: walk(v) for k, v in o.items()}
+        if isinstance(o, tuple) and hasattr(o, "_fields"):
+            return type(o)(*(walk(v) for v in o))
+        if isinstance(o, (list, tuple)):
+            return type(o)(walk(v) for v in o)
+        if isinstance(o, (_ATOMIC, _SHARED)):
+            return o
+        if memo is None:
+            memo = _shared_memo(obj)  # only where there is an object to copy
+        try:
+            return copy.deepcopy(o, memo)
+        except Exception as exc:  # whatever an object's own __deepcopy__ or __reduce__ raises
+            t = type(o)
+            raise ProfilerError(f"a {t.__module__}.{t.__qualname__} object cannot be copied ({exc})") from exc
+
+    return walk(obj)
+
+
+def _holds_state(obj: Any) -> bool:
+    """Whether ``obj`` holds, besides tensors, containers and atomic values, an object ``copy_structure`` copies."""
+    if isinstance(obj, Mapping):
+        return any(_holds_state(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_holds_state(v) for v in obj)
+    return not isinstance(obj, (_ATOMIC, _SHARED))
+
+
 def call_model(model: nn.Module, inputs: Inputs) -> Any:
-    """``model(*args, **kwargs)``."""
-    args, kwargs = inputs
+    """``model(*args, **kwargs)``; where the inputs hold state besides tensors (a cache the caller passes), on a
+    structure copy of them, so that every call sees it as the caller gave it (NOTE [ State threaded between stages ])
+    and the caller's object is left as found."""
+    if not _holds_state(inputs):
+        args, kwargs = inputs
+        return model(*args, **kwargs)
+    try:
+        args, kwargs = copy_structure(inputs)
+    except ProfilerError as exc:
+        raise ProfilerError(
+            f"the example inputs hold state that memtune must copy so that every forward it runs sees it as given, "
+            f"and {exc} (NOTE [ State threaded between stages ]); pass inputs without it"
+        ) from exc
     return model(*args, **kwargs)
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "Profile",
     "SavedStorage",
     "StageProfile",
+    "StepPeak",
 ]
 
 PROFILE_SCHEMA_VERSION = 1
@@ -253,6 +254,19 @@ class CompilerPoint(_Frozen):
         return self.peak_bytes <= search_budget_bytes
 
 
+class StepPeak(_Frozen):
+    """The unplanned training step's memory as the allocator saw it (NOTE [ Allocator meters ] in
+    ``profiler.memory_meter``), above what was resident before it (parameters, buffers, the batch): the
+    simulator's prediction of the same step is compared with it (NOTE [ Profile self-check ] in ``tuner.peak_check``).
+    """
+
+    allocated_bytes: int = Field(ge=0, description="the step's peak of allocated bytes above what was resident")
+    reserved_bytes: int = Field(
+        ge=0, description="the caching allocator's peak reservation above its reservation before (CPU: allocated)"
+    )
+    output_held: bool = Field(description="whether the measured step held the model's output until its backward ended")
+
+
 class Profile(_Frozen):
     """A whole chain's profile on one device. Serialises to versioned JSON (``to_json``/``from_json``)."""
 
@@ -309,7 +323,23 @@ class Profile(_Frozen):
         ge=0,
         description="module stages: the backward from the loss to the last stage's output (the loss function and the "
         "model's own code after its last stage) at its peak, above what was live before it and the output's gradient "
-        "it leaves, bytes (CUDA only); None: not measured",
+        "it leaves, bytes, read off the allocator (NOTE [ Allocator meters ] in profiler.memory_meter); None: not "
+        "measured",
+    )
+
+    output_held_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="module stages: bytes the model returns that no stage saves and that the training loop holds "
+        "until its backward ends (``out = model(x); loss(out).backward()`` holds the whole output; "
+        "``model(x).loss.backward()`` only the loss), NOTE [ Held output ] in tuner.simulator; 0: the loop drops the "
+        "output before its backward; None: not measured (chains)",
+    )
+
+    step_peak: StepPeak | None = Field(
+        default=None,
+        description="module stages: the unplanned step's measured peak (NOTE [ Profile self-check ] in "
+        "tuner.peak_check); None: not measured",
     )
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ from tuner.inference import (
     simulate_inference,
 )
 from tuner.link import SharedLink
+from tuner.peak_check import PeakCheck, peak_check, planning_headroom
 from tuner.plan import Action, Plan
 from tuner.policies import POLICIES, run_policy
 from tuner.prefetch_trigger import PrefetchTrigger, prefetch_trigger
@@ -37,6 +38,7 @@ __all__ = [
     "InferenceSim",
     "LayerFitError",
     "LayerPlan",
+    "PeakCheck",
     "Plan",
     "PlanError",
     "PrefetchTrigger",
@@ -52,7 +54,9 @@ __all__ = [
     "exact_optimum",
     "format_bytes",
     "parse_budget",
+    "peak_check",
     "plan_inference",
+    "planning_headroom",
     "prefetch_trigger",
     "ranks_prefetch_trigger",
     "run_policy",

@@ -543,7 +543,11 @@
     const bestRow = results instanceof Error ? null : results.data.find((r) => r.feasible && r.source !== "measured");
     if (profile === null) message(profBox, "The job has no profile yet.");
     else if (profile instanceof Error) message(profBox, `Could not load the profile: ${profile.message}`, "error");
-    else drawProfile(profBox, profile.profile, bestRow ? bestRow.plan : null);
+    else {
+      drawProfile(profBox, profile.profile, bestRow ? bestRow.plan : null);
+      const check = profile.memory_check;  // NOTE [ Profile self-check ]: never silent where it is off
+      if (check) el("p", { class: check.reported ? "error" : "muted" }, profBox, `Memory check: ${check.text}`);
+    }
     const resBox = document.getElementById("results");
     if (!(results instanceof Error)) {
       if (!results.count) message(resBox, "The job stored no plans.");

@@ -38,6 +38,8 @@ class PlanOutOfMemoryError(TunerError):
         detail: the allocator's own message.
         reserved: where the allocator's reserved memory sat at the failure, by stream and pool
             (``tuner.runtime.allocator.reserved_summary``), or "".
+        outside: where the step was when no stage was running (the model's own code before its first stage, the
+            loss and the model's code after its last stage), named by the runtime.
     """
 
     def __init__(
@@ -50,13 +52,17 @@ class PlanOutOfMemoryError(TunerError):
         budget_bytes: int | None = None,
         detail: str = "",
         reserved: str = "",
+        outside: str | None = None,
     ) -> None:
         plan = f"plan {label!r}" if label else "an unlabeled plan"
-        where = f"stage {stage} ({stage_name})" if stage is not None else "an unknown stage"
+        if stage is not None:
+            where = f"the {phase} of stage {stage} ({stage_name})"
+        else:
+            where = outside or f"the {phase} of the model outside its stages"
         budget = f" under a budget of {_gib(budget_bytes)} ({budget_bytes} bytes)" if budget_bytes else ""
         first_line = detail.strip().splitlines()[0] if detail.strip() else ""
         super().__init__(
-            f"{plan} ran out of GPU memory in the {phase} of {where}{budget}. "
+            f"{plan} ran out of GPU memory in {where}{budget}. "
             "Pick a plan simulated for a smaller budget (more offload/recompute), lower the batch, "
             "or raise the budget."
             + (f" Allocator said: {first_line}" if first_line else "")

@@ -39,17 +39,33 @@ Loss = Callable[[Any], torch.Tensor]
 
 
 def measure_step(
-    model: nn.Module, run: nn.Module, inputs: Any, loss_fn: Loss, *, warmup: int, steps: int
+    model: nn.Module,
+    run: nn.Module,
+    inputs: Any,
+    loss_fn: Loss,
+    *,
+    warmup: int,
+    steps: int,
+    output_held: bool = False,
+    optimizer: str = "sgd",
 ) -> dict[str, Any]:
-    """Train ``run`` (which shares ``model``'s parameters) for ``warmup + steps`` steps with SGD and momentum: the
-    median step ms and the peaks of the timed steps (``tuner.runtime.bench.measure_step``), and allocator retries per
-    step."""
-    opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
+    """Train ``run`` (which shares ``model``'s parameters) for ``warmup + steps`` steps with SGD and momentum (or
+    AdamW, ``optimizer="adam"``): the median step ms and the peaks of the timed steps
+    (``tuner.runtime.bench.measure_step``), and allocator retries per step. ``output_held``: the loop holds the
+    model's output until its backward ends (NOTE [ Held output ] in ``tuner.simulator``)."""
+    if optimizer == "adam":
+        opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
     args = as_inputs(inputs)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        loss_fn(call_model(run, args)).backward()
+        out = call_model(run, args)
+        loss = loss_fn(out)
+        if not output_held:
+            del out
+        loss.backward()
         opt.step()
 
     gc.collect()

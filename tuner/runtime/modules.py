@@ -14,6 +14,11 @@ applies the stage's action (NOTE [ Plan semantics ] in ``tuner.plan``):
   in place runs on a clone of it (NOTE [ In-place at segment boundaries ]);
 * ``selective``: the same checkpoint under PyTorch's selective checkpointing (NOTE [ Selective stages ]).
 
+A recompute or selective stage given state the model threads through its stages (a Hugging Face cache, which the
+stage updates) re-runs on a structure copy of that state as it was before its first run, so the re-run's updates
+go to a throwaway copy and it computes what the first run computed (NOTE [ State threaded between stages ] in
+``profiler.modules``); state that cannot be copied is refused with ``PlanError``.
+
 The model's code between stages runs untouched. Outputs may be tensors, tuples, dicts or ``ModelOutput``s.
 """
 
@@ -28,8 +33,9 @@ from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
+from profiler import ProfilerError
 from profiler.chain import may_write_input
-from profiler.modules import rebuild, tensor_leaves
+from profiler.modules import copy_structure, rebuild, tensor_leaves
 from profiler.selective import selective_context
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan
@@ -160,7 +166,12 @@ class PlannedModule(PlannedBase):
         self, k: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, selective: bool
     ) -> Any:
         """Stage ``k`` under a non-reentrant checkpoint of its own call; its re-run replays the random state of
-        every device it touches (NOTE [ Random state under recompute ])."""
+        every device it touches (NOTE [ Random state under recompute ]) and runs on a structure copy of the state
+        the first run was given (NOTE [ State threaded between stages ]).
+
+        Raises:
+            PlanError: the stage is given state that cannot be copied, or it writes an input in place undeclared.
+        """
         module = self._stages[k]
         clone = self._clone[k]
         calls = 0
@@ -170,6 +181,16 @@ class PlannedModule(PlannedBase):
         inputs = list(tensor_leaves((args, kwargs)))
         positional = sum(1 for _ in tensor_leaves(args))  # the positional tensors: those a clone covers
         structure = rebuild((args, kwargs), iter(inputs))
+        # NOTE [ State threaded between stages ]: the first run updates the model's own objects (its cache), as
+        # unplanned; the re-run gets a fresh copy of them as they are now, before the first run
+        try:
+            state = copy_structure(structure)
+        except ProfilerError as exc:
+            raise PlanError(
+                f"stage {k} ({self.stage_names[k]}) is given state that its re-run in backward must see as the first "
+                f"run saw it, and {exc} (NOTE [ State threaded between stages ]); turn that state off "
+                "(use_cache=False in a Hugging Face model's config) or keep or offload this stage"
+            ) from exc
         rng = RandomState.capture([*inputs, *module.parameters(), *module.buffers()])
 
         def body(*tensors: Any) -> Any:
@@ -177,12 +198,13 @@ class PlannedModule(PlannedBase):
             calls += 1
             if clone:  # NOTE [ In-place at segment boundaries ]
                 tensors = tuple(a.clone() if i < positional else a for i, a in enumerate(tensors))
-            a, kw = rebuild(structure, iter(tensors))
             if calls == 1:
+                a, kw = rebuild(structure, iter(tensors))
                 return fn(*a, **kw)
             # NOTE [ Buffers during recompute ]; outside selective checkpointing's dispatch mode
             with _disable_current_modes():
                 snapshot = [(b, b.clone()) for b in module.buffers()]
+                a, kw = copy_structure(state, iter(tensors))  # NOTE [ State threaded between stages ]
             try:
                 with rng.replayed():
                     return fn(*a, **kw)

@@ -199,6 +199,7 @@ class StepState:
         self.held: list[_Entry] = []  # entries whose device storage is still held (NOTE [ Deferred frees ])
         self.forward_stage: int | None = None
         self.backward_stage: int | None = None
+        self.forward_ended = False  # the model's forward has returned (the loss runs, or the backward)
         self.cuda = device.type == "cuda"
 
     # ---- forward -------------------------------------------------------------------------------
@@ -310,6 +311,7 @@ class StepState:
         """The forward is over: the dedupe map is no longer needed."""
         self.entries = {}
         self.forward_stage = None
+        self.forward_ended = True
 
     # ---- backward ------------------------------------------------------------------------------
     def trigger(self, need: int) -> int:

@@ -63,6 +63,8 @@ class PlannedBase(nn.Module):
             return "forward", None
         if step.forward_stage is not None:
             return "forward", step.forward_stage
+        if not step.forward_ended:
+            return "forward", None
         return "backward", step.backward_stage
 
     def _begin_step(self, device: torch.device, exclude_ptrs: set[int]) -> StepState:
@@ -97,6 +99,19 @@ class PlannedBase(nn.Module):
             budget_bytes=self._budget_bytes,
             detail=str(exc),
             reserved=reserved,
+            outside=None if stage is not None else self._outside(phase),
+        )
+
+    def _outside(self, phase: Phase) -> str:
+        """Where a step is when no stage runs: before the first stage, or after the model returned and before the
+        backward reached the last stage (the loss's forward or backward, or the model's own code after its last
+        stage, such as a Hugging Face model's cross-entropy over its logits)."""
+        n = len(self.stage_names)
+        if phase == "forward":
+            return f"the forward of the model's own code before its first stage, stage 0 ({self.stage_names[0]})"
+        return (
+            f"the loss (its forward or backward) or the backward of the model's own code after its last stage, stage "
+            f"{n - 1} ({self.stage_names[n - 1]}), before the backward reached that stage"
         )
 
     @contextlib.contextmanager

@@ -19,7 +19,7 @@ EXPECTED = {
     profiler: {
         "GPUS", "ZOO_NAMES", "ArchiveTooLargeError", "CompilerPoint", "ConvAlgo", "ConvProfile", "DeviceIdentity",
         "ExportedError", "GPUSpec", "ModelChain", "Profile", "ProfilerError", "RowMap", "SavedStorage", "SpecError",
-        "StageProfile", "UnknownGPUError", "build", "build_factory", "find_profile", "find_stages", "from_spec",
+        "StageProfile", "StepPeak", "UnknownGPUError", "build", "build_factory", "find_profile", "find_stages", "from_spec",
         "get_gpu", "modeled_profile", "profile_module", "spec_hash",
     },
     tuner: {
@@ -28,7 +28,7 @@ EXPECTED = {
         "exact_front", "exact_optimum", "format_bytes", "parse_budget", "prefetch_trigger", "ranks_prefetch_trigger",
         "run_policy", "simulate", "simulate_ranks", "stagger_for", "tune",
         "InferenceFacts", "InferencePlan", "InferenceSim", "LayerFitError", "LayerPlan", "plan_inference",
-        "simulate_inference",
+        "simulate_inference", "PeakCheck", "peak_check", "planning_headroom",
     },
     tuner.runtime: {
         "Equivalence", "HostPool", "OffloadStats", "PlanOutOfMemoryError", "PlannedModel", "ReferenceStep",

@@ -1,0 +1,261 @@
+"""The two promises on users' models, on a GPU: a plan never changes the math, and a plan that says it fits, fits.
+
+    python -m benchmarks.promises --models gpt2,bert_mlm --fractions 0.4,0.5,0.6,0.7,0.8 --out DIR
+    python -m benchmarks.promises --table DIR          # the Markdown tables of the rows in DIR
+
+Per model, in one process, built as users build them (Hugging Face models from their default configs: dropout on,
+caches on; torchvision models as shipped), in train mode:
+
+1. the unplanned step (median of ``--steps`` after ``--warmup``, CUDA events; the output held through the backward,
+   the profile's default; SGD with momentum, AdamW for the language models), its peak allocated and reserved bytes;
+2. ``memtune.profile`` on CUDA (module stages found by default) and its self-check (NOTE [ Profile self-check ]);
+3. the math: one unplanned step's gradients against every uniform plan (keep, offload, recompute, selective) and
+   against the plan tuned at each fraction, beside a second unplanned step (the run-to-run spread), with the same
+   seed, dropout drawing its masks (``tuner.runtime.verify``);
+4. the memory: at each fraction of the measured unplanned peak, ``tuner.tune`` with the default headroom (the GPU
+   type's calibration widened by the profile's measured gap, ``tuner.planning_headroom``), the best plan run under
+   ``budget_guard`` at that budget (an out-of-memory is a result) and again without the cap, beside the simulator's
+   prediction. The five searches run in parallel processes (pure Python).
+
+One JSON object per model goes to ``<out>/<model>.json``, a line per model to standard output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuner.runtime.guard import configure_allocator
+
+Loss = Callable[[Any], torch.Tensor]
+Built = tuple[nn.Module, Any, Loss, str]  # model, batch, loss, optimizer
+GiB = float(1 << 30)
+
+
+class Autocast(nn.Module):
+    """The model called under CUDA autocast to ``dtype``: a bf16 training step as users write it."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.model = model
+        self.dtype = dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast("cuda", dtype=self.dtype):
+            return self.model(*args, **kwargs)
+
+
+def _hf_loss(out: Any) -> torch.Tensor:
+    return out.loss  # type: ignore[no-any-return]
+
+
+def _tokens(vocab: int, batch: int, seq: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+    return {"input_ids": ids, "labels": ids}
+
+
+def _language(kind: str) -> Built:
+    import transformers as hf
+
+    if kind == "gpt2":  # the 124M configuration, as shipped
+        return hf.GPT2LMHeadModel(hf.GPT2Config()).cuda(), _tokens(50257, 8, 1024), _hf_loss, "adam"
+    if kind == "bert_mlm":  # bert-base
+        return hf.BertForMaskedLM(hf.BertConfig()).cuda(), _tokens(30522, 32, 512), _hf_loss, "adam"
+    if kind == "t5_small":  # t5-small's sizes: d_model 512, 6 layers, 8 heads, vocabulary 32,128
+        model = hf.T5ForConditionalGeneration(hf.T5Config(decoder_start_token_id=0, pad_token_id=0))
+        return model.cuda(), _tokens(32128, 16, 512), _hf_loss, "adam"
+    cfg = hf.LlamaConfig(  # a Llama-style decoder, bf16 autocast
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
+        vocab_size=32000, max_position_embeddings=2048,
+    )  # fmt: skip
+    model = Autocast(hf.LlamaForCausalLM(cfg).cuda(), torch.bfloat16)
+    return model, _tokens(32000, 8, 2048), _hf_loss, "adam"
+
+
+def _vision(kind: str) -> Built:
+    import torchvision
+
+    batch = {"resnet50": 128, "mobilenet_v2": 128, "densenet121": 64, "vit_b_16": 64}[kind]
+    model = getattr(torchvision.models, kind)().cuda()
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    return model, x, lambda out: nn.functional.cross_entropy(out, y), "sgd"
+
+
+def _unet(_kind: str) -> Built:
+    from tests.unit.modules.models import UNet, mean_square
+
+    return UNet(width=64).cuda(), torch.randn(16, 3, 256, 256, device="cuda"), mean_square, "sgd"
+
+
+MODELS: dict[str, Callable[[str], Built]] = {
+    "gpt2": _language,
+    "llama": _language,
+    "bert_mlm": _language,
+    "t5_small": _language,
+    "vit_b_16": _vision,
+    "resnet50": _vision,
+    "mobilenet_v2": _vision,
+    "densenet121": _vision,
+    "unet": _unet,
+}
+
+
+def _tune(args: tuple[str, int, float, int, str]) -> dict[str, Any]:
+    """One search in a worker process: ``(profile JSON, budget bytes, headroom, trials, optimizer)``."""
+    from profiler import Profile
+    from tuner import tune
+
+    profile_json, budget, headroom, trials, optimizer = args
+    result = tune(
+        Profile.from_json(profile_json), budget, trials=trials, seed=0, headroom=headroom, optimizer=optimizer
+    )
+    if result.best is None:
+        return {"error": "no plan fits"}
+    best = result.best
+    return {"plan": best.plan.model_dump(mode="json"), "step_ms": best.step_ms, "peak_bytes": best.peak_bytes}
+
+
+def run_model(kind: str, fractions: list[float], trials: int, warmup: int, steps: int) -> dict[str, Any]:
+    """The row of one model (see the module docstring)."""
+    import memtune
+    from tuner import Action, Plan, peak_check, planning_headroom
+    from tuner.runtime import budget_guard, check_equivalence, planned, reference_step
+    from tuner.runtime.module_bench import measure_step
+
+    torch.manual_seed(0)
+    model, inputs, loss_fn, opt = MODELS[kind](kind)
+    model.train()
+
+    def step(run: nn.Module) -> dict[str, Any]:
+        return measure_step(model, run, inputs, loss_fn, warmup=warmup, steps=steps, output_held=True, optimizer=opt)
+
+    row: dict[str, Any] = {"model": kind, "optimizer": opt, "torch": torch.__version__}
+    row["unplanned"] = step(model)
+    t0 = time.perf_counter()
+    prof = memtune.profile(model, inputs, loss_fn=loss_fn, progress=False)
+    row["profile_s"] = round(time.perf_counter() - t0, 1)
+    row.update(stages=prof.n_stages, device=prof.device.name, profile=json.loads(prof.to_json()))
+    check = peak_check(prof)
+    row["self_check"] = None if check is None else {"text": str(check), "gap": check.gap}
+    headroom = planning_headroom(prof)
+    row["headroom"] = headroom
+    budgets = [int(f * row["unplanned"]["peak_bytes"]) for f in fractions]
+    with ProcessPoolExecutor(max_workers=len(fractions)) as pool:
+        tuned = list(pool.map(_tune, [(prof.to_json(), b, headroom, trials, opt) for b in budgets]))
+    # the math first, before any planned training step moves the parameters
+    ref = reference_step(model, inputs, loss_fn=loss_fn)
+
+    def grad_error(plan: Plan) -> float:
+        eq, pm = check_equivalence(model, plan, inputs, loss_fn=loss_fn, reference=ref, steps=1)
+        del pm
+        return eq.grad
+
+    n = prof.n_stages
+    row["spread"] = grad_error(Plan.uniform(n, Action.KEEP).named(prof))
+    row["actions"] = {a.value: grad_error(Plan.uniform(n, a).named(prof)) for a in Action}
+    row["fractions"] = []
+    for f, budget, t in zip(fractions, budgets, tuned, strict=True):
+        entry: dict[str, Any] = {"fraction": f, "budget_bytes": budget, **t}
+        if "plan" in t:
+            entry["compact"] = Plan.model_validate(t["plan"]).compact()
+            entry["grad"] = grad_error(Plan.model_validate(t["plan"]))
+        row["fractions"].append(entry)
+    # the memory: each plan under its cap, then without it
+    for entry in row["fractions"]:
+        if "plan" not in entry:
+            continue
+        pm = planned(model, Plan.model_validate(entry["plan"]))
+        try:
+            with budget_guard(entry["budget_bytes"], pm):
+                entry["capped"] = step(pm)
+        except Exception as exc:  # an out-of-memory under the cap is a result, reported as such
+            entry["capped"] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+        entry["uncapped"] = step(pm)
+        del pm
+        gc.collect()
+        torch.cuda.empty_cache()
+    return row
+
+
+def table(folder: Path) -> str:
+    """The Markdown tables of the rows in ``folder``: the math (every action) and the memory (every fraction)."""
+    rows = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    rows = [r for r in rows if "fractions" in r]
+    math = ["| model | stages | spread | keep | offload | recompute | selective | tuned plans (worst) |", "|---|" * 8]
+    mem = [
+        "| model | unplanned ms / GiB | self-check | fraction | budget GiB (headroom) | plan | predicted ms / GiB "
+        "| under the cap | uncapped ms / GiB | peak error | step error |",
+        "|---|" * 11,
+    ]
+    for r in rows:
+        a = r["actions"]
+        tuned = max((e.get("grad", 0.0) for e in r["fractions"]), default=0.0)
+        math.append(
+            f"| {r['model']} | {r['stages']} | {r['spread']:.1e} | {a['keep']:.1e} | {a['offload']:.1e} | "
+            f"{a['recompute']:.1e} | {a['selective']:.1e} | {tuned:.1e} |"
+        )
+        un = r["unplanned"]
+        gap = f"{r['self_check']['gap']:+.1%}" if r.get("self_check") else "-"
+        for e in r["fractions"]:
+            head = (
+                f"| {r['model']} | {un['step_ms']:.1f} / {un['peak_bytes'] / GiB:.2f} | {gap} | {e['fraction']:.0%} | "
+                f"{e['budget_bytes'] / GiB:.2f} ({r['headroom']:.1%}) |"
+            )
+            if "plan" not in e:
+                mem.append(f"{head} no plan fits | - | - | - | - | - |")
+                continue
+            cap, unc = e["capped"], e["uncapped"]
+            capped = "out of memory" if "error" in cap else f"fits, {cap['step_ms']:.1f} ms"
+            mem.append(
+                f"{head} `{e['compact']}` | {e['step_ms']:.1f} / {e['peak_bytes'] / GiB:.2f} | {capped} | "
+                f"{unc['step_ms']:.1f} / {unc['peak_bytes'] / GiB:.2f} | "
+                f"{(e['peak_bytes'] - unc['peak_bytes']) / unc['peak_bytes']:+.1%} | "
+                f"{(e['step_ms'] - unc['step_ms']) / unc['step_ms']:+.1%} |"
+            )
+    return "\n".join(math) + "\n\n" + "\n".join(mem)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--fractions", default="0.4,0.5,0.6,0.7,0.8")
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--table", type=Path, help="print the Markdown tables of the rows in this folder and stop")
+    args = parser.parse_args()
+    if args.table is not None:
+        print(table(args.table))
+        return
+    configure_allocator()
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    fractions = [float(f) for f in args.fractions.split(",")]
+    for kind in args.models.split(","):
+        if kind not in MODELS:
+            raise SystemExit(f"--models: {kind!r} is not one of {', '.join(MODELS)}")
+        try:
+            row = run_model(kind, fractions, args.trials, args.warmup, args.steps)
+        except Exception as exc:
+            row = {"model": kind, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        (args.out / f"{kind}.json").write_text(json.dumps(row, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in row.items() if k not in ("profile",)})[:3000], flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

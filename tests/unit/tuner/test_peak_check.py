@@ -1,0 +1,75 @@
+"""The profile's self-check (NOTE [ Profile self-check ]): reported above 3%, widening the default headroom where the
+simulator under-predicts, shown by ``memtune.tune``'s printout and warned about by ``memtune.profile``."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import memtune
+from profiler import Profile, StepPeak
+from tuner import peak_check, planning_headroom
+from tuner.calibration import calibration_for
+
+
+def small() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(4)), nn.Linear(64, 8))
+    return model, torch.randn(32, 64)
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    model, x = small()
+    return memtune.profile(model, x, progress=False, warmup=0, repeats=1)
+
+
+def with_measured(profile: Profile, factor: float) -> Profile:
+    """``profile`` as if its unplanned step had measured ``factor`` x the simulator's prediction."""
+    check = peak_check(profile)
+    assert check is not None
+    peak = int(check.predicted_bytes * factor)
+    return profile.model_copy(
+        update={"step_peak": StepPeak(allocated_bytes=peak, reserved_bytes=peak, output_held=True)}
+    )
+
+
+def test_a_cpu_profile_checks_itself_and_agrees(profile: Profile) -> None:
+    check = peak_check(profile)
+    assert check is not None and not check.reported, check
+    assert check.device == "the CPU"  # a CPU profile for a GPU says where it was measured
+    assert planning_headroom(profile) == pytest.approx(calibration_for(profile.device.key).headroom, abs=2e-3)
+
+
+def test_an_under_prediction_is_reported_and_widens_the_headroom(profile: Profile) -> None:
+    off = with_measured(profile, 1.25)
+    check = peak_check(off)
+    assert check is not None and check.reported and check.gap == pytest.approx(0.25, abs=1e-3)
+    assert "under-predicts" in str(check)
+    base = calibration_for(profile.device.key).headroom
+    # the search budget budget x (1 - h) / (1 + gap)
+    assert 1 - planning_headroom(off) == pytest.approx((1 - base) / 1.25, rel=1e-3)
+    tuned = memtune.tune(off, "80% of peak", trials=5, progress=False)
+    assert "memory check:" in str(tuned) and "under-predicts" in str(tuned)
+
+
+def test_an_over_prediction_is_reported_but_keeps_the_headroom(profile: Profile) -> None:
+    off = with_measured(profile, 0.8)
+    check = peak_check(off)
+    assert check is not None and check.reported and "over-predicts" in str(check)
+    assert planning_headroom(off) == calibration_for(profile.device.key).headroom
+
+
+def test_profile_warns_when_the_check_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``memtune.profile`` warns (never silent) where its own check is above the tolerance."""
+    import api.python as face
+
+    model, x = small()
+    monkeypatch.setattr(face, "peak_check", lambda p: peak_check(with_measured(p, 1.5)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        memtune.profile(model, x, progress=False, warmup=0, repeats=1)
+    assert any("memory check" in str(w.message) and "under-predicts" in str(w.message) for w in caught)
