@@ -5,7 +5,7 @@ Ten lines for a Hugging Face model built from a config::
     import memtune, torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config(n_layer=4, vocab_size=4096, use_cache=False))
+    model = GPT2LMHeadModel(GPT2Config(n_layer=4, vocab_size=4096))   # its default config, caches on
     ids = torch.randint(0, 4096, (8, 256))
     tuned = memtune.tune(model, "60% of peak", example_inputs={"input_ids": ids, "labels": ids}, gpu="h100")
     print(tuned)                                   # the table, the best plan and the bound

@@ -1,5 +1,5 @@
-"""Shared pieces of the benchmarks: which profile to use, the command line of the per-budget tables, and the
-environment line of every table."""
+"""Shared pieces of the benchmarks: which profile to use, the command line of the per-budget tables, the
+environment line of every table, and the per-model loop of the benchmarks on users' models."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import argparse
 import datetime
 import os
 import platform
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import Any
 
 from profiler import Profile
 
-__all__ = ["budget_table_args", "config_profile", "environment", "zoo_profile"]
+__all__ = ["budget_table_args", "config_profile", "environment", "model_rows", "zoo_profile"]
 
 
 def zoo_profile(
@@ -78,3 +80,32 @@ def environment() -> str:
         f"({os.cpu_count()} cores), Python {platform.python_version()}, torch {torch.__version__}, "
         f"optuna {optuna.__version__}"
     )
+
+
+def model_rows(names: str, known: Collection[str], run: Callable[[str], dict[str, Any]], out: Path) -> None:
+    """For each comma-separated model of ``names`` (each one of ``known``), in one CUDA process: the JSON row
+    ``run(name)`` makes (an exception is the row's ``error``), written to ``<out>/<name>.json`` and printed on a line
+    without its profile; the CUDA cache emptied between models (``benchmarks.your_models``, ``benchmarks.promises``).
+    """
+    import gc
+    import json
+
+    import optuna
+    import torch
+
+    from tuner.runtime.guard import configure_allocator
+
+    configure_allocator()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names.split(","):
+        if name not in known:
+            raise SystemExit(f"--models: {name!r} is not one of {', '.join(known)}")
+        try:
+            row = run(name)
+        except Exception as exc:
+            row = {"model": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        (out / f"{name}.json").write_text(json.dumps(row, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in row.items() if k not in ("stage_names", "profile")})[:3000], flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()

@@ -9,18 +9,23 @@ caches on; torchvision models as shipped), in train mode:
 1. the unplanned step (median of ``--steps`` after ``--warmup``, CUDA events; the output held through the backward,
    the profile's default; SGD with momentum, AdamW for the language models), its peak allocated and reserved bytes;
 2. ``memtune.profile`` on CUDA (module stages found by default) and its self-check (NOTE [ Profile self-check ]);
-3. the math: one unplanned step's gradients against every uniform plan (keep, offload, recompute, selective) and
-   against the plan tuned at each fraction, beside a second unplanned step (the run-to-run spread), with the same
-   seed, dropout drawing its masks (``tuner.runtime.verify``);
-4. the memory: at each fraction of the measured unplanned peak, ``tuner.tune`` with the default headroom (the GPU
-   type's calibration widened by the profile's measured gap, ``tuner.planning_headroom``), the best plan run under
-   ``budget_guard`` at that budget (an out-of-memory is a result) and again without the cap, beside the simulator's
-   prediction. The five searches run in parallel processes (pure Python).
+3. the memory: at each fraction of the measured unplanned peak, ``tuner.tune`` with the default headroom (the GPU
+   type's calibration widened by the profile's measured gap, ``tuner.planning_headroom``), the best plan run without
+   a cap, then under ``budget_guard`` at that budget (an out-of-memory is a result, measured last), beside the
+   simulator's prediction. The five searches run in parallel processes (pure Python);
+4. the math, last, with deterministic kernels and TF32 off (``tuner.runtime.verify.deterministic_math``, which
+   changes what the allocator sees, hence after the memory): one unplanned step's gradients against every uniform
+   plan (keep, offload, recompute, selective) and every tuned plan, beside the stages wrapped with ``keep`` (the
+   run-to-run spread), with the same seed, dropout drawing its masks (``tuner.runtime.verify``).
 
 One JSON object per model goes to ``<out>/<model>.json``, a line per model to standard output.
 """
 
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts: deterministic GEMMs for the math
 
 import argparse
 import gc
@@ -34,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuner.runtime.guard import configure_allocator
+from benchmarks.common import model_rows
 
 Loss = Callable[[Any], torch.Tensor]
 Built = tuple[nn.Module, Any, Loss, str]  # model, batch, loss, optimizer
@@ -128,9 +133,10 @@ def _tune(args: tuple[str, int, float, int, str]) -> dict[str, Any]:
 def run_model(kind: str, fractions: list[float], trials: int, warmup: int, steps: int) -> dict[str, Any]:
     """The row of one model (see the module docstring)."""
     import memtune
-    from tuner import Action, Plan, peak_check, planning_headroom
-    from tuner.runtime import budget_guard, check_equivalence, planned, reference_step
+    from tuner import Plan, peak_check, planning_headroom
+    from tuner.runtime import budget_guard, planned
     from tuner.runtime.module_bench import measure_step
+    from tuner.runtime.verify import deterministic_math
 
     torch.manual_seed(0)
     model, inputs, loss_fn, opt = MODELS[kind](kind)
@@ -152,7 +158,38 @@ def run_model(kind: str, fractions: list[float], trials: int, warmup: int, steps
     budgets = [int(f * row["unplanned"]["peak_bytes"]) for f in fractions]
     with ProcessPoolExecutor(max_workers=len(fractions)) as pool:
         tuned = list(pool.map(_tune, [(prof.to_json(), b, headroom, trials, opt) for b in budgets]))
-    # the math first, before any planned training step moves the parameters
+    # the memory first, as a user's process runs it (deterministic kernels change the allocator's picture): each plan
+    # without the cap, then under it (after an out-of-memory nothing else is measured)
+    row["fractions"] = [
+        {"fraction": f, "budget_bytes": b, **t} for f, b, t in zip(fractions, budgets, tuned, strict=True)
+    ]
+    for entry in row["fractions"]:
+        if "plan" not in entry:
+            continue
+        pm = planned(model, Plan.model_validate(entry["plan"]))
+        entry["uncapped"] = step(pm)
+        try:
+            with budget_guard(entry["budget_bytes"], pm):
+                entry["capped"] = step(pm)
+        except Exception as exc:  # an out-of-memory under the cap is a result, reported as such
+            entry["capped"] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+        del pm
+        gc.collect()
+        torch.cuda.empty_cache()
+    # the math last, against a reference taken now (the steps above moved the parameters); deterministic kernels, so
+    # that the spread is the framework's (atomics in an embedding's backward), not the autotuner's choices
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    with deterministic_math():
+        _math(row, model, inputs, loss_fn, prof)
+    torch.use_deterministic_algorithms(False)
+    return row
+
+
+def _math(row: dict[str, Any], model: nn.Module, inputs: Any, loss_fn: Loss, prof: Any) -> None:
+    """Gradient errors of every uniform plan and every tuned plan against one unplanned step, and the spread."""
+    from tuner import Action, Plan
+    from tuner.runtime import check_equivalence, reference_step
+
     ref = reference_step(model, inputs, loss_fn=loss_fn)
 
     def grad_error(plan: Plan) -> float:
@@ -163,39 +200,24 @@ def run_model(kind: str, fractions: list[float], trials: int, warmup: int, steps
     n = prof.n_stages
     row["spread"] = grad_error(Plan.uniform(n, Action.KEEP).named(prof))
     row["actions"] = {a.value: grad_error(Plan.uniform(n, a).named(prof)) for a in Action}
-    row["fractions"] = []
-    for f, budget, t in zip(fractions, budgets, tuned, strict=True):
-        entry: dict[str, Any] = {"fraction": f, "budget_bytes": budget, **t}
-        if "plan" in t:
-            entry["compact"] = Plan.model_validate(t["plan"]).compact()
-            entry["grad"] = grad_error(Plan.model_validate(t["plan"]))
-        row["fractions"].append(entry)
-    # the memory: each plan under its cap, then without it
     for entry in row["fractions"]:
-        if "plan" not in entry:
-            continue
-        pm = planned(model, Plan.model_validate(entry["plan"]))
-        try:
-            with budget_guard(entry["budget_bytes"], pm):
-                entry["capped"] = step(pm)
-        except Exception as exc:  # an out-of-memory under the cap is a result, reported as such
-            entry["capped"] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
-        entry["uncapped"] = step(pm)
-        del pm
-        gc.collect()
-        torch.cuda.empty_cache()
-    return row
+        if "plan" in entry:
+            entry["compact"] = Plan.model_validate(entry["plan"]).compact()
+            entry["grad"] = grad_error(Plan.model_validate(entry["plan"]))
 
 
 def table(folder: Path) -> str:
     """The Markdown tables of the rows in ``folder``: the math (every action) and the memory (every fraction)."""
     rows = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
     rows = [r for r in rows if "fractions" in r]
-    math = ["| model | stages | spread | keep | offload | recompute | selective | tuned plans (worst) |", "|---|" * 8]
+    math = [
+        "| model | stages | spread | keep | offload | recompute | selective | tuned plans (worst) |",
+        "|" + "---|" * 8,
+    ]
     mem = [
         "| model | unplanned ms / GiB | self-check | fraction | budget GiB (headroom) | plan | predicted ms / GiB "
         "| under the cap | uncapped ms / GiB | peak error | step error |",
-        "|---|" * 11,
+        "|" + "---|" * 11,
     ]
     for r in rows:
         a = r["actions"]
@@ -238,23 +260,10 @@ def main() -> None:
     if args.table is not None:
         print(table(args.table))
         return
-    configure_allocator()
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    args.out.mkdir(parents=True, exist_ok=True)
     fractions = [float(f) for f in args.fractions.split(",")]
-    for kind in args.models.split(","):
-        if kind not in MODELS:
-            raise SystemExit(f"--models: {kind!r} is not one of {', '.join(MODELS)}")
-        try:
-            row = run_model(kind, fractions, args.trials, args.warmup, args.steps)
-        except Exception as exc:
-            row = {"model": kind, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-        (args.out / f"{kind}.json").write_text(json.dumps(row, indent=1) + "\n")
-        print(json.dumps({k: v for k, v in row.items() if k not in ("profile",)})[:3000], flush=True)
-        gc.collect()
-        torch.cuda.empty_cache()
+    model_rows(
+        args.models, MODELS, lambda kind: run_model(kind, fractions, args.trials, args.warmup, args.steps), args.out
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ output.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuner.runtime.guard import configure_allocator
+from benchmarks.common import model_rows
 
 Loss = Callable[[Any], torch.Tensor]
 
@@ -169,22 +168,12 @@ def main() -> None:
     if args.table is not None:
         print(table(args.table))
         return
-    configure_allocator()
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for kind in args.models.split(","):
-        if kind not in MODELS:
-            raise SystemExit(f"--models: {kind!r} is not one of {', '.join(MODELS)}")
-        try:
-            row = run_model(kind, args.fraction, args.headroom, args.trials, args.warmup, args.steps)
-        except Exception as exc:
-            row = {"model": kind, "error": f"{type(exc).__name__}: {exc}"[:800]}
-        (args.out / f"{kind}.json").write_text(json.dumps(row, indent=1) + "\n")
-        print(json.dumps({k: v for k, v in row.items() if k not in ("stage_names", "profile")}), flush=True)
-        gc.collect()
-        torch.cuda.empty_cache()
+    model_rows(
+        args.models,
+        MODELS,
+        lambda kind: run_model(kind, args.fraction, args.headroom, args.trials, args.warmup, args.steps),
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -393,7 +393,9 @@ def profile_module(
     with _left_as_found(model, dev):
         model.train()
         names, coarse = find_stages(model, inputs, stages)
-        trace = trace_stages(model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype))
+        trace = trace_stages(
+            model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype), output_held=output_held
+        )
         modules = [model.get_submodule(n) if n else model for n in names]
         timings: list[_Timing] = []
         for k, m in enumerate(modules):

@@ -78,6 +78,7 @@ __all__ = [
     "call_model",
     "copy_structure",
     "find_stages",
+    "held_tensors",
     "rebuild",
     "tensor_leaves",
     "trace_stages",
@@ -158,6 +159,14 @@ def _shared_memo(obj: Any) -> dict[int, Any]:
         elif not isinstance(o, _OPAQUE):
             stack.extend(gc.get_referents(o))
     return memo
+
+
+def held_tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor reachable from ``obj`` through objects other than tuples, lists and dicts (a Hugging Face
+    ``Cache`` in a model's output holding each layer's keys and values), found as ``copy_structure`` finds what to
+    share (``gc.get_referents``); modules are not entered. NOTE [ Held output ] in ``tuner.simulator``."""
+    leaves = {id(t) for t in tensor_leaves(obj)}
+    return [t for t in _shared_memo(obj).values() if isinstance(t, torch.Tensor) and id(t) not in leaves]
 
 
 def copy_structure(obj: Any, leaves: Iterator[torch.Tensor] | None = None) -> Any:
@@ -523,8 +532,14 @@ def trace_stages(
     *,
     loss_fn: Callable[[Any], torch.Tensor],
     autocast: AbstractContextManager[Any] | None = None,
+    output_held: bool = False,
 ) -> StageTrace:
     """Run one forward and the loss of ``model`` on ``inputs`` with its stages hooked; see NOTE [ Module stages ].
+
+    With ``output_held`` the storages that objects in the model's output hold (``held_tensors``: a cache's keys and
+    values) are marked as saved by the model's own code from the start: a training loop that holds the output keeps
+    them on the GPU until its backward ends, whatever a plan does with the stages that saved them (NOTE [ Held
+    output ] in ``tuner.simulator``).
 
     The graph is dropped afterwards (no backward runs). Buffers the forward updates (batch-norm statistics) are
     updated once; callers that must leave the model as found restore them.
@@ -553,6 +568,10 @@ def trace_stages(
             ]
             for sid in model_outputs:
                 tracer.storages[sid].readers.add(len(names) - 1)
+            for t in held_tensors(out) if output_held else ():
+                sid = tracer.sight(t, tracer.last_done, saved=True)
+                if sid is not None:
+                    tracer.storages[sid].outside_after = -1  # held to the end: saved_by gains stage 0
             tracer.in_loss = True
             loss = loss_fn(out)
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
