@@ -71,19 +71,21 @@ def _tokens(vocab: int, batch: int, seq: int) -> dict[str, torch.Tensor]:
 def _language(kind: str) -> Built:
     import transformers as hf
 
+    model: nn.Module
     if kind == "gpt2":  # the 124M configuration, as shipped
-        return hf.GPT2LMHeadModel(hf.GPT2Config()).cuda(), _tokens(50257, 8, 1024), _hf_loss, "adam"
-    if kind == "bert_mlm":  # bert-base
-        return hf.BertForMaskedLM(hf.BertConfig()).cuda(), _tokens(30522, 32, 512), _hf_loss, "adam"
-    if kind == "t5_small":  # t5-small's sizes: d_model 512, 6 layers, 8 heads, vocabulary 32,128
-        model = hf.T5ForConditionalGeneration(hf.T5Config(decoder_start_token_id=0, pad_token_id=0))
-        return model.cuda(), _tokens(32128, 16, 512), _hf_loss, "adam"
-    cfg = hf.LlamaConfig(  # a Llama-style decoder, bf16 autocast
-        hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
-        vocab_size=32000, max_position_embeddings=2048,
-    )  # fmt: skip
-    model = Autocast(hf.LlamaForCausalLM(cfg).cuda(), torch.bfloat16)
-    return model, _tokens(32000, 8, 2048), _hf_loss, "adam"
+        model, batch = hf.GPT2LMHeadModel(hf.GPT2Config()), _tokens(50257, 8, 1024)
+    elif kind == "bert_mlm":  # bert-base
+        model, batch = hf.BertForMaskedLM(hf.BertConfig()), _tokens(30522, 32, 512)
+    elif kind == "t5_small":  # t5-small's sizes: d_model 512, 6 layers, 8 heads, vocabulary 32,128
+        tokens: dict[str, Any] = {"decoder_start_token_id": 0, "pad_token_id": 0}
+        model, batch = hf.T5ForConditionalGeneration(hf.T5Config(**tokens)), _tokens(32128, 16, 512)
+    else:  # a Llama-style decoder, bf16 autocast
+        cfg = hf.LlamaConfig(
+            hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
+            vocab_size=32000, max_position_embeddings=2048,
+        )  # fmt: skip
+        model, batch = Autocast(hf.LlamaForCausalLM(cfg), torch.bfloat16), _tokens(32000, 8, 2048)
+    return nn.Module.cuda(model), batch, _hf_loss, "adam"
 
 
 def _vision(kind: str) -> Built:

@@ -569,9 +569,9 @@ def trace_stages(
             for sid in model_outputs:
                 tracer.storages[sid].readers.add(len(names) - 1)
             for t in held_tensors(out) if output_held else ():
-                sid = tracer.sight(t, tracer.last_done, saved=True)
-                if sid is not None:
-                    tracer.storages[sid].outside_after = -1  # held to the end: saved_by gains stage 0
+                held = tracer.sight(t, tracer.last_done, saved=True)
+                if held is not None:
+                    tracer.storages[held].outside_after = -1  # held to the end: saved_by gains stage 0
             tracer.in_loss = True
             loss = loss_fn(out)
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):

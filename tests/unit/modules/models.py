@@ -4,8 +4,9 @@ Each ``Case`` holds a model, its example inputs (in one of the forms ``profile_m
 ``check_equivalence`` take: a tensor, a dict of keyword arguments or an ``(args, kwargs)`` pair) and the loss
 both are given. The models cover what the stage tracer and the planned runtime must handle: skip connections
 held across many stages (U-Net), blocks taking the list of all earlier outputs (DenseNet), residual adds with
-in-place ReLU6 and depthwise convolutions (MobileNetV2), Hugging Face transformers with dropout (RNG replay under
-recompute), two inputs and a dict output, tied weights between two stages, and a stage returning a tuple.
+in-place ReLU6 and depthwise convolutions (MobileNetV2), Hugging Face transformers with their default dropout and
+caches (RNG replay and a copy of the cache under recompute), two inputs and a dict output, tied weights between
+two stages, and a stage returning a tuple.
 """
 
 from __future__ import annotations
@@ -361,7 +362,6 @@ def gpt2() -> nn.Module:
         n_head=4,
         vocab_size=256,
         n_positions=64,
-        use_cache=False,
         bos_token_id=0,
         eos_token_id=0,
         resid_pdrop=0.1,
@@ -382,7 +382,6 @@ def llama() -> nn.Module:
         intermediate_size=128,
         vocab_size=256,
         max_position_embeddings=64,
-        use_cache=False,
         attention_dropout=0.1,
         bos_token_id=0,
         eos_token_id=0,

@@ -6,7 +6,7 @@ simulator's prediction of the same step is ``simulate(profile, all keep, optimiz
 the batch, which were resident before the step. Each model is checked with its output held through the backward
 (``out = model(x); loss(out).backward()``) and dropped before it (``model(x).loss.backward()``): NOTE [ Held output ]
 in ``tuner.simulator``. The language models have a vocabulary large enough for the logits to dominate, as in real
-ones, so that a missing logits tensor shows.
+ones, so that a missing logits tensor shows; their configurations are the defaults otherwise (dropout, caches on).
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ def language_model(kind: str) -> nn.Module:
 
     small = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
     if kind == "gpt2":
-        return hf.GPT2LMHeadModel(hf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, use_cache=False))
+        return hf.GPT2LMHeadModel(hf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB))
     if kind == "llama":
-        return hf.LlamaForCausalLM(hf.LlamaConfig(**small, vocab_size=VOCAB, use_cache=False))
+        return hf.LlamaForCausalLM(hf.LlamaConfig(**small, vocab_size=VOCAB))
     if kind == "bert":
         return hf.BertForMaskedLM(hf.BertConfig(**small, vocab_size=VOCAB))
     config = hf.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=VOCAB)

@@ -1,0 +1,443 @@
+"""A module profile made on the CPU for an H100 against the measured H100 profile of the same model: same plans?
+
+    python -m benchmarks.modeled_modules --models gpt2,bert_mlm,t5_small --measured DIR --out OUT
+    python -m benchmarks.modeled_modules --models gpt2 --measured DIR --out OUT --reuse   # tune again, no profiling
+    python -m benchmarks.modeled_modules --table OUT          # the Markdown tables of the rows in OUT
+
+Per model, built on the CPU with ``torch.manual_seed(0)`` as ``benchmarks.promises`` builds it on CUDA (same
+configuration, batch, loss and optimizer; Hugging Face models from their default configurations, train mode):
+
+1. ``memtune.profile(model, batch, gpu="h100", warmup=0, repeats=1)`` on the CPU: every stage's compute priced by
+   the H100's roofline (NOTE [ Modeled module profiles ] in ``profiler.module_roofline``), the copies the spec's;
+2. the measured H100 profile of the same model, ``<measured>/<model>.json`` (a ``benchmarks.promises`` row: its
+   ``profile``, and ``unplanned.peak_bytes``, the measured unplanned peak);
+3. at each fraction of that measured peak, ``tuner.tune(profile, budget, trials, seed=0, optimizer, headroom)`` on
+   both profiles with the same budget and the same headroom (``--headroom``, 0.05: not the calibrated headroom, which
+   differs between a measured and a modeled profile), in parallel processes; per fraction, each best plan (compact
+   form, counts of each action), its simulated step and peak, its plan family (below), whether the families agree,
+   the share of stages given the same action, and the CPU-modeled plan simulated on the measured profile (what it
+   would cost on the H100 by the measured profile, and whether it fits there);
+4. both profiles' simulated unplanned steps (the 15% criterion), the printout's header line of each
+   (``str(Tuned)``, whose ``device_label`` names the modeled GPU) and, per stage, modeled beside measured times.
+
+# Plan family
+A plan frees memory through offload (a stage's saved bytes go to the host) or through recompute (``recompute``
+frees the stage's saved bytes; ``selective`` frees its saved bytes less those it keeps, ``selective_saved_bytes``).
+Each stage's bytes are the measured H100 profile's, for both plans (the same weights, so that two plans differ in
+family only through their actions); the family is ``recompute`` where recompute and selective free at least 2/3 of
+the bytes the plan frees, ``offload`` where offload does, ``mixed`` otherwise, and ``keep`` where the plan frees
+nothing. The shares are computed with the modeled profile's own bytes too (``own``), for reference.
+
+One JSON object per model goes to ``<out>/<model>.json`` (the modeled profile in it), a line per model to standard
+output. A step of these models holds 15-40 GB of activations on the CPU: the host needs the memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+Loss = Callable[[Any], torch.Tensor]
+Built = tuple[nn.Module, Any, Loss, str]  # model, batch, loss, optimizer
+GiB = float(1 << 30)
+STEP_LIMIT = 0.15  # the claim: the modeled unplanned step within 15% of the measured one
+FAMILY_SHARE = 2 / 3  # a family's share of the freed bytes that names it (NOTE in the module docstring)
+
+
+class CpuAutocast(nn.Module):
+    """``benchmarks.promises.Autocast`` on the CPU: the model called under CPU autocast to ``dtype``."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.model = model
+        self.dtype = dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast("cpu", dtype=self.dtype):
+            return self.model(*args, **kwargs)
+
+
+def _hf_loss(out: Any) -> torch.Tensor:
+    return out.loss  # type: ignore[no-any-return]
+
+
+def _tokens(vocab: int, batch: int, seq: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, vocab, (batch, seq))
+    return {"input_ids": ids, "labels": ids}
+
+
+def _language(kind: str) -> Built:
+    """``benchmarks.promises._language`` on the CPU (the same configurations and batches)."""
+    import transformers as hf
+
+    if kind == "gpt2":  # the 124M configuration, as shipped
+        return hf.GPT2LMHeadModel(hf.GPT2Config()), _tokens(50257, 8, 1024), _hf_loss, "adam"
+    if kind == "bert_mlm":  # bert-base
+        return hf.BertForMaskedLM(hf.BertConfig()), _tokens(30522, 32, 512), _hf_loss, "adam"
+    if kind == "t5_small":  # t5-small's sizes: d_model 512, 6 layers, 8 heads, vocabulary 32,128
+        model = hf.T5ForConditionalGeneration(hf.T5Config(decoder_start_token_id=0, pad_token_id=0))
+        return model, _tokens(32128, 16, 512), _hf_loss, "adam"
+    cfg = hf.LlamaConfig(  # a Llama-style decoder, bf16 autocast
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
+        vocab_size=32000, max_position_embeddings=2048,
+    )  # fmt: skip
+    return CpuAutocast(hf.LlamaForCausalLM(cfg), torch.bfloat16), _tokens(32000, 8, 2048), _hf_loss, "adam"
+
+
+MODELS = ("gpt2", "bert_mlm", "t5_small", "llama")
+
+
+def family(plan: Any, weights: Any) -> dict[str, Any]:
+    """The plan family of ``plan`` with each stage's bytes taken from the profile ``weights`` (module docstring)."""
+    offload = recompute = 0
+    for action, stage in zip(plan.actions, weights.stages, strict=True):
+        if action.value == "offload":
+            offload += stage.saved_bytes
+        elif action.value == "recompute":
+            recompute += stage.saved_bytes
+        elif action.value == "selective":
+            recompute += max(0, stage.saved_bytes - stage.selective_saved_bytes)
+    freed = offload + recompute
+    share = recompute / freed if freed else 0.0
+    name = (
+        "keep"
+        if freed == 0
+        else "recompute"
+        if share >= FAMILY_SHARE
+        else "offload"
+        if 1.0 - share >= FAMILY_SHARE
+        else "mixed"
+    )
+    return {"family": name, "recompute_share": share, "offload_bytes": offload, "recompute_bytes": recompute}
+
+
+def _tune(args: tuple[str, str, int, float, int, str, str]) -> dict[str, Any]:
+    """One search in a worker process: ``(side, profile JSON, budget, headroom, trials, optimizer, weights JSON)``."""
+    import optuna
+
+    from api.python import Tuned
+    from profiler import Profile
+    from tuner import tune
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    side, profile_json, budget, headroom, trials, optimizer, weights_json = args
+    prof = Profile.from_json(profile_json)
+    t0 = time.perf_counter()
+    result = tune(prof, budget, trials=trials, seed=0, headroom=headroom, optimizer=optimizer)
+    out: dict[str, Any] = {
+        "side": side,
+        "tune_s": round(time.perf_counter() - t0, 1),
+        "header": str(Tuned(result, None)).splitlines()[0],
+        "unplanned_step_ms": result.unconstrained.step_ms,
+        "unplanned_peak_bytes": result.unconstrained.peak_bytes,
+    }
+    best = result.best
+    if best is None:
+        return {**out, "error": "no plan fits"}
+    actions = [a.value for a in best.plan.actions]
+    return {
+        **out,
+        "plan": best.plan.model_dump(mode="json"),
+        "compact": best.plan.compact(),
+        "counts": {a: actions.count(a) for a in ("keep", "offload", "recompute", "selective")},
+        "step_ms": best.step_ms,
+        "peak_bytes": best.peak_bytes,
+        "label": best.plan.label,
+        **family(best.plan, Profile.from_json(weights_json)),
+        "own": family(best.plan, prof),
+    }
+
+
+def _cross(entry: dict[str, Any], measured: Any, optimizer: str, headroom: float) -> dict[str, Any] | None:
+    """The CPU-modeled best plan simulated on the measured profile: step, peak, whether it fits there."""
+    from tuner import Plan, simulate
+
+    if "plan" not in entry["modeled"]:
+        return None
+    try:
+        r = simulate(measured, Plan.model_validate(entry["modeled"]["plan"]), optimizer=optimizer)
+    except Exception as exc:  # a plan the measured profile does not allow (a selective stage it cannot run)
+        return {"error": f"{type(exc).__name__}: {exc}"[:400]}
+    out: dict[str, Any] = {
+        "step_ms": r.step_ms,
+        "peak_bytes": r.peak_bytes,
+        "fits": r.peak_bytes <= int(entry["budget_bytes"] * (1.0 - headroom)),
+    }
+    if "step_ms" in entry["measured"]:
+        out["regret"] = r.step_ms / entry["measured"]["step_ms"] - 1.0
+    return out
+
+
+def _stages(modeled: Any, measured: Any) -> list[dict[str, Any]]:
+    """Per stage, the modeled times and bytes beside the measured ones."""
+    rows = []
+    for a, b in zip(modeled.stages, measured.stages, strict=False):
+        rows.append(
+            {
+                "name": b.name,
+                "same_name": a.name == b.name,
+                "modeled": {
+                    "forward_ms": a.forward_ms,
+                    "backward_ms": a.backward_ms,
+                    "selective_backward_ms": a.selective_backward_ms,
+                    "saved_bytes": a.saved_bytes,
+                    "selective_saved_bytes": a.selective_saved_bytes,
+                    "d2h_ms": a.d2h_ms,
+                },
+                "measured": {
+                    "forward_ms": b.forward_ms,
+                    "backward_ms": b.backward_ms,
+                    "selective_backward_ms": b.selective_backward_ms,
+                    "saved_bytes": b.saved_bytes,
+                    "selective_saved_bytes": b.selective_saved_bytes,
+                    "d2h_ms": b.d2h_ms,
+                },
+            }
+        )
+    return rows
+
+
+def counted_times(model: nn.Module, inputs: Any, loss_fn: Loss, small: Any, gpu: str = "h100") -> dict[str, Any]:
+    """The modeled profile's compute times without its memory (``--count-only``, NOTE [ Counted times ]).
+
+    The stages and which of their inputs need a gradient come from ``small`` (the same model on a smaller batch:
+    neither depends on the batch); the ops of one forward and loss on ``inputs`` are counted without grad and priced
+    as ``profile_module`` prices them (``profiler.module_roofline``). Returns the stage names, each stage's modeled
+    forward and backward ms, ``loss_ms`` and the step (stages plus ``loss_ms``, the simulated unplanned step)."""
+    from profiler.devices import get_gpu
+    from profiler.module_profile import as_inputs
+    from profiler.module_roofline import count_module_step, modeled_stage_ms, outside_ms
+    from profiler.modules import find_stages, trace_stages
+
+    spec = get_gpu(gpu)
+    small_in = as_inputs(small)
+    names, _ = find_stages(model, small_in)
+    trace = trace_stages(model, names, small_in, loss_fn=loss_fn, output_held=True)
+    modules = [model.get_submodule(n) if n else model for n in names]
+    state = torch.get_rng_state()
+    with torch.no_grad():
+        counted = count_module_step(model, as_inputs(inputs), modules, trace.input_grad, loss_fn)
+    torch.set_rng_state(state)
+    times = [modeled_stage_ms(f, spec) for f in counted.stages]
+    loss_ms = outside_ms(counted, spec)
+    return {
+        "names": names,
+        "forward_ms": [t.forward_ms for t in times],
+        "backward_ms": [t.backward_ms for t in times],
+        "loss_ms": loss_ms,
+        "step_ms": sum(t.forward_ms + t.backward_ms for t in times) + loss_ms,
+    }
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run_model(
+    kind: str,
+    measured_dir: Path,
+    fractions: list[float],
+    trials: int,
+    headroom: float,
+    workers: int,
+    out: Path,
+    reuse: bool,
+) -> dict[str, Any]:
+    """The row of one model (see the module docstring)."""
+    import transformers
+
+    import memtune
+    from api.python import device_label
+    from profiler import Profile
+
+    source = measured_dir / f"{kind}.json"
+    ref = json.loads(source.read_text())
+    measured = Profile.model_validate(ref["profile"])
+    peak = int(ref["unplanned"]["peak_bytes"])
+    row: dict[str, Any] = {
+        "model": kind,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "host": f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads",
+        "measured_source": str(source),
+        "measured_sha256": _sha256(source),
+        "measured_unplanned": ref["unplanned"],
+        "headroom": headroom,
+        "trials": trials,
+    }
+    old = out / f"{kind}.json"
+    if reuse and old.exists() and "modeled_profile" in (prev := json.loads(old.read_text())):
+        modeled = Profile.model_validate(prev["modeled_profile"])
+        row.update({k: prev[k] for k in ("torch", "transformers", "host", "profile_s", "optimizer") if k in prev})
+        row["reused"] = True
+    else:
+        torch.manual_seed(0)
+        model, inputs, loss_fn, opt = _language(kind)
+        model.train()
+        t0 = time.perf_counter()
+        modeled = memtune.profile(model, inputs, loss_fn=loss_fn, gpu="h100", warmup=0, repeats=1, progress=False)
+        row["profile_s"] = round(time.perf_counter() - t0, 1)
+        row["optimizer"] = opt
+        del model, inputs
+    opt = row.get("optimizer", "adam")
+    row["stages"] = {"modeled": modeled.n_stages, "measured": measured.n_stages}
+    row["same_stages"] = [s.name for s in modeled.stages] == [s.name for s in measured.stages]
+    row["compute_source"] = {"modeled": modeled.compute_source, "measured": measured.compute_source}
+    row["device_label"] = {"modeled": device_label(modeled), "measured": device_label(measured)}
+    row["loss_ms"] = {"modeled": modeled.loss_ms, "measured": measured.loss_ms}
+    row["stage_sum_ms"] = {
+        "modeled": sum(s.forward_ms + s.backward_ms for s in modeled.stages),
+        "measured": sum(s.forward_ms + s.backward_ms for s in measured.stages),
+    }
+    row["step_peak"] = {"modeled": modeled.step_peak.model_dump(), "measured": measured.step_peak.model_dump()}
+    budgets = [int(f * peak) for f in fractions]
+    weights = measured.to_json() if row["same_stages"] else modeled.to_json()
+    jobs = [
+        (side, prof.to_json(), b, headroom, trials, opt, weights if side == "modeled" else measured.to_json())
+        for b in budgets
+        for side, prof in (("modeled", modeled), ("measured", measured))
+    ]
+    with ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
+        done = list(pool.map(_tune, jobs))
+    first = {d["side"]: d for d in done}
+    row["header"] = {side: first[side]["header"] for side in ("modeled", "measured")}
+    sim = {side: {"step_ms": first[side]["unplanned_step_ms"], "peak_bytes": first[side]["unplanned_peak_bytes"]}
+           for side in ("modeled", "measured")}  # fmt: skip
+    row["sim_unplanned"] = sim
+    row["step_ratio"] = sim["modeled"]["step_ms"] / sim["measured"]["step_ms"]
+    row["step_within"] = abs(row["step_ratio"] - 1.0) <= STEP_LIMIT
+    row["fractions"] = []
+    for k, (f, b) in enumerate(zip(fractions, budgets, strict=True)):
+        mod, mea = done[2 * k], done[2 * k + 1]
+        drop = ("header", "unplanned_step_ms", "unplanned_peak_bytes", "side")
+        entry: dict[str, Any] = {
+            "fraction": f,
+            "budget_bytes": b,
+            "modeled": {x: y for x, y in mod.items() if x not in drop},
+            "measured": {x: y for x, y in mea.items() if x not in drop},
+        }
+        if "plan" in mod and "plan" in mea:
+            entry["family_agree"] = mod["family"] == mea["family"]
+            same = [x == y for x, y in zip(mod["plan"]["actions"], mea["plan"]["actions"], strict=True)]
+            entry["stage_agree"] = sum(same) / len(same)
+            entry["step_ratio"] = mod["step_ms"] / mea["step_ms"]
+        elif "plan" in mod or "plan" in mea:
+            entry["family_agree"] = False  # one found a plan, the other none
+        entry["cross"] = _cross(entry, measured, opt, headroom) if row["same_stages"] else None
+        row["fractions"].append(entry)
+    row["stage_table"] = _stages(modeled, measured)
+    row["modeled_profile"] = json.loads(modeled.to_json())
+    return row
+
+
+def _plan(side: dict[str, Any]) -> str:
+    if "plan" not in side:
+        return "no plan fits | - | -"
+    return f"`{side['compact']}` | {side['family']} ({side['recompute_share']:.0%}) | {side['step_ms']:.1f}"
+
+
+def table(folder: Path, top: int = 4) -> str:
+    """The Markdown tables of the rows in ``folder``: unplanned steps, plans per fraction, the largest stages."""
+    rows = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    rows = [r for r in rows if "fractions" in r]
+    step = [
+        "| model | stages | CPU-modeled header | simulated unplanned ms: modeled / measured | ratio | within 15% | "
+        "loss_ms modeled / measured | peak GiB modeled / measured |",
+        "|" + "---|" * 8,
+    ]
+    plans = [
+        "| model | fraction | budget GiB | H100-measured plan | family (recompute share) | step ms | "
+        "CPU-modeled plan | family (recompute share) | step ms | same family | stages alike | step ratio | "
+        "modeled plan on measured: ms / fits / regret |",
+        "|" + "---|" * 13,
+    ]
+    stages = [
+        "| model | stage | forward ms modeled / measured | backward ms modeled / measured | "
+        "saved MiB modeled / measured |",
+        "|" + "---|" * 5,
+    ]
+    for r in rows:
+        sim = r["sim_unplanned"]
+        step.append(
+            f"| {r['model']} | {r['stages']['modeled']} / {r['stages']['measured']} | `{r['header']['modeled']}` | "
+            f"{sim['modeled']['step_ms']:.1f} / {sim['measured']['step_ms']:.1f} | {r['step_ratio']:.2f} | "
+            f"{'yes' if r['step_within'] else 'no'} | {r['loss_ms']['modeled']:.2f} / {r['loss_ms']['measured']:.2f} | "
+            f"{sim['modeled']['peak_bytes'] / GiB:.2f} / {sim['measured']['peak_bytes'] / GiB:.2f} |"
+        )
+        for e in r["fractions"]:
+            cross = e.get("cross")
+            if cross is None:
+                crossed = "-"
+            elif "error" in cross:
+                crossed = cross["error"][:60]
+            else:
+                regret = f"{cross['regret']:+.1%}" if "regret" in cross else "-"
+                crossed = f"{cross['step_ms']:.1f} / {'yes' if cross['fits'] else 'no'} / {regret}"
+            agree = e.get("family_agree")
+            same = "-" if agree is None else "yes" if agree else "no"
+            alike = f"{e['stage_agree']:.0%}" if "stage_agree" in e else "-"
+            ratio = f"{e['step_ratio']:.2f}" if "step_ratio" in e else "-"
+            plans.append(
+                f"| {r['model']} | {e['fraction']:.0%} | {e['budget_bytes'] / GiB:.2f} | {_plan(e['measured'])} | "
+                f"{_plan(e['modeled'])} | {same} | {alike} | {ratio} | {crossed} |"
+            )
+        by_time = sorted(r["stage_table"], key=lambda s: -(s["measured"]["forward_ms"] + s["measured"]["backward_ms"]))
+        for s in by_time[:top]:
+            a, b = s["modeled"], s["measured"]
+            stages.append(
+                f"| {r['model']} | {s['name']} | {a['forward_ms']:.2f} / {b['forward_ms']:.2f} | "
+                f"{a['backward_ms']:.2f} / {b['backward_ms']:.2f} | "
+                f"{a['saved_bytes'] / (1 << 20):.0f} / {b['saved_bytes'] / (1 << 20):.0f} |"
+            )
+        sums = r["stage_sum_ms"]
+        stages.append(
+            f"| {r['model']} | all stages (fwd+bwd) / loss_ms | {sums['modeled']:.1f} / {sums['measured']:.1f} | "
+            f"{r['loss_ms']['modeled']:.2f} / {r['loss_ms']['measured']:.2f} | - |"
+        )
+    return "\n".join(step) + "\n\n" + "\n".join(plans) + "\n\n" + "\n".join(stages)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="gpt2,bert_mlm,t5_small")
+    parser.add_argument("--measured", type=Path, default=Path("benchmarks/results/h100/promises"))
+    parser.add_argument("--fractions", default="0.4,0.5,0.6,0.7,0.8")
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--headroom", type=float, default=0.05)
+    parser.add_argument("--workers", type=int, default=min(10, os.cpu_count() or 1))
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--reuse", action="store_true", help="take the modeled profile from <out>/<model>.json")
+    parser.add_argument("--table", type=Path, help="print the Markdown tables of the rows in this folder and stop")
+    args = parser.parse_args()
+    if args.table is not None:
+        print(table(args.table))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    fractions = [float(f) for f in args.fractions.split(",")]
+    for kind in args.models.split(","):
+        if kind not in MODELS:
+            raise SystemExit(f"--models: {kind!r} is not one of {', '.join(MODELS)}")
+        try:
+            row = run_model(
+                kind, args.measured, fractions, args.trials, args.headroom, args.workers, args.out, args.reuse
+            )
+        except Exception as exc:
+            row = {"model": kind, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        (args.out / f"{kind}.json").write_text(json.dumps(row, indent=1) + "\n")
+        brief = {k: v for k, v in row.items() if k not in ("modeled_profile", "stage_table")}
+        print(json.dumps(brief)[:3000], flush=True)
+
+
+if __name__ == "__main__":
+    main()
