@@ -4,6 +4,7 @@ simulator under-predicts, shown by ``memtune.tune``'s printout and warned about 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -73,3 +74,23 @@ def test_profile_warns_when_the_check_is_off(monkeypatch: pytest.MonkeyPatch) ->
         warnings.simplefilter("always")
         memtune.profile(model, x, progress=False, warmup=0, repeats=1)
     assert any("memory check" in str(w.message) and "under-predicts" in str(w.message) for w in caught)
+
+
+def test_the_job_pages_profile_carries_the_check(profile: Profile) -> None:
+    """``GET /v1/profiles/{id}`` (what the job page draws) carries the check, marked where it is off; a profile that
+    measured no step carries none."""
+    from datetime import UTC, datetime
+
+    from api.views import profile_public
+    from storage.records import ProfileRecord
+
+    def public(p: Profile) -> Any:
+        record = ProfileRecord(1, "m", p.device.key, p.batch, p.dtype, p.source, p.to_json(), datetime.now(UTC))
+        return profile_public(record).memory_check
+
+    ok, off = public(profile), public(with_measured(profile, 1.25))
+    assert ok is not None and not ok.reported and ok.measured_bytes == profile.step_peak.allocated_bytes  # type: ignore[union-attr]
+    assert (
+        off is not None and off.reported and off.gap == pytest.approx(0.25, abs=1e-3) and "under-predicts" in off.text
+    )
+    assert public(profile.model_copy(update={"step_peak": None})) is None
