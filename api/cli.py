@@ -145,6 +145,14 @@ VocabOpt = Annotated[int | None, typer.Option(help="a factory model takes token 
 StagesOpt = Annotated[
     list[str] | None, typer.Option("--stage", help="a factory model's stages: module name pattern, repeatable")
 ]
+HeldOpt = Annotated[
+    bool,
+    typer.Option(
+        "--output-held/--output-dropped",
+        help="a factory model: whether your training loop holds the model's output until its backward ends (the "
+        "worst case, the default) or drops it first (NOTE [ Held output ])",
+    ),
+]
 InferenceOpt = Annotated[
     bool,
     typer.Option(
@@ -394,6 +402,7 @@ def _factory_profile(
     input_shape: str | None,
     vocab: int | None,
     stages: list[str] | None,
+    output_held: bool = True,
 ) -> Profile:
     """Build a factory model and measure it stage by stage on ``device`` (NOTE [ Module stages ])."""
     from api.python import profile as measure_module
@@ -410,7 +419,9 @@ def _factory_profile(
     shape = _shape(input_shape)
     net = build_factory(model, params).to(device)
     x = factory_inputs(batch, shape, vocab=vocab, device=device)
-    return measure_module(net, x, stages=stages, dtype=dtype, gpu=gpu, progress=err.is_terminal)
+    return measure_module(
+        net, x, stages=stages, dtype=dtype, gpu=gpu, progress=err.is_terminal, output_held=output_held
+    )
 
 
 def _check_dtype(dtype: str) -> None:
@@ -473,6 +484,7 @@ def profile(
     input_shape: ShapeOpt = None,
     vocab: VocabOpt = None,
     stage: StagesOpt = None,
+    output_held: HeldOpt = True,
     conv_algos: Annotated[
         bool,
         typer.Option(
@@ -519,7 +531,7 @@ def profile(
             prof = _factory_profile(
                 model, batch, dtype, described if device != "cuda" else gpu, "cpu" if device == "model" else device,
                 _parse_params(param),
-                input_shape, vocab, stage,
+                input_shape, vocab, stage, output_held,
             )  # fmt: skip
         elif device == "model":
             chain = load_chain(model, _parse_params(param), spec)
@@ -840,6 +852,7 @@ def tune(
     input_shape: ShapeOpt = None,
     vocab: VocabOpt = None,
     stage: StagesOpt = None,
+    output_held: HeldOpt = True,
     as_json: JsonOpt = False,
     inference: InferenceOpt = False,
     measure: MeasureOpt = False,
@@ -867,7 +880,7 @@ def tune(
         if profile_file is None and is_factory(model):
             described = (gpu or "h200") if device == "cpu" else None  # on CUDA the device is the GPU type
             prof = _factory_profile(
-                model, batch, dtype, described, device, _parse_params(param), input_shape, vocab, stage
+                model, batch, dtype, described, device, _parse_params(param), input_shape, vocab, stage, output_held
             )
         else:
             prof = _tune_profile(model, batch, dtype, gpu, _parse_params(param), spec, profile_file)

@@ -2,6 +2,7 @@
 
     python -m benchmarks.modeled_modules --models gpt2,bert_mlm,t5_small --measured DIR --out OUT
     python -m benchmarks.modeled_modules --models gpt2 --measured DIR --out OUT --reuse   # tune again, no profiling
+    python -m benchmarks.modeled_modules --models gpt2,bert_mlm,t5_small --count-only --out OUT   # times only
     python -m benchmarks.modeled_modules --table OUT          # the Markdown tables of the rows in OUT
 
 Per model, built on the CPU with ``torch.manual_seed(0)`` as ``benchmarks.promises`` builds it on CUDA (same
@@ -28,8 +29,23 @@ family only through their actions); the family is ``recompute`` where recompute 
 the bytes the plan frees, ``offload`` where offload does, ``mixed`` otherwise, and ``keep`` where the plan frees
 nothing. The shares are computed with the modeled profile's own bytes too (``own``), for reference.
 
+# NOTE [ Counted times ]
+A modeled profile runs the whole training step on the CPU several times (the trace, every stage plain and
+selectively, the step, its peak), so the host must hold a step's activations. On the CPU these are larger than on
+an H100: with attention dropout PyTorch takes its math path there and saves the attention matrices. At the batches
+above (2026-11-26, torch 2.13 CPU, 2 cores, 23 GB): GPT-2 grew the process by 3.8 GB at batch 1 and 7.3 GB at
+batch 2 (about 28 GB at batch 8), BERT 2.3 GB at batch 2 and 4.5 GB at batch 4 (about 36 GB at batch 32), and one
+step of GPT-2 at batch 2 took 106 s. ``--count-only`` keeps what needs no such memory: the profile's compute times.
+They depend on the ops of one forward and loss (``count_module_step``), which run the same without grad, and on
+which stage inputs need a gradient, which does not depend on the batch: the stages and those flags are taken from
+the model on one sequence of ``--small-seq`` tokens, the ops are counted on the full batch under ``no_grad`` and
+priced as ``profile_module`` prices them. On GPT-2, BERT and T5 at batch 2 x 128 this gave every stage's forward
+and backward and ``loss_ms`` of ``memtune.profile(..., gpu="h100")`` exactly (difference 0.0 ms), and its simulated
+unplanned step. The row also holds the printout of a modeled profile made at the small batch (its header line,
+``device_label``, ``compute_source``). No plan is searched: the saved bytes need the whole step.
+
 One JSON object per model goes to ``<out>/<model>.json`` (the modeled profile in it), a line per model to standard
-output. A step of these models holds 15-40 GB of activations on the CPU: the host needs the memory.
+output.
 """
 
 from __future__ import annotations
@@ -81,21 +97,28 @@ def _language(kind: str) -> Built:
     """``benchmarks.promises._language`` on the CPU (the same configurations and batches)."""
     import transformers as hf
 
+    batch = _tokens(*SIZES[kind])
     if kind == "gpt2":  # the 124M configuration, as shipped
-        return hf.GPT2LMHeadModel(hf.GPT2Config()), _tokens(50257, 8, 1024), _hf_loss, "adam"
+        return hf.GPT2LMHeadModel(hf.GPT2Config()), batch, _hf_loss, "adam"
     if kind == "bert_mlm":  # bert-base
-        return hf.BertForMaskedLM(hf.BertConfig()), _tokens(30522, 32, 512), _hf_loss, "adam"
+        return hf.BertForMaskedLM(hf.BertConfig()), batch, _hf_loss, "adam"
     if kind == "t5_small":  # t5-small's sizes: d_model 512, 6 layers, 8 heads, vocabulary 32,128
         model = hf.T5ForConditionalGeneration(hf.T5Config(decoder_start_token_id=0, pad_token_id=0))
-        return model, _tokens(32128, 16, 512), _hf_loss, "adam"
+        return model, batch, _hf_loss, "adam"
     cfg = hf.LlamaConfig(  # a Llama-style decoder, bf16 autocast
         hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
         vocab_size=32000, max_position_embeddings=2048,
     )  # fmt: skip
-    return CpuAutocast(hf.LlamaForCausalLM(cfg), torch.bfloat16), _tokens(32000, 8, 2048), _hf_loss, "adam"
+    return CpuAutocast(hf.LlamaForCausalLM(cfg), torch.bfloat16), batch, _hf_loss, "adam"
 
 
-MODELS = ("gpt2", "bert_mlm", "t5_small", "llama")
+SIZES = {
+    "gpt2": (50257, 8, 1024),
+    "bert_mlm": (30522, 32, 512),
+    "t5_small": (32128, 16, 512),
+    "llama": (32000, 8, 2048),
+}
+MODELS = tuple(SIZES)  # vocabulary, batch, sequence of benchmarks.promises
 
 
 def family(plan: Any, weights: Any) -> dict[str, Any]:
@@ -240,6 +263,76 @@ def counted_times(model: nn.Module, inputs: Any, loss_fn: Loss, small: Any, gpu:
     }
 
 
+def count_row(kind: str, measured_dir: Path, small_seq: int) -> dict[str, Any]:
+    """The ``--count-only`` row of one model (NOTE [ Counted times ]): no plans, the compute times only."""
+    import optuna
+    import transformers
+
+    import memtune
+    from api.python import Tuned, device_label
+    from profiler import Profile
+    from tuner import Action, Plan, simulate, tune
+
+    source = measured_dir / f"{kind}.json"
+    ref = json.loads(source.read_text())
+    measured = Profile.model_validate(ref["profile"])
+    torch.manual_seed(0)
+    model, inputs, loss_fn, opt = _language(kind)
+    model.train()
+    vocab, _, _ = SIZES[kind]
+    small = _tokens(vocab, 1, small_seq)
+    # the printout of a modeled profile of the same model, at the small batch (the full one does not fit)
+    t0 = time.perf_counter()
+    small_prof = memtune.profile(model, small, loss_fn=loss_fn, gpu="h100", warmup=0, repeats=1, progress=False)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    small_tuned = tune(small_prof, measured.device.memory_bytes, trials=5, seed=0, optimizer=opt)
+    small_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    counted = counted_times(model, inputs, loss_fn, small)
+    count_s = time.perf_counter() - t0
+    keep = Plan.uniform(measured.n_stages, Action.KEEP).named(measured)
+    measured_step = simulate(measured, keep, optimizer=opt).step_ms
+    by_name = {s.name: s for s in measured.stages}
+    stage_table = [
+        {
+            "name": n,
+            "modeled": {"forward_ms": f, "backward_ms": b},
+            "measured": {
+                "forward_ms": by_name[n].forward_ms if n in by_name else float("nan"),
+                "backward_ms": by_name[n].backward_ms if n in by_name else float("nan"),
+            },
+        }
+        for n, f, b in zip(counted["names"], counted["forward_ms"], counted["backward_ms"], strict=True)
+    ]
+    return {
+        "model": kind,
+        "count_only": True,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "host": f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads",
+        "measured_source": str(source),
+        "measured_sha256": _sha256(source),
+        "measured_unplanned": ref["unplanned"],
+        "optimizer": opt,
+        "stages": {"modeled": len(counted["names"]), "measured": measured.n_stages},
+        "same_stages": counted["names"] == [s.name for s in measured.stages],
+        "small_batch": {"batch": 1, "seq": small_seq, "seconds": round(small_s, 1)},
+        "count_s": round(count_s, 1),
+        "compute_source": {"modeled": small_prof.compute_source, "measured": measured.compute_source},
+        "device_label": {"modeled": device_label(small_prof), "measured": device_label(measured)},
+        "header": {"modeled": str(Tuned(small_tuned, None)).splitlines()[0]},
+        "loss_ms": {"modeled": counted["loss_ms"], "measured": measured.loss_ms},
+        "stage_sum_ms": {
+            "modeled": counted["step_ms"] - counted["loss_ms"],
+            "measured": sum(s.forward_ms + s.backward_ms for s in measured.stages),
+        },
+        "sim_unplanned": {"modeled": {"step_ms": counted["step_ms"]}, "measured": {"step_ms": measured_step}},
+        "step_ratio": counted["step_ms"] / measured_step,
+        "step_within": abs(counted["step_ms"] / measured_step - 1.0) <= STEP_LIMIT,
+        "stage_table": stage_table,
+    }
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -350,7 +443,7 @@ def _plan(side: dict[str, Any]) -> str:
 def table(folder: Path, top: int = 4) -> str:
     """The Markdown tables of the rows in ``folder``: unplanned steps, plans per fraction, the largest stages."""
     rows = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
-    rows = [r for r in rows if "fractions" in r]
+    rows = [r for r in rows if "fractions" in r or r.get("count_only")]
     step = [
         "| model | stages | CPU-modeled header | simulated unplanned ms: modeled / measured | ratio | within 15% | "
         "loss_ms modeled / measured | peak GiB modeled / measured |",
@@ -369,13 +462,20 @@ def table(folder: Path, top: int = 4) -> str:
     ]
     for r in rows:
         sim = r["sim_unplanned"]
+        peaks = (
+            "not run (count only)"
+            if r.get("count_only")
+            else f"{sim['modeled']['peak_bytes'] / GiB:.2f} / {sim['measured']['peak_bytes'] / GiB:.2f}"
+        )
         step.append(
             f"| {r['model']} | {r['stages']['modeled']} / {r['stages']['measured']} | `{r['header']['modeled']}` | "
             f"{sim['modeled']['step_ms']:.1f} / {sim['measured']['step_ms']:.1f} | {r['step_ratio']:.2f} | "
             f"{'yes' if r['step_within'] else 'no'} | {r['loss_ms']['modeled']:.2f} / {r['loss_ms']['measured']:.2f} | "
-            f"{sim['modeled']['peak_bytes'] / GiB:.2f} / {sim['measured']['peak_bytes'] / GiB:.2f} |"
+            f"{peaks} |"
         )
-        for e in r["fractions"]:
+        if r.get("count_only"):
+            plans.append(f"| {r['model']} | - | - | not run (count only) |" + " - |" * 9)
+        for e in r.get("fractions", []):
             cross = e.get("cross")
             if cross is None:
                 crossed = "-"
@@ -395,10 +495,14 @@ def table(folder: Path, top: int = 4) -> str:
         by_time = sorted(r["stage_table"], key=lambda s: -(s["measured"]["forward_ms"] + s["measured"]["backward_ms"]))
         for s in by_time[:top]:
             a, b = s["modeled"], s["measured"]
+            saved = (
+                f"{a['saved_bytes'] / (1 << 20):.0f} / {b['saved_bytes'] / (1 << 20):.0f}"
+                if "saved_bytes" in a
+                else "-"
+            )
             stages.append(
                 f"| {r['model']} | {s['name']} | {a['forward_ms']:.2f} / {b['forward_ms']:.2f} | "
-                f"{a['backward_ms']:.2f} / {b['backward_ms']:.2f} | "
-                f"{a['saved_bytes'] / (1 << 20):.0f} / {b['saved_bytes'] / (1 << 20):.0f} |"
+                f"{a['backward_ms']:.2f} / {b['backward_ms']:.2f} | {saved} |"
             )
         sums = r["stage_sum_ms"]
         stages.append(
@@ -418,6 +522,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=min(10, os.cpu_count() or 1))
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--reuse", action="store_true", help="take the modeled profile from <out>/<model>.json")
+    parser.add_argument("--count-only", action="store_true", help="the compute times only (NOTE [ Counted times ])")
+    parser.add_argument("--small-seq", type=int, default=64, help="--count-only: the small batch's sequence")
     parser.add_argument("--table", type=Path, help="print the Markdown tables of the rows in this folder and stop")
     args = parser.parse_args()
     if args.table is not None:
@@ -429,9 +535,12 @@ def main() -> None:
         if kind not in MODELS:
             raise SystemExit(f"--models: {kind!r} is not one of {', '.join(MODELS)}")
         try:
-            row = run_model(
-                kind, args.measured, fractions, args.trials, args.headroom, args.workers, args.out, args.reuse
-            )
+            if args.count_only:
+                row = count_row(kind, args.measured, args.small_seq)
+            else:
+                row = run_model(
+                    kind, args.measured, fractions, args.trials, args.headroom, args.workers, args.out, args.reuse
+                )
         except Exception as exc:
             row = {"model": kind, "error": f"{type(exc).__name__}: {exc}"[:2000]}
         (args.out / f"{kind}.json").write_text(json.dumps(row, indent=1) + "\n")

@@ -43,6 +43,24 @@ class MemoryReading:
 
 
 @contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 sent to the null device for the block: what C++ libraries write there is dropped."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+@contextmanager
 def metered(device: torch.device) -> Iterator[MemoryReading]:
     """Meter the allocations of the code in the block on ``device`` (``cpu`` or a CUDA device); NOTE [ Allocator
     meters ].
@@ -70,10 +88,18 @@ def metered(device: torch.device) -> Iterator[MemoryReading]:
         raise ValueError(f"metered measures cpu or cuda memory, not {device}")
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _quiet_stderr():  # Kineto writes two log lines (profiler_start, profiler_stop) to standard error
+        prof.start()
+    try:
         yield reading
+    finally:
+        with _quiet_stderr():
+            prof.stop()
+    # NOTE: ``_KinetoEvent.nbytes`` (an allocation's size, negative for a free) exists in torch 2.11 and 2.13; the
+    # stubs do not list it
     events = sorted(
-        (e.start_ns(), e.nbytes())
+        (e.start_ns(), e.nbytes())  # type: ignore[union-attr]
         for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
         if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
     )
