@@ -367,7 +367,8 @@ def profile_module(
         dtype: ``float32``, or ``bfloat16``/``float16`` for autocast (parameters stay as they are).
         gpu: on the CPU, the GPU type the profile describes (default ``h200``); on CUDA None or the present GPU's.
         name: the profile's model name (default: the model's class name).
-        warmup, repeats: untimed and timed rounds per stage and for the whole step; medians are kept.
+        warmup, repeats: untimed and timed rounds per stage and for the whole step; medians are kept. A profile made
+            on the CPU for a GPU takes its times from the roofline and runs each pass once.
         progress: ``progress(stage_name, done, total)`` after each stage.
         output_held: whether the training loop holds the model's output until its backward ends (``out = model(x);
             loss(out).backward()``): the worst case, and the default. False when it drops it first
@@ -397,14 +398,17 @@ def profile_module(
             model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype), output_held=output_held
         )
         modules = [model.get_submodule(n) if n else model for n in names]
+        # a profile for a GPU made on the CPU keeps the roofline's times, not the CPU's: one untimed round of each
+        # pass is all it needs of them (which stages run selective, what they keep, their transients)
+        rounds = (warmup, repeats) if spec is None else (0, 1)
         timings: list[_Timing] = []
         for k, m in enumerate(modules):
             captured = _capture(model, m, inputs, _autocast(dev, dtype))
-            timings.append(_StageRun(m, captured, trace.input_grad[k], dtype, dev).time(warmup, repeats))
+            timings.append(_StageRun(m, captured, trace.input_grad[k], dtype, dev).time(*rounds))
             del captured
             if progress is not None:
                 progress(names[k] or type(model).__name__, k + 1, len(modules))
-        step_ms = _step_ms(model, inputs, loss, dtype, dev, warmup, repeats)
+        step_ms = _step_ms(model, inputs, loss, dtype, dev, *rounds)
         if spec is not None:  # the GPU's roofline, not the CPU's clock (NOTE [ Modeled module profiles ])
             counted = count_module_step(model, inputs, modules, trace.input_grad, loss, dtype)
             timings, step_ms = modeled_timings(timings, counted, spec, dtype)
