@@ -11,7 +11,8 @@ configuration, batch, loss and optimizer; Hugging Face models from their default
 1. ``memtune.profile(model, batch, gpu="h100", warmup=0, repeats=1)`` on the CPU: every stage's compute priced by
    the H100's roofline (NOTE [ Modeled module profiles ] in ``profiler.module_roofline``), the copies the spec's;
 2. the measured H100 profile of the same model, ``<measured>/<model>.json`` (a ``benchmarks.promises`` row: its
-   ``profile``, and ``unplanned.peak_bytes``, the measured unplanned peak);
+   ``profile``, and ``unplanned.peak_bytes``, the measured unplanned peak; ``--measured`` defaults to
+   ``benchmarks/results/h100/promises``);
 3. at each fraction of that measured peak, ``tuner.tune(profile, budget, trials, seed=0, optimizer, headroom)`` on
    both profiles with the same budget and the same headroom (``--headroom``, 0.05: not the calibrated headroom, which
    differs between a measured and a modeled profile), in parallel processes; per fraction, each best plan (compact
@@ -32,7 +33,9 @@ nothing. The shares are computed with the modeled profile's own bytes too (``own
 # NOTE [ Counted times ]
 A modeled profile runs the whole training step on the CPU several times (the trace, every stage plain and
 selectively, the step, its peak), so the host must hold a step's activations. On the CPU these are larger than on
-an H100: with attention dropout PyTorch takes its math path there and saves the attention matrices. At the batches
+an H100: with attention dropout PyTorch takes its math path there and saves the attention matrices, and each
+dropout keeps a float32 noise tensor where CUDA's fused kernel keeps a bool mask (the stage trace at batch 1, times
+8: 1848 MiB saved per GPT-2 block where the measured H100 profile has 733 MiB; BERT 2016 against 793). At the batches
 above (2026-11-26, torch 2.13 CPU, 2 cores, 23 GB): GPT-2 grew the process by 3.8 GB at batch 1 and 7.3 GB at
 batch 2 (about 28 GB at batch 8), BERT 2.3 GB at batch 2 and 4.5 GB at batch 4 (about 36 GB at batch 32), and one
 step of GPT-2 at batch 2 took 106 s. ``--count-only`` keeps what needs no such memory: the profile's compute times.
@@ -44,8 +47,8 @@ and backward and ``loss_ms`` of ``memtune.profile(..., gpu="h100")`` exactly (di
 unplanned step. The row also holds the printout of a modeled profile made at the small batch (its header line,
 ``device_label``, ``compute_source``). No plan is searched: the saved bytes need the whole step.
 
-One JSON object per model goes to ``<out>/<model>.json`` (the modeled profile in it), a line per model to standard
-output.
+One JSON object per model goes to ``<out>/<model>.json`` (the modeled profile in it, except in a ``--count-only``
+row), a line per model to standard output.
 """
 
 from __future__ import annotations
@@ -103,7 +106,8 @@ def _language(kind: str) -> Built:
     if kind == "bert_mlm":  # bert-base
         return hf.BertForMaskedLM(hf.BertConfig()), batch, _hf_loss, "adam"
     if kind == "t5_small":  # t5-small's sizes: d_model 512, 6 layers, 8 heads, vocabulary 32,128
-        model = hf.T5ForConditionalGeneration(hf.T5Config(decoder_start_token_id=0, pad_token_id=0))
+        tokens: dict[str, Any] = {"decoder_start_token_id": 0, "pad_token_id": 0}
+        model = hf.T5ForConditionalGeneration(hf.T5Config(**tokens))
         return model, batch, _hf_loss, "adam"
     cfg = hf.LlamaConfig(  # a Llama-style decoder, bf16 autocast
         hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
@@ -393,7 +397,10 @@ def run_model(
         "modeled": sum(s.forward_ms + s.backward_ms for s in modeled.stages),
         "measured": sum(s.forward_ms + s.backward_ms for s in measured.stages),
     }
-    row["step_peak"] = {"modeled": modeled.step_peak.model_dump(), "measured": measured.step_peak.model_dump()}
+    row["step_peak"] = {
+        side: None if p.step_peak is None else p.step_peak.model_dump()
+        for side, p in (("modeled", modeled), ("measured", measured))
+    }
     budgets = [int(f * peak) for f in fractions]
     weights = measured.to_json() if row["same_stages"] else modeled.to_json()
     jobs = [

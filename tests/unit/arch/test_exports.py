@@ -19,8 +19,8 @@ EXPECTED = {
     profiler: {
         "GPUS", "ZOO_NAMES", "ArchiveTooLargeError", "CompilerPoint", "ConvAlgo", "ConvProfile", "DeviceIdentity",
         "ExportedError", "GPUSpec", "ModelChain", "Profile", "ProfilerError", "RowMap", "SavedStorage", "SpecError",
-        "StageProfile", "StepPeak", "UnknownGPUError", "build", "build_factory", "find_profile", "find_stages", "from_spec",
-        "get_gpu", "modeled_profile", "profile_module", "spec_hash",
+        "StageProfile", "StepPeak", "UnknownGPUError", "build", "build_factory", "find_profile", "find_stages",
+        "from_spec", "get_gpu", "modeled_profile", "profile_module", "spec_hash",
     },
     tuner: {
         "POLICIES", "Action", "BudgetError", "CalibrationError", "Candidate", "Plan", "PlanError", "PrefetchTrigger",

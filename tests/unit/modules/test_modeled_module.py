@@ -15,6 +15,7 @@ from profiler.devices import get_gpu
 from profiler.flops import count_stage
 from profiler.modeled import SIMT_EFFICIENCY, roofline_ms
 from profiler.module_profile import _capture, as_inputs, profile_module
+from profiler.module_roofline import _OpNames
 from profiler.profile import Profile
 from profiler.stagefacts import StageFacts
 from tests.unit.modules.models import UNet, build_case, mean_square
@@ -56,7 +57,7 @@ def test_a_stage_takes_the_roofline_of_its_own_ops(gpt2: Profile) -> None:
     block = case.model.get_submodule("transformer.h.1")
     args, kwargs = _capture(case.model, block, as_inputs(case.inputs), nullcontext())
     hidden = args[0].requires_grad_()
-    with count_stage() as count:
+    with count_stage() as count, _OpNames(count):  # the ops as the GPU runs them (NOTE [ CPU ops the GPU fuses ])
         block(hidden, *args[1:], **kwargs)
     fwd, bwd = roofline_ms(StageFacts(0, 0, 0, count, True, True, ()), H100)
     stage = next(s for s in gpt2.stages if s.name == "transformer.h.1")
@@ -148,3 +149,18 @@ def test_offload_is_not_free_beside_the_gpus_compute() -> None:
     assert cpu_clock[biggest.index] == Action.OFFLOAD and cpu_clock.count(Action.OFFLOAD) > modeled.count(
         Action.OFFLOAD
     )
+
+
+def test_cpu_dropout_is_priced_as_the_gpus_one_fused_kernel() -> None:
+    """NOTE [ CPU ops the GPU fuses ]: the CPU's bernoulli_, div_ and mul count as one kernel that reads the input and
+    writes the output and a one-byte mask; a view (``_unsafe_view``) counts as nothing."""
+    x, w = torch.randn(64, 256), torch.randn(256, 8)
+    with count_stage() as plain:
+        nn.functional.dropout(x, 0.1, training=True)
+    with count_stage() as fused, _OpNames(fused):
+        nn.functional.dropout(x, 0.1, training=True)
+        torch.ops.aten._unsafe_view(x @ w, (64, 8))
+    assert len(plain.kernels) == 3  # what the CPU runs
+    dropout, matmul = fused.kernels
+    assert dropout.kind == "memory" and dropout.bytes_moved == 2 * x.numel() * 4 + x.numel()
+    assert matmul.kind == "matmul"
