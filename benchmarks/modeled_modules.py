@@ -67,62 +67,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks.promises import SIZES, language_model, tokens
+
 Loss = Callable[[Any], torch.Tensor]
-Built = tuple[nn.Module, Any, Loss, str]  # model, batch, loss, optimizer
 GiB = float(1 << 30)
 STEP_LIMIT = 0.15  # the claim: the modeled unplanned step within 15% of the measured one
 FAMILY_SHARE = 2 / 3  # a family's share of the freed bytes that names it (NOTE in the module docstring)
 
 
-class CpuAutocast(nn.Module):
-    """``benchmarks.promises.Autocast`` on the CPU: the model called under CPU autocast to ``dtype``."""
-
-    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.model = model
-        self.dtype = dtype
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with torch.autocast("cpu", dtype=self.dtype):
-            return self.model(*args, **kwargs)
-
-
-def _hf_loss(out: Any) -> torch.Tensor:
-    return out.loss  # type: ignore[no-any-return]
-
-
-def _tokens(vocab: int, batch: int, seq: int) -> dict[str, torch.Tensor]:
-    ids = torch.randint(0, vocab, (batch, seq))
-    return {"input_ids": ids, "labels": ids}
-
-
-def _language(kind: str) -> Built:
-    """``benchmarks.promises._language`` on the CPU (the same configurations and batches)."""
-    import transformers as hf
-
-    batch = _tokens(*SIZES[kind])
-    if kind == "gpt2":  # the 124M configuration, as shipped
-        return hf.GPT2LMHeadModel(hf.GPT2Config()), batch, _hf_loss, "adam"
-    if kind == "bert_mlm":  # bert-base
-        return hf.BertForMaskedLM(hf.BertConfig()), batch, _hf_loss, "adam"
-    if kind == "t5_small":  # t5-small's sizes: d_model 512, 6 layers, 8 heads, vocabulary 32,128
-        tokens: dict[str, Any] = {"decoder_start_token_id": 0, "pad_token_id": 0}
-        model = hf.T5ForConditionalGeneration(hf.T5Config(**tokens))
-        return model, batch, _hf_loss, "adam"
-    cfg = hf.LlamaConfig(  # a Llama-style decoder, bf16 autocast
-        hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
-        vocab_size=32000, max_position_embeddings=2048,
-    )  # fmt: skip
-    return CpuAutocast(hf.LlamaForCausalLM(cfg), torch.bfloat16), batch, _hf_loss, "adam"
-
-
-SIZES = {
-    "gpt2": (50257, 8, 1024),
-    "bert_mlm": (30522, 32, 512),
-    "t5_small": (32128, 16, 512),
-    "llama": (32000, 8, 2048),
-}
-MODELS = tuple(SIZES)  # vocabulary, batch, sequence of benchmarks.promises
+MODELS = tuple(SIZES)  # the language models of benchmarks.promises
 
 
 def family(plan: Any, weights: Any) -> dict[str, Any]:
@@ -242,10 +195,10 @@ def counted_times(model: nn.Module, inputs: Any, loss_fn: Loss, small: Any, gpu:
     neither depends on the batch); the ops of one forward and loss on ``inputs`` are counted without grad and priced
     as ``profile_module`` prices them (``profiler.module_roofline``). Returns the stage names, each stage's modeled
     forward and backward ms, ``loss_ms`` and the step (stages plus ``loss_ms``, the simulated unplanned step)."""
-    from profiler.devices import get_gpu
+    from profiler import find_stages, get_gpu
     from profiler.module_profile import as_inputs
     from profiler.module_roofline import count_module_step, modeled_stage_ms, outside_ms
-    from profiler.modules import find_stages, trace_stages
+    from profiler.modules import trace_stages
 
     spec = get_gpu(gpu)
     small_in = as_inputs(small)
@@ -281,10 +234,10 @@ def count_row(kind: str, measured_dir: Path, small_seq: int) -> dict[str, Any]:
     ref = json.loads(source.read_text())
     measured = Profile.model_validate(ref["profile"])
     torch.manual_seed(0)
-    model, inputs, loss_fn, opt = _language(kind)
+    model, inputs, loss_fn, opt = language_model(kind, device="cpu")
     model.train()
     vocab, _, _ = SIZES[kind]
-    small = _tokens(vocab, 1, small_seq)
+    small = tokens(vocab, 1, small_seq, device="cpu")
     # the printout of a modeled profile of the same model, at the small batch (the full one does not fit)
     t0 = time.perf_counter()
     small_prof = memtune.profile(model, small, loss_fn=loss_fn, gpu="h100", warmup=0, repeats=1, progress=False)
@@ -380,7 +333,7 @@ def run_model(
         row["reused"] = True
     else:
         torch.manual_seed(0)
-        model, inputs, loss_fn, opt = _language(kind)
+        model, inputs, loss_fn, opt = language_model(kind, device="cpu")
         model.train()
         t0 = time.perf_counter()
         modeled = memtune.profile(model, inputs, loss_fn=loss_fn, gpu="h100", warmup=0, repeats=1, progress=False)

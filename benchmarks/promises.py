@@ -47,45 +47,58 @@ GiB = float(1 << 30)
 
 
 class Autocast(nn.Module):
-    """The model called under CUDA autocast to ``dtype``: a bf16 training step as users write it."""
+    """The model called under autocast to ``dtype`` on ``device_type``: a bf16 training step as users write it."""
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+    def __init__(self, model: nn.Module, dtype: torch.dtype, device_type: str = "cuda") -> None:
         super().__init__()
         self.model = model
         self.dtype = dtype
+        self.device_type = device_type
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with torch.autocast("cuda", dtype=self.dtype):
+        with torch.autocast(self.device_type, dtype=self.dtype):
             return self.model(*args, **kwargs)
 
 
-def _hf_loss(out: Any) -> torch.Tensor:
+def hf_loss(out: Any) -> torch.Tensor:
+    """A Hugging Face model's own loss (given ``labels``)."""
     return out.loss  # type: ignore[no-any-return]
 
 
-def _tokens(vocab: int, batch: int, seq: int) -> dict[str, torch.Tensor]:
-    ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+#: vocabulary, batch and sequence of each language model
+SIZES = {
+    "gpt2": (50257, 8, 1024),
+    "bert_mlm": (30522, 32, 512),
+    "t5_small": (32128, 16, 512),
+    "llama": (32000, 8, 2048),
+}
+
+
+def tokens(vocab: int, batch: int, seq: int, device: str = "cuda") -> dict[str, torch.Tensor]:
+    """Random token ids below ``vocab``, ``(batch, seq)``, as ``input_ids`` and ``labels``."""
+    ids = torch.randint(0, vocab, (batch, seq), device=device)
     return {"input_ids": ids, "labels": ids}
 
 
-def _language(kind: str) -> Built:
+def language_model(kind: str, device: str = "cuda") -> Built:
+    """One of the language models of ``SIZES`` on ``device``, from its default configuration, with its batch."""
     import transformers as hf
 
     model: nn.Module
     if kind == "gpt2":  # the 124M configuration, as shipped
-        model, batch = hf.GPT2LMHeadModel(hf.GPT2Config()), _tokens(50257, 8, 1024)
+        model = hf.GPT2LMHeadModel(hf.GPT2Config())
     elif kind == "bert_mlm":  # bert-base
-        model, batch = hf.BertForMaskedLM(hf.BertConfig()), _tokens(30522, 32, 512)
+        model = hf.BertForMaskedLM(hf.BertConfig())
     elif kind == "t5_small":  # t5-small's sizes: d_model 512, 6 layers, 8 heads, vocabulary 32,128
-        tokens: dict[str, Any] = {"decoder_start_token_id": 0, "pad_token_id": 0}
-        model, batch = hf.T5ForConditionalGeneration(hf.T5Config(**tokens)), _tokens(32128, 16, 512)
+        ids: dict[str, Any] = {"decoder_start_token_id": 0, "pad_token_id": 0}
+        model = hf.T5ForConditionalGeneration(hf.T5Config(**ids))
     else:  # a Llama-style decoder, bf16 autocast
         cfg = hf.LlamaConfig(
             hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
             vocab_size=32000, max_position_embeddings=2048,
         )  # fmt: skip
-        model, batch = Autocast(hf.LlamaForCausalLM(cfg), torch.bfloat16), _tokens(32000, 8, 2048)
-    return nn.Module.cuda(model), batch, _hf_loss, "adam"
+        model = Autocast(hf.LlamaForCausalLM(cfg), torch.bfloat16, torch.device(device).type)
+    return nn.Module.to(model, device), tokens(*SIZES[kind], device=device), hf_loss, "adam"
 
 
 def _vision(kind: str) -> Built:
@@ -105,10 +118,10 @@ def _unet(_kind: str) -> Built:
 
 
 MODELS: dict[str, Callable[[str], Built]] = {
-    "gpt2": _language,
-    "llama": _language,
-    "bert_mlm": _language,
-    "t5_small": _language,
+    "gpt2": language_model,
+    "llama": language_model,
+    "bert_mlm": language_model,
+    "t5_small": language_model,
     "vit_b_16": _vision,
     "resnet50": _vision,
     "mobilenet_v2": _vision,
