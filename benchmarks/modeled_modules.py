@@ -223,7 +223,6 @@ def counted_times(model: nn.Module, inputs: Any, loss_fn: Loss, small: Any, gpu:
 def count_row(kind: str, measured_dir: Path, small_seq: int) -> dict[str, Any]:
     """The ``--count-only`` row of one model (NOTE [ Counted times ]): no plans, the compute times only."""
     import optuna
-    import transformers
 
     import memtune
     from api.python import Tuned, device_label
@@ -262,14 +261,8 @@ def count_row(kind: str, measured_dir: Path, small_seq: int) -> dict[str, Any]:
         for n, f, b in zip(counted["names"], counted["forward_ms"], counted["backward_ms"], strict=True)
     ]
     return {
-        "model": kind,
+        **_provenance(kind, source, ref),
         "count_only": True,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "host": f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads",
-        "measured_source": str(source),
-        "measured_sha256": _sha256(source),
-        "measured_unplanned": ref["unplanned"],
         "optimizer": opt,
         "stages": {"modeled": len(counted["names"]), "measured": measured.n_stages},
         "same_stages": counted["names"] == [s.name for s in measured.stages],
@@ -290,6 +283,21 @@ def count_row(kind: str, measured_dir: Path, small_seq: int) -> dict[str, Any]:
     }
 
 
+def _provenance(kind: str, source: Path, ref: dict[str, Any]) -> dict[str, Any]:
+    """The head of a row: the model, the versions and host it ran on, and the measured row it is compared with."""
+    import transformers
+
+    return {
+        "model": kind,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "host": f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads",
+        "measured_source": str(source),
+        "measured_sha256": _sha256(source),
+        "measured_unplanned": ref["unplanned"],
+    }
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -305,7 +313,6 @@ def run_model(
     reuse: bool,
 ) -> dict[str, Any]:
     """The row of one model (see the module docstring)."""
-    import transformers
 
     import memtune
     from api.python import device_label
@@ -316,13 +323,7 @@ def run_model(
     measured = Profile.model_validate(ref["profile"])
     peak = int(ref["unplanned"]["peak_bytes"])
     row: dict[str, Any] = {
-        "model": kind,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "host": f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads",
-        "measured_source": str(source),
-        "measured_sha256": _sha256(source),
-        "measured_unplanned": ref["unplanned"],
+        **_provenance(kind, source, ref),
         "headroom": headroom,
         "trials": trials,
     }

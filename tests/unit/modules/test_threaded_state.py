@@ -26,6 +26,7 @@ from profiler.errors import ProfilerError
 from profiler.module_profile import profile_module
 from profiler.modules import copy_structure, tensor_leaves
 from profiler.profile import Profile
+from tests.unit.modules import models
 from tests.unit.modules.models import hf_loss, mean_square
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan
@@ -173,30 +174,17 @@ def test_state_that_cannot_be_copied_is_refused_with_what_to_do() -> None:
 
 
 def gpt2() -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=256, n_positions=32, bos_token_id=0, eos_token_id=0)
+    model = models.gpt2()  # the test set's, its configuration's defaults kept: caches and dropout on
+    config: Any = model.config
     assert config.use_cache and config.resid_pdrop == 0.1
-    return GPT2LMHeadModel(config)
+    return model
 
 
 def llama() -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=256,
-        max_position_embeddings=32,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
+    model = models.llama()
+    config: Any = model.config
     assert config.use_cache
-    return LlamaForCausalLM(config)
+    return model
 
 
 def t5() -> nn.Module:
