@@ -67,7 +67,18 @@ CASES: dict[str, Callable[[], tuple[nn.Module, Any, Callable[[Any], torch.Tensor
     "llama": lambda: lm_case("llama"),
     "bert_mlm": lambda: lm_case("bert"),
     "t5": lambda: lm_case("t5"),
+    "gpt2_tied": lambda: tied_embedding_case(),
 }
+
+
+def tied_embedding_case() -> tuple[nn.Module, Any, Callable[[Any], torch.Tensor]]:
+    """GPT-2 whose tied embedding (8,192 x 256, 8 MiB) outweighs its activations (batch 1 x 16): NOTE [ Tied
+    weights ] decides its peak."""
+    import transformers as hf
+
+    ids = torch.randint(0, VOCAB, (1, 16))
+    model = hf.GPT2LMHeadModel(hf.GPT2Config(n_embd=256, n_layer=1, n_head=4, vocab_size=VOCAB))
+    return model, {"input_ids": ids, "labels": ids}, hf_loss
 
 
 def allocator_peak(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor], *, held: bool) -> int:
