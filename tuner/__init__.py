@@ -25,6 +25,7 @@ from tuner.policies import POLICIES, run_policy
 from tuner.prefetch_trigger import PrefetchTrigger, prefetch_trigger
 from tuner.ranks import RanksResult, Stagger, ranks_prefetch_trigger, simulate_ranks, stagger_for
 from tuner.search import Candidate, TuneResult, tune
+from tuner.sharding import shard_units, sharded_profile
 from tuner.simulator import SimResult, Simulator, simulate
 
 __all__ = [
@@ -60,6 +61,8 @@ __all__ = [
     "prefetch_trigger",
     "ranks_prefetch_trigger",
     "run_policy",
+    "shard_units",
+    "sharded_profile",
     "simulate",
     "simulate_inference",
     "simulate_ranks",

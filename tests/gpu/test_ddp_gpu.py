@@ -126,6 +126,25 @@ def test_planned_ddp_over_nccl_equals_the_full_batch() -> None:
             torch.testing.assert_close(got[key], grad, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {key}")
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_planned_fsdp_over_nccl_equals_the_full_batch() -> None:
+    pytest.importorskip("transformers")
+    from tests.unit.runtime.test_fsdp_plans import half, llama, plan_of_stages, sharded_rank
+
+    device = torch.device("cuda", 0)
+    plan = plan_of_stages()
+    reference = llama().to(device)
+    for rank in range(2):  # FSDP2 averages the ranks' gradients: each half's loss counts 1/2
+        ids = half(rank, 2).to(device)
+        (reference(input_ids=ids, labels=ids).loss / 2).backward()
+    results = spawn_ranks(sharded_rank, 2, plan.model_dump(mode="json"), True, backend="nccl")
+    for rank, (grads, d2h_bytes) in enumerate(results):
+        assert d2h_bytes > 0
+        for name, p in reference.named_parameters():
+            torch.testing.assert_close(grads[name], p.grad.cpu(), rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}")
+
+
 def test_shared_link_measurement_makes_a_valid_calibration_table() -> None:
     run = measure_shared_link(nbytes=64 << 20, warmup=1, repeats=3)
     gpus = torch.cuda.device_count()

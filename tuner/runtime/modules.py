@@ -20,6 +20,17 @@ go to a throwaway copy and it computes what the first run computed (NOTE [ State
 ``profiler.modules``); state that cannot be copied is refused with ``PlanError``.
 
 The model's code between stages runs untouched. Outputs may be tensors, tuples, dicts or ``ModelOutput``s.
+
+NOTE [ Sharded parameters ]
+Under FSDP2 (``torch.distributed.fsdp.fully_shard`` on the stage modules and the root) a parameter outside its
+module's forward is a ``DTensor`` shard, and the module's pre-forward hook, which runs before the stage's wrapper,
+gathers the whole parameter into a plain tensor of its own storage and registers it on the module for that call.
+The offload runtime must leave parameters on the device (it would copy weights to the host and back each step, and
+FSDP2 frees the gathered storage after the forward and gathers it again for the backward), so a stage's
+parameters are taken as the stage runs them, gathered ones included, and added to what the pack hook passes
+through. A recompute re-runs the stage inside the backward, after FSDP2's pre-backward hook has gathered its
+parameters again, so it reads the same values. FSDP2 averages gradients over the ranks; a plan changes none of
+them (``tests/unit/runtime/test_fsdp_plans.py``, gloo on CPU).
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ from profiler.modules import copy_structure, rebuild, tensor_leaves
 from profiler.selective import selective_context
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan
-from tuner.runtime.offload import StepState
+from tuner.runtime.offload import StepState, resident_storage_ptrs
 from tuner.runtime.planned_base import PlannedBase
 from tuner.runtime.rng import RandomState
 
@@ -104,8 +115,7 @@ class PlannedModule(PlannedBase):
             return self.model(*args, **kwargs)
         tensors = [*self.model.parameters(), *self.model.buffers()]
         device = tensors[0].device if tensors else torch.device("cpu")
-        exclude = {t.untyped_storage().data_ptr() for t in tensors}
-        exclude.update(t.untyped_storage().data_ptr() for t in tensor_leaves((args, kwargs)))  # always resident
+        exclude = resident_storage_ptrs([*tensors, *tensor_leaves((args, kwargs))])  # the inputs: always resident
         step = self._begin_step(device, exclude)
         try:
             with self._wrapped(step):
@@ -150,6 +160,8 @@ class PlannedModule(PlannedBase):
         def run(*args: Any, **kwargs: Any) -> Any:
             step.forward_stage = k
             offloading = action is Action.OFFLOAD
+            # NOTE [ Sharded parameters ]: the parameters as the stage runs them, gathered ones included
+            step.exclude_ptrs.update(resident_storage_ptrs(self._stages[k].parameters()))
             with step.hooks(k, k) if offloading else contextlib.nullcontext():
                 if checkpointed:
                     out = self._checkpointed(k, fn, args, kwargs, selective=action is Action.SELECTIVE)

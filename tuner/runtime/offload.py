@@ -59,12 +59,28 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from tuner.runtime.pool import HostPool
 
-__all__ = ["OffloadRuntime", "OffloadStats", "StepState", "bytes_view"]
+__all__ = ["OffloadRuntime", "OffloadStats", "StepState", "bytes_view", "resident_storage_ptrs"]
 
 _SYNC_MODES = ("layer", "deferred", "points", "inline")
+
+
+def resident_storage_ptrs(tensors: Iterable[torch.Tensor]) -> set[int]:
+    """The data pointers of the storages that ``tensors`` live in: what a pack hook leaves on the device.
+
+    A ``DTensor`` (a parameter sharded by FSDP2's ``fully_shard``) has no storage of its own; its local shard's is
+    taken. Parameters FSDP2 gathers for a module's forward are plain tensors in storages of their own, allocated
+    when gathered: they are known only while the module runs (NOTE [ Sharded parameters ] in
+    ``tuner.runtime.modules``).
+    """
+    ptrs = set()
+    for t in tensors:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        ptrs.add(local.untyped_storage().data_ptr())
+    return ptrs
 
 
 @dataclass

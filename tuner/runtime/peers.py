@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from profiler.compiled import CompiledStage
-from tuner.runtime.offload import bytes_view
+from tuner.runtime.offload import bytes_view, resident_storage_ptrs
 
 __all__ = ["OffloadActivations", "OffloadActivationsStats", "compiled_model"]
 
@@ -176,7 +176,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         self._exclude = set()
         if self.module is not None:
             tensors = [*self.module.parameters(), *self.module.buffers()]
-            self._exclude = {t.untyped_storage().data_ptr() for t in tensors}
+            self._exclude = resident_storage_ptrs(tensors)
         super().__enter__()
 
     def __exit__(self, *args: object) -> None:

@@ -45,6 +45,7 @@ from profiler.compiled import CompiledStage
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan, segments
 from tuner.runtime.conv import ChosenConv2d
+from tuner.runtime.offload import resident_storage_ptrs
 from tuner.runtime.planned_base import PlannedBase
 from tuner.runtime.segments import Segment
 from tuner.runtime.spatial import SpatialSegment
@@ -199,7 +200,7 @@ class PlannedModel(PlannedBase):
             for m in modules:
                 x = m(x)
             return x
-        exclude = {t.untyped_storage().data_ptr() for t in (*self.model.parameters(), *self.model.buffers())}
+        exclude = resident_storage_ptrs((*self.model.parameters(), *self.model.buffers()))
         exclude.add(x.untyped_storage().data_ptr())  # the model input is always resident
         step = self._begin_step(x.device, exclude)
         actions = self.plan.actions

@@ -26,7 +26,7 @@ EXPECTED = {
         "POLICIES", "Action", "BudgetError", "CalibrationError", "Candidate", "Plan", "PlanError", "PrefetchTrigger",
         "RanksResult", "SearchError", "SharedLink", "SimResult", "Simulator", "Stagger", "TuneResult", "TunerError",
         "exact_front", "exact_optimum", "format_bytes", "parse_budget", "prefetch_trigger", "ranks_prefetch_trigger",
-        "run_policy", "simulate", "simulate_ranks", "stagger_for", "tune",
+        "run_policy", "shard_units", "sharded_profile", "simulate", "simulate_ranks", "stagger_for", "tune",
         "InferenceFacts", "InferencePlan", "InferenceSim", "LayerFitError", "LayerPlan", "plan_inference",
         "simulate_inference", "PeakCheck", "peak_check", "planning_headroom",
     },
