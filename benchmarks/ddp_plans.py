@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import environment, zoo_profile
+from benchmarks.ranked import rank_rows, spawn_rows
 from profiler import Profile
 from tuner import Plan, SharedLink, parse_budget, ranks_prefetch_trigger, simulate_ranks, stagger_for, tune
 from tuner.calibration import calibration_for
@@ -62,6 +63,7 @@ class _Config:
     link: dict[str, dict[str, float]]
     plans: dict[int, dict[str, Any]] = field(default_factory=dict)  # per batch, the plan's JSON (planned methods)
     batches: tuple[int, ...] = ()
+    rows_file: str | None = None  # NOTE [ A rank out of memory ] in benchmarks.ranked
 
 
 def _wrap(cfg: _Config, chain: Any, batch: int, rank: int, world: int) -> tuple[Any, Any]:
@@ -157,27 +159,8 @@ def _timed_step(model: Any, opt: Any, x: Any, y: Any, autocast: Any, step_loss: 
 
 
 def _rank_trials(rank: int, world: int, cfg: _Config) -> list[dict[str, Any]]:
-    """This rank's rows: the batches in order up to the first that any rank could not train (ranks agree)."""
-    import torch.distributed as dist
-
-    rows = []
-    for batch in cfg.batches:
-        mine = _measure(cfg, batch, rank, world)
-        every: list[Any] = [None] * world
-        dist.all_gather_object(every, mine)
-        ok = all(r["ok"] for r in every)
-        rows.append(
-            {
-                "batch": batch,
-                "fits": ok,
-                "step_ms": max(r["ms"] for r in every) if ok else None,
-                "peak_bytes": max((r["peak"] or 0) for r in every) if ok and every[0]["peak"] is not None else None,
-                "error": next((r["error"] for r in every if r["error"]), None),
-            }
-        )
-        if not ok:
-            break
-    return rows
+    """This rank's rows (``benchmarks.ranked.rank_rows``)."""
+    return rank_rows(rank, world, cfg.batches, lambda b: _measure(cfg, b, rank, world), cfg.rows_file)
 
 
 def _link_and_bus(profile: Profile, nproc: int, measure: bool) -> tuple[SharedLink, float | None, str]:
@@ -249,8 +232,6 @@ def _predict(args: argparse.Namespace, method: str, profile: Profile, plan: Plan
 
 def _run_method(args: argparse.Namespace, method: str, plans: dict[int, Plan], budget: int | None) -> list[dict]:
     """One method's rows from its own spawn of N ranks (a rank that dies ends the method with an error row)."""
-    from tuner.runtime.ddp import spawn_ranks
-
     batches = tuple(b for b in args.batch_list if method not in _PLANNED or b in plans)
     cfg = _Config(
         model=args.model,
@@ -265,11 +246,7 @@ def _run_method(args: argparse.Namespace, method: str, plans: dict[int, Plan], b
         plans={b: p.model_dump(mode="json") for b, p in plans.items()},
         batches=batches,
     )
-    try:
-        return list(spawn_ranks(_rank_trials, args.nproc, cfg, backend=args.backend, timeout_s=args.timeout)[0])
-    except Exception as exc:  # a rank raised or died: the method stops there
-        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
-        return [{"batch": None, "fits": False, "step_ms": None, "peak_bytes": None, "error": error}]
+    return spawn_rows(_rank_trials, args.nproc, cfg, batches=batches, backend=args.backend, timeout_s=args.timeout)
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -307,7 +284,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--allreduce-gbps", type=float, default=None, help="all-reduce bus GB/s (default: calibration)")
     ap.add_argument("--no-measure", action="store_true", help="never measure the link here (fair share instead)")
     ap.add_argument("--cpu", action="store_true", help="gloo processes on CPU, no budget: a smoke test of the run")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a collective waits for a rank")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds a collective waits for a rank (NOTE [ A rank out of memory ])",
+    )
     args = ap.parse_args(argv)
     args.batch_list = sorted({int(b) for b in args.batches.split(",")})
     args.param_map = {k: int(v) for k, v in (kv.split("=") for kv in args.params.split(",") if kv)}

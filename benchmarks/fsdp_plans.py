@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import environment
+from benchmarks.ranked import rank_rows, spawn_rows
 
 __all__ = ["METHODS", "main"]
 
@@ -64,6 +65,7 @@ class _Config:
     steps: int
     batches: tuple[int, ...] = ()
     plans: dict[int, dict[str, Any]] = field(default_factory=dict)  # per batch, the plan's JSON (method ``plan``)
+    rows_file: str | None = None  # NOTE [ A rank out of memory ] in benchmarks.ranked
 
 
 def _model(cfg: _Config, device: Any) -> Any:
@@ -151,28 +153,8 @@ def _timed_step(model: Any, opt: Any, ids: Any, autocast: Any, cuda: bool) -> fl
 
 
 def _rank_trials(rank: int, world: int, cfg: _Config) -> list[dict[str, Any]]:
-    """This rank's rows: the batches in order up to the first that any rank could not train (ranks agree)."""
-    import torch.distributed as dist
-
-    rows = []
-    for batch in cfg.batches:
-        mine = _measure(cfg, batch, rank)
-        every: list[Any] = [None] * world
-        dist.all_gather_object(every, mine)
-        ok = all(r["ok"] for r in every)
-        peaks = [r["peak"] for r in every if r["peak"] is not None]
-        rows.append(
-            {
-                "batch": batch,
-                "fits": ok,
-                "step_ms": max(r["ms"] for r in every) if ok else None,
-                "peak_bytes": max(peaks) if ok and peaks else None,
-                "error": next((r["error"] for r in every if r["error"]), None),
-            }
-        )
-        if not ok:
-            break
-    return rows
+    """This rank's rows (``benchmarks.ranked.rank_rows``)."""
+    return rank_rows(rank, world, cfg.batches, lambda b: _measure(cfg, b, rank), cfg.rows_file)
 
 
 def _plans(args: argparse.Namespace, cfg: _Config) -> tuple[dict[int, Any], dict[int, dict[str, Any]]]:
@@ -227,7 +209,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--methods", default=",".join(METHODS), help=f"any of {', '.join(METHODS)}")
     ap.add_argument("--trials", type=int, default=150, help="Optuna trials per tuned plan")
     ap.add_argument("--cpu", action="store_true", help="gloo processes on CPU, no budget: a smoke test of the run")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds a collective waits for a rank")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds a collective waits for a rank (NOTE [ A rank out of memory ])",
+    )
     args = ap.parse_args(argv)
     args.batch_list = sorted({int(b) for b in args.batches.split(",")})
     overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.llama.split(",") if kv)}
@@ -266,7 +253,6 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from tuner import parse_budget
-    from tuner.runtime.ddp import spawn_ranks
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -307,11 +293,7 @@ def main(argv: list[str] | None = None) -> None:
             {b: p.model_dump(mode="json") for b, p in plans.items()} if method == "plan" else {},
         )
         backend = "gloo" if args.cpu else "nccl"
-        try:
-            rows = list(spawn_ranks(_rank_trials, args.nproc, cfg, backend=backend, timeout_s=args.timeout)[0])
-        except Exception as exc:  # a rank raised or died: the method stops there
-            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
-            rows = [{"batch": None, "fits": False, "step_ms": None, "peak_bytes": None, "error": error}]
+        rows = spawn_rows(_rank_trials, args.nproc, cfg, batches=batches, backend=backend, timeout_s=args.timeout)
         for row in rows:
             if row["fits"]:
                 row["tokens_per_s"] = round(args.nproc * row["batch"] * args.seq / (row["step_ms"] / 1e3), 1)

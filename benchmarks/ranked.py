@@ -1,0 +1,92 @@
+"""The largest batch that trains on every rank of a data-parallel run, batch by batch, one row each.
+
+# NOTE [ A rank out of memory ]
+When one rank runs out of memory in the middle of a step and the other does not, the other waits in a collective
+(DDP's all-reduce, FSDP2's all-gather) that the first will never join, and the group can only end by its timeout:
+NCCL's watchdog then takes the processes down. So rank 0 writes each batch's row to a file as soon as the ranks
+agree on it, and when the group dies the rows written stand and the next batch is the one that did not train,
+with the reason. A short collective timeout (``--timeout``) bounds what such a batch costs; the ranks run the same
+work side by side, so a collective waits only for the other rank's share of one batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["rank_rows", "spawn_rows"]
+
+
+def rank_rows(
+    rank: int, world: int, batches: Sequence[int], measure: Callable[[int], dict[str, Any]], rows_file: str | None
+) -> list[dict[str, Any]]:
+    """This rank's rows: ``measure(batch)`` for the batches in order up to the first that any rank could not train.
+
+    ``measure`` returns ``ok``, ``ms`` (median step), ``peak`` (bytes allocated, None on CPU) and ``error``. The row
+    holds the slowest rank's step and the largest peak; rank 0 appends it to ``rows_file`` (JSON lines) at once.
+    """
+    import torch.distributed as dist
+
+    rows = []
+    for batch in batches:
+        mine = measure(batch)
+        if rows_file is not None:  # what this rank saw, should the group die before the ranks agree
+            Path(f"{rows_file}.rank{rank}").write_text(json.dumps({"batch": batch, **mine}))
+        every: list[Any] = [None] * world
+        dist.all_gather_object(every, mine)
+        ok = all(r["ok"] for r in every)
+        peaks = [r["peak"] for r in every if r["peak"] is not None]
+        row = {
+            "batch": batch,
+            "fits": ok,
+            "step_ms": max(r["ms"] for r in every) if ok else None,
+            "peak_bytes": max(peaks) if ok and peaks else None,
+            "error": next((r["error"] for r in every if r["error"]), None),
+        }
+        rows.append(row)
+        if rank == 0 and rows_file is not None:
+            with open(rows_file, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        if not ok:
+            break
+    return rows
+
+
+def spawn_rows(
+    fn: Callable[..., list[dict[str, Any]]],
+    world: int,
+    cfg: Any,
+    *,
+    batches: Sequence[int],
+    backend: str,
+    timeout_s: float,
+) -> list[dict[str, Any]]:
+    """Rank 0's rows of ``fn(rank, world, cfg)`` in ``world`` fresh processes (``tuner.runtime.ddp.spawn_ranks``);
+    ``cfg`` is a dataclass with a ``rows_file`` field, which this fills. If the group dies, the rows written so far
+    and one for the batch that did not train (NOTE [ A rank out of memory ])."""
+    from tuner.runtime.ddp import spawn_ranks
+
+    with tempfile.TemporaryDirectory(prefix="memtune-rows-") as tmp:
+        rows_file = Path(tmp, "rows.jsonl")
+        try:
+            ranked = dataclasses.replace(cfg, rows_file=str(rows_file))
+            return list(spawn_ranks(fn, world, ranked, backend=backend, timeout_s=timeout_s)[0])
+        except Exception as exc:  # a rank raised, died or timed out in a collective
+            text = rows_file.read_text() if rows_file.is_file() else ""
+            rows = [json.loads(line) for line in text.splitlines()]
+            done = {r["batch"] for r in rows}
+            failed = next((b for b in batches if b not in done), None)
+            lines = str(exc).strip().splitlines() or [""]
+            seen = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("rows.jsonl.rank*"))]
+            own = [s["error"] for s in seen if s["batch"] == failed and s.get("error")]
+            cause = own[0] if own else lines[-1].strip()
+            error = (
+                f"the ranks stopped ({type(exc).__name__}; {cause[:200]}): one rank out of memory mid-step leaves the "
+                "others waiting in a collective (NOTE [ A rank out of memory ])"
+            )
+            rows.append({"batch": failed, "fits": False, "step_ms": None, "peak_bytes": None, "error": error})
+            return rows
