@@ -128,7 +128,14 @@ def _measure(cfg: _Config, batch: int, rank: int, world: int) -> dict[str, Any]:
                     torch.cuda.reset_peak_memory_stats()
                 times.append(_timed_step(model, opt, x, y, autocast, step_loss, cuda))
         peak = torch.cuda.max_memory_allocated() if cuda else None
-        return {"ok": True, "ms": statistics.median(times[cfg.warmup :]), "peak": peak, "error": None}
+        reserved = torch.cuda.max_memory_reserved() if cuda else None
+        return {
+            "ok": True,
+            "ms": statistics.median(times[cfg.warmup :]),
+            "peak": peak,
+            "reserved": reserved,
+            "error": None,
+        }
     except (torch.OutOfMemoryError, PlanOutOfMemoryError) as exc:
         return {"ok": False, "ms": None, "peak": None, "error": f"out of memory: {str(exc).splitlines()[0][:160]}"}
     finally:
@@ -309,6 +316,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from tuner.runtime.guard import configure_allocator
+
+    allocator = configure_allocator()  # before CUDA starts; the spawned ranks inherit it
 
     from profiler.devices import gpu_key
 
@@ -337,6 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         "profiles": {b: p.source for b, p in profiles.items()},
         "plans": {m: {b: p.compact() for b, p in by.items()} for m, by in plans.items()},
         "environment": environment(),
+        "allocator": allocator,
         "command": "python -m benchmarks.ddp_plans " + " ".join(argv if argv is not None else sys.argv[1:]),
         "methods": {},
         "largest": {},

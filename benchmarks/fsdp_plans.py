@@ -121,7 +121,14 @@ def _measure(cfg: _Config, batch: int, rank: int) -> dict[str, Any]:
                     torch.cuda.reset_peak_memory_stats()
                 times.append(_timed_step(run, opt, ids, autocast, cuda))
         peak = torch.cuda.max_memory_allocated() if cuda else None
-        return {"ok": True, "ms": statistics.median(times[cfg.warmup :]), "peak": peak, "error": None}
+        reserved = torch.cuda.max_memory_reserved() if cuda else None
+        return {
+            "ok": True,
+            "ms": statistics.median(times[cfg.warmup :]),
+            "peak": peak,
+            "reserved": reserved,
+            "error": None,
+        }
     except (torch.OutOfMemoryError, PlanOutOfMemoryError) as exc:
         return {"ok": False, "ms": None, "peak": None, "error": f"out of memory: {str(exc).splitlines()[0][:200]}"}
     finally:
@@ -255,6 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     from tuner import parse_budget
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from tuner.runtime.guard import configure_allocator
+
+    allocator = configure_allocator()  # before CUDA starts; the spawned ranks inherit it
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not args.cpu and gpus < args.nproc:
         sys.exit(f"--nproc {args.nproc} needs {args.nproc} GPUs, this host has {gpus}; --cpu runs a CPU smoke test")
@@ -275,6 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         "predicted": {str(b): rows for b, rows in predicted.items()},
         "plans": {str(b): p.compact() for b, p in plans.items()},
         "environment": environment(),
+        "allocator": allocator,
         "command": "python -m benchmarks.fsdp_plans " + " ".join(argv if argv is not None else sys.argv[1:]),
         "methods": {},
         "largest": {},

@@ -26,8 +26,9 @@ def rank_rows(
 ) -> list[dict[str, Any]]:
     """This rank's rows: ``measure(batch)`` for the batches in order up to the first that any rank could not train.
 
-    ``measure`` returns ``ok``, ``ms`` (median step), ``peak`` (bytes allocated, None on CPU) and ``error``. The row
-    holds the slowest rank's step and the largest peak; rank 0 appends it to ``rows_file`` (JSON lines) at once.
+    ``measure`` returns ``ok``, ``ms`` (median step), ``peak`` and ``reserved`` (bytes allocated and reserved at
+    most; None on CPU) and ``error``. The row holds the slowest rank's step and the largest peaks; rank 0 appends it
+    to ``rows_file`` (JSON lines) at once.
     """
     import torch.distributed as dist
 
@@ -40,11 +41,13 @@ def rank_rows(
         dist.all_gather_object(every, mine)
         ok = all(r["ok"] for r in every)
         peaks = [r["peak"] for r in every if r["peak"] is not None]
+        reserved = [r.get("reserved") for r in every if r.get("reserved") is not None]
         row = {
             "batch": batch,
             "fits": ok,
             "step_ms": max(r["ms"] for r in every) if ok else None,
             "peak_bytes": max(peaks) if ok and peaks else None,
+            "reserved_bytes": max(reserved) if ok and reserved else None,
             "error": next((r["error"] for r in every if r["error"]), None),
         }
         rows.append(row)
