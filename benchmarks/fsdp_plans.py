@@ -290,6 +290,8 @@ def main(argv: list[str] | None = None) -> None:
         "methods": {},
         "largest": {},
     }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"fsdp-plans-llama-{args.dtype}-x{args.nproc}.json"
     for method in args.method_list:
         batches = tuple(b for b in args.batch_list if method != "plan" or b in plans)
         cfg = _Config(
@@ -311,9 +313,7 @@ def main(argv: list[str] | None = None) -> None:
         result["methods"][method] = rows
         fitting = [r for r in rows if r["fits"]]
         result["largest"][method] = max(fitting, key=lambda r: r["batch"]) if fitting else None
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"fsdp-plans-llama-{args.dtype}-x{args.nproc}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+        path.write_text(json.dumps(result, indent=1) + "\n")  # after every method: a cut run keeps what finished
     print(_table(result), end="")
     print(f"written to {path}")
 
