@@ -424,6 +424,34 @@ def _factory_profile(
     )
 
 
+def _factory_compiler_points(
+    model: str,
+    batch: int,
+    device: str,
+    params: dict[str, Any],
+    input_shape: str | None,
+    vocab: int | None,
+    prof: Profile,
+    optimizer: str,
+) -> Profile:
+    """``prof`` with the factory model compiled whole at activation budgets 1, 0.5 and 0.25, measured on ``device``
+    (NOTE [ Compiler points of a module ]); a budget that fails to compile is reported and left out."""
+    from api.python import COMPILE_BUDGETS
+    from profiler import build_factory
+    from profiler.factory import factory_inputs
+    from tuner.runtime.whole import measure_module_points, with_compiler_points
+
+    net = build_factory(model, params).to(device)  # the same architecture: the points do not depend on the weights
+    x = factory_inputs(batch, _shape(input_shape), vocab=vocab, device=device)
+    with err.status("compiling the whole model") as status:
+        points, errors = measure_module_points(
+            net, x, prof, COMPILE_BUDGETS, optimizer=optimizer, progress=lambda _d, _t, what: status.update(what)
+        )
+    for budget, error in errors.items():
+        err.print(f"[yellow]warning:[/] compiling at activation budget {budget:g} failed ({error}); plans stay eager")
+    return with_compiler_points(prof, points)
+
+
 def _check_dtype(dtype: str) -> None:
     if dtype not in ("float32", "bfloat16", "float16"):
         raise _fail(f"--dtype {dtype!r}: use float32, bfloat16 or float16")
@@ -857,6 +885,14 @@ def tune(
     inference: InferenceOpt = False,
     measure: MeasureOpt = False,
     conv_workspace: ConvWorkspaceOpt = "framework",
+    compile_whole: Annotated[
+        str,
+        typer.Option(
+            "--compile",
+            help="a factory model: also measure it compiled whole at activation budgets 1, 0.5 and 0.25, so that the "
+            "search may serve a compiled plan (NOTE [ Whole-model compile ]): on, off, or auto (on with --device cuda)",
+        ),
+    ] = "auto",
 ) -> None:
     """Search the fastest plan within a budget (or the Pareto front) and compare every baseline; with --inference,
     plan the forward pass alone within a working-set budget per layer."""
@@ -868,6 +904,13 @@ def tune(
     _check_dtype(dtype)
     if measure and not inference:
         raise _fail("--measure runs an inference plan: add --inference (`memtune bench` measures training plans)")
+    if compile_whole not in ("auto", "on", "off"):
+        raise _fail(f"--compile {compile_whole!r}: use auto, on or off")
+    if compile_whole == "on" and (profile_file is not None or not is_factory(model)):
+        raise _fail(
+            "--compile on measures a factory model compiled whole; a zoo model's or a spec's compiler points come "
+            "from `memtune profile --device cuda --compiler-sweep 1,0.5,0.25 --output p.json`, then --profile p.json"
+        )
     if inference:  # NOTE [ Inference plans ] in tuner.inference.plan
         chain = _inference_chain(model, param, spec)
         profile = functools.partial(resolve_profile, chain, batch, dtype, gpu or "h200", profile_file)
@@ -884,7 +927,12 @@ def tune(
             )
         else:
             prof = _tune_profile(model, batch, dtype, gpu, _parse_params(param), spec, profile_file)
-        budget_bytes = profile_budget(budget, prof, optimizer)
+        budget_bytes = profile_budget(budget, prof, optimizer)  # a bad budget is refused before compiling
+        compiles = compile_whole == "on" or (compile_whole == "auto" and device == "cuda")
+        if profile_file is None and is_factory(model) and compiles:
+            prof = _factory_compiler_points(
+                model, batch, device, _parse_params(param), input_shape, vocab, prof, optimizer
+            )
         advice = missing_calibration(prof) if headroom is None else None
         if advice:
             err.print(f"[yellow]warning:[/] {advice}")

@@ -215,6 +215,7 @@ def tune(
     progress: bool = True,
     calibrate: bool = True,
     output_held: bool = True,
+    compile: str | bool = "auto",
 ) -> Tuned:
     """The fastest plan for a model (profiled first) or a profile within ``budget``, beside every baseline.
 
@@ -233,20 +234,28 @@ def tune(
         progress: progress bars on standard error.
         calibrate: when the profile was measured on this process's GPU and its type has no calibration (and no
             ``headroom`` is given), calibrate it first, in this process (NOTE [ First use of a GPU type ]).
+        compile: whether plans that compile the whole model are candidates (NOTE [ Whole-model compile ]): ``True``
+            measures the model compiled at activation budgets 1, 0.5 and 0.25 here, after profiling (NOTE [ Compiler
+            points of a module ]), and the search serves such a point where it fits and is faster than every
+            searched plan; ``"auto"`` does so for a module on a CUDA device, not on the CPU; ``False`` never. Where
+            compiling fails, a warning says why and the plans are eager.
 
     Returns:
         A ``Tuned``: ``plan`` (for ``planned``), ``table()``, ``bound``; ``print(tuned)`` shows all three.
 
     Raises:
-        ProfilerError: as ``profile``. TunerError: a bad budget or search setting.
+        ProfilerError: as ``profile``. TunerError: a bad budget or search setting, or ``compile`` not one of True,
+            False or ``"auto"``.
     """
     import optuna
 
-    from tuner import Simulator
+    from tuner import Simulator, TunerError
     from tuner import tune as run_tune
     from tuner.bound import step_lower_bound
     from tuner.calibration import missing_calibration
 
+    if compile not in (True, False, "auto"):
+        raise TunerError(f"compile must be True, False or 'auto', not {compile!r}")
     if isinstance(model_or_profile, Profile):
         prof = model_or_profile
     else:
@@ -262,6 +271,9 @@ def tune(
             progress=progress,
             output_held=output_held,
         )
+        budget_bytes = profile_budget(budget, prof, optimizer)  # a bad budget is refused before compiling
+        if _compiles(model_or_profile, compile):
+            prof = _with_module_points(model_or_profile, example_inputs, prof, loss_fn, optimizer, progress)
     budget_bytes = profile_budget(budget, prof, optimizer)
     if calibrate and headroom is None and prof.source == "measured":
         _calibrate_if_new(prof.device.key, progress)
@@ -286,6 +298,41 @@ def tune(
     except RuntimeError:  # the solver gave no answer: the plan stands without its bound
         bound = None
     return Tuned(result, bound)
+
+
+#: activation budgets of the whole model compiled that ``tune(..., compile=True)`` measures
+COMPILE_BUDGETS = (1.0, 0.5, 0.25)
+
+
+def _compiles(model: nn.Module, compile: str | bool) -> bool:
+    """Whether ``tune`` measures ``model`` compiled: asked for, or ``"auto"`` and the model is on a CUDA device."""
+    if compile != "auto":
+        return bool(compile)
+    return any(p.device.type == "cuda" for p in model.parameters())
+
+
+def _with_module_points(
+    model: nn.Module,
+    example_inputs: Any,
+    prof: Profile,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    optimizer: str,
+    progress: bool,
+) -> Profile:
+    """``prof`` with the compiler points of ``model`` measured here; a budget that fails to compile is left out
+    with a warning that says why (NOTE [ Compiler points of a module ])."""
+    from tuner.runtime.whole import measure_module_points, with_compiler_points
+
+    with _bar("compiling", progress) as update:
+        points, errors = measure_module_points(
+            model, example_inputs, prof, COMPILE_BUDGETS, loss_fn=loss_fn, optimizer=optimizer, progress=update
+        )
+    for budget, error in errors.items():
+        warnings.warn(
+            f"compiling the whole model at activation budget {budget:g} failed ({error}); the plans stay eager there",
+            stacklevel=3,
+        )
+    return with_compiler_points(prof, points)
 
 
 def planned(

@@ -90,10 +90,9 @@ def _measure(cfg: _Config, batch: int, rank: int) -> dict[str, Any]:
     """One batch on this rank: median step ms, peak bytes allocated, or the error that stopped it."""
     import torch
 
-    from tuner import Plan
+    from tuner import Plan, shard_units
     from tuner.runtime import PlanOutOfMemoryError, budget_guard
     from tuner.runtime.fsdp import planned_fsdp, shard
-    from tuner.sharding import shard_units
 
     cuda = torch.cuda.is_available() and cfg.budget_bytes is not None
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -169,8 +168,7 @@ def _plans(args: argparse.Namespace, cfg: _Config) -> tuple[dict[int, Any], dict
     import torch
 
     import memtune
-    from tuner import Plan, sharded_profile, simulate, tune
-    from tuner.peak_check import planning_headroom
+    from tuner import Plan, planning_headroom, sharded_profile, simulate, tune
 
     device = torch.device("cpu" if args.cpu else "cuda", 0)
     plans: dict[int, Any] = {}

@@ -194,6 +194,10 @@ class TuneResult:
             "best": self.best.to_dict(with_plan=True) if self.best else None,
             "pareto": [c.to_dict() for c in self.pareto],
             "no_algorithm_choice": self.no_choice.to_dict(with_plan=True) if self.no_choice else None,
+            "compiler_points": [
+                {"activation_budget": c.activation_budget, "step_ms": round(c.step_ms, 4), "peak_bytes": c.peak_bytes}
+                for c in p.compiler_points
+            ],
         }
 
 
