@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -84,17 +85,42 @@ def _encode_token(data: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(data, separators=(",", ":")).encode()).decode().rstrip("=")
 
 
+#: the largest integer a token may carry (ids, offsets, bytes): within a signed 64-bit column
+_TOKEN_INT_MAX = (1 << 62) - 1
+#: the largest step, ms, a token may carry
+_TOKEN_MS_MAX = 1e12
+_BAD_TOKEN = "page_token is not valid; pass the next_page_token of a previous page"
+
+
+def _token_int(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= _TOKEN_INT_MAX
+
+
 def decode_page_token(token: str) -> dict[str, Any]:
-    """Parse a page token; raises ``ValueError`` when it was not made by ``leaderboard``."""
+    """Parse a page token; raises ``ValueError`` when it was not made by ``leaderboard``.
+
+    NOTE [ Page tokens ]: a token is the client's to hold and so to edit; every field is checked for its type and
+    range before it reaches a query: ``o`` one of the orderings, ``id`` and ``n`` integers in [0, 2^62), ``v`` what
+    the ordering's column holds (a finite step in [0, 1e12] ms for ``step_ms``, an integer in [0, 2^62) for the
+    others). An edited token within those bounds is a valid position in the ordering (its ranks may then be off
+    for the client that edited it); anything else is this error, a 400 at the API, never a query.
+    """
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError("page_token is not valid; pass the next_page_token of a previous page") from e
-    if not isinstance(data, dict) or not {"v", "id", "n", "o"} <= data.keys():
-        raise ValueError("page_token is not valid; pass the next_page_token of a previous page")
-    if not isinstance(data["id"], int) or not isinstance(data["n"], int):
-        raise ValueError("page_token is not valid; pass the next_page_token of a previous page")
+        raise ValueError(_BAD_TOKEN) from e
+    if not isinstance(data, dict) or set(data) != {"v", "id", "n", "o"}:
+        raise ValueError(_BAD_TOKEN)
+    order, value = data["o"], data["v"]
+    if order not in ("step_ms", "peak_bytes", "created_at") or not (_token_int(data["id"]) and _token_int(data["n"])):
+        raise ValueError(_BAD_TOKEN)
+    if order == "step_ms":
+        number = type(value) in (int, float) and math.isfinite(value) and 0 <= value <= _TOKEN_MS_MAX
+        if not number:
+            raise ValueError(_BAD_TOKEN)
+    elif not _token_int(value):
+        raise ValueError(_BAD_TOKEN)
     return data
 
 

@@ -3,6 +3,7 @@ jobs run by a real worker, server-sent events, idempotency, auth, and every bad-
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -148,6 +149,29 @@ def test_bad_input_gets_the_right_problem(http: TestClient, api_key: str, db: Da
     assert (status, p["code"]) == (401, "invalid_api_key")
     with db.session() as s:
         assert JobRepository(s).list_all() == []  # nothing bad was stored
+
+
+@pytest.mark.parametrize(
+    "edited",
+    [
+        {"o": "step_ms", "v": {"a": 1}, "id": 1, "n": 1},
+        {"o": "step_ms", "v": [1], "id": 1, "n": 1},
+        {"o": "step_ms", "v": None, "id": 1, "n": 1},
+        {"o": "step_ms", "v": 1.0, "id": True, "n": 1},
+        {"o": "step_ms", "v": 1.0, "id": 10**30, "n": 1},
+        {"o": "step_ms", "v": 1e40, "id": 1, "n": 1},
+        {"o": "peak_bytes", "v": 1e40, "id": 1, "n": 1},
+        {"o": "peak_bytes", "v": "abc", "id": 1, "n": 1},
+        {"o": "step_ms", "v": 1.0, "id": 1, "n": -1000},
+        {"o": "step_ms", "v": 1.0, "id": 1, "n": 1, "x": 0},
+    ],
+)
+def test_an_edited_page_token_is_a_400(http: TestClient, edited: dict[str, object]) -> None:
+    """NOTE [ Page tokens ]: a token with any field of the wrong type or out of range is refused before a query."""
+    token = base64.urlsafe_b64encode(json.dumps(edited).encode()).decode().rstrip("=")
+    order = edited["o"]
+    r = http.get("/v1/leaderboard", params={"page_size": 1, "page_token": token, "order_by": order})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_page_token", r.text
 
 
 def test_read_errors(http: TestClient) -> None:
