@@ -7,6 +7,7 @@ integer is still accepted where a number is. Times are UTC ISO 8601, sizes bytes
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -408,6 +409,12 @@ class GpusPublic(BaseModel):
 
 
 _Positive = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
+#: a measured over simulated step: a calibration outside [0.01, 100] is not a measurement of this simulator
+_Scale = Annotated[float, Field(ge=0.01, le=100.0, strict=True, allow_inf_nan=False)]
+#: a pinned copy rate, GB/s: from 0.01 (10 MB/s, slower than any host link) to 2,000 (no host link moves more)
+_CopyRate = Annotated[float, Field(ge=0.01, le=2000.0, strict=True, allow_inf_nan=False)]
+#: JSON bytes the fields a calibration carries beyond the ones listed may take together
+CALIBRATION_EXTRA_LIMIT = 64 * 1024
 
 
 class CalibrationPut(BaseModel):
@@ -435,24 +442,27 @@ class CalibrationPut(BaseModel):
     gpu: str = Field(min_length=1, max_length=64, description="the GPU type's key; must be the one in the path")
     headroom: float = Field(
         ge=0.0,
-        lt=1.0,
+        le=0.5,
         strict=True,
         allow_inf_nan=False,
-        description="fraction of the budget left free for the caching allocator, in [0, 1)",
+        description="fraction of the budget left free for the caching allocator, in [0, 0.5]",
     )
     remap_ms_per_gib: float | None = Field(
         default=None,
         ge=0.0,
+        le=10_000.0,
         strict=True,
         allow_inf_nan=False,
         description="ms a capped step loses per GiB an allocator retry unmaps; null when not measured",
     )
-    compute_scale: dict[str, _Positive] = Field(
+    compute_scale: dict[Annotated[str, Field(max_length=200)], _Scale] = Field(
         default_factory=dict,
-        description="measured / simulated unconstrained step (> 0) per measured profile, keyed model-bBATCH-dtype",
+        max_length=1000,
+        description="measured / simulated unconstrained step, in [0.01, 100], per measured profile, keyed "
+        "model-bBATCH-dtype",
     )
-    copy_gbps: dict[str, _Positive] | None = Field(
-        default=None, description="pinned copy rates (> 0), GB/s, by direction: {'d2h': …, 'h2d': …}"
+    copy_gbps: dict[Literal["d2h", "h2d"], _CopyRate] | None = Field(
+        default=None, description="pinned copy rates, GB/s in [0.01, 2000], by direction: {'d2h': …, 'h2d': …}"
     )
     source: str | None = Field(
         default=None,
@@ -460,6 +470,18 @@ class CalibrationPut(BaseModel):
         max_length=8000,
         description="where the numbers came from (command, GPU, date); default: the API key that sent it",
     )
+
+    @model_validator(mode="after")
+    def _bounded_extras(self) -> CalibrationPut:
+        """The fields beyond the listed ones, together, within ``CALIBRATION_EXTRA_LIMIT`` bytes of JSON."""
+        extra = self.model_extra or {}
+        size = len(json.dumps(extra, allow_nan=True, default=str))
+        if size > CALIBRATION_EXTRA_LIMIT:
+            raise ValueError(
+                f"the fields beyond gpu, headroom, remap_ms_per_gib, compute_scale, copy_gbps and source take {size} "
+                f"bytes of JSON; at most {CALIBRATION_EXTRA_LIMIT} are stored"
+            )
+        return self
 
 
 class CalibrationPublic(BaseModel):

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
 from api.calibrations import ServiceCalibration, effective_calibration
-from api.deps import DbDep, JsonBody, ReadAccess, WriteKey
+from api.deps import DbDep, JsonBody, ReadAccess, SettingsDep, WriteKey, is_admin
 from api.gpu_types import KnownGpu, known_gpus, resolve_gpu, same_architecture
 from api.problems import ProblemError
 from api.schemas import BestPlanPublic, CalibrationPublic, CalibrationPut, GpusPublic
@@ -87,6 +87,7 @@ def get_calibration(gpu: str, db: DbDep, _read: ReadAccess) -> CalibrationPublic
     "/{gpu}/calibration",
     response_model=CalibrationPublic,
     responses={
+        403: {"description": "this API key is no admin key (admin_only): calibrations serve every key's jobs"},
         404: {"description": "unknown GPU type (unknown_gpu)"},
         422: {
             "description": "a field out of range (validation_error, naming it), the body's 'gpu' not the path's "
@@ -94,13 +95,25 @@ def get_calibration(gpu: str, db: DbDep, _read: ReadAccess) -> CalibrationPublic
         },
     },
 )
-def put_calibration(gpu: str, body: CalibrationPut, db: DbDep, key: WriteKey, _json: JsonBody) -> CalibrationPublic:
+def put_calibration(
+    gpu: str, body: CalibrationPut, db: DbDep, settings: SettingsDep, key: WriteKey, _json: JsonBody
+) -> CalibrationPublic:
     """Store this GPU type's calibration in the service's database, replacing a stored one.
 
     From then on new jobs of this GPU type get its headroom, and workers use it from their next job on (NOTE
     [ Calibrations in the service ] in ``api.worker``). The body is a ``memtune calibrate`` file; fields the
-    service does not read are kept as they came. 200 with the calibration stored (``origin`` ``database``).
+    service does not read are kept as they came, up to 64 KiB of JSON. Every key's jobs read it, so only an admin
+    key (``MEMTUNE_ADMIN_KEYS``) may store one: 403 ``admin_only`` for others. 200 with the calibration stored
+    (``origin`` ``database``).
     """
+    if not is_admin(settings, key):
+        raise ProblemError(
+            403,
+            "admin_only",
+            "Calibrations are written by admin keys",
+            f"a calibration serves every key's jobs of GPU type {gpu!r}, so only an admin key (MEMTUNE_ADMIN_KEYS) "
+            f"may store one; API key {key.name!r} is none. Ask an admin, or pass headroom on your own jobs",
+        )
     with db.session() as s:
         gpu_key = _known(s, gpu).gpu.key
         _check_body_gpu(s, body.gpu, gpu_key)

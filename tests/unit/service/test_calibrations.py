@@ -19,11 +19,12 @@ from sqlalchemy import MetaData, Table, inspect
 
 from api.client import ApiError, MemtuneClient
 from api.schemas import JobPublic
+from api.settings import Settings
 from api.worker import Worker
 from storage.database import Database
 from storage.errors import NotFoundError
 from storage.migrate import alembic_config, current_revision, head_revision, upgrade
-from storage.repositories import CalibrationRepository, JobRepository
+from storage.repositories import CalibrationRepository, JobRepository, KeyRepository
 from tuner.calibration import calibration_for
 
 NEW_GPU = "a100-80gb"  # a roofline spec, no committed calibration
@@ -171,20 +172,43 @@ def test_gpus_list_their_calibration(client: MemtuneClient) -> None:
     assert gpus["k40"].calibration is None
 
 
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """The service of these tests: the test key ``tester`` is an admin key (calibrations are written by admins)."""
+    return Settings(data_dir=tmp_path, progress_interval_s=0.0, sse_interval_s=0.05, admin_keys=["tester"])
+
+
 def test_put_needs_a_key(http: TestClient) -> None:
     r = http.put("/v1/gpus/h100/calibration", json=H100)
     assert (r.status_code, r.json()["code"]) == (401, "missing_api_key")
 
 
+def test_put_needs_an_admin_key(http: TestClient, db: Database) -> None:
+    """A calibration serves every key's jobs: an ordinary key's PUT is a 403 and stores nothing."""
+    with db.session() as s:
+        _, ordinary = KeyRepository(s).create("ordinary")
+    r = http.put("/v1/gpus/k40/calibration", json={**H100, "gpu": "k40", "headroom": 0.5}, headers=_auth(ordinary))
+    p = r.json()
+    assert (r.status_code, p["code"]) == (403, "admin_only") and "MEMTUNE_ADMIN_KEYS" in p["detail"]
+    with db.session() as s:
+        assert CalibrationRepository(s).list_all() == []
+
+
 @pytest.mark.parametrize(
     ("change", "where", "words"),
     [
-        ({"headroom": 1.0}, "headroom", "less than 1"),
+        ({"headroom": 0.99999}, "headroom", "less than or equal to 0.5"),
+        ({"headroom": 1.0}, "headroom", "less than or equal to 0.5"),
         ({"headroom": -0.1}, "headroom", "greater than or equal to 0"),
         ({"headroom": "0.1"}, "headroom", "valid number"),
         ({"headroom": None}, "headroom", "valid number"),
-        ({"compute_scale": {"resnet50-b64-float32": 0}}, "compute_scale.resnet50-b64-float32", "greater than 0"),
-        ({"copy_gbps": {"d2h": -1}}, "copy_gbps.d2h", "greater than 0"),
+        ({"compute_scale": {"resnet50-b64-float32": 0}}, "compute_scale.resnet50-b64-float32", "greater than or equal"),
+        ({"copy_gbps": {"d2h": -1}}, "copy_gbps.d2h", "greater than or equal to 0.01"),
+        ({"copy_gbps": {"d2h": 1e-300}}, "copy_gbps.d2h", "greater than or equal to 0.01"),
+        ({"copy_gbps": {"d2h": 1e6}}, "copy_gbps.d2h", "less than or equal to 2000"),
+        ({"copy_gbps": {"sideways": 10.0}}, "copy_gbps.sideways.[key]", "'d2h' or 'h2d'"),
+        ({"compute_scale": {"resnet50-b64-float32": 1.7e308}}, "compute_scale.resnet50-b64-float32", "less than"),
+        ({"padding": "x" * 900_000}, "body", "at most 65536"),
         ({"remap_ms_per_gib": -2.0}, "remap_ms_per_gib", "greater than or equal to 0"),
         ({"gpu": ""}, "gpu", "at least 1 character"),
     ],

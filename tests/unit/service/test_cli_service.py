@@ -89,9 +89,11 @@ def test_calibration_push_and_get(
 
     keys: list[str | None] = []
 
+    admin = settings.model_copy(update={"admin_keys": ["tester"]})  # calibrations are written by admin keys
+
     def in_process(server: str, key: str | None) -> MemtuneClient:
         keys.append(key)
-        return MemtuneClient(api_key=key, http=TestClient(create_app(settings, db=db)))
+        return MemtuneClient(api_key=key, http=TestClient(create_app(admin, db=db)))
 
     monkeypatch.setattr(api.cli_service, "_client", in_process)
     runner, app = CliRunner(), _app()
