@@ -3,7 +3,8 @@ media type, and the type of integer path parameters."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -104,15 +105,46 @@ def is_admin(settings: Settings, key: ApiKey) -> bool:
 _JSON_MEDIA_TYPES = ("application/json",)
 
 
-def require_json_body(request: Request) -> None:
-    """A JSON request body must say so: ``Content-Type: application/json`` (or ``application/…+json``).
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members as a dict; a key given twice raises ``_DuplicateKey`` (json.loads keeps the last)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+async def require_json_body(request: Request) -> None:
+    """A JSON request body must say so: ``Content-Type: application/json`` (or ``application/…+json``), and name
+    each member of an object once.
 
     Raises:
         ProblemError: 415 ``unsupported_media_type`` naming the type sent, before the body is validated (a body
-            sent as ``text/plain`` or curl's default form encoding is not a malformed object but the wrong kind).
+            sent as ``text/plain`` or curl's default form encoding is not a malformed object but the wrong kind);
+            422 ``duplicate_key`` naming a key an object gives twice (JSON parsers disagree on which one counts, so
+            the service takes neither).
     """
     media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media in _JSON_MEDIA_TYPES or (media.startswith("application/") and media.endswith("+json")):
+        try:
+            json.loads(await request.body(), object_pairs_hook=_unique_keys)
+        except _DuplicateKey as exc:
+            raise ProblemError(
+                422,
+                "duplicate_key",
+                "Duplicate key",
+                f"{exc.key}: the body gives this key twice in one object; give it once",
+                field=exc.key,
+            ) from exc
+        except ValueError:  # not JSON at all: the body's validation says so
+            return
         return
     raise ProblemError(
         415,

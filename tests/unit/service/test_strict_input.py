@@ -12,6 +12,8 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 
 from api.deps import ID_MAX
+from storage.database import Database
+from storage.repositories import JobRepository
 
 PROBLEM = "application/problem+json"
 #: SMALL_SPEC's 12,226 float32 parameters: 48,904 bytes; with their gradients and SGD momentum, 3x that
@@ -148,3 +150,20 @@ def test_a_calibration_sent_as_text_is_refused_with_415(http: TestClient, api_ke
         headers={"Authorization": f"Bearer {api_key}", "Content-Type": "text/plain"},
     )
     assert r.status_code == 415 and r.json()["code"] == "unsupported_media_type"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/jobs", '{"model": {"zoo": "vgg16"}, "batch": 8, "batch": 4096, "gpu": "h200", "budget": "8GiB"}'),
+        ("/v1/jobs", '{"model": {"zoo": "vgg16", "zoo": "resnet50"}, "batch": 8, "gpu": "h200", "budget": "8GiB"}'),
+        ("/v1/models", '{"spec": {"name": "a", "name": "b"}}'),
+    ],
+)
+def test_a_key_given_twice_is_refused(http: TestClient, api_key: str, db: Database, path: str, body: str) -> None:
+    """JSON parsers disagree on which of two equal keys counts (Python's keeps the last): the service takes neither."""
+    r = http.post(path, content=body, headers=_auth(api_key) | {"Content-Type": "application/json"})
+    problem = _problem(r, 422, "duplicate_key")
+    assert problem["field"] in ("batch", "zoo", "name") and "twice" in problem["detail"]
+    with db.session() as s:
+        assert JobRepository(s).list_all() == []
