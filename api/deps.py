@@ -4,6 +4,7 @@ media type, and the type of integer path parameters."""
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
@@ -121,6 +122,26 @@ class _DuplicateKey(ValueError):
         self.key = key
 
 
+_ALLOWED_CONTROLS = frozenset("\t\n\r")
+
+
+def _control_character(value: Any, where: str = "") -> str | None:
+    """The dotted path of the first string (key or value) in ``value`` that holds a control character, else None
+    ("" for the body itself)."""
+    if isinstance(value, str):
+        bad = any(unicodedata.category(c) == "Cc" and c not in _ALLOWED_CONTROLS for c in value)
+        return where if bad else None
+    items: Any = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        path = f"{where}.{key}" if where else str(key)
+        if isinstance(key, str) and _control_character(key) is not None:
+            return path
+        found = _control_character(item, path)
+        if found is not None:
+            return found
+    return None
+
+
 async def require_json_body(request: Request) -> None:
     """A JSON request body must say so: ``Content-Type: application/json`` (or ``application/…+json``), and name
     each member of an object once.
@@ -129,12 +150,13 @@ async def require_json_body(request: Request) -> None:
         ProblemError: 415 ``unsupported_media_type`` naming the type sent, before the body is validated (a body
             sent as ``text/plain`` or curl's default form encoding is not a malformed object but the wrong kind);
             422 ``duplicate_key`` naming a key an object gives twice (JSON parsers disagree on which one counts, so
-            the service takes neither).
+            the service takes neither); 422 ``invalid_string`` naming a string (key or value) that holds a control
+            character other than tab and line breaks (``"h100\u0000"`` was once matched to ``h100``).
     """
     media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media in _JSON_MEDIA_TYPES or (media.startswith("application/") and media.endswith("+json")):
         try:
-            json.loads(await request.body(), object_pairs_hook=_unique_keys)
+            data = json.loads(await request.body(), object_pairs_hook=_unique_keys)
         except _DuplicateKey as exc:
             raise ProblemError(
                 422,
@@ -145,6 +167,17 @@ async def require_json_body(request: Request) -> None:
             ) from exc
         except ValueError:  # not JSON at all: the body's validation says so
             return
+        where = _control_character(data)
+        if where is not None:
+            raise ProblemError(
+                422,
+                "invalid_string",
+                "Control character in a string",
+                f"{where or 'body'}: a string holds a control character (U+0000 to U+001F or U+007F to U+009F, "
+                "other than tab and line breaks); names and values are taken as sent, never cleaned, so send it "
+                "without",
+                field=where or None,
+            )
         return
     raise ProblemError(
         415,

@@ -11,7 +11,7 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 __all__ = [
@@ -210,6 +210,14 @@ class JobCreate(_Request):
         "of it, GET /v1/gpus/{gpu}/calibration, else the committed one: 0.05 on the H200; 0 where none was "
         "measured). The job shows the headroom it was tuned at and where it came from",
     )
+
+    @field_validator("gpu", "budget")
+    @classmethod
+    def _as_sent(cls, value: str | int) -> str | int:
+        """A GPU type or budget is taken as sent: spaces around it are refused, not trimmed."""
+        if isinstance(value, str) and value != value.strip():
+            raise ValueError(f"{value!r} has spaces around it; send {value.strip()!r}")
+        return value
 
 
 class BestSoFar(BaseModel):

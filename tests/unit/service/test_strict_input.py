@@ -167,3 +167,23 @@ def test_a_key_given_twice_is_refused(http: TestClient, api_key: str, db: Databa
     assert problem["field"] in ("batch", "zoo", "name") and "twice" in problem["detail"]
     with db.session() as s:
         assert JobRepository(s).list_all() == []
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "code"),
+    [
+        ({"gpu": "h100\u0000"}, "gpu", "invalid_string"),
+        ({"model": {"zoo": "vgg16\u0007"}}, "model.zoo", "invalid_string"),
+        ({"budget": " 40 GiB "}, "budget", "validation_error"),
+        ({"gpu": "h200 "}, "gpu", "validation_error"),
+    ],
+)
+def test_strings_are_taken_as_sent(
+    http: TestClient, api_key: str, db: Database, change: dict[str, Any], field: str, code: str
+) -> None:
+    """A control character or spaces around a GPU type or budget are refused, never cleaned away."""
+    r = http.post("/v1/jobs", json={**JOB, **change}, headers=_auth(api_key))
+    problem = _problem(r, 422, code)
+    assert problem["detail"].startswith(f"{field}")
+    with db.session() as s:
+        assert JobRepository(s).list_all() == []
