@@ -151,15 +151,21 @@ def serve(
     if plan.settings.embedded_worker:
         _allocator_settings()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    proc = None
+    app = create_app(plan.settings)
+    supervisor = None
     if plan.worker_command is not None:
+        from api.supervisor import WorkerSupervisor
+
         _database(plan.settings).dispose()  # migrate once, before the two processes open the database
-        proc = _start_worker(plan.worker_command)
+        command = plan.worker_command
+        supervisor = WorkerSupervisor(lambda: _start_worker(command), _stop_worker)  # NOTE [ Supervised worker ]
+        supervisor.start()
+        app.state.worker_supervisor = supervisor
     try:
-        uvicorn.run(create_app(plan.settings), host=host, port=port, log_level=log_level)
+        uvicorn.run(app, host=host, port=port, log_level=log_level)
     finally:
-        if proc is not None:
-            _stop_worker(proc)
+        if supervisor is not None:
+            supervisor.stop()
 
 
 def worker(

@@ -571,12 +571,15 @@ class ProfilePublic(BaseModel):
 
 
 class HealthPublic(BaseModel):
-    """Service health: 200 once migrations ran and the worker (if embedded) is up."""
+    """Service health: 200 once migrations ran and the worker ``memtune serve`` runs (if any) is up.
+
+    ``worker``: ``up``; ``restarting`` (its process exited and is started again after a back-off) or ``down`` (it
+    stopped, or exited too often to be started again): 503 ``degraded``; ``external`` (workers run elsewhere)."""
 
     status: Literal["ok", "starting", "degraded"]
     database: str
     revision: str | None
-    worker: Literal["up", "down", "external"]
+    worker: Literal["up", "restarting", "down", "external"]
 
 
 class TimelinePoint(BaseModel):

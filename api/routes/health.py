@@ -1,4 +1,5 @@
-"""``/healthz``: 200 once migrations ran and the embedded worker (if any) is up; 503 otherwise."""
+"""``/healthz``: 200 once migrations ran and the worker ``memtune serve`` runs (a thread or a supervised process, NOTE
+[ Supervised worker ]), if any, is up; 503 otherwise."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ router = APIRouter(tags=["health"])
 def healthz(request: Request, db: DbDep) -> JSONResponse:
     """Liveness and readiness: database reachable, schema at head, worker thread alive."""
     worker = getattr(request.app.state, "worker", None)
-    worker_state = "external" if worker is None else ("up" if worker.alive else "down")
+    supervisor = getattr(request.app.state, "worker_supervisor", None)
+    if supervisor is not None:
+        worker_state = supervisor.state
+    else:
+        worker_state = "external" if worker is None else ("up" if worker.alive else "down")
     try:
         revision = current_revision(db)
         db_state = "ok"
@@ -28,7 +33,7 @@ def healthz(request: Request, db: DbDep) -> JSONResponse:
     except Exception as e:  # driver errors surface here before any session exists
         revision, db_state = None, f"unavailable: {type(e).__name__}"
     ready = db_state == "ok" and revision == head_revision() and request.app.state.migrated
-    if ready and worker_state != "down":
+    if ready and worker_state in ("up", "external"):
         status_text, code = "ok", 200
     else:
         status_text, code = ("starting" if not request.app.state.migrated else "degraded"), 503
