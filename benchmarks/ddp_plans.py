@@ -30,14 +30,13 @@ import argparse
 import contextlib
 import gc
 import json
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import environment, zoo_profile
-from benchmarks.ranked import rank_rows, spawn_rows
+from benchmarks.ranked import measure_steps, rank_rows, spawn_rows, start_ranks
 from profiler import Profile
 from tuner import Plan, SharedLink, parse_budget, ranks_prefetch_trigger, simulate_ranks, stagger_for, tune
 from tuner.calibration import calibration_for
@@ -119,50 +118,22 @@ def _measure(cfg: _Config, batch: int, rank: int, world: int) -> dict[str, Any]:
         x, y = make_batch(chain, batch, device)
         half = cfg.dtype != "float32" and cuda
         autocast = torch.autocast("cuda", dtype=getattr(torch, cfg.dtype)) if half else contextlib.nullcontext()
-        times: list[float] = []
-        guard = budget_guard(cfg.budget_bytes, pm) if cuda and cfg.budget_bytes else contextlib.nullcontext()
-        with guard:
-            for k in range(cfg.warmup + cfg.steps):
-                if k == cfg.warmup and cuda:
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                times.append(_timed_step(model, opt, x, y, autocast, step_loss, cuda))
-        peak = torch.cuda.max_memory_allocated() if cuda else None
-        reserved = torch.cuda.max_memory_reserved() if cuda else None
-        return {
-            "ok": True,
-            "ms": statistics.median(times[cfg.warmup :]),
-            "peak": peak,
-            "reserved": reserved,
-            "error": None,
-        }
-    except (torch.OutOfMemoryError, PlanOutOfMemoryError) as exc:
+
+        def step() -> None:
+            with autocast:
+                loss = step_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        guard = budget_guard(cfg.budget_bytes, pm) if cuda and cfg.budget_bytes else None
+        return measure_steps(step, warmup=cfg.warmup, steps=cfg.steps, cuda=cuda, guard=guard)
+    except (torch.OutOfMemoryError, PlanOutOfMemoryError) as exc:  # wrapping the model
         return {"ok": False, "ms": None, "peak": None, "error": f"out of memory: {str(exc).splitlines()[0][:160]}"}
     finally:
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-
-
-def _timed_step(model: Any, opt: Any, x: Any, y: Any, autocast: Any, step_loss: Any, cuda: bool) -> float:
-    import time
-
-    import torch
-
-    start = time.perf_counter()
-    if cuda:
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-    with autocast:
-        loss = step_loss(model(x), y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    if not cuda:
-        return (time.perf_counter() - start) * 1e3
-    end.record()
-    end.synchronize()
-    return float(begin.elapsed_time(end))
 
 
 def _rank_trials(rank: int, world: int, cfg: _Config) -> list[dict[str, Any]]:
@@ -316,15 +287,11 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from tuner.runtime.guard import configure_allocator
-
-    allocator = configure_allocator()  # before CUDA starts; the spawned ranks inherit it
+    allocator = start_ranks(args.nproc, args.cpu)
 
     from profiler.devices import gpu_key
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if not args.cpu and gpus < args.nproc:
-        sys.exit(f"--nproc {args.nproc} needs {args.nproc} GPUs, this host has {gpus}; --cpu runs a CPU smoke test")
     args.backend = "gloo" if args.cpu else "nccl"
     props = torch.cuda.get_device_properties(0) if gpus else None
     args.gpu = gpu_key(props.name, props.total_memory) if props else "h100"

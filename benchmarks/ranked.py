@@ -11,14 +11,18 @@ work side by side, so a collective waits only for the other rank's share of one 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import statistics
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["rank_rows", "spawn_rows"]
+__all__ = ["measure_steps", "rank_rows", "spawn_rows", "start_ranks"]
 
 
 def rank_rows(
@@ -93,3 +97,57 @@ def spawn_rows(
             )
             rows.append({"batch": failed, "fits": False, "step_ms": None, "peak_bytes": None, "error": error})
             return rows
+
+
+def start_ranks(nproc: int, cpu: bool) -> str:
+    """Before CUDA starts in a benchmark's parent: memtune's allocator settings, which the spawned ranks inherit
+    (``tuner.runtime.guard.configure_allocator``); exits when the host has fewer GPUs than ranks. Returns the
+    settings in force."""
+    import torch
+
+    from tuner.runtime.guard import configure_allocator
+
+    allocator = configure_allocator()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not cpu and gpus < nproc:
+        sys.exit(f"--nproc {nproc} needs {nproc} GPUs, this host has {gpus}; --cpu runs a CPU smoke test")
+    return allocator
+
+
+def measure_steps(
+    step: Callable[[], None], *, warmup: int, steps: int, cuda: bool, guard: Any = None
+) -> dict[str, Any]:
+    """``warmup`` then ``steps`` timed calls of ``step`` inside ``guard`` (a ``budget_guard``, or none): the
+    ``measure`` result of ``rank_rows`` (median ms by CUDA events, else the host clock; peaks of the timed steps),
+    or, when a step runs out of memory, ``ok`` False with the error's first line."""
+    import torch
+
+    from tuner.runtime import PlanOutOfMemoryError
+
+    times: list[float] = []
+    try:
+        with guard if guard is not None else contextlib.nullcontext():
+            for k in range(warmup + steps):
+                if k == warmup and cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                if cuda:
+                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    begin.record()
+                    step()
+                    end.record()
+                    end.synchronize()
+                    times.append(float(begin.elapsed_time(end)))
+                else:
+                    start = time.perf_counter()
+                    step()
+                    times.append((time.perf_counter() - start) * 1e3)
+    except (torch.OutOfMemoryError, PlanOutOfMemoryError) as exc:
+        return {"ok": False, "ms": None, "peak": None, "error": f"out of memory: {str(exc).splitlines()[0][:200]}"}
+    return {
+        "ok": True,
+        "ms": statistics.median(times[warmup:]),
+        "peak": torch.cuda.max_memory_allocated() if cuda else None,
+        "reserved": torch.cuda.max_memory_reserved() if cuda else None,
+        "error": None,
+    }
