@@ -920,6 +920,7 @@ def tune(
     from tuner.calibration import missing_calibration
 
     try:
+        Budget.parse(budget)  # a budget not in the grammar is refused before a factory model is measured
         if profile_file is None and is_factory(model):
             described = (gpu or "h200") if device == "cpu" else None  # on CUDA the device is the GPU type
             prof = _factory_profile(

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from profiler import Profile
 from tuner import Candidate, Plan, TuneResult, format_bytes, peak_check, planning_headroom
-from tuner.budget import profile_budget
+from tuner.budget import Budget, profile_budget
 
 if TYPE_CHECKING:
     import torch
@@ -256,6 +256,7 @@ def tune(
 
     if compile not in (True, False, "auto"):
         raise TunerError(f"compile must be True, False or 'auto', not {compile!r}")
+    Budget.parse(budget)  # a budget not in the grammar is refused before any profiling
     if isinstance(model_or_profile, Profile):
         prof = model_or_profile
     else:

@@ -89,3 +89,17 @@ def test_cli_tune_compiles_a_factory_model_when_asked(tmp_path: Path, monkeypatc
     assert refused.exit_code != 0 and "--compiler-sweep" in refused.output
     off = runner.invoke(app, [*args, "--compile", "off"])
     assert off.exit_code == 0 and json.loads(off.stdout.strip().splitlines()[-1])["compiler_points"] == []
+
+
+@pytest.mark.parametrize("budget", ["2", "60%", "12 parsecs"])
+def test_a_bad_budget_is_refused_before_profiling(budget: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget not in the grammar is refused at once, not after the model was profiled."""
+    import api.python
+    from tuner import BudgetError
+
+    def no_profiling(*args: object, **kwargs: object) -> None:
+        raise AssertionError("profiled before the budget was read")
+
+    monkeypatch.setattr(api.python, "profile", no_profiling)
+    with pytest.raises(BudgetError):
+        memtune.tune(_model(), budget, example_inputs=_batch(), progress=False)
