@@ -105,7 +105,10 @@ def _tune_profile(
 ) -> Profile:
     """What ``tune`` searches: a given file; on a CUDA machine, unless another GPU type is named, the measured profile
     of this GPU (measured now on first use, NOTE [ First use of a GPU type ]); else a shipped measured or a modeled
-    profile of ``gpu`` (default h200)."""
+    profile of ``gpu`` (default h200). A given file stands for the model whatever it is (a factory's profile saved by
+    ``memtune profile --output`` too), so the model is not loaded then."""
+    if profile_file is not None:
+        return Profile.load(profile_file)
     chain = load_chain(model, params, spec)
     if profile_file is None and not chain.name.startswith("spec:"):
         from profiler import get_gpu
@@ -122,6 +125,13 @@ ModelArg = Annotated[
     typer.Argument(
         help="zoo model name (see `memtune models`), 'spec' with --spec, or a factory: 'package.module:function' or "
         "'file.py:function' returning an nn.Module (with --input-shape)"
+    ),
+]
+SimModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="zoo model name (see `memtune models`), 'spec' with --spec, or a factory ('package.module:function' or "
+        "'file.py:function') with --profile: the profile `memtune profile FACTORY --output p.json` saved"
     ),
 ]
 BatchOpt = Annotated[int, typer.Option("--batch", "-b", min=1, help="batch size")]
@@ -622,7 +632,7 @@ def profile(
 
 @app.command()
 def simulate(
-    model: ModelArg,
+    model: SimModelArg,
     batch: BatchOpt = 32,
     dtype: DtypeOpt = "float32",
     gpu: GpuOpt = "h200",
@@ -636,13 +646,21 @@ def simulate(
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate one training step under a policy's plan or a plan file."""
+    from profiler.factory import is_factory
     from tuner import POLICIES
     from tuner import simulate as run_sim
 
     _check_dtype(dtype)
+    if profile_file is None and is_factory(model):
+        raise _fail(
+            f"a factory model is simulated from its saved profile: `memtune profile {model} --device cpu "
+            "--input-shape … --output p.json`, then `memtune simulate … --profile p.json`"
+        )
     try:
-        chain = load_chain(model, _parse_params(param), spec)
-        prof = resolve_profile(chain, batch, dtype, gpu, profile_file)
+        if profile_file is not None:  # the file stands for the model, a factory's too
+            prof = Profile.load(profile_file)
+        else:
+            prof = resolve_profile(load_chain(model, _parse_params(param), spec), batch, dtype, gpu)
         budget_bytes = profile_budget(budget, prof, optimizer)
         if plan_file is not None:
             plan = Plan.model_validate_json(plan_file.read_text())

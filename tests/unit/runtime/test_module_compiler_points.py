@@ -103,3 +103,27 @@ def test_a_bad_budget_is_refused_before_profiling(budget: str, monkeypatch: pyte
     monkeypatch.setattr(api.python, "profile", no_profiling)
     with pytest.raises(BudgetError):
         memtune.tune(_model(), budget, example_inputs=_batch(), progress=False)
+
+
+def test_a_factory_models_saved_profile_is_tuned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``memtune profile FACTORY --output p.json`` then ``memtune tune FACTORY --profile p.json`` (the model is not
+    loaded again: the file stands for it)."""
+    from typer.testing import CliRunner
+
+    from api.cli import app
+
+    (tmp_path / "saved_factory.py").write_text(
+        "from tests.unit.runtime.test_module_compiler_points import _model\n\ndef build():\n    return _model()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    runner, saved = CliRunner(), tmp_path / "p.json"
+    made = runner.invoke(app, ["profile", "saved_factory:build", "--device", "cpu", "--input-shape", "64",
+                               "--batch", "16", "--output", str(saved)])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    tuned = runner.invoke(app, ["tune", "saved_factory:build", "--profile", str(saved), "--trials", "10", "--json"])
+    assert tuned.exit_code == 0, tuned.output
+    assert json.loads(tuned.stdout.strip().splitlines()[-1])["batch"] == 16
+    simulated = runner.invoke(app, ["simulate", "saved_factory:build", "--profile", str(saved), "--json"])
+    assert simulated.exit_code == 0, simulated.output
+    refused = runner.invoke(app, ["simulate", "saved_factory:build"])
+    assert refused.exit_code != 0 and "--profile p.json" in refused.output
