@@ -18,6 +18,7 @@ from storage.repositories import KeyRepository
 
 __all__ = [
     "ID_MAX",
+    "AdminKey",
     "DbDep",
     "IdPath",
     "JsonBody",
@@ -101,6 +102,23 @@ ReadAccess = Annotated[ApiKey | None, Depends(read_access)]
 def is_admin(settings: Settings, key: ApiKey) -> bool:
     """Whether ``key`` may act on every key's jobs: its name is in ``MEMTUNE_ADMIN_KEYS``."""
     return key.name in settings.admin_keys
+
+
+def require_admin(settings: SettingsDep, key: WriteKey) -> ApiKey:
+    """The caller's API key when it is an admin key (``MEMTUNE_ADMIN_KEYS``); 403 ``admin_only`` otherwise, before
+    the request's body is looked at."""
+    if not is_admin(settings, key):
+        raise ProblemError(
+            403,
+            "admin_only",
+            "Admin keys only",
+            f"this write changes what every key's jobs read, so only an admin key (MEMTUNE_ADMIN_KEYS) may make it; "
+            f"API key {key.name!r} is none. Ask an admin, or pass headroom on your own jobs",
+        )
+    return key
+
+
+AdminKey = Annotated[ApiKey, Depends(require_admin)]
 
 
 _JSON_MEDIA_TYPES = ("application/json",)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
 from api.calibrations import ServiceCalibration, effective_calibration
-from api.deps import DbDep, JsonBody, ReadAccess, SettingsDep, WriteKey, is_admin
+from api.deps import AdminKey, DbDep, JsonBody, ReadAccess
 from api.gpu_types import KnownGpu, known_gpus, resolve_gpu, same_architecture
 from api.problems import ProblemError
 from api.schemas import BestPlanPublic, CalibrationPublic, CalibrationPut, GpusPublic
@@ -95,9 +95,7 @@ def get_calibration(gpu: str, db: DbDep, _read: ReadAccess) -> CalibrationPublic
         },
     },
 )
-def put_calibration(
-    gpu: str, body: CalibrationPut, db: DbDep, settings: SettingsDep, key: WriteKey, _json: JsonBody
-) -> CalibrationPublic:
+def put_calibration(gpu: str, key: AdminKey, _json: JsonBody, body: CalibrationPut, db: DbDep) -> CalibrationPublic:
     """Store this GPU type's calibration in the service's database, replacing a stored one.
 
     From then on new jobs of this GPU type get its headroom, and workers use it from their next job on (NOTE
@@ -106,14 +104,6 @@ def put_calibration(
     key (``MEMTUNE_ADMIN_KEYS``) may store one: 403 ``admin_only`` for others. 200 with the calibration stored
     (``origin`` ``database``).
     """
-    if not is_admin(settings, key):
-        raise ProblemError(
-            403,
-            "admin_only",
-            "Calibrations are written by admin keys",
-            f"a calibration serves every key's jobs of GPU type {gpu!r}, so only an admin key (MEMTUNE_ADMIN_KEYS) "
-            f"may store one; API key {key.name!r} is none. Ask an admin, or pass headroom on your own jobs",
-        )
     with db.session() as s:
         gpu_key = _known(s, gpu).gpu.key
         _check_body_gpu(s, body.gpu, gpu_key)

@@ -243,6 +243,15 @@ def test_put_refuses_a_calibration_of_another_gpu_type(http: TestClient, api_key
         assert [c.gpu_key for c in CalibrationRepository(s).list_all()] == ["h100"]
 
 
+def test_a_calibration_sent_as_text_is_refused_with_415(http: TestClient, api_key: str) -> None:
+    r = http.put(
+        "/v1/gpus/h100/calibration",
+        content=b'{"gpu": "h100", "headroom": 0.1}',
+        headers={**_auth(api_key), "Content-Type": "text/plain"},
+    )
+    assert r.status_code == 415 and r.json()["code"] == "unsupported_media_type"
+
+
 def test_put_refuses_data_that_is_not_json(http: TestClient, api_key: str) -> None:
     body = json.dumps({**H100, "conv_algos": {"x": 1}}).replace('{"x": 1}', '{"x": NaN}')
     headers = {**_auth(api_key), "Content-Type": "application/json"}

@@ -143,13 +143,14 @@ def test_an_unauthenticated_request_is_401_before_its_media_type_is_looked_at(ht
     _problem(r, 401, "missing_api_key")
 
 
-def test_a_calibration_sent_as_text_is_refused_with_415(http: TestClient, api_key: str) -> None:
+def test_a_calibration_by_an_ordinary_key_is_403_before_its_body_is_read(http: TestClient, api_key: str) -> None:
+    """Authorization first: the key is no admin key, so neither the media type nor the body is looked at."""
     r = http.put(
         "/v1/gpus/h100/calibration",
-        content=b'{"gpu": "h100", "headroom": 0.1}',
+        content=b'{"gpu": "h100", "headroom": 0.1, "gpu": "h200"}',
         headers={"Authorization": f"Bearer {api_key}", "Content-Type": "text/plain"},
     )
-    assert r.status_code == 415 and r.json()["code"] == "unsupported_media_type"
+    assert r.status_code == 403 and r.json()["code"] == "admin_only"
 
 
 @pytest.mark.parametrize(
