@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import Session
 
 from api.problems import ProblemError
+from profiler import SpecError
 from profiler.spec import validate_spec
 from profiler.zoo import ZOO, normalize_name, zoo_params
 from storage.records import ModelRecord
@@ -48,11 +49,29 @@ def store_zoo_model(session: Session, name: str, params: Mapping[str, Any] | Non
     )
 
 
+def check_not_zoo_name(name: str | None, field: str) -> None:
+    """Refuse a spec's or an upload's name that reads as a zoo model's (``vgg16``, ``VGG-16``): lookups by name
+    (``/v1/gpus/{gpu}/best?model=…``, the leaderboard's filter) would mix another structure with the zoo model.
+
+    Raises:
+        SpecError: naming ``field``.
+    """
+    if name is not None and normalize_name(name) in ZOO:
+        raise SpecError(
+            f"{name!r} is the name of the zoo model {ZOO[normalize_name(name)].name!r}, reserved for it: a model "
+            "is found by its name, so another structure may not take it. Name yours otherwise, or send "
+            '{"zoo": "…"} for the zoo model itself',
+            field=field,
+        )
+
+
 def store_spec_model(session: Session, spec: Mapping[str, Any]) -> tuple[ModelRecord, bool]:
-    """Store (or find) a JSON-spec model; ``(model, created)``. Raises ``SpecError`` naming the layer."""
+    """Store (or find) a JSON-spec model; ``(model, created)``. Raises ``SpecError`` naming the layer, or the name
+    when it is a zoo model's (``check_not_zoo_name``)."""
+    label = spec.get("name")
+    check_not_zoo_name(label if isinstance(label, str) else None, "spec.name")
     validated = validate_spec(spec)
     digest = validated.hash()
-    label = spec.get("name")
     name = label if isinstance(label, str) and label else f"spec:{digest[:12]}"
     definition = {"spec": dict(spec)}
     return ModelRepository(session).get_or_create(
@@ -64,7 +83,9 @@ def store_exported_model(
     session: Session, checked: CheckedProgram, *, name: str | None, int_high: int | None
 ) -> tuple[ModelRecord, bool]:
     """Store (or find, by structural digest) an exported program checked by ``profiler.exported.check_exported``;
-    ``(model, created)``. The canonical archive is stored beside the model; an existing model keeps its own."""
+    ``(model, created)``. The canonical archive is stored beside the model; an existing model keeps its own. Raises
+    ``SpecError`` when ``name`` is a zoo model's (``check_not_zoo_name``)."""
+    check_not_zoo_name(name, "name")
     definition = {"exported": {**checked.summary(), "int_high": int_high}}
     return ModelRepository(session).get_or_create(
         name=(name or f"exported:{checked.digest[:12]}")[:200],

@@ -9,7 +9,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response, status
 
 from api.deps import DbDep, JsonBody, ReadAccess, SettingsDep, WriteKey
-from api.model_refs import store_exported_model, store_spec_model, store_zoo_model
+from api.model_refs import check_not_zoo_name, store_exported_model, store_spec_model, store_zoo_model
 from api.problems import ProblemError
 from api.schemas import ModelCreate, ModelPublic
 from api.views import model_public
@@ -130,6 +130,7 @@ async def create_exported_model(
             f"send the .pt2 archive's bytes as the request body with Content-Type: application/octet-stream (got "
             f"{media or 'no content type'}), e.g. {_CURL}",
         )
+    check_not_zoo_name(name, "name")  # before the archive is read or checked
     data = await request.body()
     checked = await anyio.to_thread.run_sync(
         functools.partial(check_exported, data, max_bytes=settings.max_exported_bytes, int_high=int_high)

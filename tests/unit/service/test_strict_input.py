@@ -188,3 +188,23 @@ def test_strings_are_taken_as_sent(
     assert problem["detail"].startswith(f"{field}")
     with db.session() as s:
         assert JobRepository(s).list_all() == []
+
+
+@pytest.mark.parametrize("label", ["vgg16", "VGG-16", "resnet_50"])
+def test_a_zoo_models_name_is_reserved(http: TestClient, api_key: str, db: Database, label: str) -> None:
+    """A spec or an upload named like a zoo model is refused: lookups by name would answer another structure."""
+    spec = {**SMALL_SPEC, "name": label}
+    r = http.post("/v1/models", json={"spec": spec}, headers=_auth(api_key))
+    problem = _problem(r, 422, "invalid_spec")
+    assert problem["field"] == "spec.name" and "reserved" in problem["detail"]
+    r = http.post("/v1/jobs", json=dict(JOB, model={"spec": spec}), headers=_auth(api_key))
+    assert _problem(r, 422, "invalid_spec")["field"] in ("spec.name", "model")
+    r = http.post(
+        "/v1/models/exported",
+        params={"name": label},
+        content=b"not read",
+        headers=_auth(api_key) | {"Content-Type": "application/octet-stream"},
+    )
+    assert _problem(r, 422, "invalid_spec")["field"] == "name"
+    with db.session() as s:
+        assert JobRepository(s).list_all() == []
