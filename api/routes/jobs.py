@@ -27,7 +27,7 @@ import hashlib
 import json
 import math
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
 import anyio.to_thread
@@ -132,6 +132,27 @@ def _check_floor(model: ModelRecord, body: JobCreate, budget_bytes: int, headroo
     )
 
 
+def rate_limit_headers(settings: Settings, active: int, recent: int, oldest_recent: datetime | None) -> dict[str, str]:
+    """The IETF RateLimit header fields of a key's two job limits (NOTE [ RateLimit fields ]): with ``active`` jobs
+    queued or running and ``recent`` submitted in the last hour, the oldest of them at ``oldest_recent``.
+
+    # NOTE [ RateLimit fields ]
+    Job submissions carry the RateLimit fields of the IETF draft (draft-ietf-httpapi-ratelimit-headers), on every
+    202 and on the 429s of the two per-key limits: ``RateLimit-Policy: "active";q=10, "hourly";q=60;w=3600``
+    (each limit's quota, and the hourly one's window in seconds) and ``RateLimit: "active";r=…, "hourly";r=…;t=…``
+    (what is left of each now; ``t``, the seconds until the oldest submission of the hour leaves the window, where
+    one does). The trials limit is per request, not a quota, and carries none.
+    """
+    quota, hour = settings.max_active_jobs_per_key, settings.max_jobs_per_hour_per_key
+    policy = f'"active";q={quota}, "hourly";q={hour};w={HOUR_S}'
+    hourly = f'"hourly";r={max(0, settings.max_jobs_per_hour_per_key - recent)}'
+    if oldest_recent is not None:
+        left = (oldest_recent + timedelta(seconds=HOUR_S) - utcnow()).total_seconds()
+        hourly += f";t={max(0, math.ceil(left))}"
+    active_left = max(0, settings.max_active_jobs_per_key - active)
+    return {"RateLimit-Policy": policy, "RateLimit": f'"active";r={active_left}, {hourly}'}
+
+
 def _check_limits(jobs: JobRepository, owner: str, trials: int, settings: Settings) -> None:
     """Refuse a new job of ``owner`` over its key's limits (NOTE [ Job limits and ownership ])."""
     if trials > settings.max_trials_per_job:
@@ -147,6 +168,7 @@ def _check_limits(jobs: JobRepository, owner: str, trials: int, settings: Settin
         )
     now = utcnow()
     usage = jobs.usage(owner, now - timedelta(seconds=HOUR_S))
+    fields = rate_limit_headers(settings, usage.active, usage.recent, usage.oldest_recent)
     if usage.active >= settings.max_active_jobs_per_key:
         raise ProblemError(
             429,
@@ -154,7 +176,7 @@ def _check_limits(jobs: JobRepository, owner: str, trials: int, settings: Settin
             "Too many active jobs",
             f"API key {owner!r} has {usage.active} jobs queued or running, its limit "
             f"(MEMTUNE_MAX_ACTIVE_JOBS_PER_KEY); submit again when one has finished, or cancel one",
-            headers={"Retry-After": str(ACTIVE_RETRY_AFTER_S)},
+            headers={"Retry-After": str(ACTIVE_RETRY_AFTER_S), **fields},
             limit=settings.max_active_jobs_per_key,
             setting="MEMTUNE_MAX_ACTIVE_JOBS_PER_KEY",
         )
@@ -168,7 +190,7 @@ def _check_limits(jobs: JobRepository, owner: str, trials: int, settings: Settin
             "Too many jobs this hour",
             f"API key {owner!r} submitted {usage.recent} jobs in the last hour, its limit "
             f"(MEMTUNE_MAX_JOBS_PER_HOUR_PER_KEY); the next one is accepted in {wait} s",
-            headers={"Retry-After": str(wait)},
+            headers={"Retry-After": str(wait), **fields},
             limit=settings.max_jobs_per_hour_per_key,
             setting="MEMTUNE_MAX_JOBS_PER_HOUR_PER_KEY",
         )
@@ -266,6 +288,9 @@ def create_job(
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
+    with db.session() as s:  # NOTE [ RateLimit fields ]: what is left after this submission
+        usage = JobRepository(s).usage(key.name, utcnow() - timedelta(seconds=HOUR_S))
+    response.headers.update(rate_limit_headers(settings, usage.active, usage.recent, usage.oldest_recent))
     return job_public(job)
 
 

@@ -86,9 +86,13 @@ def test_only_the_owner_or_an_admin_key_cancels_a_job(limited: TestClient, keys:
 def test_active_jobs_per_key_are_limited_with_retry_after(limited: TestClient, keys: dict[str, str]) -> None:
     jobs = [_submit(limited, keys["alice"]) for _ in range(2)]
     assert [r.status_code for r in jobs] == [202, 202]
+    # NOTE [ RateLimit fields ]: every accepted submission says what is left of each quota
+    assert jobs[0].headers["RateLimit"].startswith('"active";r=1, "hourly";r=')
+    assert jobs[1].headers["RateLimit"].startswith('"active";r=0, ')
+    assert jobs[1].headers["RateLimit-Policy"].startswith('"active";q=2, "hourly";q=')
     over = _submit(limited, keys["alice"])
     body = _problem(over, 429, "too_many_active_jobs")
-    assert over.headers["Retry-After"] == "30"
+    assert over.headers["Retry-After"] == "30" and over.headers["RateLimit"].startswith('"active";r=0, ')
     assert body["limit"] == 2 and body["setting"] == "MEMTUNE_MAX_ACTIVE_JOBS_PER_KEY" and "'alice'" in body["detail"]
     assert _submit(limited, keys["bob"]).status_code == 202  # another key's limit is its own
     assert limited.get("/v1/jobs").json()["count"] == 3
@@ -108,6 +112,9 @@ def test_jobs_per_hour_are_limited_until_the_oldest_leaves_the_window(
         body = _problem(over, 429, "hourly_job_limit")
         assert body["limit"] == 3 and body["setting"] == "MEMTUNE_MAX_JOBS_PER_HOUR_PER_KEY"
         assert 3590 <= int(over.headers["Retry-After"]) <= 3600
+        assert over.headers["RateLimit-Policy"] == '"active";q=100, "hourly";q=3;w=3600'
+        left = over.headers["RateLimit"].split('"hourly";')[1]
+        assert left.startswith("r=0;t=") and 3590 <= int(left.split("t=")[1]) <= 3600
 
         def age(job_id: str, seconds: float) -> None:
             with db.session() as s:
