@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import environment, zoo_profile
-from benchmarks.ranked import measure_steps, rank_rows, spawn_rows, start_ranks
+from benchmarks.ranked import measure_steps, rank_rows, rows_table, spawn_rows, start_ranks
 from profiler import Profile
 from tuner import Plan, SharedLink, parse_budget, ranks_prefetch_trigger, simulate_ranks, stagger_for, tune
 from tuner.calibration import calibration_for
@@ -228,21 +228,13 @@ def _run_method(args: argparse.Namespace, method: str, plans: dict[int, Plan], b
 
 
 def _table(result: dict[str, Any]) -> str:
-    lines = [f"{'method':<10} {'batch/GPU':>9} {'step ms':>9} {'samples/s':>10} {'peak GiB':>9}   predicted (ms, GiB)"]
-    for method, rows in result["methods"].items():
-        for row in rows:
-            pred = row.get("predicted")
-            shown = f"{pred['step_ms']:.1f}, {pred['peak_bytes'] / 2**30:.2f}" if pred else "-"
-            if not row["fits"]:
-                lines.append(f"{method:<10} {row['batch']!s:>9} {'-':>9} {'-':>10} {'-':>9}   {shown}  {row['error']}")
-                continue
-            peak = f"{row['peak_bytes'] / 2**30:9.2f}" if row["peak_bytes"] is not None else f"{'-':>9}"
-            lines.append(
-                f"{method:<10} {row['batch']:>9} {row['step_ms']:9.1f} {row['samples_per_s']:10.1f} {peak}   {shown}"
-            )
-        best = result["largest"].get(method)
-        lines.append(f"{'':<10} largest batch per GPU that trains: {best['batch'] if best else 'none'}")
-    return "\n".join(lines) + "\n"
+    return rows_table(
+        result,
+        rate="samples_per_s",
+        rate_label="samples/s",
+        predicted=lambda _m, r: r.get("predicted"),
+        label="predicted",
+    )
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:

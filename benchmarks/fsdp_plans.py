@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import environment
-from benchmarks.ranked import measure_steps, rank_rows, spawn_rows, start_ranks
+from benchmarks.ranked import measure_steps, rank_rows, rows_table, spawn_rows, start_ranks
 
 __all__ = ["METHODS", "main"]
 
@@ -206,21 +206,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _table(result: dict[str, Any]) -> str:
-    lines = [f"{'method':<17} {'batch/GPU':>9} {'step ms':>9} {'tokens/s':>10} {'peak GiB':>9}   simulated (ms, GiB)"]
-    for method, rows in result["methods"].items():
-        for row in rows:
-            pred = (result["predicted"].get(str(row["batch"])) or {}).get(method)
-            shown = f"{pred['step_ms']:.1f}, {pred['peak_bytes'] / 2**30:.2f}" if pred else "-"
-            if not row["fits"]:
-                lines.append(f"{method:<17} {row['batch']!s:>9} {'-':>9} {'-':>10} {'-':>9}   {shown}  {row['error']}")
-                continue
-            peak = f"{row['peak_bytes'] / 2**30:9.2f}" if row["peak_bytes"] is not None else f"{'-':>9}"
-            lines.append(
-                f"{method:<17} {row['batch']:>9} {row['step_ms']:9.1f} {row['tokens_per_s']:10.0f} {peak}   {shown}"
-            )
-        best = result["largest"].get(method)
-        lines.append(f"{'':<17} largest batch per GPU that trains: {best['batch'] if best else 'none'}")
-    return "\n".join(lines) + "\n"
+    def simulated(method: str, row: dict[str, Any]) -> dict[str, Any] | None:
+        return (result["predicted"].get(str(row["batch"])) or {}).get(method)
+
+    return rows_table(result, rate="tokens_per_s", rate_label="tokens/s", predicted=simulated, label="simulated")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -151,3 +151,34 @@ def measure_steps(
         "reserved": torch.cuda.max_memory_reserved() if cuda else None,
         "error": None,
     }
+
+
+def rows_table(
+    result: dict[str, Any],
+    *,
+    rate: str,
+    rate_label: str,
+    predicted: Callable[[str, dict[str, Any]], dict[str, Any] | None],
+    label: str,
+) -> str:
+    """A data-parallel benchmark's rows as a text table: per method and batch the step, the ``rate`` of all GPUs
+    (``samples_per_s`` or ``tokens_per_s``), the peak, and ``predicted(method, row)``'s step and peak."""
+    width = max(10, *(len(m) + 1 for m in result["methods"]))
+    head = f"{'method':<{width}} {'batch/GPU':>9} {'step ms':>9} {rate_label:>10} {'peak GiB':>9}   {label} (ms, GiB)"
+    lines = [head]
+    for method, rows in result["methods"].items():
+        for row in rows:
+            pred = predicted(method, row)
+            shown = f"{pred['step_ms']:.1f}, {pred['peak_bytes'] / 2**30:.2f}" if pred else "-"
+            if not row["fits"]:
+                lines.append(
+                    f"{method:<{width}} {row['batch']!s:>9} {'-':>9} {'-':>10} {'-':>9}   {shown}  {row['error']}"
+                )
+                continue
+            peak = f"{row['peak_bytes'] / 2**30:9.2f}" if row["peak_bytes"] is not None else f"{'-':>9}"
+            lines.append(
+                f"{method:<{width}} {row['batch']:>9} {row['step_ms']:9.1f} {row[rate]:10.1f} {peak}   {shown}"
+            )
+        best = result["largest"].get(method)
+        lines.append(f"{'':<{width}} largest batch per GPU that trains: {best['batch'] if best else 'none'}")
+    return "\n".join(lines) + "\n"
