@@ -29,14 +29,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import environment, zoo_profile
-from benchmarks.ranked import measure_steps, rank_rows, rows_table, spawn_rows, start_ranks
+from benchmarks.ranked import measure_steps, rank_rows, record_method, rows_table, spawn_rows, start_ranks
 from profiler import Profile
 from tuner import Plan, SharedLink, parse_budget, ranks_prefetch_trigger, simulate_ranks, stagger_for, tune
 from tuner.calibration import calibration_for
@@ -321,10 +320,7 @@ def main(argv: list[str] | None = None) -> None:
                 row["predicted"] = _predict(args, method, profiles[row["batch"]], by_batch.get(row["batch"]))
             if row["fits"]:
                 row["samples_per_s"] = round(args.nproc * row["batch"] / (row["step_ms"] / 1e3), 2)
-        result["methods"][method] = rows
-        fitting = [r for r in rows if r["fits"]]
-        result["largest"][method] = max(fitting, key=lambda r: r["batch"]) if fitting else None
-        path.write_text(json.dumps(result, indent=1) + "\n")  # after every method: a cut run keeps what finished
+        record_method(result, method, rows, path)
     print(_table(result), end="")
     print(f"written to {path}")
 

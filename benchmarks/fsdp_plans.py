@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import environment
-from benchmarks.ranked import measure_steps, rank_rows, rows_table, spawn_rows, start_ranks
+from benchmarks.ranked import measure_steps, rank_rows, record_method, rows_table, spawn_rows, start_ranks
 
 __all__ = ["METHODS", "main"]
 
@@ -264,10 +263,7 @@ def main(argv: list[str] | None = None) -> None:
         for row in rows:
             if row["fits"]:
                 row["tokens_per_s"] = round(args.nproc * row["batch"] * args.seq / (row["step_ms"] / 1e3), 1)
-        result["methods"][method] = rows
-        fitting = [r for r in rows if r["fits"]]
-        result["largest"][method] = max(fitting, key=lambda r: r["batch"]) if fitting else None
-        path.write_text(json.dumps(result, indent=1) + "\n")  # after every method: a cut run keeps what finished
+        record_method(result, method, rows, path)
     print(_table(result), end="")
     print(f"written to {path}")
 

@@ -182,3 +182,12 @@ def rows_table(
         best = result["largest"].get(method)
         lines.append(f"{'':<{width}} largest batch per GPU that trains: {best['batch'] if best else 'none'}")
     return "\n".join(lines) + "\n"
+
+
+def record_method(result: dict[str, Any], method: str, rows: list[dict[str, Any]], path: Path) -> None:
+    """``rows`` as ``method``'s in ``result``, with its largest batch that trains, and ``result`` written to
+    ``path`` at once: a run cut short keeps the methods that finished."""
+    result["methods"][method] = rows
+    fitting = [r for r in rows if r["fits"]]
+    result["largest"][method] = max(fitting, key=lambda r: r["batch"]) if fitting else None
+    path.write_text(json.dumps(result, indent=1) + "\n")
