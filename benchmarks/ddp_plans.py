@@ -31,11 +31,19 @@ import contextlib
 import gc
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from benchmarks.common import environment, zoo_profile
-from benchmarks.ranked import measure_steps, rank_rows, record_method, rows_table, spawn_rows, start_ranks
+from benchmarks.ranked import (
+    add_rank_options,
+    checked_rank_options,
+    measure_steps,
+    rank_rows,
+    record_method,
+    rows_table,
+    spawn_rows,
+    start_ranks,
+)
 from profiler import Profile
 from tuner import Plan, SharedLink, parse_budget, ranks_prefetch_trigger, simulate_ranks, stagger_for, tune
 from tuner.calibration import calibration_for
@@ -238,34 +246,16 @@ def _table(result: dict[str, Any]) -> str:
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", type=Path, help="directory for the JSON result")
-    ap.add_argument("--nproc", type=int, required=True, help="ranks: GPUs of this host (or CPU processes with --cpu)")
+    add_rank_options(ap, METHODS, budget="12GiB", batches="64,96,128,160,192", steps=5)
     ap.add_argument("--model", default="resnet50", help="zoo model")
     ap.add_argument("--params", default="", help="zoo parameters, e.g. image_size=64,num_classes=10")
     ap.add_argument("--dtype", default="float32", help="float32, or bfloat16/float16 under autocast")
-    ap.add_argument("--budget", default="12GiB", help="GPU memory each rank may use (bytes with a unit)")
-    ap.add_argument("--batches", default="64,96,128,160,192", help="per-GPU batches, tried in order")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per batch")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per batch")
     ap.add_argument("--stagger-slots", type=int, default=None, help="stagger slots (default: --nproc)")
-    ap.add_argument("--methods", default=",".join(METHODS), help=f"any of {', '.join(METHODS)}")
-    ap.add_argument("--trials", type=int, default=150, help="Optuna trials per tuned plan")
     ap.add_argument("--allreduce-gbps", type=float, default=None, help="all-reduce bus GB/s (default: calibration)")
     ap.add_argument("--no-measure", action="store_true", help="never measure the link here (fair share instead)")
-    ap.add_argument("--cpu", action="store_true", help="gloo processes on CPU, no budget: a smoke test of the run")
-    ap.add_argument(
-        "--timeout",
-        type=float,
-        default=60.0,
-        help="seconds a collective waits for a rank (NOTE [ A rank out of memory ])",
-    )
     args = ap.parse_args(argv)
-    args.batch_list = sorted({int(b) for b in args.batches.split(",")})
+    checked_rank_options(ap, args, METHODS)
     args.param_map = {k: int(v) for k, v in (kv.split("=") for kv in args.params.split(",") if kv)}
-    args.method_list = [m for m in args.methods.split(",") if m]
-    bad = [m for m in args.method_list if m not in METHODS]
-    if bad:
-        ap.error(f"--methods: unknown {bad}; choose from {', '.join(METHODS)}")
     args.stagger_slots = args.stagger_slots or args.nproc
     if not 1 <= args.stagger_slots <= args.nproc:
         ap.error(f"--stagger-slots must be in 1..{args.nproc}")

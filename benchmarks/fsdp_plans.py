@@ -30,11 +30,19 @@ import contextlib
 import gc
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from benchmarks.common import environment
-from benchmarks.ranked import measure_steps, rank_rows, record_method, rows_table, spawn_rows, start_ranks
+from benchmarks.ranked import (
+    add_rank_options,
+    checked_rank_options,
+    measure_steps,
+    rank_rows,
+    record_method,
+    rows_table,
+    spawn_rows,
+    start_ranks,
+)
 
 __all__ = ["METHODS", "main"]
 
@@ -172,35 +180,17 @@ def _plans(args: argparse.Namespace, cfg: _Config) -> tuple[dict[int, Any], dict
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", type=Path, help="directory for the JSON result")
-    ap.add_argument("--nproc", type=int, required=True, help="ranks: GPUs of this host (or CPU processes with --cpu)")
-    ap.add_argument("--budget", default="14GiB", help="GPU memory each rank may use (bytes with a unit)")
-    ap.add_argument("--batches", default="1,2,4,6,8", help="per-GPU batches of sequences, tried in order")
+    add_rank_options(ap, METHODS, budget="14GiB", batches="1,2,4,6,8", steps=3)
     ap.add_argument("--llama", default="", help="config overrides, e.g. num_hidden_layers=2,hidden_size=64")
     ap.add_argument("--seq", type=int, default=SEQ, help="tokens per sequence")
     ap.add_argument("--dtype", default="bfloat16", help="float32, or bfloat16/float16 under autocast")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per batch")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per batch")
-    ap.add_argument("--methods", default=",".join(METHODS), help=f"any of {', '.join(METHODS)}")
-    ap.add_argument("--trials", type=int, default=150, help="Optuna trials per tuned plan")
-    ap.add_argument("--cpu", action="store_true", help="gloo processes on CPU, no budget: a smoke test of the run")
-    ap.add_argument(
-        "--timeout",
-        type=float,
-        default=60.0,
-        help="seconds a collective waits for a rank (NOTE [ A rank out of memory ])",
-    )
     args = ap.parse_args(argv)
-    args.batch_list = sorted({int(b) for b in args.batches.split(",")})
+    checked_rank_options(ap, args, METHODS)
     overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.llama.split(",") if kv)}
     unknown = sorted(set(overrides) - set(LLAMA))
     if unknown:
         ap.error(f"--llama: unknown {unknown}; choose from {', '.join(LLAMA)}")
     args.llama_config = {**LLAMA, **overrides}
-    args.method_list = [m for m in args.methods.split(",") if m]
-    bad = [m for m in args.method_list if m not in METHODS]
-    if bad:
-        ap.error(f"--methods: unknown {bad}; choose from {', '.join(METHODS)}")
     return args
 
 

@@ -11,6 +11,7 @@ work side by side, so a collective waits only for the other rank's share of one 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -191,3 +192,35 @@ def record_method(result: dict[str, Any], method: str, rows: list[dict[str, Any]
     fitting = [r for r in rows if r["fits"]]
     result["largest"][method] = max(fitting, key=lambda r: r["batch"]) if fitting else None
     path.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def add_rank_options(
+    ap: argparse.ArgumentParser, methods: Sequence[str], *, budget: str, batches: str, steps: int
+) -> None:
+    """The options every data-parallel benchmark takes: where to write, ranks, the per-GPU budget and batches, the
+    steps, the methods, the search's trials, the CPU smoke test and the collectives' timeout."""
+    ap.add_argument("out", type=Path, help="directory for the JSON result")
+    ap.add_argument("--nproc", type=int, required=True, help="ranks: GPUs of this host (or CPU processes with --cpu)")
+    ap.add_argument("--budget", default=budget, help="GPU memory each rank may use (bytes with a unit)")
+    ap.add_argument("--batches", default=batches, help="per-GPU batches, tried in order")
+    ap.add_argument("--steps", type=int, default=steps, help="timed steps per batch")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per batch")
+    ap.add_argument("--methods", default=",".join(methods), help=f"any of {', '.join(methods)}")
+    ap.add_argument("--trials", type=int, default=150, help="Optuna trials per tuned plan")
+    ap.add_argument("--cpu", action="store_true", help="gloo processes on CPU, no budget: a smoke test of the run")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds a collective waits for a rank (NOTE [ A rank out of memory ])",
+    )
+
+
+def checked_rank_options(ap: argparse.ArgumentParser, args: argparse.Namespace, methods: Sequence[str]) -> None:
+    """``args.batch_list`` (sorted, unique) and ``args.method_list`` from the options; an unknown method is
+    argparse's error naming the known ones."""
+    args.batch_list = sorted({int(b) for b in args.batches.split(",")})
+    args.method_list = [m for m in args.methods.split(",") if m]
+    bad = [m for m in args.method_list if m not in methods]
+    if bad:
+        ap.error(f"--methods: unknown {bad}; choose from {', '.join(methods)}")
