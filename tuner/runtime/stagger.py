@@ -40,9 +40,10 @@ def gpu_cycles_per_ms(index: int) -> float:
     spins, measured once.
 
     ``_sleep`` counts SM clock cycles, so its length follows the clock, which an idle GPU lowers and a busy one
-    raises within milliseconds. A single spin timed on a GPU that was idle reads the idle clock: on a fresh pair of
-    H100s, waits priced by such a reading came out about 5x shorter than asked (14.3 ms asked per step, 2.6 ms
-    longer steps). The later spins run at the clock the GPU keeps while it works, as it does during a step.
+    raises within milliseconds, so a single spin timed on an idle GPU reads a low clock. On a fresh pair of H100s,
+    waits priced by one spin came out about 5x shorter than asked (14.3 ms asked per step, 2.6 ms longer steps),
+    which an idle-clock reading explains (not measured directly). The later spins run at the clock the GPU keeps
+    while it works, as it does during a step.
     """
     cycles = 10_000_000
     rates = []
