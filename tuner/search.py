@@ -737,9 +737,11 @@ class _Mirror:
     """Writes the finished trials of an in-memory study to the database's study in batches, at most every
     ``interval_s`` seconds (NOTE [ Written behind ]): in a child process when the database is an Optuna
     ``RDBStorage`` (its writes, some 100 ms a trial on PostgreSQL, then run beside the search on another core),
-    else here."""
+    else here. The search waits while more than ``max_lag`` trials it sent are not in the database yet, so a
+    process killed mid-search loses at most ``max_lag`` trials besides those of the last ``interval_s``."""
 
     interval_s = 1.0
+    max_lag = 64
 
     def __init__(self, kept: optuna.Study, searched: optuna.Study, storage: str | optuna.storages.BaseStorage) -> None:
         self.kept, self.searched = kept, searched
@@ -749,6 +751,7 @@ class _Mirror:
         self.last = time.monotonic()
         self._queue: Any = None
         self._writer: Any = None
+        self._committed: Any = None  # trials the child has added to the database's study (shared with it)
         url: object = storage if isinstance(storage, str) else getattr(storage, "url", None)
         kwargs: dict[str, Any] | None = {} if isinstance(storage, str) else None
         if isinstance(storage, optuna.storages.RDBStorage):
@@ -756,7 +759,8 @@ class _Mirror:
         if isinstance(url, str) and kwargs is not None and not multiprocessing.current_process().daemon:
             ctx = multiprocessing.get_context("spawn")  # a daemonic process may have no children: it writes itself
             self._queue = ctx.Queue()
-            args = (url, kwargs, kept.study_name, self._queue)
+            self._committed = ctx.Value("q", len(self.written))
+            args = (url, kwargs, kept.study_name, self._queue, self._committed)
             self._writer = ctx.Process(target=_write_trials, args=args, name="memtune-trials", daemon=True)
             self._writer.start()
 
@@ -773,6 +777,12 @@ class _Mirror:
                 self.kept.add_trials(new)
             self.written.update(t.number for t in new)
         self.last = time.monotonic()
+        while self.lag() > self.max_lag and self._writer is not None and self._writer.is_alive():
+            time.sleep(0.005)  # the database is behind: the search waits for it (the lag stays bounded)
+
+    def lag(self) -> int:
+        """Trials sent to the database's study and not yet in it (0 when written here, synchronously)."""
+        return 0 if self._committed is None else len(self.written) - int(self._committed.value)
 
     def close(self) -> None:
         """Write what is left and wait until the kept study holds every trial.
@@ -789,7 +799,7 @@ class _Mirror:
             raise SearchError(f"writing the trials to the study's database failed (exit code {self._writer.exitcode})")
 
 
-def _write_trials(url: str, engine_kwargs: dict[str, Any], study_name: str, queue: Any) -> None:
+def _write_trials(url: str, engine_kwargs: dict[str, Any], study_name: str, queue: Any, committed: Any) -> None:
     """The child of ``_Mirror``: add the trials of each batch from ``queue`` to the study, until None. When the
     searching process is gone (killed), it stops at once: another worker may be resuming the study, and a trial
     written then would be one the resumed search does not know of."""
@@ -810,6 +820,8 @@ def _write_trials(url: str, engine_kwargs: dict[str, Any], study_name: str, queu
             if parent is not None and not parent.is_alive():
                 return
             study.add_trial(trial)
+            with committed.get_lock():
+                committed.value += 1
 
 
 def tune(
@@ -900,8 +912,9 @@ def tune(
     # NOTE [ Written behind ]: a study in a database is searched in memory and its finished trials written to the
     # database in batches by a child process (``_Mirror``): Optuna's RDBStorage commits some 45 times per trial,
     # which made a job 2.6x slower than the same search from the command line. The database can lag the search
-    # (a job's progress counts the trials searched); a job that is killed keeps the trials written before and is
-    # searched on from them when resumed, and the writer stops with the process it writes for
+    # (a job's progress counts the trials searched) by at most ``_Mirror.max_lag`` trials, the search waiting for it
+    # beyond; a job that is killed keeps the trials written before and is searched on from them when resumed, and
+    # the writer stops with the process it writes for
     study = kept
     mirror: _Mirror | None = None
     if storage is not None:

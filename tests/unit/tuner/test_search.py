@@ -288,3 +288,27 @@ def test_a_trial_fits_as_the_search_judged_it() -> None:
     assert trial_fits({"peak_bytes": 10}, 10)
     assert not trial_fits({"peak_bytes": 11}, 10)
     assert not trial_fits({"peak_bytes": 10, "allocator_out_of_memory": True}, 10)
+
+
+@pytest.mark.slow
+def test_the_database_lags_the_search_by_a_bounded_number_of_trials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE [ Written behind ]: after every write the trials sent and not yet in the database are at most
+    ``_Mirror.max_lag``; a process killed mid-search loses no more than those and the last interval's."""
+    from tuner import search as search_module
+
+    lags: list[int] = []
+    write = search_module._Mirror.write
+
+    def recorded(self: Any, *, every: bool = False) -> None:
+        write(self, every=every)
+        lags.append(self.lag())
+
+    monkeypatch.setattr(search_module._Mirror, "max_lag", 2)
+    monkeypatch.setattr(search_module._Mirror, "interval_s", 0.0)  # every trial is sent at once
+    monkeypatch.setattr(search_module._Mirror, "write", recorded)
+    p = linear_chain(6, forward_ms=3.0)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    result = tune(p, _budget(p, 0.7), trials=30, storage=url, study_name="lag")
+    assert result.n_trials == 30 and lags and max(lags) <= 2, lags
