@@ -18,6 +18,7 @@ module only joins them and shows progress.
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from profiler import Profile
 from tuner import Candidate, Plan, TuneResult, format_bytes, peak_check, planning_headroom
-from tuner.budget import Budget, profile_budget
+from tuner.budget import Budget, profile_budget, search_budget
 
 if TYPE_CHECKING:
     import torch
@@ -156,15 +157,20 @@ class Tuned:
     def table(self) -> list[dict[str, Any]]:
         """One row per baseline policy and the best plan: name, step ms, slowdown, peak bytes, feasible, source."""
         base = self.result.unconstrained.step_ms
-        rows: list[Candidate] = [*self.result.policies, *([self.result.best] if self.result.best else [])]
+        rows: list[Candidate] = list(self.result.policies)
+        best = self.result.best
+        if best is not None and not any(c.name == best.name and c.plan == best.plan for c in rows):
+            rows.append(best)  # a baseline that is the best is listed once
         return [{**c.to_dict(), "slowdown": round(c.step_ms / base, 4)} for c in rows]
 
     def __str__(self) -> str:
         r = self.result
         p = r.profile
+        fit = search_budget(r.budget_bytes, r.headroom)
+        kept = f" (plans fit {format_bytes(fit)}: {r.headroom:.0%} kept free for the allocator)" if r.headroom else ""
         lines = [
             f"{p.model} batch {p.batch} {p.dtype} {device_label(p)} (profile {p.source}, {p.n_stages} stages), "
-            f"budget {format_bytes(r.budget_bytes)}; unconstrained {r.unconstrained.step_ms:.2f} ms, "
+            f"budget {format_bytes(r.budget_bytes)}{kept}; unconstrained {r.unconstrained.step_ms:.2f} ms, "
             f"{format_bytes(r.unconstrained.peak_bytes)}",
             f"{'policy':<22}{'step ms':>10}{'slowdown':>10}{'peak':>12}  fits",
         ]
@@ -172,17 +178,22 @@ class Tuned:
         if check is not None:
             lines.insert(1, f"memory check: {check}")
         for row in self.table():
+            finite = math.isfinite(row["step_ms"])
+            step = f"{row['step_ms']:>10.2f}" if finite else f"{'-':>10}"
+            slowdown = f"{row['slowdown']:>9.2f}x" if finite else f"{'-':>10}"
             lines.append(
-                f"{row['name']:<22}{row['step_ms']:>10.2f}{row['slowdown']:>9.2f}x{format_bytes(row['peak_bytes']):>12}"
+                f"{row['name']:<22}{step}{slowdown}{format_bytes(row['peak_bytes']):>12}"
                 f"  {'yes' if row['feasible'] else 'no'}"
             )
         if r.best is None:
-            lines.append(f"no plan fits {format_bytes(r.budget_bytes)}")
+            lines.append(f"no plan fits {format_bytes(fit)}" + (" (the budget less its headroom)" if kept else ""))
         else:
             names = r.best.plan.stages or tuple(s.name for s in p.stages)
             lines.append(f"best plan ({r.best.plan.compact()}):")
             lines += [f"  {name or '(model)'}: {a.value}" for name, a in zip(names, r.best.plan.actions, strict=True)]
-        if self.bound is not None:
+        if self.bound is not None and not math.isfinite(self.bound.step_ms):
+            lines.append(f"no plan can run within {format_bytes(r.budget_bytes)} (NOTE [ Budget bound ])")
+        elif self.bound is not None:
             lines.append(
                 f"no plan can step faster than {self.bound.step_ms:.2f} ms ({self.bound.ratio:.2f}x) within "
                 f"{format_bytes(r.budget_bytes)} (NOTE [ Budget bound ])"

@@ -43,3 +43,17 @@ def test_planned_takes_what_tune_returned_and_refuses_no_plan(unet: tuple[object
     hopeless = memtune.tune(prof, "1% of peak", trials=5, progress=False)
     with pytest.raises(PlanError, match="no plan fits"):
         memtune.planned(case.model, hopeless)  # type: ignore[attr-defined]
+
+
+def test_the_printout_states_the_headroom_and_no_infinite_steps(unet: tuple[object, memtune.Profile]) -> None:
+    """``print(tuned)`` says the share of the budget plans must fit, lists the best once, and prints no ``inf``."""
+    _, prof = unet
+    tuned = memtune.tune(prof, "85% of peak", trials=10, progress=False, headroom=0.1)
+    text = str(tuned)
+    assert "10% kept free for the allocator" in text.splitlines()[0]
+    names = [row["name"] for row in tuned.table()]
+    assert len(names) == len(set((row["name"], row["step_ms"]) for row in tuned.table()))
+    nothing = memtune.tune(prof, 1 << 10, trials=5, progress=False, headroom=0.1)
+    assert nothing.plan is None
+    lines = str(nothing)
+    assert "inf" not in lines and "no plan fits" in lines and "the budget less its headroom" in lines
