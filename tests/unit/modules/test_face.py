@@ -57,3 +57,16 @@ def test_the_printout_states_the_headroom_and_no_infinite_steps(unet: tuple[obje
     assert nothing.plan is None
     lines = str(nothing)
     assert "inf" not in lines and "no plan fits" in lines and "the budget less its headroom" in lines
+
+
+def test_the_models_own_state_dict_loads_into_a_fresh_model(unet: tuple[object, memtune.Profile]) -> None:
+    """docs/apply.md: a checkpoint is the model's own ``state_dict`` (the wrapper's keys carry ``model.``)."""
+    import copy
+
+    case, prof = unet
+    tuned = memtune.tune(prof, "85% of peak", trials=5, progress=False, headroom=0.0)
+    run = memtune.planned(case.model, tuned)
+    assert all(k.startswith("model.") for k in run.state_dict())
+    fresh = copy.deepcopy(case.model)
+    fresh.load_state_dict(run.model.state_dict())
+    assert fresh.load_state_dict(case.model.state_dict()) is not None
