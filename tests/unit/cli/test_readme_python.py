@@ -34,6 +34,7 @@ def test_the_readme_python_example_tunes_and_applies_a_plan_of_several_stages(tm
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "must be `None` or an integer within the vocabulary" not in done.stderr  # the example's config is sound
     assert "best plan" in done.stdout
     assert "no plan can step faster than" in done.stdout
     stages = int(done.stdout.rsplit("stages", 1)[1].split()[0])
