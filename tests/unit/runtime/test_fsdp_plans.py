@@ -19,6 +19,7 @@ from tuner.runtime.ddp import spawn_ranks
 from tuner.runtime.fsdp import planned_fsdp
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # spawned ranks or a profile: seconds each
 
 BATCH, SEQ, VOCAB = 4, 16, 128
 

@@ -30,6 +30,7 @@ def _trials(rank: int, world: int, cfg: _Cfg) -> list[dict[str, Any]]:
     return rank_rows(rank, world, cfg.batches, lambda b: _measure(rank, b), cfg.rows_file)
 
 
+@pytest.mark.slow
 def test_rows_written_before_a_rank_died_stand() -> None:
     rows = spawn_rows(_trials, 2, _Cfg(batches=(1, 2, 3)), batches=(1, 2, 3), backend="gloo", timeout_s=30)
     assert [r["batch"] for r in rows] == [1, 2]
@@ -37,6 +38,7 @@ def test_rows_written_before_a_rank_died_stand() -> None:
     assert not rows[1]["fits"] and "collective" in rows[1]["error"]
 
 
+@pytest.mark.slow
 def test_all_batches_train() -> None:
     rows = spawn_rows(_trials, 2, _Cfg(batches=(1, 3)), batches=(1, 3), backend="gloo", timeout_s=30)
     assert [(r["batch"], r["fits"], r["step_ms"]) for r in rows] == [(1, True, 1.0), (3, True, 3.0)]

@@ -12,6 +12,7 @@ from profiler import Profile
 from tuner import Plan, TunerError, shard_units, sharded_profile, simulate
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # spawned ranks or a profile: seconds each
 
 
 @pytest.fixture(scope="module")
