@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 def test_submit_tune_best_leaderboard(server: str, database_url: str) -> None:
     key = create_key(database_url)
     with MemtuneClient(server, api_key=key, timeout_s=30) as mt:
-        assert mt.health().worker == "external"  # serve runs its worker in a process of its own; it runs the job below
+        assert mt.health().worker == "up"  # serve supervises its worker, a process of its own that runs the job below
         model = mt.create_model(zoo="vgg16")
         job = mt.submit_job({"id": model.id}, batch=32, gpu="h200", budget="3GiB", trials=30, idempotency_key="e2e")
         assert (
