@@ -20,8 +20,9 @@ model's per-rank batch, measured unsharded) into one rank's, for the unchanged s
 * optimizer state follows the parameters: the simulator's ``param_bytes * (1 + state)`` is the shards' state.
 
 Collectives are not priced: an all-gather or reduce-scatter runs on its own stream, ahead of or behind compute,
-over NVLink (on an H100 pair, a 200 MB unit's all-gather is about 1 ms at the link's 300 GB/s bus rate); what they
-cost beyond that shows as the measured step above the simulated one (``benchmarks.fsdp_plans``).
+over NVLink (NCCL's all-reduce between two H100s measured 275.6 GB/s of bus bandwidth, ``benchmarks.shared_link``).
+What they cost shows as the measured step above the simulated one (``benchmarks.fsdp_plans``: 3.8 to 4.5x on two
+H100s, with every FSDP2 method's reserved memory at its cap).
 """
 
 from __future__ import annotations
