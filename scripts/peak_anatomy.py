@@ -208,7 +208,7 @@ def run(out_dir: Path, kind: str, compacts: list[str], plans_from: Path | None, 
     import memtune
     from benchmarks.promises import MODELS
     from tuner import Plan, peak_check
-    from tuner.runtime import configure_allocator
+    from tuner.runtime.guard import configure_allocator
 
     configure_allocator()
     torch.manual_seed(0)
