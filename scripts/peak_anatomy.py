@@ -132,8 +132,10 @@ def measure_plan(
 
     args = (inputs,) if isinstance(inputs, torch.Tensor) else ()
     kwargs = inputs if isinstance(inputs, dict) else {}
-    pm = planned(model, plan)
-    sim = simulate(prof, plan, optimizer=opt, timeline=True)
+    from tuner import Action, Plan
+
+    pm = model if plan is None else planned(model, plan)
+    sim = simulate(prof, plan or Plan.uniform(prof.n_stages, Action.KEEP).named(prof), optimizer=opt, timeline=True)
     at = max(range(len(sim.timeline)), key=lambda j: sim.timeline[j][1])
     markers = Markers()
     optim = (
@@ -155,7 +157,11 @@ def measure_plan(
             markers.mark("optimizer")
         optim.step()
 
-    step(False)  # warm-up: the pool, the optimizer state, cuDNN's choices
+    warm_peaks = []
+    for _ in range(warmup):  # the pool, the optimizer state, cuDNN's choices; each step's peak, as a loop runs them
+        torch.cuda.reset_peak_memory_stats()
+        step(False)
+        warm_peaks.append(round(torch.cuda.max_memory_allocated() / 2**30, 3))
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -171,18 +177,19 @@ def measure_plan(
         h.remove()
     peak = torch.cuda.max_memory_allocated()
     entry: dict[str, Any] = {
-        "plan": plan.compact(),
+        "plan": "unplanned" if plan is None else plan.compact(),
         "sim_peak_GiB": round(sim.peak_bytes / 2**30, 3),
         "sim_peak_label": sim.timeline[at][2],
         "sim_around_peak": [(lab, round(b / 2**30, 3)) for _t, b, lab in sim.timeline[max(0, at - 6) : at + 4]],
         "measured_peak_GiB": round(peak / 2**30, 3),
         "start_GiB": round(start / 2**30, 3),
+        "warm_peaks_GiB": warm_peaks,
         **anatomy(snap["device_traces"][0], markers.labels),
     }
     del snap
     optim.zero_grad(set_to_none=True)
     optim.state.clear()
-    if oom:
+    if oom and plan is not None:
         gc.collect()
         torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated()
@@ -203,7 +210,7 @@ def measure_plan(
     return entry
 
 
-def run(out_dir: Path, kind: str, compacts: list[str], plans_from: Path | None, oom: bool) -> None:
+def run(out_dir: Path, kind: str, compacts: list[str], plans_from: Path | None, oom: bool, warmup: int) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import memtune
     from benchmarks.promises import MODELS
@@ -216,7 +223,7 @@ def run(out_dir: Path, kind: str, compacts: list[str], plans_from: Path | None, 
     model.train()
     prof = memtune.profile(model, inputs, loss_fn=loss_fn, progress=False)
     check = peak_check(prof)
-    plans = [Plan.from_actions(c).named(prof) for c in compacts]
+    plans: list[Any] = [None if c == "unplanned" else Plan.from_actions(c).named(prof) for c in compacts]
     if plans_from is not None:
         row = json.loads(plans_from.read_text())
         plans += [Plan.model_validate(e["plan"]) for e in row["fractions"] if "plan" in e]
@@ -224,7 +231,7 @@ def run(out_dir: Path, kind: str, compacts: list[str], plans_from: Path | None, 
     result: dict[str, Any] = {"model": kind, "self_check": str(check), "plans": []}
 
     for plan in plans:
-        entry = measure_plan(model, prof, plan, inputs, loss_fn, opt, stages, oom=oom)
+        entry = measure_plan(model, prof, plan, inputs, loss_fn, opt, stages, oom=oom, warmup=warmup)
         result["plans"].append(entry)
         print(json.dumps(entry, indent=1), flush=True)
         gc.collect()
@@ -242,8 +249,9 @@ def main() -> None:
     parser.add_argument("plans", nargs="*")
     parser.add_argument("--from", dest="plans_from", type=Path)
     parser.add_argument("--oom", action="store_true")
+    parser.add_argument("--warmup", type=int, default=1, help="steps before the recorded one (each one's peak kept)")
     a = parser.parse_args()
-    run(a.out, a.model, a.plans, a.plans_from, a.oom)
+    run(a.out, a.model, a.plans, a.plans_from, a.oom, a.warmup)
 
 
 if __name__ == "__main__":
