@@ -124,6 +124,7 @@ def measure_plan(
     stages: list[tuple[str, nn.Module]],
     *,
     oom: bool,
+    warmup: int,
 ) -> dict[str, Any]:
     """One plan's anatomy (see the module docstring)."""
     from tuner import simulate
