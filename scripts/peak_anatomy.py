@@ -211,7 +211,16 @@ def measure_plan(
     return entry
 
 
-def run(out_dir: Path, kind: str, compacts: list[str], plans_from: Path | None, oom: bool, warmup: int) -> None:
+def run(
+    out_dir: Path,
+    kind: str,
+    compacts: list[str],
+    plans_from: Path | None,
+    fractions: list[float] | None,
+    *,
+    oom: bool,
+    warmup: int,
+) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import memtune
     from benchmarks.promises import MODELS
@@ -227,7 +236,11 @@ def run(out_dir: Path, kind: str, compacts: list[str], plans_from: Path | None, 
     plans: list[Any] = [None if c == "unplanned" else Plan.from_actions(c).named(prof) for c in compacts]
     if plans_from is not None:
         row = json.loads(plans_from.read_text())
-        plans += [Plan.model_validate(e["plan"]) for e in row["fractions"] if "plan" in e]
+        plans += [
+            Plan.model_validate(e["plan"])
+            for e in row["fractions"]
+            if "plan" in e and (fractions is None or e["fraction"] in fractions)
+        ]
     stages = [(s.name, model.get_submodule(s.name)) for s in prof.stages]
     result: dict[str, Any] = {"model": kind, "self_check": str(check), "plans": []}
 
@@ -249,10 +262,12 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("plans", nargs="*")
     parser.add_argument("--from", dest="plans_from", type=Path)
+    parser.add_argument("--fractions", help="with --from: only the plans of these fractions (0.4,0.5)")
     parser.add_argument("--oom", action="store_true")
     parser.add_argument("--warmup", type=int, default=1, help="steps before the recorded one (each one's peak kept)")
     a = parser.parse_args()
-    run(a.out, a.model, a.plans, a.plans_from, a.oom, a.warmup)
+    fractions = None if a.fractions is None else [float(f) for f in a.fractions.split(",")]
+    run(a.out, a.model, a.plans, a.plans_from, fractions, oom=a.oom, warmup=a.warmup)
 
 
 if __name__ == "__main__":
