@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -44,8 +45,9 @@ def _where(frames: list[dict[str, Any]]) -> str:
 class Markers:
     """Tiny allocations at stage boundaries, recognisable in the allocator's history by size and frame."""
 
-    def __init__(self) -> None:
+    def __init__(self, backward: bool = True) -> None:
         self.labels: list[str] = []
+        self.backward = backward
 
     def mark(self, label: str) -> None:
         self.labels.append(label)
@@ -65,7 +67,9 @@ class Markers:
                 if first is not None:
                     first.grad_fn.register_prehook(lambda _g: self.mark(f"bwd {k} {name}"))  # type: ignore[union-attr]
 
-            handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+            handles.append(m.register_forward_pre_hook(pre))
+            if self.backward:
+                handles.append(m.register_forward_hook(post))
         return handles
 
 
@@ -138,7 +142,7 @@ def measure_plan(
     pm = model if plan is None else planned(model, plan)
     sim = simulate(prof, plan or Plan.uniform(prof.n_stages, Action.KEEP).named(prof), optimizer=opt, timeline=True)
     at = max(range(len(sim.timeline)), key=lambda j: sim.timeline[j][1])
-    markers = Markers()
+    markers = Markers(backward=os.environ.get("ANATOMY_BACKWARD_MARKS", "1") == "1")
     optim = (
         torch.optim.AdamW(model.parameters(), lr=1e-6)
         if opt == "adam"
