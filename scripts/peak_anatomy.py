@@ -45,11 +45,19 @@ def _where(frames: list[dict[str, Any]]) -> str:
 class Markers:
     """Tiny allocations at stage boundaries, recognisable in the allocator's history by size and frame."""
 
-    def __init__(self, backward: bool = True) -> None:
+    def __init__(self, backward: bool = True, intervals: bool = False) -> None:
         self.labels: list[str] = []
         self.backward = backward
+        self.intervals: list[tuple[str, float, float]] | None = [] if intervals else None
 
     def mark(self, label: str) -> None:
+        if self.intervals is not None:  # the peak since the last marker, and what is allocated now, GiB
+            last = self.labels[-1] if self.labels else "start"
+            peak, now = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
+            self.intervals.append((last, round(peak / 2**30, 3), round(now / 2**30, 3)))
+            torch.cuda.reset_peak_memory_stats()
+            self.labels.append(label)
+            return
         self.labels.append(label)
         torch.empty(len(self.labels) * MARK, dtype=torch.uint8, device="cuda")  # freed at once
 
@@ -142,7 +150,8 @@ def measure_plan(
     pm = model if plan is None else planned(model, plan)
     sim = simulate(prof, plan or Plan.uniform(prof.n_stages, Action.KEEP).named(prof), optimizer=opt, timeline=True)
     at = max(range(len(sim.timeline)), key=lambda j: sim.timeline[j][1])
-    markers = Markers(backward=os.environ.get("ANATOMY_BACKWARD_MARKS", "1") == "1")
+    intervals = os.environ.get("ANATOMY_INTERVALS") == "1"  # peaks between markers instead of the history
+    markers = Markers(backward=os.environ.get("ANATOMY_BACKWARD_MARKS", "1") == "1", intervals=intervals)
     optim = (
         torch.optim.AdamW(model.parameters(), lr=1e-6)
         if opt == "adam"
@@ -173,14 +182,28 @@ def measure_plan(
     start = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     handles = markers.install(stages)
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    if not intervals:
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     step(True)
     torch.cuda.synchronize()
-    snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
+    if intervals:
+        markers.mark("end")
+        assert markers.intervals is not None
+        seen = markers.intervals
+        peak = int(max(p for _l, p, _n in seen) * 2**30)
+        found: dict[str, Any] = {"intervals": seen, "peak_during": max(seen, key=lambda r: r[1])[0]}
+    else:
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        peak = torch.cuda.max_memory_allocated()
+        found = anatomy(snap["device_traces"][0], markers.labels)
+        del snap
     for h in handles:
         h.remove()
-    peak = torch.cuda.max_memory_allocated()
+    sim_by_label: dict[str, float] = {}
+    for _t, b, lab in sim.timeline:
+        key = " ".join(lab.split()[:2])
+        sim_by_label[key] = max(sim_by_label.get(key, 0.0), round(b / 2**30, 3))
     entry: dict[str, Any] = {
         "plan": "unplanned" if plan is None else plan.compact(),
         "sim_peak_GiB": round(sim.peak_bytes / 2**30, 3),
@@ -189,9 +212,9 @@ def measure_plan(
         "measured_peak_GiB": round(peak / 2**30, 3),
         "start_GiB": round(start / 2**30, 3),
         "warm_peaks_GiB": warm_peaks,
-        **anatomy(snap["device_traces"][0], markers.labels),
+        "sim_by_label": sim_by_label,
+        **found,
     }
-    del snap
     optim.zero_grad(set_to_none=True)
     optim.state.clear()
     if oom and plan is not None:
