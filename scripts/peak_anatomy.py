@@ -126,6 +126,22 @@ def anatomy(trace: list[dict[str, Any]], labels: list[str]) -> dict[str, Any]:
     }
 
 
+def _left_after_step(pm: nn.Module) -> dict[str, Any]:
+    """What the offload runtime still holds on the device once a step is over, before and after a collection."""
+    step = getattr(pm, "_step", None)
+    entries = [] if step is None else list({id(e): e for e in [*step.all_entries, *(step._order or ())]}.values())
+    left = [
+        {"need": e.need, "MiB": round(e.nbytes / MiB, 1), "pending": e.pending, "handles": e.handles,
+         "device_buf": e.device_buf is not None, "hold": e.hold is not None, "alive": e.storage_ref() is not None}
+        for e in entries
+        if e.device_buf is not None or e.hold is not None or e.storage_ref() is not None
+    ]  # fmt: skip
+    now = torch.cuda.memory_allocated()
+    gc.collect()
+    return {"allocated_GiB": round(now / 2**30, 3), "after_gc_GiB": round(torch.cuda.memory_allocated() / 2**30, 3),
+            "entries": left, "held": 0 if step is None else len(step.held)}  # fmt: skip
+
+
 def measure_plan(
     model: nn.Module,
     prof: Any,
@@ -200,6 +216,7 @@ def measure_plan(
         del snap
     for h in handles:
         h.remove()
+    found["after_step"] = _left_after_step(pm)
     sim_by_label: dict[str, float] = {}
     for _t, b, lab in sim.timeline:
         key = " ".join(lab.split()[:2])
