@@ -540,7 +540,11 @@
     else if (!timeline.best) message(tlBox, timeline.detail, "muted");
     else drawTimeline(tlBox, timeline);
     const profBox = document.getElementById("chart-profile");
-    const bestRow = results instanceof Error ? null : results.data.find((r) => r.feasible && r.source !== "measured");
+    // the plan the page names: the job's best as the timeline draws it (the server's rule: the feasible simulated row
+    // of that name, else the fastest feasible simulated one); two plans that tie must not swap in the strip
+    const bestName = timeline instanceof Error || !timeline.best ? (job.progress.best ? job.progress.best.name : null) : timeline.best.name;
+    const simulated = results instanceof Error ? [] : results.data.filter((r) => r.feasible && r.source === "simulated");
+    const bestRow = simulated.find((r) => r.name === bestName) || simulated[0] || null;
     if (profile === null) message(profBox, "The job has no profile yet.");
     else if (profile instanceof Error) message(profBox, `Could not load the profile: ${profile.message}`, "error");
     else {

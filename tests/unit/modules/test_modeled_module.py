@@ -129,8 +129,9 @@ def _as_slow(p: Profile, factor: float) -> Profile:
 
 def test_offload_is_not_free_beside_the_gpus_compute() -> None:
     """The test U-Net at batch 16 of 128x128 saves 4.5-48 MiB per stage. On an H100 its last decoder block re-runs
-    faster than its 48 MiB cross the host link, so at half the peak the search does not offload it. With compute 50x
-    slower (what the CPU's clock gave these profiles before), every copy hides behind compute and it offloads all."""
+    faster than its 48 MiB cross the host link, so at 55% of the peak the search does not offload it (at half the peak
+    only the all-offload baseline, save_on_cpu, fits: there is no choice to check). With compute 50x slower (what the
+    CPU's clock gave these profiles before), every copy hides behind compute and it offloads more."""
     torch.manual_seed(0)
     p = profile_module(UNet(), torch.randn(16, 3, 128, 128), loss_fn=mean_square, gpu="h100", warmup=0, repeats=1)
     biggest = max(p.stages, key=lambda s: s.saved_bytes)
@@ -139,7 +140,7 @@ def test_offload_is_not_free_beside_the_gpus_compute() -> None:
     assert min(s.d2h_ms / s.forward_ms for s in p.stages if s.saved_bytes) > 0.1  # copies and compute: one scale
 
     def best(prof: Profile) -> tuple[Action, ...]:
-        tuned = memtune.tune(prof, "50% of peak", trials=40, progress=False, headroom=0.0)
+        tuned = memtune.tune(prof, "55% of peak", trials=40, progress=False, headroom=0.0)
         assert tuned.result.best is not None
         return tuple(tuned.result.best.plan.actions)
 
