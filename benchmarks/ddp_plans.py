@@ -29,17 +29,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.common import environment, zoo_profile
+from benchmarks.common import zoo_profile
 from benchmarks.ranked import (
     add_rank_options,
     checked_rank_options,
     measure_steps,
     rank_rows,
     record_method,
+    result_fields,
     rows_table,
     spawn_rows,
     start_ranks,
@@ -294,11 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         "allreduce_gbps": args.bus,
         "profiles": {b: p.source for b, p in profiles.items()},
         "plans": {m: {b: p.compact() for b, p in by.items()} for m, by in plans.items()},
-        "environment": environment(),
-        "allocator": allocator,
-        "command": "python -m benchmarks.ddp_plans " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "methods": {},
-        "largest": {},
+        **result_fields("ddp_plans", argv, allocator),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"ddp-plans-{args.model}-{args.dtype}-x{args.nproc}.json"

@@ -28,17 +28,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.common import environment
 from benchmarks.ranked import (
     add_rank_options,
     checked_rank_options,
     measure_steps,
     rank_rows,
     record_method,
+    result_fields,
     rows_table,
     spawn_rows,
     start_ranks,
@@ -227,11 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         "budget_bytes": args.budget_bytes,
         "predicted": {str(b): rows for b, rows in predicted.items()},
         "plans": {str(b): p.compact() for b, p in plans.items()},
-        "environment": environment(),
-        "allocator": allocator,
-        "command": "python -m benchmarks.fsdp_plans " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "methods": {},
-        "largest": {},
+        **result_fields("fsdp_plans", argv, allocator),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"fsdp-plans-llama-{args.dtype}-x{args.nproc}.json"

@@ -185,6 +185,22 @@ def rows_table(
     return "\n".join(lines) + "\n"
 
 
+def result_fields(benchmark: str, argv: Sequence[str] | None, allocator: str) -> dict[str, Any]:
+    """The fields every data-parallel result file ends with: environment, allocator settings, the command that made
+    it (``python -m benchmarks.<benchmark> ...``) and the empty ``methods`` and ``largest`` that ``record_method``
+    fills."""
+    from benchmarks.common import environment
+
+    args = argv if argv is not None else sys.argv[1:]
+    return {
+        "environment": environment(),
+        "allocator": allocator,
+        "command": f"python -m benchmarks.{benchmark} " + " ".join(args),
+        "methods": {},
+        "largest": {},
+    }
+
+
 def record_method(result: dict[str, Any], method: str, rows: list[dict[str, Any]], path: Path) -> None:
     """``rows`` as ``method``'s in ``result``, with its largest batch that trains, and ``result`` written to
     ``path`` at once: a run cut short keeps the methods that finished."""
