@@ -27,13 +27,14 @@ and on CUDA the caching allocator's cache is emptied, so a plan can run in the s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import statistics
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -145,6 +146,11 @@ class _Timing:
     selective_backward_ms: float | None = None
     selective_saved_bytes: int | None = None
     selective_backward_bytes: int | None = None
+    recompute_backward_ms: float | None = None
+    recompute_backward_bytes: int | None = None
+
+
+_Mode = Literal["plain", "recompute", "selective"]
 
 
 class _StageRun:
@@ -170,12 +176,13 @@ class _StageRun:
         copies), a fresh structure copy of every other object (NOTE [ State threaded between stages ])."""
         return copy_structure(self.inputs, (t.clone() for t in self.leaves))  # type: ignore[no-any-return]
 
-    def forward(self, inputs: Inputs | None = None, selective: bool = False) -> list[torch.Tensor]:
-        """The stage's forward on ``inputs`` (from ``fresh``; None: made here); with ``selective``, as the runtime
-        runs a ``selective`` stage (NOTE [ Selective stages ]): under selective checkpointing of its call, every
-        tensor passed positionally, the re-run in backward given a fresh structure copy of the captured state."""
+    def forward(self, inputs: Inputs | None = None, mode: _Mode = "plain") -> list[torch.Tensor]:
+        """The stage's forward on ``inputs`` (from ``fresh``; None: made here), as the runtime runs it under the
+        plan action ``mode``: ``plain`` (keep), ``recompute`` (a non-reentrant checkpoint of its call: every tensor
+        passed positionally, the re-run in backward given a fresh structure copy of the captured state) or
+        ``selective`` (the same under selective checkpointing, NOTE [ Selective stages ])."""
         args, kwargs = self.fresh() if inputs is None else inputs
-        if not selective:
+        if mode == "plain":
             with _autocast(self.device, self.dtype):
                 out = self.module(*args, **kwargs)
             return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
@@ -193,7 +200,8 @@ class _StageRun:
             with _autocast(self.device, self.dtype):
                 return self.module(*a, **kw)
 
-        out = checkpoint(call, *tensors, use_reentrant=False, context_fn=selective_context)
+        extra: dict[str, Any] = {"context_fn": selective_context} if mode == "selective" else {}
+        out = checkpoint(call, *tensors, use_reentrant=False, **extra)
         return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
 
     def kept_bytes(self) -> int:
@@ -210,13 +218,13 @@ class _StageRun:
         if outs and self.wrt:
             torch.autograd.grad(outs, self.wrt, grads, allow_unused=True)
 
-    def _medians(self, warmup: int, repeats: int, *, selective: bool) -> tuple[float, float]:
+    def _medians(self, warmup: int, repeats: int, mode: _Mode) -> tuple[float, float]:
         timer = _Timer(self.device)
         fwd: list[float] = []
         bwd: list[float] = []
         for k in range(warmup + repeats):
             inputs = self.fresh()  # outside the timed call: the model makes no copies
-            outs, f_ms = timer.run(self.forward, inputs, selective)
+            outs, f_ms = timer.run(self.forward, inputs, mode)
             grads = [torch.randn_like(t) for t in outs]
             _, b_ms = timer.run(self.backward, outs, grads)
             del outs, grads, inputs
@@ -226,25 +234,30 @@ class _StageRun:
         return statistics.median(fwd), statistics.median(bwd)
 
     def time(self, warmup: int, repeats: int) -> _Timing:
-        """Medians of its passes, plain and selective (where it has a backward), and its transients."""
-        fwd, bwd = self._medians(warmup, repeats, selective=False)
-        plain = self._transients(selective=False)
+        """Medians of its passes, plain, recomputed and selective (where it has a backward), and their transients."""
+        fwd, bwd = self._medians(warmup, repeats, "plain")
+        plain = self._transients("plain")
         if not self.wrt:
             return _Timing(fwd, bwd, *plain)
+        try:  # NOTE [ Recompute priced as measured ] in tuner.simulator
+            _, rec_bwd = self._medians(warmup, repeats, "recompute")
+            _, rec_bytes = self._transients("recompute")
+        except RuntimeError:  # autograd refuses it (an in-place write to a saved tensor): priced as its forward
+            rec_bwd, rec_bytes = None, None
         try:
-            sel_fwd, sel_bwd = self._medians(warmup, repeats, selective=True)
+            sel_fwd, sel_bwd = self._medians(warmup, repeats, "selective")
         except RuntimeError:  # autograd refuses it (an in-place write to a re-made tensor): never offered
-            return _Timing(fwd, bwd, *plain)
+            return _Timing(fwd, bwd, *plain, recompute_backward_ms=rec_bwd, recompute_backward_bytes=rec_bytes)
         kept = self.kept_bytes()
-        _, sel_bytes = self._transients(selective=True)
-        return _Timing(fwd, bwd, *plain, sel_fwd, sel_bwd, kept, sel_bytes)
+        _, sel_bytes = self._transients("selective")
+        return _Timing(fwd, bwd, *plain, sel_fwd, sel_bwd, kept, sel_bytes, rec_bwd, rec_bytes)
 
-    def _transients(self, *, selective: bool) -> tuple[int, int]:
+    def _transients(self, mode: _Mode) -> tuple[int, int]:
         """Forward transient above what was live before and after it; backward's peak above what was live before it
         and the gradients it makes, the outputs' gradients made inside it (as ``chained_backward_bytes``). Read off
         the allocator on CUDA and on the CPU alike (NOTE [ Allocator meters ])."""
         with metered(self.device) as fwd:
-            outs = self.forward(selective=selective)
+            outs = self.forward(mode=mode)
         fwd_ws = max(0, fwd.peak_bytes - max(0, fwd.end_bytes))
         if not (outs and self.wrt):
             return fwd_ws, 0
@@ -424,6 +437,8 @@ def profile_module(
             if progress is not None:
                 progress(names[k] or type(model).__name__, k + 1, len(modules))
         step_ms = _step_ms(model, inputs, loss, dtype, dev, *rounds)
+        # a modeled profile keeps no clock reading (NOTE [ Modeled module profiles ])
+        recompute_step_ms = None if spec else _recompute_step_ms(model, inputs, loss, dtype, dev, rounds, modules)
         if spec is not None:  # the GPU's roofline, not the CPU's clock (NOTE [ Modeled module profiles ])
             counted = count_module_step(model, inputs, modules, trace.input_grad, loss, dtype)
             timings, step_ms = modeled_timings(timings, counted, spec, dtype)
@@ -466,6 +481,8 @@ def profile_module(
             selective_forward_ms=None if t.selective_forward_ms is None else t.selective_forward_ms * scale,
             selective_backward_ms=None if t.selective_backward_ms is None else t.selective_backward_ms * scale,
             selective_backward_bytes=t.selective_backward_bytes,
+            recompute_backward_ms=None if t.recompute_backward_ms is None else t.recompute_backward_ms * scale,
+            recompute_backward_bytes=t.recompute_backward_bytes,
             input_storages=tuple(remap[s] for s in trace.inputs[k]),
         )
         for k, (m, t) in enumerate(zip(modules, timings, strict=True))
@@ -497,6 +514,7 @@ def profile_module(
         loss_backward_bytes=tail,
         output_held_bytes=_held_bytes(trace, table, remap) if output_held else 0,
         step_peak=step_peak,
+        recompute_step_ms=recompute_step_ms,
     )
 
 
@@ -531,8 +549,10 @@ def _step_ms(
     dev: torch.device,
     warmup: int,
     repeats: int,
+    recomputed: Sequence[nn.Module] = (),
 ) -> float:
-    """Median ms of one whole unplanned step: forward, loss and backward (gradients dropped after each)."""
+    """Median ms of one whole step: forward, loss and backward (gradients dropped after each), unplanned or with
+    every module of ``recomputed`` run under a non-reentrant checkpoint of its call."""
     timer = _Timer(dev)
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -542,11 +562,46 @@ def _step_ms(
         torch.autograd.grad(loss_fn(out), params, allow_unused=True)
 
     times = []
-    for k in range(warmup + repeats):
-        _, ms = timer.run(step)
-        if k >= warmup:
-            times.append(ms)
+    with _checkpointed(recomputed):
+        for k in range(warmup + repeats):
+            _, ms = timer.run(step)
+            if k >= warmup:
+                times.append(ms)
     return statistics.median(times)
+
+
+@contextmanager
+def _checkpointed(modules: Sequence[nn.Module]) -> Iterator[None]:
+    """Each of ``modules`` called under a non-reentrant checkpoint of its own call while inside (its instance's
+    ``forward`` replaced, then restored)."""
+    own = [m.__dict__.get("forward") for m in modules]
+    for m in modules:
+        m.forward = functools.partial(checkpoint, m.forward, use_reentrant=False)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for m, f in zip(modules, own, strict=True):
+            if f is None:
+                del m.forward
+            else:
+                m.forward = f  # type: ignore[method-assign]
+
+
+def _recompute_step_ms(
+    model: nn.Module,
+    inputs: Inputs,
+    loss_fn: Callable[[Any], torch.Tensor],
+    dtype: str,
+    dev: torch.device,
+    rounds: tuple[int, int],
+    modules: Sequence[nn.Module],
+) -> float | None:
+    """The whole step with every stage recomputed (NOTE [ Recompute priced as measured ] in ``tuner.simulator``),
+    median ms; None where autograd refuses it (a stage writes an input in place)."""
+    try:
+        return _step_ms(model, inputs, loss_fn, dtype, dev, *rounds, recomputed=modules)
+    except RuntimeError:
+        return None
 
 
 def _step_peak(

@@ -113,6 +113,7 @@ class StageTimes:
     backward_ms: float
     selective_forward_ms: float | None = None
     selective_backward_ms: float | None = None
+    recompute_backward_ms: float | None = None
 
 
 #: ops the CPU runs where the GPU runs fewer (NOTE [ CPU ops the GPU fuses ])
@@ -314,9 +315,9 @@ def modeled_timings(
     """The stages' timings with their CPU-measured ms replaced by ``spec``'s roofline, and the modeled whole step
     (stages plus ``outside_ms``), ms (NOTE [ Modeled module profiles ]).
 
-    Each timing is a dataclass with ``forward_ms``, ``backward_ms``, ``selective_forward_ms`` and
-    ``selective_backward_ms`` (``profiler.module_profile``'s); a selective time is modeled where one was measured
-    (the stage can run selectively) and stays None elsewhere.
+    Each timing is a dataclass with ``forward_ms``, ``backward_ms``, ``selective_forward_ms``,
+    ``selective_backward_ms`` and ``recompute_backward_ms`` (``profiler.module_profile``'s); a selective or
+    recompute time is modeled where one was measured (the stage can run so) and stays None elsewhere.
     """
     if len(timings) != len(count.stages):
         raise ProfilerError(
@@ -325,6 +326,13 @@ def modeled_timings(
     modeled = [
         modeled_stage_ms(facts, spec, dtype, selective=getattr(t, "selective_forward_ms", None) is not None)
         for t, facts in zip(timings, count.stages, strict=True)
+    ]
+    # a recomputed stage's backward re-runs its forward first: the roofline's two passes, where one was measured
+    modeled = [
+        dataclasses.replace(m, recompute_backward_ms=m.backward_ms + m.forward_ms)
+        if getattr(t, "recompute_backward_ms", None) is not None
+        else m
+        for t, m in zip(timings, modeled, strict=True)
     ]
     out = [dataclasses.replace(t, **dataclasses.asdict(m)) for t, m in zip(timings, modeled, strict=True)]
     # summed as profile_module sums the stages, so that its scale is exactly 1 (NOTE [ Time outside stages ])

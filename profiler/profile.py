@@ -204,6 +204,19 @@ class StageProfile(_Frozen):
         description="backward's peak under ``selective`` above before + gradients made, as in a chain (as "
         "chained_backward_bytes); None where not measured",
     )
+    recompute_backward_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="backward under ``recompute`` (a non-reentrant checkpoint of the stage's call), its re-run "
+        "forward included: what a recomputed stage really costs in backward, measured (NOTE [ Recompute priced as "
+        "measured ] in tuner.simulator); None where not measured",
+    )
+    recompute_backward_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="backward's peak under ``recompute`` above before + gradients made, the re-made tensors "
+        "included (as chained_backward_bytes); None where not measured",
+    )
     flops: float = Field(default=0.0, ge=0, description="forward floating-point operations")
     convs: tuple[ConvProfile, ...] = ()
     rows: RowMap | None = Field(
@@ -221,6 +234,14 @@ class StageProfile(_Frozen):
     def selective_measured(self) -> bool:
         """Whether the stage was measured under selective checkpointing (it may take the plan action ``selective``)."""
         return self.selective_saved_bytes is not None and self.selective_backward_ms is not None
+
+    @property
+    def recompute_extra_ms(self) -> float | None:
+        """What re-running the stage in backward adds to it under ``recompute``, ms, as measured; None where not
+        measured (the simulator then prices the re-run as the stage's forward)."""
+        if self.recompute_backward_ms is None:
+            return None
+        return max(0.0, self.recompute_backward_ms - self.backward_ms)
 
     @property
     def selective_extra_ms(self) -> tuple[float, float]:
@@ -341,6 +362,26 @@ class Profile(_Frozen):
         description="module stages: the unplanned step's measured peak (NOTE [ Profile self-check ] in "
         "tuner.peak_check); None: not measured",
     )
+    recompute_step_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="module stages: one whole step (forward, loss, backward) with every stage recomputed, median "
+        "ms, measured beside the plain step the stages add up to (NOTE [ Recompute priced as measured ] in "
+        "tuner.simulator); None: not measured",
+    )
+
+    @property
+    def recompute_rerun_scale(self) -> float:
+        """What the stages' measured re-runs (``StageProfile.recompute_extra_ms``) are multiplied by so that, with
+        every stage recomputed, they add up to the re-run the whole step measured (``recompute_step_ms`` less the
+        plain step); 1.0 where the whole step was not measured (NOTE [ Recompute priced as measured ] in
+        ``tuner.simulator``)."""
+        measured = [s.recompute_extra_ms for s in self.stages if s.recompute_extra_ms is not None]
+        if self.recompute_step_ms is None or not measured or sum(measured) <= 0:
+            return 1.0
+        plain = sum(s.forward_ms + s.backward_ms for s in self.stages) + (self.loss_ms or 0.0)
+        unmeasured = sum(s.forward_ms for s in self.stages if s.recompute_extra_ms is None)
+        return max(0.0, self.recompute_step_ms - plain - unmeasured) / sum(measured)
 
     @model_validator(mode="after")
     def _check(self) -> Profile:

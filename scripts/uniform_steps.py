@@ -7,6 +7,7 @@ MODEL is a model of ``benchmarks.promises``, built and profiled as there; each p
 (``tuner.runtime.module_bench.measure_step``, the output held). One line per plan on standard output.
 """
 
+import datetime
 import sys
 
 import torch
@@ -20,11 +21,19 @@ from tuner.runtime.guard import configure_allocator
 from tuner.runtime.module_bench import measure_step
 
 configure_allocator()
+print(
+    f"# python scripts/uniform_steps.py {' '.join(sys.argv[1:])} — {torch.cuda.get_device_name()}, "
+    f"torch {torch.__version__}, {datetime.date.today().isoformat()}",
+    flush=True,
+)
 for kind in sys.argv[1:]:
     torch.manual_seed(0)
     model, inputs, loss_fn, opt = MODELS[kind](kind)
     model.train()
     prof = memtune.profile(model, inputs, loss_fn=loss_fn, progress=False)
+    print(
+        f"# {kind}: the stages' measured re-runs scaled x{prof.recompute_rerun_scale:.2f} to the whole step", flush=True
+    )
     for a in Action:
         plan = Plan.uniform(prof.n_stages, a).named(prof)
         sim = simulate(prof, plan, optimizer=opt)

@@ -242,7 +242,9 @@ def step_lower_bound(sim: Simulator, budget_bytes: int) -> StepBound:
         extra = sum(max(0.0, x) for x in prof.stages[p].selective_extra_ms) * sim.compute_scale
         gain = min(selective_gain_bytes(prof, p) / GIB, made)
         # bytes kept -> ms; a selective stage costs a little, so that keeping everything stays the anchor
-        points = [(made, 0.0), (0.0, fwd[p])] + ([(made - gain, max(extra, 1e-9))] if gain > 0 else [])
+        measured = sim.rec_extra_ms[p]
+        rerun = fwd[p] if measured is None else measured  # as the simulator prices it
+        points = [(made, 0.0), (0.0, rerun)] + ([(made - gain, max(extra, 1e-9))] if gain > 0 else [])
         _, _, pieces = lower_envelope(points)
         first = lp.add(len(pieces), cost=[c for _, c in pieces], upper=[w for w, _ in pieces])
         lp.eqs.append(

@@ -475,15 +475,17 @@ def selective_gain_bytes(profile: Profile, k: int) -> int:
 
 def selective_pays(profile: Profile, k: int) -> bool:
     """Whether ``selective`` can beat ``recompute`` at stage ``k``: it frees memory (``selective_gain_bytes`` > 0)
-    and its extra time (forward and backward, measured) is less than the stage's forward, which a one-stage
-    recompute segment re-runs to free at least as much (everything the stage alone saves, holding the same input).
+    and its extra time (forward and backward, measured) is less than a one-stage recompute segment's re-run
+    (measured, else the stage's forward; NOTE [ Recompute priced as measured ] in ``tuner.simulator``), which frees
+    at least as much (everything the stage alone saves, holding the same input).
     Where it costs more, recompute frees more for less, and offering the action only dilutes the search: with
     GPT bf16's measured costs (4.0 ms extra against a 1.3 ms forward) the search at 80% of the peak ended at
     136.6 ms simulated instead of 130.75."""
     if selective_gain_bytes(profile, k) <= 0:
         return False
     st = profile.stages[k]
-    return sum(st.selective_extra_ms) < st.forward_ms
+    rerun = st.forward_ms if st.recompute_extra_ms is None else st.recompute_extra_ms
+    return sum(st.selective_extra_ms) < rerun
 
 
 def stage_actions(profile: Profile) -> list[tuple[Action, ...]]:

@@ -258,6 +258,15 @@ class Simulator:
             else self.ws_b[k] + selective_gain_bytes(profile, k)
             for k, s in enumerate(st)
         ]
+        # NOTE [ Recompute priced as measured ]: a recomputed stage's re-run and its backward's transient, where
+        # the profile measured the stage under recompute; None: the re-run costs its forward, the transient its
+        # plain backward's
+        rerun = profile.recompute_rerun_scale * scale
+        self.rec_extra_ms = [None if s.recompute_extra_ms is None else s.recompute_extra_ms * rerun for s in st]
+        self.rec_ws = [
+            None if s.recompute_backward_bytes is None else max(0, s.recompute_backward_bytes - s.output_bytes)
+            for s in st
+        ]
         # bytes per element of the output: half precision under autocast, else 4 (NOTE [ Loss memory ])
         self.out_itemsize = 4 if profile.dtype == "float32" else 2
         # NOTE [ Loss memory ]: its time, measured or estimated
@@ -508,6 +517,32 @@ class Simulator:
             if self.inline_extra[k] is not None and all(fates[sid].fate == "offload" for sid in saves[k])
         }
 
+    def _rerun_ms(self, k: int, fwd: Sequence[float], split: SplitPricing | None) -> float:
+        """What re-running stage ``k`` of a recompute segment costs in backward, ms.
+
+        # NOTE [ Recompute priced as measured ]
+        A recomputed stage re-runs its forward inside the backward, under a non-reentrant checkpoint. That re-run
+        costs more than the forward measured alone: uniform plans on an H100 (``scripts/uniform_steps.py``,
+        torch 2.11) added 92.3 ms to DenseNet-121's step with every stage recomputed where the stages' forwards
+        sum to 29.4 ms, 46.7 against 18.9 for MobileNetV2 and 80.9 against 47.7 for a Llama config. Timing each
+        stage's backward alone under the same checkpoint did not close the gap: DenseNet-121's stages re-ran in
+        44.2 ms in all, against 107.1 ms that the whole step measured in the same run (a stage timed alone
+        overlaps nothing and is scaled to the whole step, NOTE [ Time outside stages ] in
+        ``profiler.module_profile``; the re-run inside the backward does not shrink so). A module profile
+        therefore measures both: each stage's backward under recompute (``recompute_backward_ms``) and its
+        transient (``recompute_backward_bytes``), and one whole step with every stage recomputed
+        (``Profile.recompute_step_ms``). A stage's re-run costs its measured backward's excess over the plain one,
+        scaled so that the stages' re-runs add up to what the whole step measured
+        (``Profile.recompute_rerun_scale``); a one-stage segment's backward holds at least the measured transient,
+        less the re-made storages the simulator allocates itself. Where the profile did not measure
+        the stage (chain profiles, whose segments span stages; a stage autograd refuses to checkpoint), or a
+        spatial split prices the segment by its strips, the re-run costs the stage's forward as before.
+        """
+        extra = self.rec_extra_ms[k]
+        if extra is None or (split is not None and k in split.cost):
+            return fwd[k]
+        return extra
+
     def _remade(
         self, tab: StorageTables, fates: Sequence[StorageFate], seg_end: dict[int, int], release_at: list[list[int]]
     ) -> tuple[dict[int, list[int]], dict[int, list[int]], list[list[int]]]:
@@ -752,6 +787,7 @@ class Simulator:
         remat_at, copy_at_seg, copy_release_at = self._remade(tab, fates, seg_end, release_at)
 
         recompute_ms = 0.0
+        rec_made: dict[int, int] = {}  # one-stage recompute segments' re-made bytes, by stage
         h2d_free = 0.0
         h2d_bytes = 0
         ready = [0.0] * len(s_bytes)
@@ -792,13 +828,15 @@ class Simulator:
                 remade = copy_at_seg.get(k, ())
                 transient = split.transient(k) if split is not None and k in split.cost else max(out[i : k + 1])
                 made = sum(s_bytes[sid] for sid in remat) + sum(c_bytes[sid] for sid in remade) + reclone.get(k, 0)
+                if i == k:
+                    rec_made[k] = made
                 ev((t, made + transient, f"recompute {i}..{k}"))
                 if blk is not None:
                     blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in remat]
                     blk += [("alloc", ("c", sid), c_bytes[sid]) for sid in remade]
                     blk += [("alloc", ("clone", i), reclone[k])] if k in reclone else []
                     blk += [("alloc", ("r", k), transient), ("free", ("r", k), transient)]
-                seg_ms = sum(fwd[i : k + 1])
+                seg_ms = sum(self._rerun_ms(r, fwd, split) for r in range(i, k + 1))
                 t += seg_ms
                 recompute_ms += seg_ms
                 ev((t, -transient, f"recompute {i}..{k} end"))
@@ -816,6 +854,8 @@ class Simulator:
             kept_k = 0
             if k in fetched:  # its measured transient holds its fetches
                 held, ws_k = 0, ws_b[k] + (self.inline_extra[k] or 0)
+            elif k in rec_made and split is None:  # NOTE [ Recompute priced as measured ]
+                ws_k = max(ws_k, (self.rec_ws[k] or 0) - rec_made[k])
             elif selective[k]:  # NOTE [ Selective stages ]: re-runs its cheap operations, then frees what it kept
                 ws_k, kept_k = max(ws_k, self.sel_ws[k]), self.sel_keep[k]
                 bwd_k += self.sel_extra_ms[k]

@@ -65,6 +65,8 @@ def test_a_stage_takes_the_roofline_of_its_own_ops(gpt2: Profile) -> None:
     # a selective run re-runs the block's cheap ops in its backward: same forward, a dearer backward
     assert stage.selective_forward_ms == pytest.approx(fwd)
     assert stage.selective_backward_ms is not None and stage.selective_backward_ms > bwd
+    # a recomputed one re-runs its whole forward first (NOTE [ Recompute priced as measured ])
+    assert stage.recompute_backward_ms == pytest.approx(fwd + bwd, rel=1e-12)
 
 
 def test_times_do_not_depend_on_the_cpus_clock(unet: Profile) -> None:
@@ -120,6 +122,7 @@ def _as_slow(p: Profile, factor: float) -> Profile:
                 "backward_ms": s.backward_ms * factor,
                 "selective_forward_ms": slow(s.selective_forward_ms),
                 "selective_backward_ms": slow(s.selective_backward_ms),
+                "recompute_backward_ms": slow(s.recompute_backward_ms),
             }
         )
         for s in p.stages
