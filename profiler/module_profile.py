@@ -186,22 +186,12 @@ class _StageRun:
             with _autocast(self.device, self.dtype):
                 out = self.module(*args, **kwargs)
             return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
-        tensors = list(tensor_leaves((args, kwargs)))
-        positional = sum(1 for _ in tensor_leaves(args))
-        calls = 0
 
-        def call(*ts: torch.Tensor) -> Any:
-            nonlocal calls
-            calls += 1
-            if self.clone:  # as the runtime runs it (NOTE [ In-place at segment boundaries ])
-                ts = tuple(t.clone() if i < positional else t for i, t in enumerate(ts))
-            # the first run on this call's state, the re-run on a copy of the captured one
-            a, kw = rebuild((args, kwargs), iter(ts)) if calls == 1 else copy_structure(self.inputs, iter(ts))
+        def call(*a: Any, **kw: Any) -> Any:
             with _autocast(self.device, self.dtype):
                 return self.module(*a, **kw)
 
-        extra: dict[str, Any] = {"context_fn": selective_context} if mode == "selective" else {}
-        out = checkpoint(call, *tensors, use_reentrant=False, **extra)
+        out = checkpointed_call(call, args, kwargs, clone=self.clone, selective=mode == "selective")
         return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
 
     def kept_bytes(self) -> int:
@@ -242,7 +232,7 @@ class _StageRun:
         try:  # NOTE [ Recompute priced as measured ] in tuner.simulator
             _, rec_bwd = self._medians(warmup, repeats, "recompute")
             _, rec_bytes = self._transients("recompute")
-        except RuntimeError:  # autograd refuses it (an in-place write to a saved tensor): priced as its forward
+        except (RuntimeError, ProfilerError):  # autograd refuses it (an in-place write): priced as its forward
             rec_bwd, rec_bytes = None, None
         try:
             sel_fwd, sel_bwd = self._medians(warmup, repeats, "selective")
@@ -576,7 +566,7 @@ def _checkpointed(modules: Sequence[nn.Module]) -> Iterator[None]:
     ``forward`` replaced, then restored)."""
     own = [m.__dict__.get("forward") for m in modules]
     for m in modules:
-        m.forward = functools.partial(checkpoint, m.forward, use_reentrant=False)  # type: ignore[method-assign]
+        m.forward = functools.partial(_checkpointed_forward, m.forward, may_write_input(m))  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -585,6 +575,40 @@ def _checkpointed(modules: Sequence[nn.Module]) -> Iterator[None]:
                 del m.forward
             else:
                 m.forward = f  # type: ignore[method-assign]
+
+
+def _checkpointed_forward(fn: Callable[..., Any], clone: bool, *args: Any, **kwargs: Any) -> Any:
+    return checkpointed_call(fn, args, kwargs, clone=clone, selective=False)
+
+
+def checkpointed_call(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, clone: bool, selective: bool
+) -> Any:
+    """``fn(*args, **kwargs)`` under a non-reentrant checkpoint, as the runtime runs a ``recompute`` stage (or a
+    ``selective`` one, under selective checkpointing, NOTE [ Selective stages ]): every tensor passed positionally,
+    keyword arguments' too; with ``clone``, the positional tensors cloned inside (NOTE [ In-place at segment
+    boundaries ]); the re-run in backward given a structure copy of the arguments as they are now (a list the model
+    appends to later, a cache it updates: NOTE [ State threaded between stages ]).
+
+    Raises:
+        ProfilerError: the arguments hold state that cannot be copied.
+    """
+    tensors = list(tensor_leaves((args, kwargs)))
+    positional = sum(1 for _ in tensor_leaves(args))
+    structure = rebuild((args, kwargs), iter(tensors))
+    state = copy_structure(structure)
+    calls = 0
+
+    def body(*ts: torch.Tensor) -> Any:
+        nonlocal calls
+        calls += 1
+        if clone:
+            ts = tuple(t.clone() if i < positional else t for i, t in enumerate(ts))
+        a, kw = rebuild(structure, iter(ts)) if calls == 1 else copy_structure(state, iter(ts))
+        return fn(*a, **kw)
+
+    extra: dict[str, Any] = {"context_fn": selective_context} if selective else {}
+    return checkpoint(body, *tensors, use_reentrant=False, **extra)
 
 
 def _recompute_step_ms(
@@ -597,10 +621,10 @@ def _recompute_step_ms(
     modules: Sequence[nn.Module],
 ) -> float | None:
     """The whole step with every stage recomputed (NOTE [ Recompute priced as measured ] in ``tuner.simulator``),
-    median ms; None where autograd refuses it (a stage writes an input in place)."""
+    median ms; None where autograd refuses it or a stage's state cannot be copied."""
     try:
         return _step_ms(model, inputs, loss_fn, dtype, dev, *rounds, recomputed=modules)
-    except RuntimeError:
+    except (RuntimeError, ProfilerError):
         return None
 
 

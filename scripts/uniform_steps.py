@@ -30,7 +30,10 @@ for kind in sys.argv[1:]:
     torch.manual_seed(0)
     model, inputs, loss_fn, opt = MODELS[kind](kind)
     model.train()
+    before = torch.cuda.memory_allocated()
     prof = memtune.profile(model, inputs, loss_fn=loss_fn, progress=False)
+    left = torch.cuda.memory_allocated() - before
+    print(f"# {kind}: {left / 2**20:.1f} MiB more allocated after profiling than before", flush=True)
     print(
         f"# {kind}: the stages' measured re-runs scaled x{prof.recompute_rerun_scale:.2f} to the whole step", flush=True
     )
