@@ -55,7 +55,7 @@ def allocated() -> int:
     return torch.cuda.memory_allocated()
 
 
-@pytest.mark.parametrize("name", ["unet", "gpt2", "two_inputs"])
+@pytest.mark.parametrize("name", ["unet", "gpt2", "two_inputs", "densenet"])
 def test_profile_module_leaves_cuda_memory_as_found(name: str) -> None:
     """One plain step first: cuBLAS keeps a workspace per stream once it has run (65 MiB for GPT-2 under
     ``CUBLAS_WORKSPACE_CONFIG=:4096:8``), which a plain step leaves allocated too, so it is no profiler leak."""
@@ -67,6 +67,10 @@ def test_profile_module_leaves_cuda_memory_as_found(name: str) -> None:
     after = allocated()
     assert profile.source == "measured"
     assert abs(after - before) <= MiB, f"{(after - before) / MiB:+.2f} MiB allocated after profile_module"
+    # NOTE [ Recompute priced as measured ]: every stage with a backward timed under recompute, and the whole step
+    # with every stage recomputed (a dense block's list of features, which the model appends to, included)
+    assert profile.recompute_step_ms is not None and profile.recompute_step_ms > 0
+    assert all(s.recompute_backward_ms is not None for s in profile.stages if s.backward_ms > 0)
 
 
 @pytest.mark.parametrize("name", CASES)
