@@ -37,6 +37,15 @@ its exact plan in ``user_attrs["plan"]``), so that ``study.best_trial`` (fastest
 with the same value. Only where the allocator model fits no plan does memtune serve one against its verdict
 (the model's ranking is kept); that plan's recorded trial is feasible, the others not.
 
+# NOTE [ Exact trial count ]
+A study holds exactly the ``trials`` it was asked for, resumed or not: ``trials - 1`` searched (baselines and
+seeds among them; a resumed study's finished trials, recorded ones included, count toward them) and, last, the plan
+``tune`` serves, recorded (``user_attrs["recorded"] == "best"``) even where a searched trial holds it already, so
+that the study's last trial is always what was served. Where no plan fits, the last is the plan closest to the
+budget (``"closest"``), recorded with its constraints as they are, so ``study.best_trial`` finds no feasible trial.
+Before, the best was recorded only where no trial held it, and a resumed 600-trial job's study ended with 601.
+``TuneResult.n_trials`` counts them all. A search stopped early (a cancelled job) holds fewer.
+
 Seeds: ``tune``, ``memtune tune`` and a job (``api.worker.job_seed``) all search with ``DEFAULT_SEED`` unless
 told otherwise, and a study in a database keeps its seed as the study attribute ``seed``: the same request gives
 the same plan from the command line and from the service.
@@ -417,20 +426,22 @@ class _Search:
         d["per_layer_prefetch"] = CategoricalDistribution(_PER_LAYER)
         return d
 
-    def record(self, study: optuna.Study, c: Candidate) -> None:
-        """Add ``c``, a plan no trial holds (a baseline, or the placed descent's), to ``study`` as a finished trial
-        with its value, attributes and constraints (NOTE [ One objective ]). Its parameters are those of the search
-        space that express it; its plan is the ``plan`` attribute."""
+    def record(self, study: optuna.Study, c: Candidate, *, served: bool = True) -> None:
+        """Add ``c``, the plan ``tune`` serves (a trial's, a baseline's or the placed descent's), to ``study`` as a
+        finished trial with its value, attributes and constraints (NOTE [ One objective ]); with ``served=False``,
+        the plan closest to the budget where none fits, its constraints as they are (NOTE [ Exact trial count ]).
+        Its parameters are those of the search space that express it; its plan is the ``plan`` attribute."""
         dists = self.distributions()
         params = {
             k: v for k, v in _params_for(c.plan, self.has_conv_algos).items() if k in dists and _contains(dists[k], v)
         }
         attrs = self.trial_attrs(c)
         attrs["plan"] = c.plan.model_dump(mode="json")
-        attrs["recorded"] = "best"
+        attrs["recorded"] = "best" if served else "closest"
         if c.name != "optuna" and not c.name.startswith("trial "):
             attrs["policy"] = c.name
-        constraints = self.constraints(dataclasses.replace(c, feasible=True))  # memtune's verdict: it is served
+        # memtune's verdict: a served plan fits
+        constraints = self.constraints(dataclasses.replace(c, feasible=True) if served else c)
         values = [c.step_ms, float(c.peak_bytes)] if self.mode == "pareto" else [c.step_ms]
         study.add_trial(
             optuna.trial.create_trial(
@@ -952,9 +963,10 @@ def tune(
             if pre is not None:
                 study.enqueue_trial(_params_for(pre.plan, True), user_attrs={"policy": "no algorithm choice"})
 
-    # a best recorded after a search (NOTE [ One objective ]) is not a searched trial: it counts toward no budget
-    finished = sum(1 for t in existing if t.state is TrialState.COMPLETE and t.user_attrs.get("recorded") != "best")
-    remaining = max(0, trials - finished)
+    # NOTE [ Exact trial count ]: the last of ``trials`` is the served plan, recorded after the search
+    finished = sum(1 for t in existing if t.state is TrialState.COMPLETE)
+    searched = trials - 1
+    remaining = max(0, searched - finished)
     n_baselines = len(policies)
     # NOTE [ Cheap callbacks ]: reading every trial back after each one costs O(n) reads per trial; the callback
     # keeps the incumbent and the count from the trials it sees.
@@ -978,7 +990,7 @@ def tune(
         done = state["done"]
         if progress is not None:
             progress(min(done, trials), trials, state["best"])
-        if done >= trials or (should_stop is not None and should_stop()):
+        if done >= searched or (should_stop is not None and should_stop()):
             st.stop()
             return
         if inc is not None and done >= finished + n_baselines + 10 and search.rng.random() < 0.8:
@@ -1008,13 +1020,14 @@ def tune(
         best = min(feasible, key=lambda c: (c.step_ms, c.peak_bytes))
         if priced and mode == "fastest":  # NOTE [ Placed descent ]
             best = search.descend_placed(best)
-        if not _is_study_best(study, search, best, done_trials):  # NOTE [ One objective ]
-            search.record(study, best)
+        search.record(study, best)  # NOTE [ One objective ], NOTE [ Exact trial count ]
         if best.name.startswith("trial "):
             best = dataclasses.replace(best, name="optuna")
         framework = [c for c in feasible if leaves_convs_to_framework(c.plan)]
         if search.has_conv_algos and framework and not leaves_convs_to_framework(best.plan):
             no_choice = dataclasses.replace(min(framework, key=lambda c: (c.step_ms, c.peak_bytes)), name=NO_CHOICE)
+    elif cands or policies:  # NOTE [ Exact trial count ]: the plan closest to the budget, recorded as not fitting
+        search.record(study, min(cands + policies, key=lambda c: (c.peak_bytes, c.step_ms)), served=False)
     compiled = compiler_candidates(profile, requested_budget, budget_bytes)  # NOTE [ Whole-model compile ]
     fastest = min((c for c in compiled if c.feasible), key=lambda c: (c.step_ms, c.peak_bytes), default=None)
     if fastest is not None and (best is None or fastest.step_ms < best.step_ms):
@@ -1033,7 +1046,7 @@ def tune(
         policies=policies,
         best=best,
         pareto=front,
-        n_trials=sum(1 for t in done_trials if t.user_attrs.get("recorded") != "best"),
+        n_trials=len([t for t in study.get_trials(deepcopy=False) if t.state is TrialState.COMPLETE]),
         study_name=study.study_name,
         seed=seed,
         headroom=headroom,

@@ -85,11 +85,14 @@ def test_study_resumes_in_a_database_keeping_finished_trials(tmp_path: Path) -> 
     budget = _budget(p, 0.7)
     first = tune(p, budget, trials=30, storage=url, study_name="s1")
     assert first.n_trials == 30
-    second = tune(p, budget, trials=50, storage=url, study_name="s1")
-    assert second.n_trials == 50  # 30 kept + 20 new
     study = optuna.load_study(study_name="s1", storage=url)
-    searched = [t for t in study.trials if t.state.is_finished() and t.user_attrs.get("recorded") != "best"]
-    assert len(searched) == 50  # and the best, where the local descent found it beyond the trials (One objective)
+    assert len(study.trials) == 30 and study.trials[-1].user_attrs["recorded"] == "best"  # NOTE [ Exact trial count ]
+    second = tune(p, budget, trials=50, storage=url, study_name="s1")
+    assert second.n_trials == 50  # 30 kept + 20 new, the last the served plan
+    study = optuna.load_study(study_name="s1", storage=url)
+    assert len(study.trials) == 50 and all(t.state.is_finished() for t in study.trials)
+    assert [t.number for t in study.trials if t.user_attrs.get("recorded") == "best"] == [29, 49]
+    assert study.best_trial.values[0] == second.best.step_ms  # type: ignore[union-attr]
     assert second.best is not None and first.best is not None
     assert second.best.step_ms <= first.best.step_ms
 
@@ -120,10 +123,10 @@ def test_a_study_in_a_database_is_written_behind_the_search(tmp_path: Path, monk
     assert result.n_trials == 40 and result.best is not None
     study = optuna.load_study(study_name="behind", storage=url)
     finished = [t for t in study.trials if t.state.is_finished()]
-    # the only trial written inline is the best, recorded once after the search when no searched trial is it
+    # the only trial written inline is the best, recorded once after the search (NOTE [ Exact trial count ])
     best_ids = {t._trial_id for t in finished if t.user_attrs.get("recorded") == "best"}
-    assert set(written) <= best_ids, (written, best_ids)
-    assert len([t for t in finished if t.user_attrs.get("recorded") != "best"]) == 40
+    assert len(best_ids) == 1 and set(written) <= best_ids, (written, best_ids)
+    assert len(finished) == 40 and finished[-1]._trial_id in best_ids
     assert all(t.params for t in finished if t.user_attrs.get("recorded") != "best")
 
 
@@ -134,14 +137,20 @@ def test_progress_and_stop() -> None:
         p, _budget(p, 0.8), trials=100, progress=lambda d, t, b: seen.append(d), should_stop=lambda: len(seen) >= 25
     )
     assert seen[:3] == [1, 2, 3] and len(seen) == 25
-    assert r.n_trials == 25
+    assert r.n_trials == 26  # 25 searched, then the served plan recorded (NOTE [ Exact trial count ])
 
 
-def test_no_feasible_plan_gives_none() -> None:
+def test_no_feasible_plan_gives_none(tmp_path: Path) -> None:
     p = linear_chain(5)
-    r = tune(p, 1 << 20, trials=20)
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    r = tune(p, 1 << 20, trials=20, storage=url, study_name="none")
     assert r.best is None
     assert r.to_dict()["best"] is None
+    # NOTE [ Exact trial count ]: the last trial is the plan closest to the budget, recorded as not fitting
+    study = optuna.load_study(study_name="none", storage=url)
+    assert len(study.trials) == r.n_trials == 20 and study.trials[-1].user_attrs["recorded"] == "closest"
+    with pytest.raises(ValueError):
+        study.best_trial  # noqa: B018
 
 
 @pytest.mark.parametrize(
