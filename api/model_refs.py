@@ -65,14 +65,33 @@ def check_not_zoo_name(name: str | None, field: str) -> None:
         )
 
 
+def check_name_free(session: Session, name: str, digest: str, field: str) -> None:
+    """Refuse ``name`` for a new spec or upload where a stored model of another structure (another content hash)
+    holds it: a model is found by its name (``/v1/gpus/{gpu}/best?model=…``, the leaderboard's filter), so one name
+    stands for one structure, whoever sent it first. The same structure sent again is the same model and passes.
+
+    Raises:
+        SpecError: naming ``field`` and the model that holds the name.
+    """
+    held = [m for m in ModelRepository(session).find(name) if m.name == name and m.content_hash != digest]
+    if held:
+        raise SpecError(
+            f"{name!r} is the name of the stored model {held[0].id} ({held[0].kind}), a different structure: a model "
+            "is found by its name, so another structure may not take it. Name yours otherwise (a version suffix), "
+            "or leave the name out to be named by your model's digest",
+            field=field,
+        )
+
+
 def store_spec_model(session: Session, spec: Mapping[str, Any]) -> tuple[ModelRecord, bool]:
     """Store (or find) a JSON-spec model; ``(model, created)``. Raises ``SpecError`` naming the layer, or the name
-    when it is a zoo model's (``check_not_zoo_name``)."""
+    when it is a zoo model's (``check_not_zoo_name``) or another stored structure's (``check_name_free``)."""
     label = spec.get("name")
     check_not_zoo_name(label if isinstance(label, str) else None, "spec.name")
     validated = validate_spec(spec)
     digest = validated.hash()
     name = label if isinstance(label, str) and label else f"spec:{digest[:12]}"
+    check_name_free(session, name[:200], digest, "spec.name")
     definition = {"spec": dict(spec)}
     return ModelRepository(session).get_or_create(
         name=name[:200], kind="spec", digest=digest, definition=definition, n_stages=len(validated.layers)
@@ -84,11 +103,14 @@ def store_exported_model(
 ) -> tuple[ModelRecord, bool]:
     """Store (or find, by structural digest) an exported program checked by ``profiler.exported.check_exported``;
     ``(model, created)``. The canonical archive is stored beside the model; an existing model keeps its own. Raises
-    ``SpecError`` when ``name`` is a zoo model's (``check_not_zoo_name``)."""
+    ``SpecError`` when ``name`` is a zoo model's (``check_not_zoo_name``) or another stored structure's
+    (``check_name_free``)."""
     check_not_zoo_name(name, "name")
+    label = (name or f"exported:{checked.digest[:12]}")[:200]
+    check_name_free(session, label, checked.digest, "name")
     definition = {"exported": {**checked.summary(), "int_high": int_high}}
     return ModelRepository(session).get_or_create(
-        name=(name or f"exported:{checked.digest[:12]}")[:200],
+        name=label,
         kind="exported",
         digest=checked.digest,
         definition=definition,

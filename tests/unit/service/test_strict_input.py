@@ -13,7 +13,7 @@ from service_fixtures import SMALL_SPEC
 
 from api.deps import ID_MAX
 from storage.database import Database
-from storage.repositories import JobRepository
+from storage.repositories import JobRepository, KeyRepository, ModelRepository
 
 PROBLEM = "application/problem+json"
 #: SMALL_SPEC's 12,226 float32 parameters: 48,904 bytes; with their gradients and SGD momentum, 3x that
@@ -207,4 +207,27 @@ def test_a_zoo_models_name_is_reserved(http: TestClient, api_key: str, db: Datab
     )
     assert _problem(r, 422, "invalid_spec")["field"] == "name"
     with db.session() as s:
+        assert JobRepository(s).list_all() == []
+
+
+def test_a_stored_models_name_is_not_taken_by_another_structure(http: TestClient, api_key: str, db: Database) -> None:
+    """Key B names its spec like key A's stored model: refused, and lookups by the name keep answering A's model
+    (before, ``/best?model=…`` and the leaderboard mixed the two under one name). The same structure again is A's
+    model, and a renamed one is stored apart."""
+    with db.session() as s:
+        _, other = KeyRepository(s).create("other")
+    first = http.post("/v1/models", json={"spec": SMALL_SPEC}, headers=_auth(api_key))
+    assert first.status_code in (200, 201), first.text
+    again = http.post("/v1/models", json={"spec": SMALL_SPEC}, headers=_auth(other))
+    assert again.status_code in (200, 201) and again.json()["id"] == first.json()["id"]
+    changed = {**SMALL_SPEC, "layers": [*SMALL_SPEC["layers"], {"type": "relu"}]}
+    r = http.post("/v1/models", json={"spec": changed}, headers=_auth(other))
+    problem = _problem(r, 422, "invalid_spec")
+    assert problem["field"] == "spec.name" and first.json()["id"] in problem["detail"]
+    r = http.post("/v1/jobs", json=dict(JOB, model={"spec": changed}), headers=_auth(other))
+    assert _problem(r, 422, "invalid_spec")["field"] == "spec.name"
+    renamed = http.post("/v1/models", json={"spec": {**changed, "name": "tiny-cnn-2"}}, headers=_auth(other))
+    assert renamed.status_code in (200, 201) and renamed.json()["id"] != first.json()["id"]
+    with db.session() as s:
+        assert [m.id for m in ModelRepository(s).find("tiny-cnn")] == [first.json()["id"]]
         assert JobRepository(s).list_all() == []
