@@ -574,12 +574,20 @@ class HealthPublic(BaseModel):
     """Service health: 200 once migrations ran and the worker ``memtune serve`` runs (if any) is up.
 
     ``worker``: ``up``; ``restarting`` (its process exited and is started again after a back-off) or ``down`` (it
-    stopped, or exited too often to be started again): 503 ``degraded``; ``external`` (workers run elsewhere)."""
+    stopped, or exited too often to be started again): 503 ``degraded``; ``external`` (workers run elsewhere).
+    ``unserved_gpu_types``: GPU types with a queued job that no live worker serves (NOTE [ Worker heartbeats ]):
+    503 ``degraded`` when any."""
 
     status: Literal["ok", "starting", "degraded"]
     database: str
     revision: str | None
     worker: Literal["up", "restarting", "down", "external"]
+    workers_alive: int | None = Field(
+        default=None, description="worker processes whose heartbeat is within the stale limit; null: not read"
+    )
+    unserved_gpu_types: list[str] = Field(
+        default_factory=list, description="GPU types with a queued job that no live worker serves"
+    )
 
 
 class TimelinePoint(BaseModel):

@@ -107,6 +107,7 @@ from storage.repositories import (
     ModelRepository,
     ProfileRepository,
     ResultRepository,
+    WorkerRepository,
 )
 from tuner import CalibrationError
 from tuner.calibration import Calibration, calibration_for, install_calibration, installed_calibrations
@@ -316,17 +317,43 @@ class Worker:
         return self._thread is not None and self._thread.is_alive()
 
     def run(self) -> None:
-        """Claim and run jobs until ``stop``; waits ``poll_interval_s`` when there is none."""
+        """Claim and run jobs until ``stop``; waits ``poll_interval_s`` when there is none. Says it is alive every
+        ``heartbeat_interval_s`` meanwhile, from a thread of its own (NOTE [ Worker heartbeats ] in
+        ``storage.repositories.workers``)."""
         log.info("worker %s serving %s", self.worker_id, self.gpu_keys or "every GPU type")
-        self.refresh_calibrations()
-        while not self._stop.is_set():
+        beater = threading.Thread(target=self._beat, name=f"memtune-heartbeat-{self.worker_id}", daemon=True)
+        beater.start()
+        try:
+            self.refresh_calibrations()
+            while not self._stop.is_set():
+                try:
+                    job_id = self.run_once()
+                except Exception:  # the database went away: keep the worker alive and retry
+                    log.exception("worker %s: claim failed", self.worker_id)
+                    job_id = None
+                if job_id is None:
+                    self._stop.wait(self.poll_interval_s)
+        finally:
+            self._stop.set()
+            beater.join(timeout=self.heartbeat_interval_s + 5)
             try:
-                job_id = self.run_once()
-            except Exception:  # the database went away: keep the worker alive and retry
-                log.exception("worker %s: claim failed", self.worker_id)
-                job_id = None
-            if job_id is None:
-                self._stop.wait(self.poll_interval_s)
+                with self.db.session() as s:
+                    WorkerRepository(s).gone(self.worker_id)
+            except Exception as e:  # it goes stale instead
+                log.warning("worker %s: could not delete its heartbeat: %s", self.worker_id, e)
+
+    def _beat(self) -> None:
+        """Write this worker's heartbeat now and every ``heartbeat_interval_s`` until ``stop``; a failed write is
+        logged, and the next one tried (NOTE [ Worker heartbeats ])."""
+        while True:
+            try:
+                with self.db.session() as s:
+                    WorkerRepository(s).beat(self.worker_id, self.gpu_keys)
+                    WorkerRepository(s).prune()
+            except Exception as e:
+                log.warning("worker %s: heartbeat failed: %s", self.worker_id, e)
+            if self._stop.wait(self.heartbeat_interval_s):
+                return
 
     def run_once(self) -> str | None:
         """Claim one job and run it to a terminal state; the job id, or None when nothing was claimable."""

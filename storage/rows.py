@@ -280,3 +280,15 @@ class CalibrationRow(Base):
     measured_by: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WorkerRow(Base):
+    """A worker process's heartbeat (NOTE [ Worker heartbeats ] in ``storage.repositories.workers``): which GPU types
+    it serves (null: every one) and when it last said it is alive."""
+
+    __tablename__ = "mt_workers"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    gpu_keys: Mapped[list[str] | None] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)

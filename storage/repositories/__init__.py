@@ -14,6 +14,7 @@ from storage.repositories.results import (
     ResultRepository,
     pareto_flags,
 )
+from storage.repositories.workers import WorkerRecord, WorkerRepository
 
 __all__ = [
     "BestAnswer",
@@ -27,6 +28,8 @@ __all__ = [
     "ModelRepository",
     "ProfileRepository",
     "ResultRepository",
+    "WorkerRecord",
+    "WorkerRepository",
     "content_hash",
     "hash_key",
     "identity_hash",
