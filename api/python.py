@@ -129,7 +129,23 @@ def profile(
     check = peak_check(prof)
     if check is not None and check.reported:
         warnings.warn(f"memory check: {check}", stacklevel=2)
+    coarser = _coarser_note(prof)
+    if coarser is not None:
+        warnings.warn(coarser, stacklevel=2)
     return prof
+
+
+def _coarser_note(prof: Profile) -> str | None:
+    """What a module profile planned whole that a user may expect split (a module whose child runs more than once,
+    NOTE [ Module stages ] in ``profiler.modules``), and how to split it; None where nothing was."""
+    coarser = prof.model_params.get("coarser")
+    if not coarser:
+        return None
+    return (
+        f"planned coarser than its blocks: {coarser}; a module whose child runs more than once (a shared layer) is "
+        "planned whole, so its blocks get one action together. Name the blocks as stages to plan them apart "
+        "(stages=['encoder.block.*', ...]); the shared layer then runs outside every stage"
+    )
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,9 @@ class Tuned:
         check = peak_check(p)
         if check is not None:
             lines.insert(1, f"memory check: {check}")
+        coarser = _coarser_note(p)
+        if coarser is not None:
+            lines.insert(1, coarser)
         for row in self.table():
             finite = math.isfinite(row["step_ms"])
             step = f"{row['step_ms']:>10.2f}" if finite else f"{'-':>10}"

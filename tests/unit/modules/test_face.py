@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import memtune
 from profiler.module_profile import profile_module
@@ -70,3 +71,33 @@ def test_the_models_own_state_dict_loads_into_a_fresh_model(unet: tuple[object, 
     fresh = copy.deepcopy(case.model)
     fresh.load_state_dict(run.model.state_dict())
     assert fresh.load_state_dict(case.model.state_dict()) is not None
+
+
+class _SharedEmbedding(torch.nn.Module):
+    """T5's layout in small: the blocks of a stack call the model's embedding, so no block can be a stage alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 8)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(self.embed(x))
+        return self.head(x)  # type: ignore[no-any-return]
+
+
+def test_a_model_planned_coarser_than_its_blocks_says_so() -> None:
+    model = _SharedEmbedding()
+    with pytest.warns(UserWarning, match="planned coarser than its blocks") as caught:
+        prof = memtune.profile(model, torch.randn(4, 8), gpu="h100", progress=False)
+    note = next(str(w.message) for w in caught if "planned coarser" in str(w.message))
+    assert "its child embed runs 4 times" in note and "stages=" in note
+    tuned = memtune.tune(prof, "80% of peak", trials=5, progress=False)
+    assert any("planned coarser than its blocks" in line for line in str(tuned).splitlines()[1:3])
+    named = memtune.profile(model, torch.randn(4, 8), gpu="h100", progress=False, stages=["blocks.*", "head"])
+    assert "coarser" not in named.model_params and "planned coarser" not in str(
+        memtune.tune(named, "80% of peak", trials=5, progress=False)
+    )
