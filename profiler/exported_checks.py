@@ -58,7 +58,16 @@ _REFUSED_MEMBERS = (
     (re.compile(r"extra/"), "an extra file (torch.export.save(extra_files=…))"),
     (re.compile(r"models/"), "a second program (save one program, named 'model')"),
 )
-_MAX_MEMBERS = 100_000
+# NOTE [ Upload limits ]: what a hostile archive may not do besides what its bytes cost. A 250 KB archive whose one
+# deflated member unpacked to 240 MiB was stored inflated (four at once took the API from 764 to 2,280 MB), and
+# 100,000 empty members or a program of 300,000 dead nodes were accepted (the nodes held a check for 55.9 s).
+# torch.export.save stores every member uncompressed, so only a re-packed archive has deflated members, and a
+# program JSON deflates some 10-30x; a model's graph has some thousands of operator calls (ResNet-50's training
+# graph ~1,700, a 48-layer transformer's ~10,000).
+_MAX_MEMBERS = 10_000
+_MAX_RATIO = 100  # unpacked / packed bytes of a deflated member above _RATIO_FROM
+_RATIO_FROM = 1 << 20
+_MAX_NODES = 100_000
 _MAX_SMALL_BYTES = 64
 _MAX_DIM = 1 << 40
 _MAX_INT = 1 << 62
@@ -161,6 +170,12 @@ def read_members(data: bytes, max_bytes: int) -> dict[str, bytes]:
             raise _bad("the member is encrypted, or compressed other than stored or deflate", member=name)
         if name in _SMALL and info.file_size > _MAX_SMALL_BYTES:
             raise _bad(f"the member declares {info.file_size} bytes, over {_MAX_SMALL_BYTES}", member=name)
+        if info.file_size > _RATIO_FROM and info.file_size > _MAX_RATIO * max(1, info.compress_size):
+            raise _bad(
+                f"the member unpacks {info.file_size} bytes from {info.compress_size}, over {_MAX_RATIO} times "
+                "(NOTE [ Upload limits ]); send the archive as torch.export.save wrote it",
+                member=name,
+            )
         try:
             with zf.open(info) as f:
                 blob = f.read(info.file_size + 1)
@@ -540,7 +555,10 @@ def _module_stack(text: Any, where: str) -> str:
 def _nodes(nodes: Any, g: _Graph) -> list[dict[str, Any]]:
     """The graph's nodes checked; canonical copies whose metadata is ``nn_module_stack`` alone."""
     out = []
-    for k, node in enumerate(_list(nodes, "graph.nodes")):
+    listed = _list(nodes, "graph.nodes")
+    if len(listed) > _MAX_NODES:
+        raise _bad(f"the graph has {len(listed)} nodes, over the limit of {_MAX_NODES} (NOTE [ Upload limits ])")
+    for k, node in enumerate(listed):
         _fields(
             node,
             {"target", "inputs", "outputs", "metadata", "is_hop_single_tensor_return", "name"},

@@ -6,9 +6,11 @@ bomb, a truncated archive."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from api.client import MemtuneClient
 from api.main import create_app
 from api.settings import Settings
 from api.worker import Worker
+from profiler import exported_checks
 from profiler.exported import ArchiveTooLargeError, ExportedError, check_exported, load_exported
 from storage.database import Database
 
@@ -183,3 +186,25 @@ def test_the_worker_checks_the_stored_archive_again(
     done = client.get_job(job.id)
     assert done.state == "failed" and "use_pickle" in (done.error or "") and "ExportedError" in (done.error or "")
     assert not any(markers.iterdir()), "a payload ran"
+
+
+def test_upload_limits_besides_bytes(base: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ Upload limits ]: a deflated member that unpacks over 100 times its size, ten thousand members, a graph
+    over the node limit: each refused naming the member, before anything is stored."""
+    bomb = zip_bomb(base, 8 << 20)  # within the byte limit, 8 MiB of zeros from a few kilobytes
+    with pytest.raises(ExportedError, match="over 100 times") as e:
+        check_exported(bomb, max_bytes=1 << 26)
+    assert e.value.member == "data/weights/weight_99"
+    crowd = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(base)) as src, zipfile.ZipFile(crowd, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info))
+        for k in range(10_000):
+            dst.writestr(f"archive/data/weights/weight_{1000 + k}", b"")
+    with pytest.raises(ExportedError, match="members, over the limit of 10000"):
+        check_exported(crowd.getvalue(), max_bytes=1 << 26)
+    check_exported(base, max_bytes=1 << 26)  # the model itself passes
+    monkeypatch.setattr(exported_checks, "_MAX_NODES", 3)
+    with pytest.raises(ExportedError, match="nodes, over the limit of 3") as e:
+        check_exported(base, max_bytes=1 << 26)
+    assert e.value.member == "models/model.json"
