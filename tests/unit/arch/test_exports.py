@@ -42,7 +42,7 @@ EXPECTED = {
     storage.repositories: {
         "BestAnswer", "CalibrationRepository", "GpuRepository", "JobLease", "JobRepository", "KeyRepository",
         "LeaderboardPage", "LeaseStatus", "ModelRepository", "ProfileRepository", "ResultRepository",
-        "content_hash", "hash_key", "identity_hash", "pareto_flags",
+        "WorkerRecord", "WorkerRepository", "content_hash", "hash_key", "identity_hash", "pareto_flags",
     },
     api: {"MemtuneClient", "create_app"},
     memtune: {"Action", "Plan", "Profile", "Tuned", "budget_guard", "load_plan", "planned", "profile", "tune"},
