@@ -291,6 +291,11 @@ class JobPublic(BaseModel):
         description="the search's random seed: that of `memtune tune` (--seed 0), so the same request gives the same "
         "plan from the command line and from a job",
     )
+    waiting: str | None = Field(
+        default=None,
+        description="why a queued job does not start: no live worker serves its GPU type (NOTE [ Worker heartbeats ]); "
+        "null otherwise",
+    )
     progress: JobProgress
     unconstrained: Unconstrained | None = Field(description="the unplanned step as simulated")
     validation: ValidationPublic | None = Field(default=None, description="null when validate_top_k is 0")

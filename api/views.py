@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 
 from api.calibrations import ServiceCalibration
 from api.schemas import (
@@ -47,7 +48,9 @@ def model_public(m: ModelRecord) -> ModelPublic:
     )
 
 
-def job_public(j: Job) -> JobPublic:
+def job_public(j: Job, unserved: Collection[str] = ()) -> JobPublic:
+    """The job's public view; ``unserved``: the queued GPU types no live worker serves (NOTE [ Worker heartbeats ]),
+    which a queued job of one of them is said to wait for."""
     best = None
     if j.best_step_ms is not None and j.best_peak_bytes is not None:
         best = BestSoFar(name=j.best_name, step_ms=j.best_step_ms, peak_bytes=j.best_peak_bytes)
@@ -83,6 +86,9 @@ def job_public(j: Job) -> JobPublic:
         headroom_source=j.headroom_source,
         validate_top_k=j.validate_top_k,
         validate_iters=j.validate_iters,
+        waiting=f"no live worker serves GPU type {j.gpu_key}: the job starts when one does"
+        if j.state == "queued" and j.gpu_key in unserved
+        else None,
         progress=JobProgress(
             trials_done=j.trials_done,
             trials_total=j.trials,

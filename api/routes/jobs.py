@@ -46,7 +46,7 @@ from profiler.spec import FLOAT_BYTES, SpecLimits, validate_spec
 from profiler.zoo import ZOO, ZOO_LIMITS, gpt_param_count, image_spec
 from storage import ConflictError, Database, IdempotencyConflictError
 from storage.records import Job, ModelRecord
-from storage.repositories import JobRepository, KeyRepository, ModelRepository, ResultRepository
+from storage.repositories import JobRepository, KeyRepository, ModelRepository, ResultRepository, WorkerRepository
 from storage.rows import utcnow
 from tuner import format_bytes, parse_budget
 from tuner.budget import search_budget
@@ -297,21 +297,25 @@ def create_job(
 @router.get("", response_model=JobsPublic)
 def list_jobs(
     db: DbDep,
+    settings: SettingsDep,
     _read: ReadAccess,
     state: Annotated[str | None, Query(pattern="^(queued|running|succeeded|failed|cancelled)$")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> JobsPublic:
-    """Recent jobs, newest first."""
+    """Recent jobs, newest first; a queued one that no live worker serves says so (``waiting``)."""
     with db.session() as s:
         jobs = JobRepository(s).list_all(state=state, limit=limit)
-    return JobsPublic(data=[job_public(j) for j in jobs], count=len(jobs))
+        unserved = WorkerRepository(s).unserved(settings.stale_after_s)
+    return JobsPublic(data=[job_public(j, unserved) for j in jobs], count=len(jobs))
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: str, db: DbDep, _read: ReadAccess) -> JobPublic:
-    """A job: state, progress (trials done / total, best so far), error, timestamps."""
+def get_job(job_id: str, db: DbDep, settings: SettingsDep, _read: ReadAccess) -> JobPublic:
+    """A job: state, progress (trials done / total, best so far), error, timestamps; a queued one that no live
+    worker serves says so (``waiting``)."""
     with db.session() as s:
-        return job_public(JobRepository(s).get(job_id))
+        job = JobRepository(s).get(job_id)
+        return job_public(job, WorkerRepository(s).unserved(settings.stale_after_s) if job.state == "queued" else ())
 
 
 @router.get("/{job_id}/results", response_model=ResultsPublic)

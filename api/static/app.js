@@ -429,7 +429,8 @@
           { label: "state" }, { label: "trials" }, { label: "best step", num: true }, { label: "best peak", num: true },
         ], jobs.data.map((j, i) => [
           link(`/jobs/${j.id}`, j.id.slice(0, 8)), names[i], j.gpu, String(j.batch), `${j.budget} (${fmtGiB(j.budget_bytes)})`,
-          badge(j.state), progressCell(j), j.progress.best ? fmtMs(j.progress.best.step_ms) : "–",
+          j.waiting ? badge("queued: no live worker", "queued") : badge(j.state), progressCell(j),
+          j.progress.best ? fmtMs(j.progress.best.step_ms) : "–",
           j.progress.best ? fmtGiB(j.progress.best.peak_bytes) : "–",
         ]));
       }
@@ -490,6 +491,7 @@
       `mode ${job.mode} · optimizer ${job.optimizer} · ${headroomText(job)} · `));
     p.appendChild(progressCell(job));
     if (job.error) el("p", { class: "error" }, box, job.error);
+    if (job.waiting) el("p", { class: "validation-note warning" }, box, job.waiting);
     const stats = el("div", { class: "stats" }, box);
     const best = job.progress.best, un = job.unconstrained;
     if (best) {

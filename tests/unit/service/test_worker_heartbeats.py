@@ -74,3 +74,15 @@ def test_rows_of_workers_gone_for_a_day_are_pruned(db: Database) -> None:
         s.execute(update(WorkerRow).where(WorkerRow.id == "old").values(last_seen=utcnow() - timedelta(days=2)))
         assert repo.prune() == 1
         assert [(w.id, w.gpu_keys) for w in repo.all()] == [("new", ("h100",))]
+
+
+def test_a_queued_job_no_live_worker_serves_says_why_it_waits(http: TestClient, api_key: str, db: Database) -> None:
+    r = http.post("/v1/jobs", json=JOB, headers={"Authorization": f"Bearer {api_key}"})
+    job_id = r.json()["id"]
+    waiting = http.get(f"/v1/jobs/{job_id}").json()["waiting"]
+    assert waiting is not None and "no live worker serves GPU type h200" in waiting
+    assert http.get("/v1/jobs").json()["data"][0]["waiting"] == waiting
+    with db.session() as s:
+        WorkerRepository(s).beat("w", ["h200"])
+    assert http.get(f"/v1/jobs/{job_id}").json()["waiting"] is None
+    assert http.get("/v1/jobs").json()["data"][0]["waiting"] is None
