@@ -38,7 +38,6 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from profiler.chain import may_write_input
 from profiler.devices import GPUSpec, get_gpu
@@ -51,14 +50,14 @@ from profiler.modules import (
     Inputs,
     StageTrace,
     call_model,
+    checkpointed_call,
     copy_structure,
     find_stages,
-    rebuild,
     tensor_leaves,
     trace_stages,
 )
 from profiler.profile import DeviceIdentity, Profile, SavedStorage, StageProfile, StepPeak
-from profiler.selective import KeptOutputs, selective_context
+from profiler.selective import KeptOutputs
 from profiler.stagefacts import torch_dtype
 
 __all__ = ["as_inputs", "default_loss", "profile_module"]
@@ -579,36 +578,6 @@ def _checkpointed(modules: Sequence[nn.Module]) -> Iterator[None]:
 
 def _checkpointed_forward(fn: Callable[..., Any], clone: bool, *args: Any, **kwargs: Any) -> Any:
     return checkpointed_call(fn, args, kwargs, clone=clone, selective=False)
-
-
-def checkpointed_call(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, clone: bool, selective: bool
-) -> Any:
-    """``fn(*args, **kwargs)`` under a non-reentrant checkpoint, as the runtime runs a ``recompute`` stage (or a
-    ``selective`` one, under selective checkpointing, NOTE [ Selective stages ]): every tensor passed positionally,
-    keyword arguments' too; with ``clone``, the positional tensors cloned inside (NOTE [ In-place at segment
-    boundaries ]); the re-run in backward given a structure copy of the arguments as they are now (a list the model
-    appends to later, a cache it updates: NOTE [ State threaded between stages ]).
-
-    Raises:
-        ProfilerError: the arguments hold state that cannot be copied.
-    """
-    tensors = list(tensor_leaves((args, kwargs)))
-    positional = sum(1 for _ in tensor_leaves(args))
-    structure = rebuild((args, kwargs), iter(tensors))
-    state = copy_structure(structure)
-    calls = 0
-
-    def body(*ts: torch.Tensor) -> Any:
-        nonlocal calls
-        calls += 1
-        if clone:
-            ts = tuple(t.clone() if i < positional else t for i, t in enumerate(ts))
-        a, kw = rebuild(structure, iter(ts)) if calls == 1 else copy_structure(state, iter(ts))
-        return fn(*a, **kw)
-
-    extra: dict[str, Any] = {"context_fn": selective_context} if selective else {}
-    return checkpoint(body, *tensors, use_reentrant=False, **extra)
 
 
 def _recompute_step_ms(

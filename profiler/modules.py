@@ -69,13 +69,16 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from profiler.errors import ProfilerError
+from profiler.selective import selective_context
 
 __all__ = [
     "StageTrace",
     "TracedStorage",
     "call_model",
+    "checkpointed_call",
     "copy_structure",
     "find_stages",
     "held_tensors",
@@ -221,6 +224,47 @@ class _StructureCopy:
         except Exception as exc:  # whatever an object's own __deepcopy__ or __reduce__ raises
             t = type(o)
             raise ProfilerError(f"a {t.__module__}.{t.__qualname__} object cannot be copied ({exc})") from exc
+
+
+def checkpointed_call(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    clone: bool,
+    selective: bool,
+    rerun: Callable[[Callable[[], Any]], Any] | None = None,
+) -> Any:
+    """``fn(*args, **kwargs)`` under a non-reentrant checkpoint, as a ``recompute`` stage runs (or a ``selective``
+    one, under selective checkpointing, NOTE [ Selective stages ] in ``profiler.selective``): every tensor passed
+    positionally, keyword arguments' too, so that checkpoint saves them and infers the autocast device from them;
+    with ``clone``, the positional tensors cloned inside (NOTE [ In-place at segment boundaries ]); the re-run in
+    backward given a structure copy of the arguments as they are now (a list the model appends to later, a cache it
+    updates: NOTE [ State threaded between stages ]) and called through ``rerun`` where given (the runtime replays
+    random state and restores buffers there); with ``rerun``, checkpoint stashes no random state of its own.
+
+    Raises:
+        ProfilerError: the arguments hold state that cannot be copied.
+    """
+    tensors = list(tensor_leaves((args, kwargs)))
+    positional = sum(1 for _ in tensor_leaves(args))
+    structure = rebuild((args, kwargs), iter(tensors))
+    state = copy_structure(structure)
+    calls = 0
+
+    def body(*ts: torch.Tensor) -> Any:
+        nonlocal calls
+        calls += 1
+        if clone:
+            ts = tuple(t.clone() if i < positional else t for i, t in enumerate(ts))
+        if calls == 1:
+            a, kw = rebuild(structure, iter(ts))
+            return fn(*a, **kw)
+        a, kw = copy_structure(state, iter(ts))
+        return fn(*a, **kw) if rerun is None else rerun(lambda: fn(*a, **kw))
+
+    extra: dict[str, Any] = {"context_fn": selective_context} if selective else {}
+    return checkpoint(body, *tensors, use_reentrant=False, preserve_rng_state=rerun is None, **extra)
 
 
 def _holds_state(obj: Any) -> bool:

@@ -31,11 +31,11 @@ Feasibility is recorded as Optuna constraints (``CONSTRAINTS``, each ≤ 0 when 
 search budget and, where priced, whether the allocator model found no room. Each is stored both by name
 (``Trial.set_constraint``: ``study.best_trial`` and ``best_trials`` skip infeasible trials, and the TPE sampler
 models them) and as the list (``constraints_func``, the ``constraints`` system attribute) that optuna-dashboard
-reads to pick its best trial. A best plan that no trial holds (a baseline the space cannot express, or the
-placed descent's, NOTE [ Placed descent ]) is added to the study as a finished trial (``user_attrs["recorded"]``,
-its exact plan in ``user_attrs["plan"]``), so that ``study.best_trial`` (fastest) is the plan ``tune`` returns,
-with the same value. Only where the allocator model fits no plan does memtune serve one against its verdict
-(the model's ranking is kept); that plan's recorded trial is feasible, the others not.
+reads to pick its best trial. The best plan (a trial's, a baseline's the space may not express, or the placed
+descent's, NOTE [ Placed descent ]) is added to the study as its last finished trial (``user_attrs["recorded"]``,
+its exact plan in ``user_attrs["plan"]``; NOTE [ Exact trial count ]), so that ``study.best_trial`` (fastest) is
+the plan ``tune`` returns, with the same value. Only where the allocator model fits no plan does memtune serve
+one against its verdict (the model's ranking is kept); that plan's recorded trial is feasible, the others not.
 
 # NOTE [ Exact trial count ]
 A study holds exactly the ``trials`` it was asked for, resumed or not: ``trials - 1`` searched (baselines and
@@ -734,10 +734,6 @@ def evaluate_policies(profile: Profile, budget_bytes: int, sim: Simulator) -> li
     return out
 
 
-def _plan_key(c: Candidate) -> str:
-    return c.plan.model_dump_json(exclude={"label"})
-
-
 def trial_fits(attrs: Mapping[str, Any], budget_bytes: int) -> bool:
     """Whether the trial with user attributes ``attrs`` is feasible as the search judged it (NOTE [ One objective ]):
     its simulated peak fits ``budget_bytes`` (the budget less the headroom) and the allocator model places it."""
@@ -1063,22 +1059,6 @@ def _constraint_list(t: FrozenTrial) -> list[float]:
     """A trial's constraints in the list form (``CONSTRAINTS`` order) that optuna-dashboard reads."""
     named = t.constraints
     return [float(named.get(k, 0.0)) for k in CONSTRAINTS]
-
-
-def _is_study_best(study: optuna.Study, search: _Search, best: Candidate, trials: Sequence[FrozenTrial]) -> bool:
-    """Whether the study's own best already is ``best``: ``study.best_trial`` (fastest) or a feasible trial on
-    its front (Pareto), with ``best``'s plan and step."""
-    if search.mode == "fastest":
-        try:
-            held = [study.best_trial]
-        except ValueError:  # no feasible trial
-            return False
-    else:
-        held = [t for t in trials if search.fits(t)]
-    key = _plan_key(best)
-    return any(
-        t.values is not None and t.values[0] == best.step_ms and _plan_key(search._candidate(t)) == key for t in held
-    )
 
 
 def compiler_candidates(profile: Profile, cap_bytes: int, search_budget_bytes: int) -> list[Candidate]:

@@ -97,6 +97,7 @@ def sharded_profile(profile: Profile, world: int, *, units: Iterable[str] | None
                     "chained_backward_bytes": _grown(st.chained_backward_bytes, back),
                     "lean_backward_workspace_bytes": _grown(st.lean_backward_workspace_bytes, back),
                     "selective_backward_bytes": _grown(st.selective_backward_bytes, back),
+                    "recompute_backward_bytes": _grown(st.recompute_backward_bytes, back),
                 }
             )
         )

@@ -42,12 +42,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils.checkpoint import checkpoint
 
 from profiler import ProfilerError
 from profiler.chain import may_write_input
-from profiler.modules import copy_structure, rebuild, tensor_leaves
-from profiler.selective import selective_context
+from profiler.modules import checkpointed_call, tensor_leaves
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan
 from tuner.runtime.offload import StepState, resident_storage_ptrs
@@ -186,48 +184,30 @@ class PlannedModule(PlannedBase):
         """
         module = self._stages[k]
         clone = self._clone[k]
-        calls = 0
-        # the re-run must see the arguments of this call: a list the model appends to later (a dense block's
-        # features) is copied now, its tensors shared. Every tensor goes to checkpoint positionally, keyword
-        # arguments' too, so that checkpoint saves them and infers the autocast device from them.
         inputs = list(tensor_leaves((args, kwargs)))
-        positional = sum(1 for _ in tensor_leaves(args))  # the positional tensors: those a clone covers
-        structure = rebuild((args, kwargs), iter(inputs))
-        # NOTE [ State threaded between stages ]: the first run updates the model's own objects (its cache), as
-        # unplanned; the re-run gets a fresh copy of them as they are now, before the first run
-        try:
-            state = copy_structure(structure)
-        except ProfilerError as exc:
-            raise PlanError(
-                f"stage {k} ({self.stage_names[k]}) is given state that its re-run in backward must see as the first "
-                f"run saw it, and {exc} (NOTE [ State threaded between stages ]); turn that state off "
-                "(use_cache=False in a Hugging Face model's config) or keep or offload this stage"
-            ) from exc
         rng = RandomState.capture([*inputs, *module.parameters(), *module.buffers()])
 
-        def body(*tensors: Any) -> Any:
-            nonlocal calls
-            calls += 1
-            if clone:  # NOTE [ In-place at segment boundaries ]
-                tensors = tuple(a.clone() if i < positional else a for i, a in enumerate(tensors))
-            if calls == 1:
-                a, kw = rebuild(structure, iter(tensors))
-                return fn(*a, **kw)
+        def rerun(call: Callable[[], Any]) -> Any:
             # NOTE [ Buffers during recompute ]; outside selective checkpointing's dispatch mode
             with _disable_current_modes():
                 snapshot = [(b, b.clone()) for b in module.buffers()]
-                a, kw = copy_structure(state, iter(tensors))  # NOTE [ State threaded between stages ]
             try:
                 with rng.replayed():
-                    return fn(*a, **kw)
+                    return call()
             finally:
                 with torch.no_grad(), _disable_current_modes():
                     for b, old in snapshot:
                         b.copy_(old)
 
         versions = [t._version for t in inputs]
-        extra: dict[str, Any] = {"context_fn": selective_context} if selective else {}
-        out = checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=False, **extra)
+        try:  # NOTE [ State threaded between stages ]: the re-run gets a copy of the state as the first run got it
+            out = checkpointed_call(fn, args, kwargs, clone=clone, selective=selective, rerun=rerun)
+        except ProfilerError as exc:
+            raise PlanError(
+                f"stage {k} ({self.stage_names[k]}) is given state that its re-run in backward must see as the first "
+                f"run saw it, and {exc} (NOTE [ State threaded between stages ]); turn that state off "
+                "(use_cache=False in a Hugging Face model's config) or keep or offload this stage"
+            ) from exc
         if not clone and any(t._version != v for t, v in zip(inputs, versions, strict=True)):
             raise PlanError(
                 f"stage {k} ({self.stage_names[k]}) modified an input in place under a checkpoint, which corrupts "
