@@ -7,7 +7,7 @@ A worker (``api.worker.Worker``) writes a row of ``mt_workers`` when it starts a
 dead: killed, out of memory, on a host that went away. ``/healthz`` then reads, for every GPU type with a queued job,
 whether a live worker serves it (one that serves every GPU type, or that one by name), and answers 503 ``degraded``
 naming the GPU types none serves: before, a killed worker left ``/healthz`` at 200 and new jobs queued for ever. A
-dead worker's row stays until it is older than a day (``prune``), so the page can say when it was last seen.
+dead worker's row stays until it is older than a day; every live worker's heartbeat prunes older ones (``prune``).
 """
 
 from __future__ import annotations
