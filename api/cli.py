@@ -11,7 +11,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,10 +19,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from api.python import device_label
-from profiler import ModelChain, Profile, ProfilerError
+from profiler import Profile, ProfilerError
 from tuner import Action, Plan, TunerError, format_bytes, planning_headroom
 from tuner.budget import Budget, profile_budget, search_budget
 from tuner.calibration import calibration_for
+
+if TYPE_CHECKING:
+    from profiler import ModelChain
 
 __all__ = ["app", "load_chain", "resolve_profile"]
 
@@ -204,7 +207,7 @@ def calibrate(
     from tuner.runtime.calibrate import calibrate as run_calibration
     from tuner.runtime.guard import configure_allocator
 
-    _check_dtype(dtype)
+    _check_arguments(dtype=dtype)
     try:
         shares = [float(f) for f in fractions.split(",")]
     except ValueError:
@@ -462,9 +465,15 @@ def _factory_compiler_points(
     return with_compiler_points(prof, points)
 
 
-def _check_dtype(dtype: str) -> None:
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise _fail(f"--dtype {dtype!r}: use float32, bfloat16 or float16")
+def _check_arguments(**arguments: Any) -> None:
+    """Refuse a bad --budget, --optimizer, --dtype, --gpu or --headroom at once, before any profiling
+    (``api.python.check_arguments``: each message names the option and what it takes)."""
+    from api.python import check_arguments
+
+    try:
+        check_arguments(**arguments)
+    except (ProfilerError, TunerError) as exc:
+        raise _fail(str(exc)) from exc
 
 
 @app.command()
@@ -553,7 +562,7 @@ def profile(
     for this GPU type (NOTE [ First use of a GPU type ]), which is calibrated first if it has no calibration."""
     from profiler.factory import is_factory
 
-    _check_dtype(dtype)
+    _check_arguments(dtype=dtype, gpu=gpu)
     described = gpu or "h200"  # what a modeled or CPU profile describes; on CUDA the device says
     if compile_budget is not None and (device == "model" or is_factory(model)):
         raise _fail("--compile measures compiled stages: use --device cuda or cpu, with a zoo model or a spec")
@@ -650,7 +659,7 @@ def simulate(
     from tuner import POLICIES
     from tuner import simulate as run_sim
 
-    _check_dtype(dtype)
+    _check_arguments(dtype=dtype, gpu=gpu, budget=budget, optimizer=optimizer)
     if profile_file is None and is_factory(model):
         raise _fail(
             f"a factory model is simulated from its saved profile: `memtune profile {model} --device cpu "
@@ -919,7 +928,7 @@ def tune(
     from profiler.factory import is_factory
     from tuner import tune as run_tune
 
-    _check_dtype(dtype)
+    _check_arguments(dtype=dtype, gpu=gpu, budget=budget, optimizer=optimizer, headroom=headroom)
     if measure and not inference:
         raise _fail("--measure runs an inference plan: add --inference (`memtune bench` measures training plans)")
     if compile_whole not in ("auto", "on", "off"):
@@ -938,7 +947,6 @@ def tune(
     from tuner.calibration import missing_calibration
 
     try:
-        Budget.parse(budget)  # a budget not in the grammar is refused before a factory model is measured
         if profile_file is None and is_factory(model):
             described = (gpu or "h200") if device == "cpu" else None  # on CUDA the device is the GPU type
             prof = _factory_profile(
@@ -1076,6 +1084,7 @@ def bench(
 
     from profiler.factory import is_factory
 
+    _check_arguments(dtype=dtype, budget=budget)
     if is_factory(model):
         _factory_bench(model, batch, budget, trials, _parse_params(param), input_shape, vocab, stage, iters, warmup,
                        json_out)  # fmt: skip
@@ -1087,7 +1096,6 @@ def bench(
     from tuner.runtime.bench import BenchRow, bench_plans
     from tuner.runtime.whole import measure_compiler_points, with_compiler_points
 
-    _check_dtype(dtype)
     if not torch.cuda.is_available():
         raise _fail("memtune bench measures on a CUDA GPU and none is available here; use `memtune simulate` on a CPU")
     from tuner.runtime.guard import configure_allocator

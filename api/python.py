@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from tuner.bound import StepBound
     from tuner.runtime.planned import PlannedBase
 
-__all__ = ["Tuned", "device_label", "planned", "profile", "tune"]
+__all__ = ["DTYPES", "Tuned", "check_arguments", "device_label", "planned", "profile", "tune"]
 
 
 def device_label(profile: Profile) -> str:
@@ -113,6 +113,7 @@ def profile(
     """
     from profiler import profile_module
 
+    check_arguments(dtype=dtype, gpu=gpu)  # before any measuring
     with _bar("profiling", progress) as update:
         prof = profile_module(
             model,
@@ -274,8 +275,9 @@ def tune(
         A ``Tuned``: ``plan`` (for ``planned``), ``table()``, ``bound``; ``print(tuned)`` shows all three.
 
     Raises:
-        ProfilerError: as ``profile``. TunerError: a bad budget or search setting, or ``compile`` not one of True,
-            False or ``"auto"``.
+        ProfilerError: as ``profile``; ``UnknownGPUError`` for a ``gpu`` memtune does not know.
+        TunerError: a bad budget, optimizer, dtype, trials or headroom (refused before any profiling, the message
+            naming the argument and what it takes), or ``compile`` not one of True, False or ``"auto"``.
     """
     import optuna
 
@@ -284,9 +286,9 @@ def tune(
     from tuner.bound import step_lower_bound
     from tuner.calibration import missing_calibration
 
+    check_arguments(budget=budget, optimizer=optimizer, dtype=dtype, gpu=gpu, trials=trials, headroom=headroom)
     if compile not in (True, False, "auto"):
         raise TunerError(f"compile must be True, False or 'auto', not {compile!r}")
-    Budget.parse(budget)  # a budget not in the grammar is refused before any profiling
     if isinstance(model_or_profile, Profile):
         prof = model_or_profile
     else:
@@ -329,6 +331,46 @@ def tune(
     except RuntimeError:  # the solver gave no answer: the plan stands without its bound
         bound = None
     return Tuned(result, bound)
+
+
+#: the dtypes a step is profiled in: ``float32``, or ``bfloat16``/``float16`` under autocast
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_arguments(
+    *,
+    budget: str | int | Budget | None = None,
+    optimizer: str | None = None,
+    dtype: str | None = None,
+    gpu: str | None = None,
+    trials: int | None = None,
+    headroom: float | None = None,
+) -> None:
+    """Refuse a bad argument before any profiling, each error naming the argument and what it accepts; ``None``
+    skips a check. ``tune`` and the command line call it first, so a typo costs no minutes of measuring.
+
+    Raises:
+        BudgetError: ``budget`` is not in the grammar (NOTE [ Budget grammar ]).
+        UnknownGPUError: ``gpu`` is no GPU type memtune knows (the message lists them).
+        TunerError: ``optimizer``, ``dtype``, ``trials`` or ``headroom`` is not one the search takes.
+    """
+    from tuner import TunerError
+    from tuner.simulator import OPTIMIZERS
+
+    if budget is not None:
+        Budget.parse(budget)
+    if optimizer is not None and optimizer not in OPTIMIZERS:
+        raise TunerError(f"optimizer {optimizer!r} is not known: use sgd (momentum), adam or none")
+    if dtype is not None and dtype not in DTYPES:
+        raise TunerError(f"dtype {dtype!r} is not known: use float32, bfloat16 or float16 (autocast)")
+    if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 1):
+        raise TunerError(f"trials must be a whole number of at least 1, not {trials!r}")
+    if headroom is not None and not 0.0 <= headroom < 1.0:
+        raise TunerError(f"headroom {headroom!r} is not a fraction of the budget in [0, 1), e.g. 0.1")
+    if gpu is not None:
+        from profiler import get_gpu
+
+        get_gpu(gpu)
 
 
 #: activation budgets of the whole model compiled that ``tune(..., compile=True)`` measures
