@@ -418,6 +418,9 @@ def planned(
     ``plan`` may be what ``tune`` returned, a ``Plan``, or a plan file (``memtune tune --plan-out``). Keyword
     arguments go to ``tuner.runtime.planned.planned`` (``pool_bytes``, ``clone_segment_inputs``).
 
+    The planned model's ``state_dict()`` has ``model``'s own keys: a checkpoint saved from it loads into your model
+    class without the plan, and your own checkpoint loads into it (``load_state_dict``).
+
     Raises:
         PlanError: no plan fits (``tune`` found none), or the plan does not match the model's stages.
     """

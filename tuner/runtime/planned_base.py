@@ -11,6 +11,7 @@ import contextlib
 import gc
 import traceback
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,6 +23,50 @@ from tuner.runtime.offload import OffloadRuntime, OffloadStats, StepState
 from tuner.runtime.pool import HostPool
 
 __all__ = ["PlannedBase"]
+
+
+# NOTE [ The model's own state dict ]
+# A planned model holds the user's model as its submodule ``model``, so torch would save its weights under
+# ``model.`` and a checkpoint of the planned model would not load into the user's own class (nor the user's own
+# checkpoint into the planned model). The wrapper has no state of its own, so its state dict is the model's: the
+# ``model.`` step is dropped when saving and added back when loading, at whatever depth the planned model sits
+# (a planned model inside a larger module too). A Hugging Face model whose own keys start with ``model.`` keeps
+# them: only the wrapper's one step is removed.
+_WRAPPED = "model."
+
+
+def _state_dict_without_wrapper(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]
+) -> None:
+    """Rename ``{prefix}model.{key}`` to ``{prefix}{key}`` in place, the version metadata too (NOTE [ The model's
+    own state dict ]); the wrapped model's own metadata takes the wrapper's place."""
+    inner = prefix + _WRAPPED
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner) :]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is None:
+        return
+    if inner[:-1] in metadata:
+        metadata[prefix[:-1]] = metadata.pop(inner[:-1])
+    for key in [k for k in metadata if k.startswith(inner)]:
+        metadata[prefix + key[len(inner) :]] = metadata.pop(key)
+
+
+def _load_into_wrapped(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any], *_: object
+) -> None:
+    """Rename ``{prefix}{key}`` to ``{prefix}model.{key}`` in place before the wrapped model loads (NOTE [ The
+    model's own state dict ]). ``state_dict`` is torch's copy; its metadata is the caller's, so entries are added
+    for the wrapped model, none removed."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        state_dict[prefix + _WRAPPED + key[len(prefix) :]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is None:
+        return
+    if prefix[:-1] in metadata:
+        metadata.setdefault(prefix + _WRAPPED[:-1], metadata[prefix[:-1]])
+    for key in [k for k in metadata if k.startswith(prefix)]:
+        metadata.setdefault(prefix + _WRAPPED + key[len(prefix) :], metadata[key])
 
 
 class PlannedBase(nn.Module):
@@ -43,6 +88,8 @@ class PlannedBase(nn.Module):
         self._runtime = OffloadRuntime(reserve_bytes=pool_bytes)
         self._step: StepState | None = None
         self._budget_bytes: int | None = None  # set by oom_guard, for error messages
+        self.register_state_dict_post_hook(_state_dict_without_wrapper)  # NOTE [ The model's own state dict ]
+        self.register_load_state_dict_pre_hook(_load_into_wrapped)
 
     # ---- inspection ------------------------------------------------------------------------------
     @property
