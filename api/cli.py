@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from api.python import device_label
 from profiler import Profile, ProfilerError
 from tuner import Action, Plan, TunerError, format_bytes, planning_headroom
 from tuner.budget import Budget, profile_budget, search_budget
@@ -473,7 +472,9 @@ def _check_arguments(**arguments: Any) -> None:
     try:
         check_arguments(**arguments)
     except (ProfilerError, TunerError) as exc:
-        raise _fail(str(exc)) from exc
+        message = str(exc).strip("\"'")
+        named = next((name for name in arguments if message.startswith(f"{name} ")), None)
+        raise _fail(f"--{message}" if named else message) from exc
 
 
 @app.command()
@@ -603,6 +604,8 @@ def profile(
     if as_json:
         sys.stdout.write(prof.to_json() + "\n")
         return
+    from api.python import device_label
+
     table = Table(
         "#",
         "stage",
@@ -786,6 +789,7 @@ def _print_peak_check(prof: Profile) -> None:
 
 def _print_tuned(result: Any, prof: Profile, budget_bytes: int, optimizer: str, pareto: bool) -> None:
     """``tune``'s report: the baselines, the best plan in words or stage by stage, its bound, the Pareto front."""
+    from api.python import device_label
     from tuner import Simulator
     from tuner.bound import step_lower_bound
 

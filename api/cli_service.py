@@ -20,12 +20,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from api.settings import Settings
-from storage import Database, StorageError, upgrade
-from storage.repositories import KeyRepository
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the database's modules load in the commands that use them: `memtune --help` stays quick
     from api.client import MemtuneClient
+    from api.settings import Settings
+    from storage import Database
 
 __all__ = ["ServePlan", "register", "serve_plan"]
 
@@ -44,10 +42,14 @@ def _settings(data_dir: Path | None, database_url: str | None, **more: object) -
         overrides["data_dir"] = data_dir
     if database_url is not None:
         overrides["database_url"] = database_url
+    from api.settings import Settings
+
     return Settings(**overrides)  # type: ignore[arg-type]
 
 
 def _database(settings: Settings) -> Database:
+    from storage import Database, StorageError, upgrade
+
     db = Database(settings.url())
     try:
         upgrade(db)
@@ -225,6 +227,9 @@ def keys_create(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create an API key; the key is printed as the last line (it is not stored and cannot be shown again)."""
+    from storage import StorageError
+    from storage.repositories import KeyRepository
+
     db = _database(_settings(data_dir, database_url))
     try:
         with db.session() as s:
@@ -239,6 +244,8 @@ def keys_create(
 @keys_app.command("list")
 def keys_list(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> None:
     """List API keys (name, prefix, created, revoked)."""
+    from storage.repositories import KeyRepository
+
     db = _database(_settings(data_dir, database_url))
     with db.session() as s:
         keys = KeyRepository(s).list_all()
@@ -254,6 +261,9 @@ def keys_revoke(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Revoke an API key by name; requests with it get 401 from then on."""
+    from storage import StorageError
+    from storage.repositories import KeyRepository
+
     db = _database(_settings(data_dir, database_url))
     try:
         with db.session() as s:

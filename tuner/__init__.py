@@ -1,14 +1,18 @@
 """memtune tuner: plans, the simulator, baseline policies, the Optuna search and the exact optimum, and data-parallel
 plans over a shared host link (``simulate_ranks``).
 
-Everything here is pure Python (no torch); ``tuner.runtime`` applies plans to live models.
+Everything here is pure Python (no torch); ``tuner.runtime`` applies plans to live models. The search and the exact
+optimum (``tune``, ``Candidate``, ``TuneResult``, ``exact_front``, ``exact_optimum``) load Optuna, so they are
+loaded on first use: a command line's ``--help`` and a simulation start without it.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from tuner.budget import format_bytes, parse_budget
 from tuner.errors import BudgetError, CalibrationError, PlanError, SearchError, TunerError
-from tuner.exact import exact_front, exact_optimum
 from tuner.inference import (
     InferenceFacts,
     InferencePlan,
@@ -24,9 +28,13 @@ from tuner.plan import Action, Plan
 from tuner.policies import POLICIES, run_policy
 from tuner.prefetch_trigger import PrefetchTrigger, prefetch_trigger
 from tuner.ranks import RanksResult, Stagger, ranks_prefetch_trigger, simulate_ranks, stagger_for
-from tuner.search import Candidate, TuneResult, tune
 from tuner.sharding import shard_units, sharded_profile
 from tuner.simulator import SimResult, Simulator, simulate
+
+# The lazy names, for type checkers (``__getattr__`` would make them ``Any``).
+if TYPE_CHECKING:
+    from tuner.exact import exact_front, exact_optimum
+    from tuner.search import Candidate, TuneResult, tune
 
 __all__ = [
     "POLICIES",
@@ -69,3 +77,17 @@ __all__ = [
     "stagger_for",
     "tune",
 ]
+
+_LAZY = {
+    "Candidate": "tuner.search",
+    "TuneResult": "tuner.search",
+    "tune": "tuner.search",
+    "exact_front": "tuner.exact",
+    "exact_optimum": "tuner.exact",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tuner' has no attribute {name!r}")

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "profiler" / "data" / "resnet50-b128-float32-h100.json"
 
@@ -58,3 +60,34 @@ def test_simulate_and_tune_run_without_torch() -> None:
     found = re.search(r"step_ms=(\d+\.\d+) loss_ms=(\d+\.\d+) tuned_ms=(\d+\.\d+)", run.stdout)
     assert found, run.stdout
     assert float(found[1]) > 0
+
+
+HELP = """
+import sys
+
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from api.cli import app
+
+runner = CliRunner()
+group = get_command(app)
+names = [[]] + [[name] for name in group.commands] + [
+    [name, sub] for name, cmd in group.commands.items() for sub in getattr(cmd, "commands", {})
+]
+for args in names:
+    done = runner.invoke(app, [*args, "--help"])
+    assert done.exit_code == 0 and "Usage" in done.output, (args, done.output)
+heavy = sorted(m for m in ("torch", "optuna", "sqlalchemy", "alembic", "fastapi") if m in sys.modules)
+print("commands", len(names), "heavy", heavy)
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter showing every command's help: about three seconds on two cores
+def test_help_imports_no_torch() -> None:
+    """``memtune --help`` and every subcommand's ``--help`` load neither torch nor the search's or the database's
+    libraries (each command imports them when it runs), so the help comes in about a second, not two."""
+    run = subprocess.run([sys.executable, "-c", HELP], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.stdout.split("heavy", 1)[1].strip() == "[]", run.stdout
+    assert int(run.stdout.split()[1]) > 10, run.stdout  # every command was shown

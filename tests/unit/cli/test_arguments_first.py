@@ -55,10 +55,10 @@ def test_profile_refuses_a_bad_dtype_or_gpu_before_measuring() -> None:
     ("options", "message"),
     [
         (["--budget", "2"], "has no unit"),
-        (["--optimizer", "adamw"], "optimizer 'adamw' is not known"),
-        (["--dtype", "fp16"], "dtype 'fp16' is not known"),
+        (["--optimizer", "adamw"], "--optimizer 'adamw' is not known"),
+        (["--dtype", "fp16"], "--dtype 'fp16' is not known"),
         (["--gpu", "h900"], "h900"),
-        (["--headroom", "1.5"], "headroom 1.5 is not a fraction"),
+        (["--headroom", "1.5"], "--headroom 1.5 is not a fraction"),
     ],
 )
 def test_the_command_line_refuses_a_bad_option_before_measuring_a_factory(
