@@ -126,15 +126,20 @@ class MemtuneClient:
             body["spec"] = dict(spec)
         return ModelPublic.model_validate(self._request("POST", "/v1/models", json=body).json())
 
-    def upload_exported(self, archive: bytes, *, name: str | None = None, int_high: int | None = None) -> ModelPublic:
+    def upload_exported(
+        self, archive: bytes, *, name: str | None = None, int_high: int | None = None, gpu: str | None = None
+    ) -> ModelPublic:
         """``POST /v1/models/exported``: a ``torch.export.save`` archive's bytes; the same structure shares an id.
 
-        ``int_high`` bounds the values of integer inputs that index no embedding (e.g. the vocabulary size)."""
+        ``int_high`` bounds the values of integer inputs that index no embedding (e.g. the vocabulary size); ``gpu``
+        names the GPU type whose memory every tensor must fit (default: the largest known)."""
         params: dict[str, Any] = {}
         if name is not None:
             params["name"] = name
         if int_high is not None:
             params["int_high"] = int_high
+        if gpu is not None:
+            params["gpu"] = gpu
         r = self._request(
             "POST",
             "/v1/models/exported",

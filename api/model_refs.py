@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "build_stored_chain",
     "check_batch",
+    "check_tensor_sizes",
     "store_exported_model",
     "store_spec_model",
     "store_zoo_model",
@@ -138,6 +139,35 @@ def check_batch(model: ModelRecord, batch: int) -> None:
             field="batch",
             model_batch=exported,
         )
+
+
+def check_tensor_sizes(model: ModelRecord, gpu_key: str, memory_bytes: int) -> None:
+    """An exported program whose largest tensor (a parameter, buffer, constant, node output or factory call's
+    tensor; NOTE [ Upload limits ] in ``profiler.exported_checks``) is over the GPU type's memory fits no plan:
+    refuse a job of it on that GPU type. The upload was checked against the GPU type it named, else the largest.
+
+    Raises:
+        ProblemError: 422 ``tensor_too_large``, naming the tensor, its bytes and the GPU's memory.
+    """
+    if model.kind != "exported":
+        return
+    summary = model.definition["exported"]
+    nbytes = int(summary.get("max_tensor_bytes") or 0)
+    if nbytes <= memory_bytes:
+        return
+    name = summary.get("largest_tensor_name")
+    what = summary.get("largest_tensor") or f"a tensor of {nbytes} bytes"
+    raise ProblemError(
+        422,
+        "tensor_too_large",
+        "Tensor larger than the GPU's memory",
+        f"model {model.id}: {what}, over the {memory_bytes} bytes of the {gpu_key}'s memory: no memory plan can fit "
+        "a tensor larger than the GPU; submit the job for a GPU type with more memory, or export the model smaller",
+        field="model",
+        tensor=name,
+        tensor_bytes=nbytes,
+        limit_bytes=memory_bytes,
+    )
 
 
 def build_stored_chain(kind: str, definition_json: str) -> ModelChain:

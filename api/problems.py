@@ -21,6 +21,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from profiler import ArchiveTooLargeError, ExportedError, ProfilerError, SpecError, UnknownGPUError
+from profiler.errors import TensorTooLargeError
 from storage import ConflictError, NotFoundError, StorageError, UnavailableError
 from tuner import BudgetError, CalibrationError, TunerError
 
@@ -166,6 +167,19 @@ def install_problem_handlers(app: FastAPI) -> None:
             str(exc) + " (MEMTUNE_MAX_EXPORTED_BYTES)",
             limit_bytes=exc.limit_bytes,
             member=exc.member,
+        )
+
+    @app.exception_handler(TensorTooLargeError)
+    async def _tensor_too_large(_: Request, exc: TensorTooLargeError) -> JSONResponse:
+        return problem_response(
+            422,
+            "tensor_too_large",
+            "Tensor larger than the GPU's memory",
+            str(exc),
+            member=exc.member,
+            tensor=exc.tensor,
+            tensor_bytes=exc.nbytes,
+            limit_bytes=exc.limit_bytes,
         )
 
     @app.exception_handler(ExportedError)

@@ -26,6 +26,8 @@ class Settings(BaseSettings):
         max_body_bytes: request bodies above this many bytes get 413.
         max_exported_bytes: the same for an exported program's archive (``POST /v1/models/exported``), which is
             also the most it may unpack to.
+        max_exported_check_s: seconds an exported program's check may take; a slower one is stopped and the upload
+            refused (NOTE [ Upload limits ] in ``profiler.exported_checks``).
         embedded_worker: run one worker thread inside the API process (``memtune serve``).
         worker_gpus: GPU type keys the embedded worker serves; empty for every known GPU type.
         heartbeat_interval_s: seconds between a worker's job heartbeats.
@@ -50,6 +52,7 @@ class Settings(BaseSettings):
     reads_open: bool = True
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     max_exported_bytes: int = Field(default=256 << 20, ge=1024)
+    max_exported_check_s: float = Field(default=20.0, gt=0)
     embedded_worker: bool = False
     worker_gpus: list[str] = Field(default_factory=list)
     heartbeat_interval_s: float = Field(default=2.0, gt=0)

@@ -5,17 +5,41 @@ Hierarchy::
     ProfilerError
     ├── SpecError               a JSON model spec or zoo request is invalid (names layer index, field, limit)
     ├── ExportedError           an exported program (.pt2) is refused (names the archive member and field)
-    │   └── ArchiveTooLargeError  the archive, or what it unpacks to, is over the size limit
+    │   ├── ArchiveTooLargeError  the archive, or what it unpacks to, is over the size limit
+    │   └── TensorTooLargeError   a tensor the program holds or makes is larger than the GPU's memory
     └── UnknownGPUError         a GPU name is not in the roofline table
 """
 
 from __future__ import annotations
 
-__all__ = ["ArchiveTooLargeError", "ExportedError", "ProfilerError", "SpecError", "UnknownGPUError"]
+from typing import Any
+
+__all__ = [
+    "ArchiveTooLargeError",
+    "ExportedError",
+    "ProfilerError",
+    "SpecError",
+    "TensorTooLargeError",
+    "UnknownGPUError",
+]
+
+
+def _restore(cls: type[ProfilerError], args: tuple[Any, ...], state: dict[str, Any]) -> ProfilerError:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class ProfilerError(Exception):
-    """Base class of every error the profiler raises."""
+    """Base class of every error the profiler raises.
+
+    Errors pickle with their attributes (an exported program is checked in a child process of the API, which sends
+    back what it raised); ``Exception``'s own pickling calls ``cls(*args)``, which keyword-only fields defeat.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (type(self), self.args, dict(self.__dict__)))
 
 
 class SpecError(ProfilerError, ValueError):
@@ -62,6 +86,25 @@ class ArchiveTooLargeError(ExportedError):
 
     def __init__(self, message: str, *, limit_bytes: int, member: str | None = None) -> None:
         super().__init__(message, member=member)
+        self.limit_bytes = limit_bytes
+
+
+class TensorTooLargeError(ExportedError):
+    """A tensor an exported program holds (a parameter, buffer or constant) or makes (a node's output, a factory
+    call's size) takes more bytes than ``limit_bytes``, the memory of the GPU it is meant for: no plan can fit it.
+
+    Args:
+        message: which tensor, its dtype and sizes, and what to do.
+        tensor: the tensor's name (a qualified parameter name, or a graph node's).
+        nbytes: its bytes.
+        limit_bytes: the limit it is over.
+        member: the archive member that declares it.
+    """
+
+    def __init__(self, message: str, *, tensor: str, nbytes: int, limit_bytes: int, member: str | None = None) -> None:
+        super().__init__(message, member=member, field=tensor)
+        self.tensor = tensor
+        self.nbytes = nbytes
         self.limit_bytes = limit_bytes
 
 

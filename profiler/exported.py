@@ -53,8 +53,11 @@ once). ``load_exported`` checks whatever it is given (the stored canonical archi
 ``torch.export.load`` returns, before unflattening it.
 
 What is left is the program's own math: ATen operators on tensors of declared, static shapes. A program can still
-be slow or ask for much memory (its largest declared tensor is ``CheckedProgram.max_tensor_bytes``); that is
-bounded by the job's failure path and the worker host's limits, not by a sandbox.
+be slow or ask for much memory. Its largest tensor (``CheckedProgram.max_tensor_bytes``: parameters, buffers and
+constants, every node's declared output, and the sizes factory calls such as ``aten.ones`` ask for) is checked
+against a GPU's memory (``max_tensor_bytes``; the service passes the GPU type's, NOTE [ Upload limits ] in
+``profiler.exported_checks``); the rest is bounded by the job's failure path and the worker host's limits, not by a
+sandbox.
 
 The digest keys the stored model: SHA-256 of the canonical program JSON (``torch_version`` left out), the weight
 and constant configs (names, shapes, strides, dtypes, ``requires_grad``; not the values) and the integer inputs'
@@ -78,7 +81,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiler.errors import ArchiveTooLargeError, ExportedError
+from profiler.errors import ArchiveTooLargeError, ExportedError, TensorTooLargeError
 from profiler.exported_checks import (
     CONSTANT_RECORD,
     CONSTANTS_CONFIG,
@@ -88,9 +91,11 @@ from profiler.exported_checks import (
     WEIGHT_RECORD,
     WEIGHTS_CONFIG,
     Payload,
+    TensorSize,
     check_graph,
     check_payloads,
     check_program,
+    largest_tensor,
     member_json,
     member_text,
     read_members,
@@ -103,6 +108,7 @@ __all__ = [
     "CheckedProgram",
     "ExportedError",
     "ExportedInput",
+    "TensorTooLargeError",
     "check_exported",
     "example_inputs",
     "load_exported",
@@ -136,8 +142,10 @@ class CheckedProgram:
         n_nodes: operator calls in the graph.
         n_parameters: parameter tensors; ``parameter_bytes`` their size.
         buffer_bytes: bytes of buffers and tensor constants (their values are kept).
-        max_tensor_bytes: the largest tensor the graph declares, bytes.
+        max_tensor_bytes: the largest tensor the program holds or makes, bytes (NOTE [ Upload limits ] in
+            ``profiler.exported_checks``); ``largest_tensor`` says which.
         torch_version: the torch that exported it.
+        largest_tensor: that tensor, or None for a program without tensors.
     """
 
     archive: bytes
@@ -149,6 +157,7 @@ class CheckedProgram:
     buffer_bytes: int
     max_tensor_bytes: int
     torch_version: str
+    largest_tensor: TensorSize | None = None
 
     @property
     def batch(self) -> int:
@@ -164,12 +173,21 @@ class CheckedProgram:
             "parameter_bytes": self.parameter_bytes,
             "buffer_bytes": self.buffer_bytes,
             "max_tensor_bytes": self.max_tensor_bytes,
+            "largest_tensor": None if self.largest_tensor is None else self.largest_tensor.describe(),
+            "largest_tensor_name": None if self.largest_tensor is None else self.largest_tensor.name,
             "archive_bytes": len(self.archive),
             "torch_version": self.torch_version,
         }
 
 
-def check_exported(data: bytes, *, max_bytes: int, int_high: int | None = None) -> CheckedProgram:
+def check_exported(
+    data: bytes,
+    *,
+    max_bytes: int,
+    int_high: int | None = None,
+    max_tensor_bytes: int | None = None,
+    memory_of: str = "",
+) -> CheckedProgram:
     """Check a ``.pt2`` archive without running anything from it, and reduce it to its canonical form.
 
     The archive is read with ``zipfile``, ``json`` and ``pickletools`` only (NOTE [ Safe exported programs ]):
@@ -181,6 +199,9 @@ def check_exported(data: bytes, *, max_bytes: int, int_high: int | None = None) 
         max_bytes: the most bytes the archive may have, and may unpack to.
         int_high: for integer inputs that index no embedding, the exclusive upper bound of their values (a
             vocabulary size); an embedding's rows bound the inputs that index it.
+        max_tensor_bytes: the most bytes any one tensor the program holds or makes may take (a GPU's memory); None
+            for no limit.
+        memory_of: whose memory ``max_tensor_bytes`` is, for the error (``"the h200's memory"``).
 
     Returns:
         The ``CheckedProgram``: canonical archive, structural digest, inputs.
@@ -188,6 +209,8 @@ def check_exported(data: bytes, *, max_bytes: int, int_high: int | None = None) 
     Raises:
         ExportedError: naming the member (and field or node) that is refused, and why.
         ArchiveTooLargeError: the archive, or what it unpacks to, exceeds ``max_bytes``.
+        TensorTooLargeError: a parameter, buffer, constant, node output or factory call's tensor is over
+            ``max_tensor_bytes``; names it, its bytes and the limit.
     """
     from torch.export.pt2_archive.constants import ARCHIVE_VERSION_VALUE
 
@@ -204,6 +227,12 @@ def check_exported(data: bytes, *, max_bytes: int, int_high: int | None = None) 
     constants_doc, constants = check_payloads(members, CONSTANTS_CONFIG, CONSTANT_RECORD)
     _match_state(program.state, weights, constants)
     inputs = tuple(_input(name, meta, program.highs.get(name), int_high) for name, meta in program.inputs)
+    held = [
+        TensorSize(p.fqn, "parameter" if p.is_param else kind, p.meta, config)
+        for payloads, kind, config in ((weights, "buffer", WEIGHTS_CONFIG), (constants, "constant", CONSTANTS_CONFIG))
+        for p in payloads
+    ]
+    largest = largest_tensor([*held, *program.tensors], max_tensor_bytes, memory_of)
 
     structure = {
         "program": {k: v for k, v in program.canonical.items() if k != "torch_version"},
@@ -222,8 +251,9 @@ def check_exported(data: bytes, *, max_bytes: int, int_high: int | None = None) 
         n_parameters=len(params),
         parameter_bytes=sum(p.meta.nbytes for p in params),
         buffer_bytes=sum(p.meta.nbytes for p in (*weights, *constants) if not p.is_param),
-        max_tensor_bytes=program.max_tensor_bytes,
+        max_tensor_bytes=largest.nbytes if largest is not None else 0,
         torch_version=program.torch_version,
+        largest_tensor=largest,
     )
 
 

@@ -4,6 +4,7 @@ and constant configs, and the program JSON, field by field against torch's progr
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import operator
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch._export.serde.schema import SCHEMA_VERSION, ScalarType
 
-from profiler.errors import ArchiveTooLargeError, ExportedError
+from profiler.errors import ArchiveTooLargeError, ExportedError, TensorTooLargeError
 
 __all__ = [
     "CONSTANTS_CONFIG",
@@ -32,9 +33,11 @@ __all__ = [
     "Payload",
     "Program",
     "TensorMeta",
+    "TensorSize",
     "check_graph",
     "check_payloads",
     "check_program",
+    "largest_tensor",
     "member_json",
     "member_text",
     "read_members",
@@ -63,7 +66,15 @@ _REFUSED_MEMBERS = (
 # 100,000 empty members or a program of 300,000 dead nodes were accepted (the nodes held a check for 55.9 s).
 # torch.export.save stores every member uncompressed, so only a re-packed archive has deflated members, and a
 # program JSON deflates some 10-30x; a model's graph has some thousands of operator calls (ResNet-50's training
-# graph ~1,700, a 48-layer transformer's ~10,000).
+# graph ~1,700, a 48-layer transformer's ~10,000). Within these limits a check can still take long (20,000 dead
+# nodes: some 5 s; 100,000: some 25 s on two busy cores), so the service checks an upload in a child process it kills
+# past MEMTUNE_MAX_EXPORTED_CHECK_S (``api.exported_upload``). And a small archive can declare a tensor no GPU holds: a
+# parameter whose record is empty (torch.export.load makes zeros of its declared shape), or a call such as
+# ``torch.ones(2**32)`` (``aten.ones.default`` with ``size`` [4294967296], 16 GiB): every tensor the program holds or
+# makes (``TensorSize``: parameters, buffers, constants, every node's declared output, and the size a call that
+# allocates (no view) is given, whatever its output's metadata says) is checked against the GPU type's memory, at
+# upload (the ``gpu`` asked for, else the largest GPU type known) and again when a job names its GPU type. Shapes are
+# taken as declared: a view's sizes and what a later call makes of them are not propagated.
 _MAX_MEMBERS = 10_000
 _MAX_RATIO = 100  # unpacked / packed bytes of a deflated member above _RATIO_FROM
 _RATIO_FROM = 1 << 20
@@ -311,6 +322,55 @@ class TensorMeta:
         return self.offset + sum((s - 1) * st for s, st in zip(self.sizes, self.strides, strict=True)) + 1
 
 
+@dataclass(frozen=True)
+class TensorSize:
+    """A tensor a program holds or makes, by name, with its bytes (NOTE [ Upload limits ]).
+
+    Attributes:
+        name: a parameter's, buffer's or constant's qualified name, or the graph node that makes the tensor.
+        what: what it is (``parameter``, ``buffer``, ``output of node``, ``size argument of node`` …).
+        meta: its dtype and sizes as declared.
+        member: the archive member that declares it.
+        op: the operator of the node that makes it (``aten.ones.default``), if a node does.
+    """
+
+    name: str
+    what: str
+    meta: TensorMeta
+    member: str = PROGRAM
+    op: str | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.meta.nbytes
+
+    def describe(self) -> str:
+        call = f", a call of {self.op}" if self.op else ""
+        return f"{self.what} {self.name!r}{call}: {self.meta.dtype}, sizes {list(self.meta.sizes)}, {self.nbytes} bytes"
+
+
+def largest_tensor(tensors: list[TensorSize], limit_bytes: int | None = None, where: str = "") -> TensorSize | None:
+    """The largest of ``tensors`` (None when there are none).
+
+    Raises:
+        TensorTooLargeError: it is over ``limit_bytes`` (``where`` says whose limit, e.g. "the h200's 141 GB").
+    """
+    if not tensors:
+        return None
+    top = max(tensors, key=lambda t: t.nbytes)
+    if limit_bytes is not None and top.nbytes > limit_bytes:
+        raise TensorTooLargeError(
+            f"{top.describe()}, over the {limit_bytes} bytes of {where or 'the limit'}: no memory plan can fit a "
+            "tensor larger than the GPU (NOTE [ Upload limits ]); export the model smaller, or for a GPU with more "
+            "memory",
+            tensor=top.name,
+            nbytes=top.nbytes,
+            limit_bytes=limit_bytes,
+            member=top.member,
+        )
+    return top
+
+
 def _int(value: Any, where: str, member: str = PROGRAM, *, lo: int = 0, hi: int = _MAX_DIM) -> int:
     if type(value) is not int or not lo <= value <= hi:
         raise _bad(f"expected an integer in [{lo}, {hi}], got {str(value)[:40]}", where, member)
@@ -469,6 +529,10 @@ class _Graph:
 
     tensors: dict[str, TensorMeta]
     highs: dict[str, int]
+    #: tensor name -> (node, operator) of the node that makes it
+    made_by: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    #: tensors of the sizes that factory calls ask for (``aten.ones.default``'s ``size``), whatever the metadata says
+    created: list[TensorSize] = dataclasses.field(default_factory=list)
 
 
 def _tensor(ref: Any, where: str, g: _Graph) -> str:
@@ -516,11 +580,11 @@ def _argument(arg: Any, where: str, g: _Graph) -> None:
                     raise _bad(f"expected a number, got {str(x)[:40]!r}", where)
 
 
-def _operator(target: Any, where: str) -> None:
-    """An ATen or prims operator overload that exists here and touches no file, or ``operator.getitem``: looked up
-    by attribute under ``torch.ops`` (nothing is called)."""
+def _operator(target: Any, where: str) -> torch._ops.OpOverload | None:
+    """An ATen or prims operator overload that exists here and touches no file, or ``operator.getitem`` (None):
+    looked up by attribute under ``torch.ops`` (nothing is called)."""
     if target == _GETITEM:
-        return
+        return None
     match = _TARGET.match(target) if isinstance(target, str) else None
     if not match:
         raise _bad(
@@ -538,6 +602,7 @@ def _operator(target: Any, where: str) -> None:
         raise _bad(f"operator {target!r} does not exist in this server's torch {torch.__version__}", where)
     if any(a.name == "filename" for a in resolved._schema.arguments):
         raise _bad(f"operator {target!r} reads or writes files", where)
+    return resolved
 
 
 def _module_stack(text: Any, where: str) -> str:
@@ -567,7 +632,7 @@ def _nodes(nodes: Any, g: _Graph) -> list[dict[str, Any]]:
         )
         where = _name(node.get("name") or f"node_{k}", f"node {k}")
         target = node["target"]
-        _operator(target, where)
+        op = _operator(target, where)
         if target in _EVAL_ONLY:
             raise _eval_mode(where, target)
         named: dict[str, Any] = {}
@@ -575,8 +640,15 @@ def _nodes(nodes: Any, g: _Graph) -> list[dict[str, Any]]:
             _fields(arg, {"name", "arg", "kind"}, where)
             named[_name(arg["name"], where)] = arg["arg"]
             _argument(arg["arg"], f"{where}.{arg['name']}", g)
+        made = target.removeprefix("torch.ops.")
+        outputs = []
         for out_arg in _list(node["outputs"], where):
             _argument(out_arg, f"{where} output", g)
+            listed_out = out_arg.get("as_tensors") or [out_arg.get("as_tensor")]
+            outputs += [t["name"] for t in listed_out if isinstance(t, dict)]
+        for name in outputs:
+            g.made_by.setdefault(name, (where, made))
+        _size_argument(op, named.get("size"), outputs, where, made, g)
         flag = _EVAL_MODE.get(target)
         if flag is not None and named.get(flag) == {"as_bool": False}:
             raise _eval_mode(where, target, flag)
@@ -597,6 +669,22 @@ def _nodes(nodes: Any, g: _Graph) -> list[dict[str, Any]]:
         )
         out.append(dict(node, metadata=canonical))
     return out
+
+
+def _size_argument(
+    op: torch._ops.OpOverload | None, size: Any, outputs: list[str], where: str, made: str, g: _Graph
+) -> None:
+    """A call that allocates a new tensor of the sizes it is given (``aten.ones.default``'s ``size``; not a view such
+    as ``expand``) makes that tensor whatever its output's metadata declares: its bytes count too."""
+    if op is None or not isinstance(size, dict) or set(size) != {"as_ints"} or not op._schema.returns:
+        return
+    if op._schema.returns[0].alias_info is not None:  # a view of its input: allocates nothing
+        return
+    sizes = tuple(_int(s, where, lo=0, hi=_MAX_INT) for s in size["as_ints"])
+    out = g.tensors.get(outputs[0]) if outputs else None
+    dtype, itemsize = (out.dtype, out.itemsize) if out is not None else ("int64", 8)
+    meta = TensorMeta(dtype, itemsize, sizes, (), 0)
+    g.created.append(TensorSize(where, "size argument of node", meta, op=made))
 
 
 def _eval_mode(where: str, target: str, flag: str | None = None) -> ExportedError:
@@ -716,7 +804,8 @@ class Program:
         highs: integer inputs' exclusive bounds, from the embeddings they index.
         state: parameters', buffers' and tensor constants' kinds by qualified name.
         n_nodes: operator calls.
-        max_tensor_bytes: the largest tensor the graph declares.
+        tensors: every tensor the graph declares (inputs, parameters, buffers, constants, the nodes' outputs) and
+            every one its factory calls ask for, by name.
     """
 
     canonical: dict[str, Any]
@@ -724,7 +813,13 @@ class Program:
     highs: dict[str, int]
     state: dict[str, str]
     n_nodes: int
-    max_tensor_bytes: int
+    tensors: list[TensorSize]
+
+    @property
+    def max_tensor_bytes(self) -> int:
+        """The largest tensor's bytes (0 when there is none)."""
+        top = largest_tensor(self.tensors)
+        return top.nbytes if top is not None else 0
 
     @property
     def torch_version(self) -> str:
@@ -807,8 +902,28 @@ def check_program(doc: Any) -> Program:
         "torch_version": torch_version,
         "guards_code": [],
     }
-    max_bytes = max((m.nbytes for m in g.tensors.values()), default=0)
-    return Program(canonical, inputs, g.highs, state, len(nodes), max_bytes)
+    return Program(canonical, inputs, g.highs, state, len(nodes), _tensor_sizes(g, gm["signature"]))
+
+
+def _tensor_sizes(g: _Graph, signature: dict[str, Any]) -> list[TensorSize]:
+    """Every tensor of the graph by its most telling name: a state tensor by its qualified name, a node's output by
+    its node, the rest (inputs) by their own; and the tensors factory calls ask for."""
+    named: dict[str, tuple[str, str]] = {}
+    for spec in signature["input_specs"]:
+        ((kind, body),) = spec.items()
+        if kind in _STATE:
+            named[body["arg"]["name"]] = (body[_STATE[kind][0]], kind.replace("_", " "))
+        else:
+            named[body["arg"]["as_tensor"]["name"]] = (body["arg"]["as_tensor"]["name"], "input")
+    out = []
+    for name, meta in g.tensors.items():
+        if name in g.made_by:
+            node, op = g.made_by[name]
+            out.append(TensorSize(node, "output of node", meta, op=op))
+        else:
+            who, what = named.get(name, (name, "tensor"))
+            out.append(TensorSize(who, what, meta))
+    return out + g.created
 
 
 def check_graph(graph: torch.fx.Graph) -> None:

@@ -37,7 +37,7 @@ from fastapi.responses import StreamingResponse
 from api.calibrations import job_headroom
 from api.deps import DbDep, JsonBody, ReadAccess, SettingsDep, WriteKey, is_admin
 from api.gpu_types import resolve_gpu
-from api.model_refs import check_batch, store_spec_model, store_zoo_model
+from api.model_refs import check_batch, check_tensor_sizes, store_spec_model, store_zoo_model
 from api.problems import ProblemError
 from api.schemas import JobCreate, JobEvent, JobPublic, JobsPublic, ResultsPublic
 from api.settings import Settings
@@ -207,8 +207,8 @@ def _check_limits(jobs: JobRepository, owner: str, trials: int, settings: Settin
         422: {
             "description": "unknown GPU, bad budget, a budget below what the model's parameters, gradients and "
             "optimizer state alone take (budget_below_floor, names floor_bytes), bad model spec (names the layer "
-            "and field), a batch other than an exported program's (batch_mismatch), a field of the wrong type or "
-            "out of range"
+            "and field), a batch other than an exported program's (batch_mismatch), an exported program with a "
+            "tensor larger than the GPU's memory (tensor_too_large), a field of the wrong type or out of range"
         },
         429: {
             "description": "over a per-key limit: active jobs or jobs per hour (with Retry-After), trials per job "
@@ -253,6 +253,7 @@ def create_job(
                 if ref.id is not None:
                     model = ModelRepository(s).get(ref.id)
                     check_batch(model, body.batch)
+                    check_tensor_sizes(model, gpu.gpu.key, gpu.gpu.memory_bytes)
                 elif ref.zoo is not None:
                     model, _ = store_zoo_model(s, ref.zoo, ref.params)
                 else:

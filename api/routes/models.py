@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Annotated
 
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response, status
 
 from api.deps import DbDep, JsonBody, ReadAccess, SettingsDep, WriteKey
+from api.exported_upload import check_upload
+from api.gpu_types import known_gpus, resolve_gpu
 from api.model_refs import check_not_zoo_name, store_exported_model, store_spec_model, store_zoo_model
 from api.problems import ProblemError
 from api.schemas import ModelCreate, ModelPublic
 from api.views import model_public
-from profiler.exported import CheckedProgram, check_exported
+from profiler.exported import CheckedProgram
 from storage import ConflictError, Database
 from storage.records import ModelRecord
 from storage.repositories import ModelRepository
@@ -78,6 +79,17 @@ def _store_exported(
     raise AssertionError("unreachable")
 
 
+def _tensor_limit(db: Database, gpu: str | None) -> tuple[int, str]:
+    """The most bytes one tensor of an upload may take, and whose memory that is: the named GPU type's, else the
+    largest known GPU type's (a job names its GPU type and is checked again against it)."""
+    with db.session() as s:
+        if gpu is not None:
+            known = resolve_gpu(s, gpu).gpu
+            return known.memory_bytes, f"the {known.key}'s memory"
+        largest = max((k.gpu for k in known_gpus(s)), key=lambda g: g.memory_bytes)
+        return largest.memory_bytes, f"the largest GPU type's memory ({largest.key}; name a gpu to check for it)"
+
+
 @router.post(
     "/exported",
     status_code=status.HTTP_201_CREATED,
@@ -92,7 +104,12 @@ def _store_exported(
         200: {"description": "a model with the same structure was stored before", "model": ModelPublic},
         413: {"description": "the archive, or what it unpacks to, is over MEMTUNE_MAX_EXPORTED_BYTES"},
         415: {"description": "the body is not sent as application/octet-stream"},
-        422: {"description": "the archive is refused (invalid_exported_program: names the member, field and why)"},
+        422: {
+            "description": "the archive is refused (invalid_exported_program: names the member, field and why), a "
+            "tensor it holds or makes is larger than the GPU's memory (tensor_too_large: names the tensor, its "
+            "bytes and the limit), its check took over MEMTUNE_MAX_EXPORTED_CHECK_S (exported_check_timeout), or "
+            "the gpu is unknown"
+        },
     },
 )
 async def create_exported_model(
@@ -111,6 +128,15 @@ async def create_exported_model(
             "(e.g. the vocabulary size); an embedding's rows bound the inputs that index it",
         ),
     ] = None,
+    gpu: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=200,
+            description="the GPU type the model is for: no tensor may be larger than its memory (default: the "
+            "largest known GPU type's; a job is checked against its own GPU type)",
+        ),
+    ] = None,
 ) -> ModelPublic:
     """Store a model exported with ``torch.export`` (the ``.pt2`` file from ``torch.export.save``, as the body).
 
@@ -120,6 +146,9 @@ async def create_exported_model(
     form, without the parameters' values. Export in training mode with static shapes: the first input's first
     dimension is the batch jobs must use. The id is derived from the program's structure, so the same model
     exported again (other weights, another machine) is 200 with the stored model.
+
+    The check runs in a child process within ``MEMTUNE_MAX_EXPORTED_CHECK_S`` seconds, and every tensor the program
+    holds or makes must fit the GPU's memory (NOTE [ Upload limits ] in ``profiler.exported_checks``).
     """
     media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media not in _ARCHIVE_MEDIA_TYPES:
@@ -131,9 +160,15 @@ async def create_exported_model(
             f"{media or 'no content type'}), e.g. {_CURL}",
         )
     check_not_zoo_name(name, "name")  # before the archive is read or checked
+    limit_bytes, memory_of = await anyio.to_thread.run_sync(_tensor_limit, db, gpu)
     data = await request.body()
-    checked = await anyio.to_thread.run_sync(
-        functools.partial(check_exported, data, max_bytes=settings.max_exported_bytes, int_high=int_high)
+    checked = await check_upload(
+        data,
+        max_bytes=settings.max_exported_bytes,
+        int_high=int_high,
+        max_tensor_bytes=limit_bytes,
+        memory_of=memory_of,
+        time_limit_s=settings.max_exported_check_s,
     )
     model, created = await anyio.to_thread.run_sync(_store_exported, db, checked, name, int_high)
     return _created(response, model, created)

@@ -26,8 +26,11 @@ __all__ = [
     "Payload",
     "TinyNet",
     "TokenNet",
+    "dead_nodes",
     "export_archive",
+    "factory_call",
     "hostile_archives",
+    "huge_parameter",
     "rewrite",
     "stack_trace_variant",
     "zip_bomb",
@@ -307,3 +310,74 @@ def hostile_archives(base: bytes, markers: Path) -> dict[str, bytes]:
 def stack_trace_variant(base: bytes, markers: Path) -> bytes:
     """``base`` with a carriage return and code in every node's stack trace (dropped by the canonical form)."""
     return rewrite(base, program=_stack_trace(markers / "stack_trace"))
+
+
+def dead_nodes(base: bytes, n: int) -> bytes:
+    """``base`` with ``n`` more ReLU calls on the first block's linear output, each unused (NOTE [ Upload limits ]:
+    within the node limit, but slow to check)."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        graph = doc["graph_module"]["graph"]
+        meta = graph["tensor_values"]["linear"]
+        for k in range(n):
+            graph["tensor_values"][f"dead_{k}"] = meta
+            graph["nodes"].append(
+                {
+                    "target": "torch.ops.aten.relu.default",
+                    "inputs": [{"name": "self", "arg": {"as_tensor": {"name": "linear"}}, "kind": 1}],
+                    "outputs": [{"as_tensor": {"name": f"dead_{k}"}}],
+                    "metadata": {},
+                    "is_hop_single_tensor_return": None,
+                }
+            )
+
+    return rewrite(base, program=edit)
+
+
+def _sized(meta: dict[str, Any], sizes: list[int]) -> dict[str, Any]:
+    strides = [1] * len(sizes)
+    for i in range(len(sizes) - 2, -1, -1):
+        strides[i] = strides[i + 1] * sizes[i + 1]
+    return dict(meta, sizes=[{"as_int": v} for v in sizes], strides=[{"as_int": v} for v in strides])
+
+
+def huge_parameter(base: bytes, sizes: list[int]) -> bytes:
+    """``base`` whose parameter ``blocks.0.fc.weight`` is declared of ``sizes`` with its record emptied (as a
+    dropped parameter's is): a small archive whose tensor torch.export.load would make at full size."""
+
+    def program(doc: dict[str, Any]) -> None:
+        values = doc["graph_module"]["graph"]["tensor_values"]
+        values["p_blocks_0_fc_weight"] = _sized(values["p_blocks_0_fc_weight"], sizes)
+
+    def weights(doc: dict[str, Any]) -> None:
+        entry = doc["config"]["blocks.0.fc.weight"]
+        entry["tensor_meta"] = _sized(entry["tensor_meta"], sizes)
+
+    return rewrite(base, replace={"data/weights/weight_0": b""}, program=program, weights_config=weights)
+
+
+def factory_call(base: bytes, numel: int, *, declared: int | None = None) -> bytes:
+    """``base`` with a dead call ``torch.ones(numel)`` (``aten.ones.default``, float32) named ``big``, its output
+    declared of ``declared`` elements (default: ``numel``; a smaller number is metadata that lies)."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        graph = doc["graph_module"]["graph"]
+        graph["tensor_values"]["big"] = _sized(
+            graph["tensor_values"]["linear"], [numel if declared is None else declared]
+        )
+        graph["nodes"].append(
+            {
+                "target": "torch.ops.aten.ones.default",
+                "inputs": [
+                    {"name": "size", "arg": {"as_ints": [numel]}, "kind": 1},
+                    {"name": "device", "arg": {"as_device": {"type": "cpu", "index": None}}, "kind": 2},
+                    {"name": "pin_memory", "arg": {"as_bool": False}, "kind": 2},
+                ],
+                "outputs": [{"as_tensor": {"name": "big"}}],
+                "metadata": {},
+                "is_hop_single_tensor_return": None,
+                "name": "big",
+            }
+        )
+
+    return rewrite(base, program=edit)

@@ -10,16 +10,22 @@ import io
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from exported_fixtures import (
     HOSTILE_STOCK_RUNS,
     TinyNet,
+    dead_nodes,
     export_archive,
+    factory_call,
     hostile_archives,
+    huge_parameter,
     stack_trace_variant,
     zip_bomb,
 )
@@ -30,8 +36,15 @@ from api.main import create_app
 from api.settings import Settings
 from api.worker import Worker
 from profiler import exported_checks
-from profiler.exported import ArchiveTooLargeError, ExportedError, check_exported, load_exported
+from profiler.exported import (
+    ArchiveTooLargeError,
+    ExportedError,
+    TensorTooLargeError,
+    check_exported,
+    load_exported,
+)
 from storage.database import Database
+from storage.repositories import JobRepository
 
 PROBLEM = "application/problem+json"
 
@@ -208,3 +221,106 @@ def test_upload_limits_besides_bytes(base: bytes, monkeypatch: pytest.MonkeyPatc
     with pytest.raises(ExportedError, match="nodes, over the limit of 3") as e:
         check_exported(base, max_bytes=1 << 26)
     assert e.value.member == "models/model.json"
+
+
+def _stored_models(db: Database) -> int:
+    from sqlalchemy import text
+
+    with db.session() as s:
+        return int(s.execute(text("SELECT count(*) FROM mt_models")).scalar_one())
+
+
+@pytest.mark.slow
+def test_an_archive_slow_to_check_is_stopped_and_the_api_answers_meanwhile(
+    db: Database, api_key: str, base: bytes, tmp_path: Path
+) -> None:
+    """NOTE [ Upload limits ]: 20,000 dead nodes (within the node limit) take seconds to check. The check runs in a
+    child process that is killed past MEMTUNE_MAX_EXPORTED_CHECK_S: a 422 naming the limit, nothing stored, and the
+    API answers other requests at once while the check runs (before, the upload was stored after the whole check)."""
+    slow = dead_nodes(base, 20_000)
+    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/octet-stream"}
+    settings = Settings(data_dir=tmp_path, max_exported_check_s=1.0)
+    with TestClient(create_app(settings, db=db), raise_server_exceptions=False) as tc:
+        assert tc.post("/v1/models/exported", content=base, headers=headers).status_code == 201  # warm
+        answer: dict[str, object] = {}
+
+        def upload() -> None:
+            t0 = time.monotonic()
+            answer["response"] = tc.post("/v1/models/exported", content=slow, headers=headers)
+            answer["seconds"] = time.monotonic() - t0
+
+        thread = threading.Thread(target=upload)
+        thread.start()
+        waits = []
+        while thread.is_alive():
+            t0 = time.monotonic()
+            assert tc.get("/healthz").status_code in (200, 503)
+            waits.append(time.monotonic() - t0)
+            time.sleep(0.05)
+        thread.join()
+    r: Any = answer["response"]
+    assert r.status_code == 422 and r.headers["content-type"] == PROBLEM, r.text
+    problem = r.json()
+    assert problem["code"] == "exported_check_timeout" and problem["limit_s"] == 1.0
+    assert "MEMTUNE_MAX_EXPORTED_CHECK_S" in problem["detail"] and "nothing was stored" in problem["detail"]
+    assert float(answer["seconds"]) < 10  # type: ignore[arg-type]
+    assert len(waits) >= 3 and max(waits) < 0.5, waits
+    assert _stored_models(db) == 1  # the warm-up model only
+
+
+def test_a_tensor_larger_than_the_gpu_is_refused_naming_it(base: bytes) -> None:
+    """NOTE [ Upload limits ]: a parameter declared 4 TiB with an empty record, and ``torch.ones(2**35)`` (128 GiB)
+    whether its output's metadata says so or lies, are refused against a GPU's memory, naming the tensor."""
+    h100 = 80 << 30
+    with pytest.raises(TensorTooLargeError) as e:
+        check_exported(huge_parameter(base, [1 << 20, 1 << 20]), max_bytes=1 << 26, max_tensor_bytes=h100)
+    assert (e.value.tensor, e.value.nbytes, e.value.limit_bytes) == ("blocks.0.fc.weight", 4 << 40, h100)
+    assert e.value.member == "data/weights/model_weights_config.json" and "parameter" in str(e.value)
+    for declared in (None, 1):
+        with pytest.raises(TensorTooLargeError) as e:
+            check_exported(factory_call(base, 1 << 35, declared=declared), max_bytes=1 << 26, max_tensor_bytes=h100)
+        assert (e.value.tensor, e.value.nbytes) == ("big", 128 << 30) and "aten.ones.default" in str(e.value)
+    checked = check_exported(factory_call(base, 1 << 35), max_bytes=1 << 26, max_tensor_bytes=None)
+    assert checked.max_tensor_bytes == 128 << 30 and checked.summary()["largest_tensor_name"] == "big"
+    small = check_exported(factory_call(base, 16), max_bytes=1 << 26, max_tensor_bytes=h100)
+    assert small.max_tensor_bytes == 16 * 16 * 4  # a weight matrix is the largest
+
+
+@pytest.mark.slow
+def test_the_api_checks_every_tensor_against_the_gpu_types_memory(
+    http: TestClient, api_key: str, base: bytes, db: Database
+) -> None:
+    """Over HTTP: at upload against the ``gpu`` named (else the largest known GPU type), and again when a job names
+    its GPU type: 422 ``tensor_too_large`` naming the tensor, its bytes and the limit; nothing stored."""
+    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/octet-stream"}
+    r = http.post("/v1/models/exported", content=huge_parameter(base, [1 << 20, 1 << 20]), headers=headers)
+    problem = r.json()
+    assert (r.status_code, r.headers["content-type"], problem["code"]) == (422, PROBLEM, "tensor_too_large"), r.text
+    assert problem["tensor"] == "blocks.0.fc.weight" and problem["tensor_bytes"] == 4 << 40
+    assert problem["limit_bytes"] == 150754820096 and "h200" in problem["detail"]  # the largest known GPU type
+    big = factory_call(base, 1 << 35, declared=1)  # 128 GiB: over an H100's 80, within an H200's 140
+    r = http.post("/v1/models/exported", params={"gpu": "h100"}, content=big, headers=headers)
+    problem = r.json()
+    assert (r.status_code, problem["code"], problem["tensor"]) == (422, "tensor_too_large", "big"), r.text
+    assert (problem["tensor_bytes"], problem["limit_bytes"]) == (128 << 30, 80 << 30)
+    assert "the h100's memory" in problem["detail"]
+    assert _stored_models(db) == 0
+    r = http.post("/v1/models/exported", params={"gpu": "h200"}, content=big, headers=headers)
+    assert r.status_code == 201, r.text
+    model_id = r.json()["id"]
+    job = {"model": {"id": model_id}, "batch": 4, "gpu": "h100", "budget": "1GiB", "trials": 4}
+    auth = {"Authorization": f"Bearer {api_key}"}
+    r = http.post("/v1/jobs", json=job, headers=auth)
+    problem = r.json()
+    assert (r.status_code, problem["code"], problem["tensor"], problem["field"]) == (
+        422,
+        "tensor_too_large",
+        "big",
+        "model",
+    ), r.text
+    assert (problem["tensor_bytes"], problem["limit_bytes"]) == (128 << 30, 80 << 30)
+    with db.session() as s:
+        assert JobRepository(s).list_all() == []
+    assert http.post("/v1/jobs", json=dict(job, gpu="h200"), headers=auth).status_code == 202
+    r = http.post("/v1/models/exported", params={"gpu": "b9000"}, content=big, headers=headers)
+    assert (r.status_code, r.json()["code"]) == (422, "unknown_gpu")
