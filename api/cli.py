@@ -20,7 +20,7 @@ from rich.table import Table
 
 from profiler import Profile, ProfilerError
 from tuner import Action, Plan, TunerError, format_bytes, planning_headroom
-from tuner.budget import Budget, profile_budget, search_budget
+from tuner.budget import Budget, bytes_unit, profile_budget, search_budget
 from tuner.calibration import calibration_for
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ HeldOpt = Annotated[
     typer.Option(
         "--output-held/--output-dropped",
         help="a factory model: whether your training loop holds the model's output until its backward ends (the "
-        "worst case, the default) or drops it first (NOTE [ Held output ])",
+        "worst case, the default) or drops it first (docs/concepts.md, held output)",
     ),
 ]
 InferenceOpt = Annotated[
@@ -199,8 +199,8 @@ def calibrate(
         Path | None, typer.Option("--output", "-o", help="write here instead of the user's calibration folder")
     ] = None,
 ) -> None:
-    """Measure this GPU type's calibration: copy rates, compute scale, allocator headroom (NOTE [ Calibrating a GPU
-    type ]); the search and the guard then use it for this GPU type."""
+    """Measure this GPU type's calibration: copy rates, compute scale, allocator headroom; the search and the guard
+    then use it for this GPU type (docs/command-line.md, measure on a GPU)."""
     import optuna
 
     from tuner.runtime.calibrate import calibrate as run_calibration
@@ -554,13 +554,13 @@ def profile(
         str | None,
         typer.Option(
             help="comma-separated torch.compile activation budgets (e.g. 0,0.25,0.5,0.75,1): on CUDA also measure the "
-            "whole model compiled at each, so that tune may choose to compile it whole (NOTE [ Whole-model compile ])",
+            "whole model compiled at each, so that tune may choose to compile it whole (docs/python-api.md)",
         ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Profile a model: per stage forward/backward ms, saved bytes, copy ms. Measured on CUDA, the profile is kept
-    for this GPU type (NOTE [ First use of a GPU type ]), which is calibrated first if it has no calibration."""
+    for this GPU type, which is calibrated first if it has no calibration (docs/command-line.md)."""
     from profiler.factory import is_factory
 
     _check_arguments(dtype=dtype, gpu=gpu)
@@ -604,7 +604,7 @@ def profile(
     if as_json:
         sys.stdout.write(prof.to_json() + "\n")
         return
-    from api.python import device_label
+    from api.python import compute_words, device_label
 
     table = Table(
         "#",
@@ -617,7 +617,7 @@ def profile(
         "D2H/fwd",
         title=(
             f"{prof.model} batch {prof.batch} {prof.dtype} {device_label(prof)} ({prof.source}: "
-            f"compute {prof.compute_source}, transfers {prof.transfer_source})"
+            f"compute {compute_words(prof)}, transfers {prof.transfer_source})"
             + (
                 ""
                 if prof.compile_budget is None
@@ -683,6 +683,7 @@ def simulate(
             plan = POLICIES[name](prof, budget_bytes)
         base = run_sim(prof, Plan.uniform(prof.n_stages), optimizer=optimizer)
         r = run_sim(prof, plan, optimizer=optimizer)
+        priced = _priced(prof, plan, budget_bytes, optimizer, r.step_ms, r.fits(budget_bytes))
     except (ProfilerError, TunerError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from exc
     if as_json:
@@ -695,36 +696,59 @@ def simulate(
                     "budget_bytes": budget_bytes,
                     "profile_source": prof.source,
                     "plan": plan.model_dump(mode="json"),
-                    "step_ms": r.step_ms,
+                    **priced,
                     "peak_bytes": r.peak_bytes,
                     "stall_ms": r.stall_ms,
                     "recompute_ms": r.recompute_ms,
-                    "feasible": r.fits(budget_bytes),
                     "unconstrained": {"step_ms": base.step_ms, "peak_bytes": base.peak_bytes},
                 }
             )
             + "\n"
         )
         return
+    step, (unit, size) = priced["step_ms"], bytes_unit(r.peak_bytes, budget_bytes)
     out.print(f"[bold]{plan.label or 'plan'}[/] on {prof.model} batch {prof.batch} ({prof.device.key}, {prof.source})")
     out.print(
-        f"  step {r.step_ms:.2f} ms ({r.step_ms / base.step_ms:.2f}x), peak {r.peak_bytes / GiB:.2f} GiB "
-        f"({'fits' if r.fits(budget_bytes) else 'does not fit'} {format_bytes(budget_bytes)}), "
+        f"  step {step:.2f} ms ({step / base.step_ms:.2f}x), peak {r.peak_bytes / size:.2f} {unit} "
+        f"({'fits' if priced['feasible'] else 'does not fit'} {budget_bytes / size:.2f} {unit}), "
         f"stalls {r.stall_ms:.2f} ms, recompute {r.recompute_ms:.2f} ms"
     )
-    out.print(f"  actions {plan.compact()}  (k keep, o offload, r recompute)")
+    if priced.get("alloc_retries"):
+        from api.python import retries_words
+
+        out.print(f"  {retries_words(r.step_ms, priced['allocator_ms'], priced['alloc_retries'])}")
+    out.print(f"  actions {plan.compact()}  (k keep, o offload, r recompute, s selective)")
 
 
-def _policy_table(result: Any) -> Table:
+def _priced(prof: Profile, plan: Plan, budget_bytes: int, optimizer: str, step_ms: float, fits: bool) -> dict[str, Any]:
+    """A simulated plan's step as ``tune`` prices it (NOTE [ Placement ranking ] in ``tuner.search``): where the GPU
+    type's calibration prices allocator retries, their predicted cost under the budget's cap is part of the step,
+    and a plan the allocator model cannot place does not fit. ``step_ms``, ``feasible`` and, where priced,
+    ``simulated_step_ms``, ``allocator_ms`` and ``alloc_retries``: the keys of ``tune --json``'s candidates."""
+    from tuner.placement import allocator_cost
+
+    placed, cost = allocator_cost(prof, plan, budget_bytes, optimizer=optimizer)
+    if cost is None:  # the GPU type has no price for retries: tune does not model them either
+        return {"step_ms": step_ms, "feasible": fits}
+    return {
+        "step_ms": step_ms + cost,
+        "feasible": fits and placed.out_of_memory is None,
+        "simulated_step_ms": step_ms,
+        "allocator_ms": cost,
+        "alloc_retries": placed.steady_retries,
+    }
+
+
+def _policy_table(result: Any, unit: str, size: int) -> Table:
     base = result.unconstrained.step_ms
     table = Table(
         "policy",
         "step ms",
         "slowdown",
-        "peak GiB",
+        f"peak {unit}",
         "feasible",
-        title=f"budget {format_bytes(result.budget_bytes)}, unconstrained {base:.1f} ms / "
-        f"{result.unconstrained.peak_bytes / GiB:.2f} GiB",
+        title=f"budget {result.budget_bytes / size:.2f} {unit}, unconstrained {base:.1f} ms / "
+        f"{result.unconstrained.peak_bytes / size:.2f} {unit}",
     )
     rows = sorted(result.policies, key=lambda c: (not c.feasible, c.step_ms))
     best = result.best
@@ -738,7 +762,7 @@ def _policy_table(result: Any) -> Table:
             c.name,
             f"{c.step_ms:.2f}",
             f"{c.step_ms / base:.2f}x",
-            f"{c.peak_bytes / GiB:.2f}",
+            f"{c.peak_bytes / size:.2f}",
             "yes" if c.feasible else "no",
             style=style,
         )
@@ -788,28 +812,32 @@ def _print_peak_check(prof: Profile) -> None:
 
 
 def _print_tuned(result: Any, prof: Profile, budget_bytes: int, optimizer: str, pareto: bool) -> None:
-    """``tune``'s report: the baselines, the best plan in words or stage by stage, its bound, the Pareto front."""
-    from api.python import device_label
+    """``tune``'s report: the baselines, the best plan in words or stage by stage, its bound, the Pareto front; every
+    size in one unit, the table's."""
+    from api.python import bound_words, compute_words, device_label, retries_words
     from tuner import Simulator
     from tuner.bound import step_lower_bound
 
+    unit, size = bytes_unit(budget_bytes, result.unconstrained.peak_bytes, *(c.peak_bytes for c in result.policies))
+
+    def fmt(n: float) -> str:
+        return f"{n / size:.2f} {unit}" if n >= size / 100 else format_bytes(n)
+
     out.print(
-        f"[bold]{prof.model}[/] batch {prof.batch} {prof.dtype} {device_label(prof)} "
-        f"— profile {prof.source} ({prof.compute_source}); {result.n_trials} trials, seed {result.seed}"
+        f"[bold]{prof.model}[/] batch {prof.batch} {prof.dtype} {device_label(prof)} — profile {prof.source} "
+        f"({compute_words(prof)}); {result.n_trials} trials, seed {result.seed}"
     )
     _print_peak_check(prof)
-    out.print(_policy_table(result))
-    if result.best is None:
-        kept = (
-            f" less the {result.headroom:.0%} kept free for the allocator "
-            f"({format_bytes(search_budget(budget_bytes, result.headroom))}; --headroom to change it)"
-            if result.headroom
-            else ""
-        )
+    out.print(_policy_table(result, unit, size))
+    fit = fmt(search_budget(budget_bytes, result.headroom))
+    if result.headroom:
         out.print(
-            f"[bold red]no plan fits {format_bytes(budget_bytes)}{kept}[/]: the smallest peak found is "
-            f"{min(c.peak_bytes for c in result.pareto) / GiB:.2f} GiB"
+            f"plans must fit {fit}, {1 - result.headroom:.0%} of the budget ({result.headroom:.0%} is kept free as "
+            "headroom for the caching allocator; --headroom to change it)"
         )
+    if result.best is None:
+        smallest = fmt(min(c.peak_bytes for c in result.pareto))
+        out.print(f"[bold red]no plan fits {fit}[/]: the smallest peak found is {smallest}")
         raise typer.Exit(1)
     best = result.best
     if best.plan.whole_compile is None:
@@ -822,27 +850,20 @@ def _print_tuned(result: Any, prof: Profile, budget_bytes: int, optimizer: str, 
         )
     out.print(
         f"[bold green]best: {best.name}[/] {best.step_ms:.2f} ms "
-        f"({best.step_ms / result.unconstrained.step_ms:.2f}x unconstrained), "
-        f"peak {best.peak_bytes / GiB:.2f} GiB  [dim]{best.plan.compact()}[/]"
+        f"({best.step_ms / result.unconstrained.step_ms:.2f}x unconstrained), peak {fmt(best.peak_bytes)}"
     )
     if best.alloc_retries:
-        out.print(
-            f"  [dim]of which {best.allocator_ms:.1f} ms are {best.alloc_retries:.1f} allocator retries per step "
-            "predicted under the budget's cap (NOTE [ Allocator placement ])[/]"
-        )
+        out.print(f"  [dim]{retries_words(best.step_ms - best.allocator_ms, best.allocator_ms, best.alloc_retries)}[/]")
     try:
-        bound = step_lower_bound(Simulator(prof, optimizer), budget_bytes)
+        out.print(
+            f"  [dim]{bound_words(step_lower_bound(Simulator(prof, optimizer), budget_bytes), fmt(budget_bytes))}[/]"
+        )
     except RuntimeError as exc:  # the solver gave no answer: the plan stands, without its bound
         out.print(f"  [dim]no lower bound: {exc}[/]")
-    else:
-        out.print(
-            f"  [dim]no plan of offload, recompute and algorithm choice can step faster than {bound.step_ms:.2f} ms "
-            f"({bound.ratio:.2f}x) within {format_bytes(budget_bytes)} (NOTE [ Budget bound ])[/]"
-        )
     if pareto:
-        table = Table("step ms", "peak GiB", "plan", title="Pareto front (time vs memory)")
+        table = Table("step ms", f"peak {unit}", "plan", title="Pareto front (time vs memory)")
         for c in result.pareto:
-            table.add_row(f"{c.step_ms:.2f}", f"{c.peak_bytes / GiB:.2f}", c.name)
+            table.add_row(f"{c.step_ms:.2f}", f"{c.peak_bytes / size:.2f}", c.name)
         out.print(table)
 
 
@@ -921,7 +942,7 @@ def tune(
         typer.Option(
             "--compile",
             help="a factory model: also measure it compiled whole at activation budgets 1, 0.5 and 0.25, so that the "
-            "search may serve a compiled plan (NOTE [ Whole-model compile ]): on, off, or auto (on with --device cuda)",
+            "search may serve a compiled plan (docs/python-api.md): on, off, or auto (on with --device cuda)",
         ),
     ] = "auto",
 ) -> None:
@@ -1055,7 +1076,7 @@ def bench(
         bool,
         typer.Option(
             help="measure every row in a fresh process: PyTorch caches the convolution algorithms a capped row fell "
-            "back to, and later rows of one process would run them (NOTE [ Bench isolation ])"
+            "back to, and later rows of one process would run them"
         ),
     ] = True,
     input_shape: ShapeOpt = None,
@@ -1068,7 +1089,7 @@ def bench(
         str,
         typer.Option(
             help="comma-separated torch.compile activation budgets (e.g. 0,0.5,1): measure a compiled profile at "
-            "each and, at every budget, also tune and measure memtune's best compiled plan (NOTE [ Compiled stages ])"
+            "each and, at every budget, also tune and measure memtune's best compiled plan (docs/concepts.md, plan)"
         ),
     ] = "",
     compiler_sweep: Annotated[

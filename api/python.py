@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from profiler import Profile
 from tuner import Candidate, Plan, TuneResult, format_bytes, peak_check, planning_headroom
-from tuner.budget import Budget, profile_budget, search_budget
+from tuner.budget import Budget, bytes_unit, profile_budget, search_budget
 
 if TYPE_CHECKING:
     import torch
@@ -38,7 +38,19 @@ if TYPE_CHECKING:
     from tuner.bound import StepBound
     from tuner.runtime.planned import PlannedBase
 
-__all__ = ["DTYPES", "Tuned", "check_arguments", "device_label", "planned", "profile", "tune"]
+__all__ = [
+    "CONCEPTS",
+    "DTYPES",
+    "Tuned",
+    "bound_words",
+    "check_arguments",
+    "compute_words",
+    "device_label",
+    "planned",
+    "profile",
+    "retries_words",
+    "tune",
+]
 
 
 def device_label(profile: Profile) -> str:
@@ -181,44 +193,97 @@ class Tuned:
         return [{**c.to_dict(), "slowdown": round(c.step_ms / base, 4)} for c in rows]
 
     def __str__(self) -> str:
-        r = self.result
-        p = r.profile
-        fit = search_budget(r.budget_bytes, r.headroom)
-        kept = f" (plans fit {format_bytes(fit)}: {r.headroom:.0%} kept free for the allocator)" if r.headroom else ""
-        lines = [
-            f"{p.model} batch {p.batch} {p.dtype} {device_label(p)} (profile {p.source}, {p.n_stages} stages), "
-            f"budget {format_bytes(r.budget_bytes)}{kept}; unconstrained {r.unconstrained.step_ms:.2f} ms, "
-            f"{format_bytes(r.unconstrained.peak_bytes)}",
-            f"{'policy':<22}{'step ms':>10}{'slowdown':>10}{'peak':>12}  fits",
-        ]
-        check = peak_check(p)
-        if check is not None:
-            lines.insert(1, f"memory check: {check}")
-        coarser = _coarser_note(p)
-        if coarser is not None:
-            lines.insert(1, coarser)
+        r, p = self.result, self.result.profile
+        unit, size = bytes_unit(r.budget_bytes, r.unconstrained.peak_bytes, *(c.peak_bytes for c in r.policies))
+
+        def fmt(n: float) -> str:  # one unit for the whole printout, the table's; a budget too small for it aside
+            return f"{n / size:.2f} {unit}" if n >= size / 100 else format_bytes(n)
+
+        check, coarser = peak_check(p), _coarser_note(p)
+        lines = [f"{p.model} batch {p.batch} {p.dtype} {device_label(p)} (profile {p.source}, {p.n_stages} stages)"]
+        lines += [coarser] if coarser is not None else []
+        lines += [f"memory check: {check}"] if check is not None else []
+        lines += self._budget_lines(fmt)
+        lines.append(f"{'policy':<22}{'step ms':>10}{'slowdown':>10}{'peak ' + unit:>12}  fits")
         for row in self.table():
             finite = math.isfinite(row["step_ms"])
             step = f"{row['step_ms']:>10.2f}" if finite else f"{'-':>10}"
             slowdown = f"{row['slowdown']:>9.2f}x" if finite else f"{'-':>10}"
-            lines.append(
-                f"{row['name']:<22}{step}{slowdown}{format_bytes(row['peak_bytes']):>12}"
-                f"  {'yes' if row['feasible'] else 'no'}"
-            )
-        if r.best is None:
-            lines.append(f"no plan fits {format_bytes(fit)}" + (" (the budget less its headroom)" if kept else ""))
-        else:
-            names = r.best.plan.stages or tuple(s.name for s in p.stages)
-            lines.append(f"best plan ({r.best.plan.compact()}):")
-            lines += [f"  {name or '(model)'}: {a.value}" for name, a in zip(names, r.best.plan.actions, strict=True)]
-        if self.bound is not None and not math.isfinite(self.bound.step_ms):
-            lines.append(f"no plan can run within {format_bytes(r.budget_bytes)} (NOTE [ Budget bound ])")
-        elif self.bound is not None:
-            lines.append(
-                f"no plan can step faster than {self.bound.step_ms:.2f} ms ({self.bound.ratio:.2f}x) within "
-                f"{format_bytes(r.budget_bytes)} (NOTE [ Budget bound ])"
-            )
-        return "\n".join(lines)
+            fits = "yes" if row["feasible"] else "no"
+            lines.append(f"{row['name']:<22}{step}{slowdown}{row['peak_bytes'] / size:>12.2f}  {fits}")
+        return "\n".join(lines + self._best_lines(fmt) + self._bound_lines(fmt))
+
+    def _budget_lines(self, fmt: Callable[[float], str]) -> list[str]:
+        """The budget, the share of it plans must fit and the headroom kept free; the unconstrained step."""
+        r = self.result
+        base = f"unconstrained step {r.unconstrained.step_ms:.2f} ms at {fmt(r.unconstrained.peak_bytes)}"
+        if not r.headroom:
+            return [f"budget {fmt(r.budget_bytes)}, all of it for plans (no headroom kept)", base]
+        return [
+            f"budget {fmt(r.budget_bytes)}; plans must fit {fmt(search_budget(r.budget_bytes, r.headroom))}, "
+            f"{1 - r.headroom:.0%} of it ({r.headroom:.0%} is kept free as headroom for the caching allocator, "
+            f"{CONCEPTS})",
+            base,
+        ]
+
+    def _best_lines(self, fmt: Callable[[float], str]) -> list[str]:
+        """The best plan stage by stage, with its allocator retries where priced; or that no plan fits."""
+        r, best = self.result, self.result.best
+        if best is None:
+            fit = fmt(search_budget(r.budget_bytes, r.headroom))
+            return [f"no plan fits {fit}" + (", the budget less its headroom" if r.headroom else "")]
+        lines = [
+            f"best plan: {best.name}, {best.step_ms:.2f} ms ({best.step_ms / r.unconstrained.step_ms:.2f}x), peak "
+            f"{fmt(best.peak_bytes)}"
+        ]
+        if best.alloc_retries:
+            lines.append(f"  {retries_words(best.step_ms - best.allocator_ms, best.allocator_ms, best.alloc_retries)}")
+        names = best.plan.stages or tuple(s.name for s in r.profile.stages)
+        return lines + [f"  {name or '(model)'}: {a.value}" for name, a in zip(names, best.plan.actions, strict=True)]
+
+    def _bound_lines(self, fmt: Callable[[float], str]) -> list[str]:
+        """The lower bound on every plan's step within the budget, in words."""
+        return [] if self.bound is None else [bound_words(self.bound, fmt(self.result.budget_bytes))]
+
+
+def bound_words(bound: StepBound, budget: str) -> str:
+    """The lower bound on every plan's step within ``budget`` (as printed), in the words ``print(tuned)`` and
+    ``memtune tune`` both print; where no plan can fit, that, with no infinite time."""
+    if not math.isfinite(bound.step_ms):
+        return (
+            f"no plan can run within {budget}: at some moment of the step more must stay on the GPU than that, "
+            f"whatever is offloaded or recomputed (the lower bound, {CONCEPTS})"
+        )
+    return (
+        f"no plan of offload, recompute and algorithm choice can step faster than {bound.step_ms:.2f} ms "
+        f"({bound.ratio:.2f}x) within {budget} (the lower bound, {CONCEPTS})"
+    )
+
+
+def compute_words(profile: Profile) -> str:
+    """Where a profile's compute times come from, in words: a module profile whose stages, timed one by one, added
+    up to more than the whole step says that they were scaled down to it, and by how much."""
+    text, scaled, rest = profile.compute_source.partition(" (stages scaled x")
+    if not scaled:
+        return text
+    return (
+        f"{text}; every stage's times scaled by {rest.split(' ', 1)[0]}, since timed one by one the stages added up "
+        f"to more than the whole step measured ({CONCEPTS})"
+    )
+
+
+#: where a printout sends a reader for its words (headroom, the lower bound, scaled stages), not into the source
+CONCEPTS = "see docs/concepts.md"
+
+
+def retries_words(simulated_ms: float, allocator_ms: float, retries: float) -> str:
+    """What of a step its allocator retries cost, in the words ``print(tuned)``, ``memtune tune`` and ``memtune
+    simulate`` all print."""
+    return (
+        f"of which {simulated_ms:.2f} ms simulated and {allocator_ms:.2f} ms for {retries:.1f} allocator retries per "
+        "step predicted under the budget's cap (near its cap the caching allocator frees its cache and maps memory "
+        "anew when a request finds no free block large enough)"
+    )
 
 
 def _calibrate_if_new(gpu: str, progress: bool) -> None:

@@ -12,7 +12,7 @@ from tuner.errors import BudgetError
 if TYPE_CHECKING:
     from profiler import Profile
 
-__all__ = ["Budget", "format_bytes", "parse_budget", "profile_budget", "search_budget"]
+__all__ = ["Budget", "bytes_unit", "format_bytes", "parse_budget", "profile_budget", "search_budget"]
 
 _UNITS = {
     "": 1,
@@ -170,6 +170,16 @@ def format_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def bytes_unit(*sizes: float) -> tuple[str, int]:
+    """One binary unit for a table of ``sizes``: GiB where the largest is a GiB or more, else MiB (KiB below one
+    MiB), so that a small model's peaks do not all print as ``0.03 GiB``."""
+    largest = max((abs(n) for n in sizes), default=0.0)
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if largest >= size:
+            return unit, size
+    return "KiB", 2**10
 
 
 def search_budget(budget_bytes: int, headroom: float) -> int:

@@ -231,7 +231,7 @@ def missing_calibration(profile: Profile) -> str | None:
         return None
     return (
         f"no calibration for GPU type {profile.device.key!r}: plans are searched right up to the budget and may run "
-        "out of memory under it; run `memtune calibrate` on this GPU once (NOTE [ Calibrating a GPU type ])"
+        "out of memory under it; run `memtune calibrate` on this GPU once (docs/command-line.md, measure on a GPU)"
     )
 
 

