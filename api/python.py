@@ -113,7 +113,8 @@ def profile(
             and the pieces between them (NOTE [ Module stages ]).
         dtype: ``float32``, or ``bfloat16``/``float16`` under autocast.
         gpu: on the CPU the GPU type the profile describes (its copy rates; default ``h200``); on CUDA None.
-        warmup, repeats: untimed and timed rounds per stage (medians are kept).
+        warmup: untimed rounds per stage before the timed ones.
+        repeats: timed rounds per stage (their medians are kept).
         progress: a progress bar on standard error.
         output_held: whether your training loop holds the model's output until the backward ends (``out =
             model(**batch); out.loss.backward()``): the worst case and the default; False where it drops it first
@@ -320,7 +321,11 @@ def tune(
             profiled by ``profile`` on the device it is on).
         budget: GPU memory one step may use (NOTE [ Budget grammar ]): ``"12GiB"``, ``"800MB"``, ``"60% of peak"``
             (the model's simulated unconstrained peak), ``"60% of gpu"``, or an ``int`` of bytes.
-        example_inputs, loss_fn, stages, dtype, gpu: as ``profile``.
+        example_inputs: one batch, as ``profile`` takes it; required with a module.
+        gpu: as ``profile``; unused with a ``Profile``, whose GPU type is its own.
+        loss_fn: as ``profile``.
+        stages: as ``profile``.
+        dtype: as ``profile``.
         trials: Optuna trials (baselines included).
         seed: the search's seed; the same seed gives the same result.
         optimizer: ``sgd`` (momentum), ``adam`` or ``none``: optimizer state bytes.
@@ -485,6 +490,11 @@ def planned(
 
     The planned model's ``state_dict()`` has ``model``'s own keys: a checkpoint saved from it loads into your model
     class without the plan, and your own checkpoint loads into it (``load_state_dict``).
+
+    Args:
+        model: the model the plan was tuned for; its parameters are shared, not copied.
+        plan: what ``tune`` returned, its ``TuneResult`` or ``Candidate``, a ``Plan``, or a plan file.
+        kwargs: for ``tuner.runtime.planned.planned``.
 
     Raises:
         PlanError: no plan fits (``tune`` found none), or the plan does not match the model's stages.

@@ -44,3 +44,17 @@ def test_docs_site_builds_strict(tmp_path: Path) -> None:
     api = (site / "python-api" / "index.html").read_text(encoding="utf-8")
     for name in ("memtune.tune", "memtune.planned", "memtune.profile", "memtune.budget_guard"):
         assert name in api, f"the Python API page does not document {name}"
+
+
+def test_every_parameter_of_the_face_is_documented_on_its_own() -> None:
+    """The API page lists a parameter with its default only where its docstring names it alone (``warmup:``, not
+    ``warmup, repeats:``, which the page showed as one required parameter)."""
+    import inspect
+
+    import memtune
+
+    for function in (memtune.profile, memtune.tune, memtune.planned):
+        doc = inspect.getdoc(function) or ""
+        named = {line.split(":", 1)[0].strip() for line in doc.splitlines() if line.startswith("    ") and ":" in line}
+        loose = [p for p in inspect.signature(function).parameters if p != "kwargs" and p not in named]
+        assert not loose, f"{function.__name__}: {loose} not documented on a line of their own"
