@@ -7,7 +7,6 @@ integer is still accepted where a number is. Times are UTC ISO 8601, sizes bytes
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -426,19 +425,22 @@ _Positive = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
 _Scale = Annotated[float, Field(ge=0.01, le=100.0, strict=True, allow_inf_nan=False)]
 #: a pinned copy rate, GB/s: from 0.01 (10 MB/s, slower than any host link) to 2,000 (no host link moves more)
 _CopyRate = Annotated[float, Field(ge=0.01, le=2000.0, strict=True, allow_inf_nan=False)]
-#: JSON bytes the fields a calibration carries beyond the ones listed may take together
-CALIBRATION_EXTRA_LIMIT = 64 * 1024
+#: NCCL's bus rate of an all-reduce, GB/s: above 0.01 and at most 10,000 (more than any link of one host moves)
+_BusRate = Annotated[float, Field(ge=0.01, le=10_000.0, strict=True, allow_inf_nan=False)]
+#: a count of GPUs or ranks, as a calibration file's table keys it ("1", "2", … "1024")
+_Count = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,3}$")]
+_Note = Annotated[str | None, Field(default=None, min_length=1, max_length=8000)]
 
 
 class CalibrationPut(BaseModel):
     """A GPU type's calibration to store (``memtune calibrate``'s file, ``tuner.calibration``).
 
-    Fields not listed here (e.g. ``conv_algos``, ``compute_source``) are stored as they came and handed on to the
-    workers unread, so this model allows them (unlike the other request bodies); they must be JSON.
+    Every field a calibration file has is listed, each within physical bounds; any other field is refused (a field
+    the service stored unread would reach every worker as it came).
     """
 
     model_config = ConfigDict(
-        extra="allow",
+        extra="forbid",
         json_schema_extra={
             "examples": [
                 {
@@ -483,18 +485,18 @@ class CalibrationPut(BaseModel):
         max_length=8000,
         description="where the numbers came from (command, GPU, date); default: the API key that sent it",
     )
-
-    @model_validator(mode="after")
-    def _bounded_extras(self) -> CalibrationPut:
-        """The fields beyond the listed ones, together, within ``CALIBRATION_EXTRA_LIMIT`` bytes of JSON."""
-        extra = self.model_extra or {}
-        size = len(json.dumps(extra, allow_nan=True, default=str))
-        if size > CALIBRATION_EXTRA_LIMIT:
-            raise ValueError(
-                f"the fields beyond gpu, headroom, remap_ms_per_gib, compute_scale, copy_gbps and source take {size} "
-                f"bytes of JSON; at most {CALIBRATION_EXTRA_LIMIT} are stored"
-            )
-        return self
+    compute_source: _Note = Field(description="where compute_scale came from")
+    remap_source: _Note = Field(description="where remap_ms_per_gib came from")
+    shared_link_gbps: dict[_Count, dict[Literal["d2h", "h2d", "both_d2h", "both_h2d"], _CopyRate]] | None = Field(
+        default=None,
+        max_length=64,
+        description="pinned copy rates per GPU, GB/s in [0.01, 2000], by GPUs copying at once ('1' required) and "
+        "direction (NOTE [ Shared host link ] in tuner.ranks)",
+    )
+    allreduce_gbps: dict[_Count, _BusRate] | None = Field(
+        default=None, max_length=64, description="NCCL all-reduce bus GB/s in [0.01, 10000] by ranks (>= 2)"
+    )
+    shared_link_source: _Note = Field(description="where shared_link_gbps and allreduce_gbps came from")
 
 
 class CalibrationPublic(BaseModel):

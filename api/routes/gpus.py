@@ -99,8 +99,8 @@ def put_calibration(gpu: str, key: AdminKey, _json: JsonBody, body: CalibrationP
     """Store this GPU type's calibration in the service's database, replacing a stored one.
 
     From then on new jobs of this GPU type get its headroom, and workers use it from their next job on (NOTE
-    [ Calibrations in the service ] in ``api.worker``). The body is a ``memtune calibrate`` file; fields the
-    service does not read are kept as they came, up to 64 KiB of JSON. Every key's jobs read it, so only an admin
+    [ Calibrations in the service ] in ``api.worker``). The body is a ``memtune calibrate`` file: its fields each
+    within physical bounds, and no other field (422 naming it). Every key's jobs read it, so only an admin
     key (``MEMTUNE_ADMIN_KEYS``) may store one: 403 ``admin_only`` for others. 200 with the calibration stored
     (``origin`` ``database``).
     """
@@ -114,13 +114,10 @@ def put_calibration(gpu: str, key: AdminKey, _json: JsonBody, body: CalibrationP
 
 def _calibration_data(body: CalibrationPut, gpu_key: str, key_name: str) -> dict[str, Any]:
     """The body as the calibration's JSON object: the path's GPU key, a ``source`` naming the sender when it gave
-    none, and no nulls for the optional numbers."""
-    data = body.model_dump()  # the extra fields as they came: JSON mode would turn a NaN among them into null
+    none, and no nulls for the optional fields."""
+    data = body.model_dump(exclude_none=True)
     data["gpu"] = gpu_key
     data["source"] = body.source or f"sent with PUT /v1/gpus/{gpu_key}/calibration by API key {key_name!r}"
-    for optional in ("remap_ms_per_gib", "copy_gbps"):
-        if data[optional] is None:
-            del data[optional]
     return data
 
 

@@ -151,6 +151,49 @@ def test_bad_input_gets_the_right_problem(http: TestClient, api_key: str, db: Da
         assert JobRepository(s).list_all() == []  # nothing bad was stored
 
 
+EDITED_TOKENS = [
+    {"o": "step_ms", "v": {"a": 1}, "id": 1, "n": 1},
+    {"o": "step_ms", "v": [1], "id": 1, "n": 1},
+    {"o": "step_ms", "v": None, "id": 1, "n": 1},
+    {"o": "step_ms", "v": 1.0, "id": True, "n": 1},
+    {"o": "step_ms", "v": 1.0, "id": 10**30, "n": 1},
+    {"o": "step_ms", "v": 1e40, "id": 1, "n": 1},
+    {"o": "peak_bytes", "v": 1e40, "id": 1, "n": 1},
+    {"o": "peak_bytes", "v": "abc", "id": 1, "n": 1},
+    {"o": "created_at", "v": "abc", "id": 1, "n": 1},
+    {"o": "step_ms", "v": 1.0, "id": 1, "n": -1000},
+    {"o": "step_ms", "v": 1.0, "id": 1, "n": 1, "x": 0},
+]
+
+
+@pytest.mark.slow
+def test_an_edited_page_token_is_a_400_on_every_database(database_url: str, tmp_path: object) -> None:
+    """NOTE [ Page tokens ] on SQLite and PostgreSQL: PostgreSQL types a query's parameters, so a token that reached
+    a query with ``"abc"`` for an integer column failed there as a 500; each is refused before any query, with a
+    stored result for the query to find."""
+    from storage.migrate import upgrade
+
+    database = Database(database_url)
+    try:
+        upgrade(database)
+        with database.session() as s:
+            _, key = KeyRepository(s).create("pager")
+        with TestClient(create_app(Settings(data_dir=tmp_path), db=database), raise_server_exceptions=False) as tc:
+            client = MemtuneClient(api_key=key, http=tc)
+            client.submit_job({"spec": SMALL_SPEC}, batch=8, gpu="h200", budget="64MiB", trials=3)
+            assert _run_worker(database) is not None
+            page = tc.get("/v1/leaderboard", params={"page_size": 1, "order_by": "peak_bytes"})
+            assert page.status_code == 200 and page.json()["next_page_token"], page.text
+            for edited in EDITED_TOKENS:
+                token = base64.urlsafe_b64encode(json.dumps(edited).encode()).decode().rstrip("=")
+                params = {"page_size": 1, "page_token": token, "order_by": edited["o"]}
+                r = tc.get("/v1/leaderboard", params=params)
+                assert (r.status_code, r.headers["content-type"]) == (400, PROBLEM), (edited, r.text)
+                assert r.json()["code"] == "invalid_page_token", r.text
+    finally:
+        database.dispose()
+
+
 @pytest.mark.parametrize(
     "edited",
     [

@@ -36,7 +36,9 @@ MEASURED: dict[str, Any] = {
     "copy_gbps": {"d2h": 24.0, "h2d": 25.0},
     "conv_algos": {"resnet50": [{"layer": 1, "algo": 6}]},
 }
-H100: dict[str, Any] = {**MEASURED, "gpu": "h100", "headroom": 0.2, "source": "memtune calibrate on an H100"}
+#: what a calibration file holds and a PUT may send: MEASURED's fields a file has (a worker stores any it measured)
+SENT: dict[str, Any] = {k: v for k, v in MEASURED.items() if k != "conv_algos"} | {"compute_source": "a test double"}
+H100: dict[str, Any] = {**SENT, "gpu": "h100", "headroom": 0.2, "source": "memtune calibrate on an H100"}
 
 
 # ---- databases -------------------------------------------------------------------------------------------------
@@ -164,7 +166,7 @@ def test_jobs_show_where_their_headroom_came_from(client: MemtuneClient) -> None
 
 
 def test_gpus_list_their_calibration(client: MemtuneClient) -> None:
-    client.put_calibration(MEASURED)
+    client.put_calibration(SENT)
     gpus = {g.key: g for g in client.gpus().data}
     assert gpus["h200"].calibration is not None and gpus["h200"].calibration.origin == "committed"
     new = gpus[NEW_GPU].calibration
@@ -208,9 +210,16 @@ def test_put_needs_an_admin_key(http: TestClient, db: Database) -> None:
         ({"copy_gbps": {"d2h": 1e6}}, "copy_gbps.d2h", "less than or equal to 2000"),
         ({"copy_gbps": {"sideways": 10.0}}, "copy_gbps.sideways.[key]", "'d2h' or 'h2d'"),
         ({"compute_scale": {"resnet50-b64-float32": 1.7e308}}, "compute_scale.resnet50-b64-float32", "less than"),
-        ({"padding": "x" * 900_000}, "body", "at most 65536"),
+        ({"padding": "x" * 900_000}, "padding", "Extra inputs are not permitted"),
+        ({"conv_algos": {"x": 1}}, "conv_algos", "Extra inputs are not permitted"),
+        ({"compute_source": "x" * 9000}, "compute_source", "at most 8000 characters"),
+        ({"shared_link_gbps": {"1": {"d2h": 1e5}}}, "shared_link_gbps.1.d2h", "less than or equal to 2000"),
+        ({"shared_link_gbps": {"0": {"d2h": 50.0}}}, "shared_link_gbps.0.[key]", "should match pattern"),
+        ({"allreduce_gbps": {"2": 1e9}}, "allreduce_gbps.2", "less than or equal to 10000"),
         ({"remap_ms_per_gib": -2.0}, "remap_ms_per_gib", "greater than or equal to 0"),
         ({"gpu": ""}, "gpu", "at least 1 character"),
+        ({"colour": "blue"}, "colour", "Extra inputs are not permitted"),
+        ({"copy_gbps": {"d2h": 50.0, "sideways": 1.0}}, "copy_gbps.sideways.[key]", "'d2h' or 'h2d'"),
     ],
 )
 def test_put_refuses_a_field_out_of_range_naming_it(
@@ -253,11 +262,21 @@ def test_a_calibration_sent_as_text_is_refused_with_415(http: TestClient, api_ke
 
 
 def test_put_refuses_data_that_is_not_json(http: TestClient, api_key: str) -> None:
-    body = json.dumps({**H100, "conv_algos": {"x": 1}}).replace('{"x": 1}', '{"x": NaN}')
+    body = json.dumps({**H100, "copy_gbps": {"d2h": 1.5}}).replace("1.5", "NaN")
     headers = {**_auth(api_key), "Content-Type": "application/json"}
     r = http.put("/v1/gpus/h100/calibration", content=body, headers=headers)
-    assert (r.status_code, r.json()["code"]) == (422, "invalid_calibration")
-    assert "not JSON" in r.json()["detail"]
+    assert (r.status_code, r.json()["code"]) == (422, "validation_error")
+    assert r.json()["detail"].startswith("copy_gbps.d2h: ") and "finite number" in r.json()["detail"]
+
+
+def test_put_accepts_the_committed_calibration_files(http: TestClient, api_key: str) -> None:
+    """Every field a calibration file has is listed (shared link and all-reduce tables included): the committed
+    files are stored as they are."""
+    for key in ("h100", "h200"):
+        data = calibration_for(key).to_data()
+        r = http.put(f"/v1/gpus/{key}/calibration", json=data, headers=_auth(api_key))
+        assert r.status_code == 200, r.text
+        assert r.json()["data"] == data
 
 
 # ---- the worker ------------------------------------------------------------------------------------------------
@@ -442,7 +461,7 @@ def test_a_worker_installs_the_stored_calibrations_of_the_gpu_types_it_serves(
     client: MemtuneClient, db: Database
 ) -> None:
     client.put_calibration(H100)
-    client.put_calibration(MEASURED)
+    client.put_calibration(SENT)
     only_h100 = _worker(db, FakeCalibrate(), gpu_keys=["h100", "h200"])
     assert only_h100.refresh_calibrations() == ["h100"]
     assert calibration_for("h100").headroom == 0.2 and calibration_for(NEW_GPU).origin == "none"
@@ -453,7 +472,7 @@ def test_a_worker_installs_the_stored_calibrations_of_the_gpu_types_it_serves(
     assert calibration_for("h100").headroom == 0.22
     every = _worker(db, FakeCalibrate())
     assert every.refresh_calibrations() == [NEW_GPU, "h100"]
-    assert calibration_for(NEW_GPU).data["conv_algos"] == MEASURED["conv_algos"]
+    assert calibration_for(NEW_GPU).data["compute_source"] == SENT["compute_source"]
 
 
 def test_the_client_says_when_there_is_no_calibration(client: MemtuneClient) -> None:

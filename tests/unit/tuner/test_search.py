@@ -300,6 +300,32 @@ def test_a_trial_fits_as_the_search_judged_it() -> None:
 
 
 @pytest.mark.slow
+def test_a_stopped_search_writes_every_trial_before_it_returns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ Written behind ]: trials are held back for the whole search here (a write interval longer than it), then
+    the search is stopped as a worker stopping for shutdown stops it: every trial searched is in the database when
+    ``tune`` returns, as it is when a search runs to its end."""
+    from tuner import search as search_module
+
+    monkeypatch.setattr(search_module._Mirror, "interval_s", 3600.0)
+    p = linear_chain(6, forward_ms=3.0)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    seen: list[int] = []
+    stopped = tune(
+        p,
+        _budget(p, 0.7),
+        trials=200,
+        storage=url,
+        study_name="stopped",
+        progress=lambda d, t, b: seen.append(d),
+        should_stop=lambda: len(seen) >= 25,
+    )
+    study = optuna.load_study(study_name="stopped", storage=url)
+    assert len(seen) == 25 and stopped.n_trials == len(study.trials) == 26  # and the served plan
+    ended = tune(p, _budget(p, 0.7), trials=30, storage=url, study_name="ended")
+    assert ended.n_trials == len(optuna.load_study(study_name="ended", storage=url).trials) == 30
+
+
+@pytest.mark.slow
 def test_the_database_lags_the_search_by_a_bounded_number_of_trials(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
