@@ -366,15 +366,18 @@
   }
 
   // ---- tables ---------------------------------------------------------------------------------------
+  // head: [{label, num?, name?}]; a num column is right-aligned, a name column (a model's name, up to 64 characters
+  // without a space) may break anywhere, so one long name cannot push the table past its card
   function table(container, head, rows) {
     const t = el("table", {}, clear(container));
     const tr = el("tr", {}, el("thead", {}, t));
-    for (const h of head) el("th", { scope: "col", class: h.num ? "num" : null }, tr, h.label);
+    const cls = (h) => (h.num ? "num" : h.name ? "name" : null);
+    for (const h of head) el("th", { scope: "col", class: cls(h) }, tr, h.label);
     const tb = el("tbody", {}, t);
     for (const row of rows) {
       const r = el("tr", {}, tb);
       row.forEach((cell, i) => {
-        const td = el("td", { class: head[i].num ? "num" : null }, r);
+        const td = el("td", { class: cls(head[i]) }, r);
         if (cell instanceof Node) td.appendChild(cell); else td.textContent = cell;
       });
     }
@@ -392,6 +395,21 @@
   function predictedPeakCell(r) {
     if (r.source !== "measured" || r.predicted_peak_bytes == null) return "–";
     return fmtGiB(r.predicted_peak_bytes);
+  }
+  // both on two lines of one cell: with the Pareto star beside the plan's name, the leaderboard fits 1024 pixels
+  function predictedBothCell(r) {
+    if (r.source !== "measured" || r.predicted_step_ms == null) return "–";
+    const span = el("span", {}, null, predictedCell(r));
+    el("br", {}, span);
+    span.appendChild(document.createTextNode(predictedPeakCell(r)));
+    return span;
+  }
+  // a plan's name, starred when it lies on its job's Pareto front
+  function planCell(r) {
+    const span = el("span", { class: "plan" });
+    span.appendChild(badge(r.name, r.baseline ? "baseline" : r.kind));
+    if (r.pareto_optimal) el("span", { class: "pareto", title: "on the Pareto front of its job" }, span, " ★");
+    return span;
   }
   function progressCell(j) {
     const span = el("span");
@@ -425,8 +443,8 @@
       else {
         const names = await Promise.all(jobs.data.map((j) => modelName(j.model_id)));
         table(jobsBox, [
-          { label: "job" }, { label: "model" }, { label: "GPU" }, { label: "batch", num: true }, { label: "budget" },
-          { label: "state" }, { label: "trials" }, { label: "best step", num: true }, { label: "best peak", num: true },
+          { label: "job" }, { label: "model", name: true }, { label: "GPU" }, { label: "batch", num: true },
+          { label: "budget" }, { label: "state" }, { label: "trials" }, { label: "best step", num: true }, { label: "best peak", num: true },
         ], jobs.data.map((j, i) => [
           link(`/jobs/${j.id}`, j.id.slice(0, 8)), names[i], j.gpu, String(j.batch), `${j.budget} (${fmtGiB(j.budget_bytes)})`,
           j.waiting ? badge("queued: no live worker", "queued") : badge(j.state), progressCell(j),
@@ -444,15 +462,13 @@
       if (!board.count) return message(boardBox, "No stored plans match.");
       const names = await Promise.all(board.data.map((r) => modelName(r.model_id)));
       table(boardBox, [
-        { label: "#", num: true }, { label: "model" }, { label: "GPU" }, { label: "batch", num: true }, { label: "dtype" },
-        { label: "budget", num: true }, { label: "plan" }, { label: "step", num: true }, { label: "peak", num: true },
-        { label: "source" }, { label: "simulated step (error)", num: true }, { label: "simulated peak", num: true },
-        { label: "Pareto" }, { label: "job" },
+        { label: "#", num: true }, { label: "model", name: true }, { label: "GPU" }, { label: "batch", num: true },
+        { label: "dtype" }, { label: "budget", num: true }, { label: "plan (★ Pareto)" }, { label: "step", num: true },
+        { label: "peak", num: true }, { label: "source" }, { label: "simulated step (error), peak", num: true },
+        { label: "job" },
       ], board.data.map((r, i) => [
         String(r.rank), names[i], r.gpu, String(r.batch), r.dtype, fmtGiB(r.budget_bytes),
-        badge(r.name, r.baseline ? "baseline" : r.kind), fmtMs(r.step_ms), fmtGiB(r.peak_bytes), sourceBadge(r),
-        predictedCell(r), predictedPeakCell(r),
-        r.pareto_optimal ? el("span", { class: "pareto", title: "on the Pareto front of its job" }, null, "★") : "",
+        planCell(r), fmtMs(r.step_ms), fmtGiB(r.peak_bytes), sourceBadge(r), predictedBothCell(r),
         link(`/jobs/${r.job_id}`, r.job_id.slice(0, 8)),
       ]));
       const pager = el("p", { class: "pager muted" }, boardBox, `${board.data.length} of ${board.count} plans. `);
@@ -577,10 +593,16 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     const page = document.body.dataset.page;
-    // data-fits: whether the page is no wider than the window (no horizontal scrolling); the browser test reads it
+    // data-fits: whether nothing scrolls sideways — neither the page nor a card whose table is wider than it (a
+    // column cut off at the card's edge); data-overflows names each that does, with its widths. The browser test
+    // reads both.
     const done = () => {
       const root = document.documentElement;
-      document.body.dataset.fits = String(root.scrollWidth <= root.clientWidth);
+      const over = [root, ...document.querySelectorAll(".card")]
+        .filter((n) => n.scrollWidth > n.clientWidth)
+        .map((n) => `${n === root ? "page" : n.id || "card"}:${n.scrollWidth}>${n.clientWidth}`);
+      document.body.dataset.fits = String(!over.length);
+      if (over.length) document.body.dataset.overflows = over.join(" ");
       document.body.dataset.ready = "true";
     };
     if (page === "index") indexPage().finally(done);
