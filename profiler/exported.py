@@ -101,6 +101,7 @@ from profiler.exported_checks import (
     read_members,
     scan_sample_inputs,
 )
+from profiler.modules import mark_exported_classes
 
 __all__ = [
     "PARAM_STD",
@@ -383,6 +384,16 @@ def example_inputs(
     return tuple(out)
 
 
+def _exported_classes(ep: Any) -> dict[str, str]:
+    """Qualified module name → the qualified name of its class, for every module the program called (its nodes'
+    ``nn_module_stack``; text from the archive, only ever compared): what ``mark_exported_classes`` records."""
+    classes: dict[str, str] = {}
+    for node in ep.graph.nodes:
+        for path, cls in (node.meta.get("nn_module_stack") or {}).values():
+            classes.setdefault(str(path), str(cls))
+    return classes
+
+
 def load_exported(
     data: bytes,
     *,
@@ -428,6 +439,7 @@ def load_exported(
         if dev.type != "cpu":
             _retarget(ep, dev)
         module = torch.export.unflatten(ep)
+        mark_exported_classes(module, _exported_classes(ep))  # NOTE [ Module stages ]: staged as the original
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():

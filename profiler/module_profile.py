@@ -53,6 +53,7 @@ from profiler.modules import (
     checkpointed_call,
     copy_structure,
     find_stages,
+    module_kind,
     tensor_leaves,
     trace_stages,
 )
@@ -452,7 +453,7 @@ def profile_module(
         StageProfile(
             index=k,
             name=names[k],
-            kind=type(m).__name__.lower(),
+            kind=module_kind(m),
             forward_ms=t.forward_ms,
             backward_ms=t.backward_ms,
             output_bytes=trace.output_bytes[k],

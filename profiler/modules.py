@@ -22,6 +22,14 @@ shared layer) is not split: it is planned whole, at a coarser granularity. Users
 ``fnmatch`` patterns over qualified names (``["transformer.wte", "transformer.h.*", "lm_head"]``); a pattern names its
 outermost matches.
 
+An exported program (``profiler.exported``) is staged as the model it was exported from. ``torch.export.unflatten``
+gives its modules back, but every one of them is an ``InterpreterModule``: by class alone every module with children
+would be a repeated block (a GPT-2 layer split into its norms, attention and MLP) and no ``nn.Sequential`` a plain
+container (a stem of layers one stage). So ``load_exported`` records on each module the class the program's
+``nn_module_stack`` names (``mark_exported_classes``); blocks are grouped by that class (``module_class``), a module
+exported from ``nn.Sequential``, ``nn.ModuleList`` or ``nn.ModuleDict`` is a plain container (its forward is the
+program's calls of its children, in order), and so is one the program never called (an iterated ``ModuleList``).
+
 ``trace_stages`` runs one forward with every stage hooked and records, by storage (each counted once, parameters
 and buffers left out): who made it (a stage, the model's own code after stage k, or the caller: the model input),
 which stages take it as an argument, which stage or the model's own code saves it for backward
@@ -82,6 +90,9 @@ __all__ = [
     "copy_structure",
     "find_stages",
     "held_tensors",
+    "mark_exported_classes",
+    "module_class",
+    "module_kind",
     "rebuild",
     "tensor_leaves",
     "trace_stages",
@@ -318,7 +329,37 @@ def _run_counts(model: nn.Module, inputs: Inputs) -> tuple[dict[str, int], list[
     return counts, order
 
 
+#: the attribute ``profiler.exported.load_exported`` sets on every module of an unflattened exported program: the
+#: qualified name of the class it was exported from, ``""`` for a container the program never called (NOTE [ Module
+#: stages ], exported programs)
+EXPORTED_CLASS = "_memtune_exported_class"
+_CONTAINERS = frozenset(f"torch.nn.modules.container.{c}" for c in ("Sequential", "ModuleList", "ModuleDict"))
+
+
+def mark_exported_classes(model: nn.Module, classes: Mapping[str, str]) -> None:
+    """Record on each module of an unflattened exported program the class it was exported from (``classes``: qualified
+    module name → qualified class name, as the program's ``nn_module_stack`` says; a module it lacks was never called,
+    a container), so its stages are found as the original model's are (NOTE [ Module stages ], exported programs)."""
+    for name, m in model.named_modules():
+        setattr(m, EXPORTED_CLASS, classes.get(name, ""))
+
+
+def module_class(m: nn.Module) -> type | str:
+    """The class ``m`` stands for: its own, or the one a module of an exported program was exported from."""
+    exported: str | None = getattr(m, EXPORTED_CLASS, None)
+    return type(m) if exported is None else exported
+
+
+def module_kind(m: nn.Module) -> str:
+    """The lower-case name of ``module_class(m)`` (``linear``, ``gpt2block``): a stage's ``kind``."""
+    cls = module_class(m)
+    return (cls.__name__ if isinstance(cls, type) else cls.rsplit(".", 1)[-1] or "container").lower()
+
+
 def _plain_container(m: nn.Module) -> bool:
+    exported: str | None = getattr(m, EXPORTED_CLASS, None)
+    if exported is not None:  # its forward is the program's calls of its children, in order
+        return exported in _CONTAINERS or not exported
     if isinstance(m, (nn.ModuleList, nn.ModuleDict)):
         return type(m).forward is nn.Module.forward
     return isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward
@@ -345,10 +386,10 @@ class _Finder:
         return [(_join(name, c), child) for c, child in m.named_children() if _join(name, c) in self.ran]
 
     def _blocks(self, children: list[tuple[str, nn.Module]]) -> set[str]:
-        by_class: dict[type, list[str]] = {}
+        by_class: dict[type | str, list[str]] = {}
         for n, c in children:
             if any(True for _ in c.children()) and not _plain_container(c):  # containers are split, never blocks
-                by_class.setdefault(type(c), []).append(n)
+                by_class.setdefault(module_class(c), []).append(n)
         return {n for names in by_class.values() if len(names) >= 2 for n in names}
 
     def _repeats_below(self, name: str, m: nn.Module) -> bool:
