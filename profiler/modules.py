@@ -488,6 +488,8 @@ class TracedStorage:
         producer: the stage that made it; for the model's own code, the last stage whose forward had ended
             before it (-1: before any stage: the model input or what the model makes before its first stage).
         grad_bytes: bytes of the gradient that flows back into it (the largest view seen), 0 when none.
+        grad_storage_bytes: bytes of the storage that gradient is a view of, where the backward of its last
+            reader makes it larger (NOTE [ Gradient storages ] in ``profiler.module_profile``); None: its own.
         readers: stages whose forward takes it, or at whose start the model's code still holds it.
         saved_by: stages that save it for backward.
         outside_after: saved by the model's own code after this stage's forward (-1: before the first), or None.
@@ -496,6 +498,7 @@ class TracedStorage:
     nbytes: int
     producer: int
     grad_bytes: int = 0
+    grad_storage_bytes: int | None = None
     readers: set[int] = field(default_factory=set)
     saved_by: set[int] = field(default_factory=set)
     outside_after: int | None = None
@@ -514,6 +517,8 @@ class StageTrace:
         storages: every storage that flows between stages or is saved for backward.
         inputs: per stage, indices into ``storages`` of the tensors it takes (each once, in argument order).
         input_grad: per stage, per tensor leaf of its ``(args, kwargs)``, whether it required a gradient.
+        leaf_storages: per stage, per tensor leaf of its ``(args, kwargs)``, the index into ``storages`` of its
+            storage (None: a parameter, a buffer or an empty tensor).
         outputs: per stage, its main output (the first floating-point tensor it returns) or None.
         output_bytes: per stage, bytes of that tensor.
         model_outputs: indices of the storages the model returns.
@@ -524,6 +529,7 @@ class StageTrace:
     storages: list[TracedStorage]
     inputs: list[list[int]]
     input_grad: list[list[bool]]
+    leaf_storages: list[list[int | None]]
     outputs: list[int | None]
     output_bytes: list[int]
     model_outputs: list[int]
@@ -542,6 +548,7 @@ class _Tracer:
         n = len(names)
         self.inputs: list[list[int]] = [[] for _ in range(n)]
         self.input_grad: list[list[bool]] = [[] for _ in range(n)]
+        self.leaf_storages: list[list[int | None]] = [[] for _ in range(n)]
         self.outputs: list[int | None] = [None] * n
         self.output_bytes = [0] * n
         self.calls = [0] * n
@@ -585,6 +592,7 @@ class _Tracer:
         leaves = list(tensor_leaves((args, kwargs)))
         for t in leaves:
             sid = self.sight(t, self.last_done)
+            self.leaf_storages[k].append(sid)
             if sid is not None and sid not in self.inputs[k]:
                 self.inputs[k].append(sid)
                 self.storages[sid].readers.add(k)
@@ -682,6 +690,7 @@ def trace_stages(
         storages=tracer.storages,
         inputs=tracer.inputs,
         input_grad=tracer.input_grad,
+        leaf_storages=tracer.leaf_storages,
         outputs=tracer.outputs,
         output_bytes=tracer.output_bytes,
         model_outputs=model_outputs,

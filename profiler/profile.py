@@ -126,6 +126,13 @@ class SavedStorage(_Frozen):
     grad_bytes: int = Field(
         default=0, ge=0, description="module stages: bytes of the gradient that flows back into it (0: none)"
     )
+    grad_storage_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="module stages: bytes of the storage that gradient is a view of, where it is larger than the "
+        "gradient (a slice of the gradient of a concatenation; NOTE [ Gradient storages ] in profiler.module_profile); "
+        "None: the gradient's own bytes",
+    )
     outside: bool = Field(
         default=False,
         description="saved by the model's own code outside every stage: no plan reaches it, it stays on the GPU "

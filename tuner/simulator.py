@@ -184,6 +184,11 @@ class StorageTables:
         self.grad_made: list[list[int]] = [[] for _ in range(n)]
         self.grad_freed: list[list[int]] = [[] for _ in range(n)]
         self.s_grad = [s.grad_bytes for s in storages]
+        # NOTE [ Gradient storages ] (profiler.module_profile): what a gradient's storage holds beyond its own bytes,
+        # from the end of its maker's backward until the next gradient is summed into it; per stage, what it leaves
+        self.s_grad_rest = [max(0, (s.grad_storage_bytes or 0) - s.grad_bytes) for s in storages]
+        self.grad_rest_made = [0] * n
+        self.grad_rest_freed: list[list[int]] = [[] for _ in range(n)]
         if profile.modules:
             final = st[-1].output_storage
             for sid, s in enumerate(storages):
@@ -193,8 +198,22 @@ class StorageTables:
                 if sid != final and readers:
                     self.grad_made[max(readers)].append(sid)
                     self.grad_freed[s.producer].append(sid)
+                    if self.s_grad_rest[sid]:
+                        self.grad_rest_made[max(readers)] += self.s_grad_rest[sid]
+                        self.grad_rest_freed[self._next_gradient(sid, max(readers))].append(sid)
                 elif sid == final:
                     self.grad_freed[s.producer].append(sid)
+
+    def _next_gradient(self, sid: int, maker: int) -> int:
+        """The stage at whose backward's end the next gradient reaches storage ``sid`` after ``maker``'s, and autograd
+        sums the two out of place, freeing the view ``maker`` made (NOTE [ Gradient storages ]): the latest stage
+        before ``maker`` that reads another tensor its producer made (the skip's max-pooled copy), else the
+        producer."""
+        p = self.s_producer[sid]
+        return next(
+            (k for k in range(maker - 1, p, -1) if any(i != sid and self.s_producer[i] == p for i in self.inputs[k])),
+            p,
+        )
 
 
 class Simulator:
@@ -471,9 +490,11 @@ class Simulator:
             made: list[tuple[str, object, int]] = [("alloc", ("g", k - 1), self.out[k - 1])] if k > 0 else []
             return made, [("free", ("g", k), self.out[k])]
         tab = self._tables
+        rest = tab.s_grad_rest  # NOTE [ Gradient storages ]: made at the end of stage k's backward
         return (
             [("alloc", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_made[k]],
-            [("free", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_freed[k]],
+            [("free", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_freed[k]]
+            + [("free", ("gr", sid), rest[sid]) for sid in tab.grad_rest_freed[k]],
         )
 
     def _split_pricing(self, plan: Plan, actions: Sequence[Action], tab: StorageTables) -> SplitPricing | None:
@@ -868,6 +889,7 @@ class Simulator:
             copies = copy_release_at[k]
             freed_now = (
                 ws_k
+                - tab.grad_rest_made[k]  # NOTE [ Gradient storages ]
                 + sum(b[2] for b in grad_freed)
                 + held
                 + kept_k
@@ -882,6 +904,8 @@ class Simulator:
                 blk += grad_made
                 blk += [("alloc", ("p", k), self.pgrad[k])] if self.pgrad[k] else []
                 blk += [("free", ("wsb", k), ws_k)] if ws_k else []
+                rests = tab.s_grad_rest  # NOTE [ Gradient storages ]
+                blk += [("alloc", ("gr", sid), rests[sid]) for sid in tab.grad_made[k] if rests[sid]]
                 blk += grad_freed
                 blk += [("free", ("s", sid), s_bytes[sid]) for sid in released]
                 blk += [("free", ("c", sid), c_bytes[sid]) for sid in copies]

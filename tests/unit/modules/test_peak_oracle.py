@@ -131,3 +131,25 @@ def test_a_recompute_plan_lowers_the_peak_the_allocator_sees() -> None:
     measured = allocator_peak(planned(model, plan), inputs, loss_fn, held=False)
     assert measured < unplanned
     assert abs(predicted / measured - 1) <= TOLERANCE, (predicted, measured)
+
+
+def test_a_selective_decoder_block_holds_its_skip_gradients_storage() -> None:
+    """NOTE [ Gradient storages ]: the U-Net's last decoder block concatenates the upsampled tensor with the skip; the
+    backward of the concatenation makes one gradient for both, and the skip's gradient, a slice of it, holds the
+    whole storage until the encoder's max-pooled branch adds its part. The simulator once missed it: the selective
+    block's planned peak was 4.7% under the allocator's here (7.3% on an H100, out of memory at 60% of the peak)."""
+    from tuner.runtime import planned
+
+    torch.manual_seed(0)
+    model, x = UNet(width=16), torch.randn(2, 3, 64, 64)
+    model.train()
+    profile = profile_module(model, x, loss_fn=mean_square, warmup=0, repeats=1, output_held=False)
+    skip = next(s for s in profile.storages if s.grad_storage_bytes)
+    assert skip.producer == 0 and skip.grad_storage_bytes == 2 * skip.grad_bytes
+    codes = {"k": Action.KEEP, "r": Action.RECOMPUTE, "s": Action.SELECTIVE}
+    for compact in ("kkkkkksk", "kkkkkrsk"):
+        plan = Plan.from_actions([codes[c] for c in compact]).named(profile)
+        sim = simulate(profile, plan, optimizer="none")
+        predicted = sim.peak_bytes - sim.base_bytes
+        measured = allocator_peak(planned(model, plan), x, mean_square, held=False)
+        assert abs(predicted / measured - 1) <= 0.01, (compact, predicted, measured)
