@@ -94,7 +94,10 @@ def exact_openapi(app: FastAPI, *, reads_open: bool = True) -> dict[str, Any]:
                 op.setdefault("security", [{"HTTPBearer": []}])
             responses: dict[str, Any] = op.setdefault("responses", {})
             for code, response in list(responses.items()):
-                if code.startswith(("4", "5")):  # a route's own error responses: its words, our schema
+                # a route's own error responses: its words, our schema; unless it names a body of its own
+                # (``/healthz``'s 503 answers its ``HealthPublic``, as its 200 does)
+                ref = response.get("content", {}).get("application/json", {}).get("schema", {}).get("$ref", "")
+                if code.startswith(("4", "5")) and (not ref or ref.endswith("/HTTPValidationError")):
                     responses[code] = _problem(response.get("description") or _DESCRIPTIONS.get(code, "error"))
             for code in _codes(path, op):
                 responses.setdefault(code, _problem(_DESCRIPTIONS[code]))
