@@ -1,8 +1,11 @@
 """Wall time of the documented command `memtune tune vgg16 --batch 256 --gpu h200 --budget 13GiB --trials 300`.
 
     python -m benchmarks.tune_time [--runs 3]
+    python -m benchmarks.tune_time --against /tmp/a5d74da [--runs 3]
 
-Each run is a fresh process (imports and profile loading included), as a user would see it.
+Each run is a fresh process (imports and profile loading included), as a user would see it. With ``--against`` (a
+checkout of another commit) each run times the other tree's command and then this one's, and the table gives both
+medians and their ratio: on a shared machine only interleaved runs compare two commits.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from benchmarks.common import environment
 
@@ -36,10 +41,48 @@ COMMAND = [
 ]
 
 
+def _timed(tree: Path | None = None) -> tuple[float, dict[str, Any]]:
+    """One run of ``COMMAND`` (in ``tree``, with that tree's code, when given): wall seconds and its JSON."""
+    t0 = time.perf_counter()
+    done = subprocess.run(COMMAND, check=True, capture_output=True, text=True, cwd=tree)
+    result: dict[str, Any] = json.loads(done.stdout)
+    return time.perf_counter() - t0, result
+
+
+def _best(result: dict[str, Any]) -> str:
+    best = result["best"]
+    return "none" if best is None else f"{best['step_ms']:.2f} ms, {best['peak_bytes'] / 2**30:.2f} GiB"
+
+
+def side_by_side(other: Path, runs: int) -> None:
+    """The table of ``--against``: each tree's median wall time over ``runs`` interleaved runs, their ratio."""
+    here = Path(__file__).resolve().parents[1]
+    times: dict[Path, list[float]] = {other: [], here: []}
+    results: dict[Path, dict[str, Any]] = {}
+    for _ in range(runs):
+        for tree in (other, here):
+            seconds, results[tree] = _timed(tree)
+            times[tree].append(seconds)
+    names = {tree: subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
+                                  text=True).stdout.strip() or str(tree) for tree in (other, here)}  # fmt: skip
+    print(f"environment: {environment()}")
+    print(f"{runs} runs of each, interleaved ({names[other]} first), each a fresh process")
+    print("| commit | wall s (median) | min | max | best plan |")
+    print("|---|---|---|---|---|")
+    for tree in (other, here):
+        t = times[tree]
+        print(f"| {names[tree]} | {statistics.median(t):.2f} | {min(t):.2f} | {max(t):.2f} | {_best(results[tree])} |")
+    print(f"ratio of medians: {statistics.median(times[other]) / statistics.median(times[here]):.2f}x")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--against", type=Path, help="a checkout of another commit to time side by side")
     args = ap.parse_args()
+    if args.against is not None:
+        side_by_side(args.against, args.runs)
+        return
     times = []
     result = {}
     for _ in range(args.runs):

@@ -55,6 +55,7 @@ from profiler import CompilerPoint, ConvProfile, Profile, SavedStorage
 from profiler.loss_model import profile_loss_ms
 from tuner.calibration import calibration_for
 from tuner.conv_choice import PASSES, ConvTriple, choose_algorithms, select_algo, working_algos
+from tuner.fast_path import FastPath
 from tuner.plan import Action, Plan, StorageFate, resolve_storages, segments, selective_gain_bytes, storage_copy_ms
 from tuner.spatial import SplitPricing, parse_segment_key
 from tuner.whole import compiler_point
@@ -299,6 +300,7 @@ class Simulator:
         self._tables = StorageTables(merge_storages(profile) if merge else profile)
         # NOTE [ Inline fetches ]: inline plans hold one storage at a time, so merged storages would over-count
         self._unmerged = self._tables if not merge else None
+        self._fast = FastPath(self)  # NOTE [ Fast path ]
 
     @property
     def tables(self) -> StorageTables:
@@ -312,11 +314,61 @@ class Simulator:
             plan.check(self.profile)
         if plan.whole_compile is not None:
             return _measured(compiler_point(self.profile, plan))
+        if not timeline and self._fast_applies(plan.actions, plan):
+            return self._run_fast(plan.actions, plan)
         return self._run(plan.actions, plan, timeline)
 
     def run_actions(self, actions: Sequence[Action], plan: Plan) -> SimResult:
         """Simulate ``actions`` with the other knobs of ``plan`` (a fast path for search loops)."""
+        if self._fast_applies(actions, plan):
+            return self._run_fast(actions, plan)
         return self._run(actions, plan, False)
+
+    def run_bounded(
+        self,
+        actions: Sequence[Action],
+        plan: Plan,
+        *,
+        peak_limit: int | None = None,
+        step_limit: float | None = None,
+        step_limit_peak: int = 0,
+    ) -> SimResult | None:
+        """``run_actions``, or None where the peak exceeds ``peak_limit`` bytes, or the step exceeds ``step_limit`` ms
+        and the peak is at least ``step_limit_peak`` bytes.
+
+        # NOTE [ Bounded simulations ]
+        A search that compares a plan with its incumbent needs the plan's numbers only where it might win. Over a
+        fitting incumbent a plan that does not fit, or whose step is longer, loses whatever its other numbers are;
+        the fast path (NOTE [ Fast path ]) knows the peak before it times anything, and the step's clock only runs
+        forward, so it stops there: the peak over its limit skips the step's timing, a clock past its limit the rest
+        of the backward. Over an incumbent that does not fit, a plan with a higher peak loses, and one with the same
+        peak loses if it is slower (``step_limit_peak``). The answers (None, or the same numbers as ``run_actions``)
+        decide the same way as full simulations.
+        """
+        if self._fast_applies(actions, plan):
+            costs = self.stage_costs(plan)
+            numbers = self._fast.run(
+                actions, plan, costs, peak_limit=peak_limit, step_limit=step_limit, step_limit_peak=step_limit_peak
+            )
+            return None if numbers is None else SimResult(*numbers, self.base)
+        r = self._run(actions, plan, False)
+        if peak_limit is not None and r.peak_bytes > peak_limit:
+            return None
+        if step_limit is not None and r.peak_bytes >= step_limit_peak and r.step_ms > step_limit:
+            return None
+        return r
+
+    def _run_fast(self, actions: Sequence[Action], plan: Plan) -> SimResult:
+        numbers = self._fast.run(actions, plan, self.stage_costs(plan))
+        assert numbers is not None  # no limits to break
+        return SimResult(*numbers, self.base)
+
+    def _fast_applies(self, actions: Sequence[Action], plan: Plan) -> bool:
+        """Whether NOTE [ Fast path ] prices ``actions`` under ``plan``: ``layer`` or ``deferred`` sync, no segment
+        split into strips."""
+        if plan.sync != "layer" and plan.sync != "deferred":
+            return False
+        return not plan.spatial_splits or self._split_pricing(plan, actions, self._tables) is None
 
     def stage_costs(self, plan: Plan) -> tuple[list[float], list[float], list[int], list[int]]:
         """Per stage forward ms, backward ms, forward and backward workspace bytes under the plan's conv choice.
@@ -600,6 +652,8 @@ class Simulator:
         return remat_at, copy_at_seg, copy_release_at
 
     def _run(self, actions: Sequence[Action], plan: Plan, want_timeline: bool) -> SimResult:
+        # the reference: NOTE [ Fast path ] (tuner.fast_path) prices most plans without a timeline and must count
+        # what this counts, to the bit; tests/unit/tuner/test_fast_path.py compares the two
         n = self.n
         out = self.out
         fwd, bwd, ws_f, ws_b = self.stage_costs(plan)
