@@ -71,10 +71,21 @@ def budget_table_args(
 
 
 def environment() -> str:
-    """One line: date, machine, Python, library versions."""
+    """One line: date, machine, Python, library versions.
+
+    Under ``MEMTUNE_RESULTS_REPRODUCIBLE=1`` (set by ``benchmarks.regenerate``) only the versions of the libraries
+    that make the numbers (torch, Optuna, NumPy, SciPy): no date or machine, so the file is the same on any day."""
     import optuna
     import torch
 
+    if os.environ.get("MEMTUNE_RESULTS_REPRODUCIBLE") == "1":
+        import numpy
+        import scipy
+
+        return (
+            f"torch {torch.__version__}, optuna {optuna.__version__}, numpy {numpy.__version__}, "
+            f"scipy {scipy.__version__} (`python -m benchmarks.regenerate`)"
+        )
     return (
         f"{datetime.date.today().isoformat()}, {platform.processor() or platform.machine()} "
         f"({os.cpu_count()} cores), Python {platform.python_version()}, torch {torch.__version__}, "
