@@ -60,6 +60,35 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(null)
 
 
+#: what the CPU allocator writes to standard error, once per process, when the metered code frees a block made before
+#: it (a model's cached tensor): true of every metered step and of no use to a user, so it is left out
+_ALLOCATOR_NOTE = b"allocated before the profiling started"
+
+
+@contextmanager
+def _stderr_without(fragment: bytes) -> Iterator[None]:
+    """File descriptor 2 held in a temporary file for the block, then written back without the lines holding
+    ``fragment``: what C++ libraries and Python write there in the block comes out after it, less those lines."""
+    import os
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = b"".join(line for line in held if fragment not in line)
+            if kept:
+                os.write(2, kept)
+
+
 @contextmanager
 def metered(device: torch.device) -> Iterator[MemoryReading]:
     """Meter the allocations of the code in the block on ``device`` (``cpu`` or a CUDA device); NOTE [ Allocator
@@ -92,7 +121,8 @@ def metered(device: torch.device) -> Iterator[MemoryReading]:
     with _quiet_stderr():  # Kineto writes two log lines (profiler_start, profiler_stop) to standard error
         prof.start()
     try:
-        yield reading
+        with _stderr_without(_ALLOCATOR_NOTE):
+            yield reading
     finally:
         with _quiet_stderr():
             prof.stop()
