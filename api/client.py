@@ -172,6 +172,7 @@ class MemtuneClient:
         validate_top_k: int = 0,
         validate_iters: int | None = None,
         headroom: float | None = None,
+        compile: str | None = None,
     ) -> JobPublic:
         """``POST /v1/jobs``. ``model``: ``{"zoo": …, "params": …}``, ``{"spec": …}``, or a stored model id.
 
@@ -179,6 +180,8 @@ class MemtuneClient:
         ``gpu`` (``validate_iters`` timed steps each, server default 6); they are stored labeled ``measured``.
         ``headroom`` (in [0, 0.5)) is the fraction of the budget the search keeps free for the caching
         allocator; left out, the server uses the GPU type's calibrated headroom. The job shows the one used.
+        ``compile`` (``auto``, ``on``, ``off``; left out: ``auto``) says whether plans may run the whole model compiled
+        by ``torch.compile`` (NOTE [ Whole-model compile ]); the job's ``compile_note`` says what the worker did.
         """
         ref = {"id": model} if isinstance(model, str) else dict(model)
         body: dict[str, Any] = {
@@ -197,6 +200,8 @@ class MemtuneClient:
             body["validate_iters"] = validate_iters
         if headroom is not None:
             body["headroom"] = headroom
+        if compile is not None:
+            body["compile"] = compile
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         return JobPublic.model_validate(self._request("POST", "/v1/jobs", json=body, headers=headers).json())
 

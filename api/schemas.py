@@ -48,6 +48,7 @@ ParamValue = int | float | str | bool
 JobStateName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 ValidationStateName = Literal["pending", "running", "done", "skipped", "failed", "cancelled"]
 HeadroomSourceName = Literal["request", "database", "user file", "committed", "none"]
+CompileName = Literal["auto", "on", "off"]
 CalibrationOriginName = Literal["database", "user file", "committed"]
 
 _SPEC_EXAMPLE: dict[str, Any] = {
@@ -209,6 +210,16 @@ class JobCreate(_Request):
         "of it, GET /v1/gpus/{gpu}/calibration, else the committed one: 0.05 on the H200; 0 where none was "
         "measured). The job shows the headroom it was tuned at and where it came from",
     )
+    compile: CompileName = Field(
+        default="auto",
+        description="whether plans may run the whole model compiled by torch.compile, priced by the profile's "
+        "measured compiler points (a step at activation budgets 1, 0.5, 0.25); the best plan is then named "
+        "'compiled whole <budget>' where such a point fits and beats every searched plan. 'auto' (default): the "
+        "stored profile's points are candidates; a worker with a CUDA GPU of this type measures them first where "
+        "the profile has none (kept with the profile for later jobs), and plans eager where compiling fails "
+        "(compile_note says why). 'on': as 'auto', but the job fails where no point can be had (no worker GPU of "
+        "this type and none stored). 'off': plans never compile the whole model",
+    )
 
     @field_validator("gpu", "budget")
     @classmethod
@@ -282,6 +293,16 @@ class JobPublic(BaseModel):
         description="where the headroom came from: 'request', or the GPU type's calibration: 'database' (the "
         "service's, GET /v1/gpus/{gpu}/calibration), 'user file' or 'committed' (the API host's files), 'none' (no "
         "calibration: 0); null for jobs stored before it was recorded",
+    )
+    compile: CompileName = Field(
+        default="auto",
+        description="whether plans may compile the whole model (as asked: 'auto', 'on' or 'off'); a best plan "
+        "named 'compiled whole <budget>' does",
+    )
+    compile_note: str | None = Field(
+        default=None,
+        description="what the worker did about compiling the whole model: the compiler points it measured (or "
+        "while measuring, which), or why none were used; null before the worker got there",
     )
     validate_top_k: int = 0
     validate_iters: int = 6

@@ -21,6 +21,29 @@ the job's type, else its compute on the CPU and its copies from the job's GPU ty
 results are labeled ``simulated`` (the numbers come from the simulator, whatever the profile's source); the plans
 validated on the GPU are stored again, labeled ``measured`` (NOTE [ Measured validation ]).
 
+# NOTE [ Compiler points in the service ]
+A plan may run the whole model compiled by ``torch.compile`` at one activation budget, priced by a compiler point of
+the profile (NOTE [ Whole-model compile ] in ``tuner.whole``). A job's ``compile`` says what the worker does about
+those points, after it has the job's profile and before the search:
+
+* ``off``: the search runs on the profile without its compiler points, so no plan compiles the whole model.
+* ``auto`` (the default): the profile's points are candidates. Where it has none and this worker's CUDA device is of
+  the job's GPU type, the worker measures the model compiled whole at activation budgets ``COMPILE_BUDGETS`` (1, 0.5,
+  0.25): a zoo model or spec by ``tuner.runtime.whole.measure_compiler_points``, each budget in a fresh process; an
+  exported program by ``measure_module_points`` in this process, on the program loaded onto the GPU (NOTE [ Compiler
+  points of a module ]). The points are stored with the profile, so later jobs of the model, batch and dtype reuse
+  them. A budget that fails to compile is left out, named in the job's ``compile_note``; where none compiles, or the
+  measurement fails, the note says why and the plans are eager. A worker without a GPU of the type plans eager, and
+  the note says so.
+* ``on``: as ``auto``, except that where the profile has no points and this worker cannot measure them (no CUDA GPU
+  of the job's type) the job fails, its error naming the GPU type and how to get points. Compiling that fails on a
+  GPU of the type still plans eager, as under ``auto``: the worker tried.
+
+The job's ``compile_note`` says what is happening while it happens (the events stream shows it) and how it went. The
+search serves a point where it fits and beats every searched plan; the job's best plan is then named ``compiled whole
+<budget>``. The zoo and spec points are measured as ``memtune bench`` measures a step (SGD with momentum), like the
+points ``memtune profile --compiler-sweep`` keeps.
+
 # NOTE [ Measured validation ]
 A job with ``validate_top_k`` > 0 asks the worker to measure its best plans on the GPU after the search:
 
@@ -114,18 +137,21 @@ from tuner.calibration import Calibration, calibration_for, install_calibration,
 
 if TYPE_CHECKING:
     from api.settings import Settings
-    from profiler import DeviceIdentity, Profile
+    from profiler import CompilerPoint, DeviceIdentity, Profile
     from tuner import Candidate, TuneResult
     from tuner.runtime.validate import ValidationRun
 
 __all__ = [
+    "COMPILE_BUDGETS",
     "VALIDATION_WARMUP",
     "CalibrateFn",
+    "CompilerPointsFn",
     "Validator",
     "Worker",
     "cuda_gpu_key",
     "default_worker_id",
     "measure_calibration",
+    "measure_job_compiler_points",
 ]
 
 VALIDATION_WARMUP = 3
@@ -165,6 +191,64 @@ def measure_calibration(progress: Callable[[str], None]) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="memtune-calibration-") as tmp:
         return dict(calibrate(output=Path(tmp) / "calibration.json", progress=progress).data)
+
+
+COMPILE_BUDGETS = (1.0, 0.5, 0.25)
+"""Activation budgets at which a worker measures a job's model compiled whole (NOTE [ Compiler points in the
+service ]), those of ``memtune.tune(..., compile=True)``."""
+
+
+CompilerPointsFn = Callable[
+    [ModelRecord, bytes | None, "Profile", str, Callable[[str], None]],
+    "tuple[Sequence[CompilerPoint], Mapping[float, str]]",
+]
+"""Measures a model compiled whole at ``COMPILE_BUDGETS`` on this worker's GPU, called with the stored model, its
+exported program's archive (None for a zoo model or a spec), the job's profile, its optimizer, and a function it calls
+with progress text; returns the points measured and the error of each budget that failed.
+``measure_job_compiler_points`` by default (NOTE [ Compiler points in the service ])."""
+
+
+def measure_job_compiler_points(
+    model: ModelRecord, archive: bytes | None, profile: Profile, optimizer: str, progress: Callable[[str], None]
+) -> tuple[tuple[CompilerPoint, ...], dict[float, str]]:
+    """The compiler points of ``model`` at ``COMPILE_BUDGETS``, measured on this process's CUDA device (NOTE
+    [ Compiler points in the service ]), and the error of each budget that failed.
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    if model.kind == "exported":
+        import torch
+
+        from tuner.runtime.whole import measure_module_points
+
+        if archive is None:
+            raise ValueError(f"model {model.id} is an exported program, but its archive was not given")
+        module, inputs = _load_exported(model, archive, torch.device("cuda", 0))
+        return measure_module_points(
+            module,
+            inputs,
+            profile,
+            COMPILE_BUDGETS,
+            optimizer=optimizer,
+            progress=lambda _done, _total, what: progress(what),
+        )
+    from api.model_refs import stored_chain_builder
+    from tuner.runtime.whole import measure_compiler_points
+
+    points, rows = measure_compiler_points(
+        stored_chain_builder(model), profile, COMPILE_BUDGETS, progress=lambda what: progress(f"measuring {what}")
+    )
+    errors = {
+        float(r.compile_budget): r.error
+        for r in rows
+        if r.kind == "compiler" and r.compile_budget is not None and r.error
+    }
+    return points, errors
+
+
+class _NoCompilerPoints(Exception):
+    """A job with ``compile`` ``on`` whose points this worker can neither find nor measure: the job fails with it."""
 
 
 def cuda_gpu_key() -> str | None:
@@ -249,6 +333,8 @@ class Worker:
         calibrate_fn: measures this GPU type's calibration where none exists (NOTE [ Calibrations in the
             service ]); None for ``measure_calibration``.
         local_gpu: the GPU type of this worker's CUDA device, or None without one; None for ``cuda_gpu_key``.
+        compiler_points_fn: measures a job's model compiled whole where its profile has no compiler points (NOTE
+            [ Compiler points in the service ]); None for ``measure_job_compiler_points``.
     """
 
     def __init__(
@@ -264,6 +350,7 @@ class Worker:
         validator: Validator | None = None,
         calibrate_fn: CalibrateFn | None = None,
         local_gpu: Callable[[], str | None] | None = None,
+        compiler_points_fn: CompilerPointsFn | None = None,
     ) -> None:
         if heartbeat_interval_s >= stale_after_s:
             raise ValueError(
@@ -280,6 +367,7 @@ class Worker:
         self.validator = validator
         self.calibrate_fn: CalibrateFn = calibrate_fn or measure_calibration
         self._local_gpu = local_gpu or cuda_gpu_key
+        self.compiler_points_fn: CompilerPointsFn = compiler_points_fn or measure_job_compiler_points
         self._local_gpu_key: tuple[str | None] | None = None  # read once, on first need
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -516,6 +604,7 @@ class Worker:
             self.refresh_calibrations()
             job, calibrated = self._calibrate_first(job, lease, watch)
             profile, profile_id = self._profile_for(job, lease)
+            profile = self._with_compiler_points(job, lease, watch, profile)
             result = self._tune(job, lease, profile, watch)
             if watch.lost:
                 raise _LeaseLost
@@ -530,6 +619,10 @@ class Worker:
             self._store(job, lease, result, profile_id, rows, validation, cancelled=watch.cancel)
         except _LeaseLost:
             log.warning("worker %s lost job %s to another worker; dropping it", self.worker_id, job.id)
+        except _NoCompilerPoints as e:
+            log.warning("job %s failed: %s", job.id, e)
+            with self.db.session() as s:
+                JobRepository(s).finish(lease, "failed", error=str(e)[:4000])
         except Exception as e:
             log.exception("job %s failed", job.id)
             with self.db.session() as s:
@@ -557,6 +650,98 @@ class Worker:
             if JobRepository(s).set_profile(lease, profile_id).lost:
                 raise _LeaseLost
         return profile, profile_id
+
+    # ---- compiler points (NOTE [ Compiler points in the service ]) ------------------------------------------
+    def _with_compiler_points(self, job: Job, lease: JobLease, watch: _Watch, profile: Profile) -> Profile:
+        """The profile the job is searched on, as its ``compile`` asks: without compiler points (``off``), with the
+        stored ones, or with those measured here and stored with it. Raises _NoCompilerPoints (``on``, nothing to
+        measure on) and _LeaseLost; a failed measurement is noted and the plans are eager."""
+        points = profile.compiler_points
+        if job.compile == "off":
+            if points:
+                self._compile_note(
+                    job, lease, watch, f"compile off: the profile's {len(points)} compiler point(s) are left out"
+                )
+            return profile.model_copy(update={"compiler_points": ()})
+        if points:
+            self._compile_note(
+                job, lease, watch, f"the profile's compiler points are candidates: {_points_text(points)}"
+            )
+            return profile
+        local = self._local_gpu_type()
+        if local != job.gpu_key:
+            where = "no CUDA GPU" if local is None else f"a GPU of type {local!r}"
+            if job.compile == "on":
+                raise _NoCompilerPoints(
+                    f"compile 'on' needs compiler points (the whole model compiled by torch.compile, measured on a GPU "
+                    f"of type {job.gpu_key!r}), and the stored profile of this model (batch {job.batch}, {job.dtype}) "
+                    f"has none, while this worker has {where} to measure them on: run a worker on a {job.gpu_key} GPU "
+                    f"(memtune worker --gpu {job.gpu_key}), which measures them and keeps them for later jobs, or "
+                    "submit with compile 'auto' (eager plans where there are no points) or 'off'"
+                )
+            self._compile_note(
+                job, lease, watch,
+                f"no compiler points: the profile has none and this worker has {where}, not one of type "
+                f"{job.gpu_key!r} to measure them on, so the plans are eager",
+            )  # fmt: skip
+            return profile
+        return self._measure_compiler_points(job, lease, watch, profile)
+
+    def _measure_compiler_points(self, job: Job, lease: JobLease, watch: _Watch, profile: Profile) -> Profile:
+        """``profile`` with the model compiled whole measured here at ``COMPILE_BUDGETS``, stored with it; ``profile``
+        as it was, with the reason in the note, where nothing compiled."""
+        from tuner.runtime.whole import with_compiler_points
+
+        budgets = ", ".join(f"{b:g}" for b in COMPILE_BUDGETS)
+        self._compile_note(
+            job, lease, watch, f"compiling the whole model at activation budgets {budgets} on this worker's GPU"
+        )
+        try:
+            model = self._model(job)
+            archive = None
+            if model.kind == "exported":
+                with self.db.session() as s:
+                    archive = ModelRepository(s).program(model.id)
+            points, errors = self.compiler_points_fn(
+                model,
+                archive,
+                profile,
+                job.optimizer,
+                lambda what: self._compile_note(job, lease, watch, f"compiling the whole model: {what}"),
+            )
+        except _LeaseLost:
+            raise
+        except Exception as e:
+            log.warning("job %s: compiling the whole model failed: %s", job.id, e, exc_info=True)
+            text = f"compiling the whole model failed, so the plans are eager: {type(e).__name__}: {e}"
+            self._compile_note(job, lease, watch, text[:2000])
+            return profile
+        failed = "; ".join(f"activation budget {b:g} failed: {err}" for b, err in errors.items())
+        if not points:
+            log.warning("job %s: the whole model compiled at no activation budget: %s", job.id, failed)
+            text = f"compiling the whole model failed at every activation budget, so the plans are eager: {failed}"
+            self._compile_note(job, lease, watch, text[:2000])
+            return profile
+        profile = with_compiler_points(profile, points)
+        with self.db.session() as s:
+            ProfileRepository(s).store(job.model_id, profile)
+        text = f"measured the whole model compiled on this worker's GPU: {_points_text(profile.compiler_points)}"
+        text += "; kept with the profile" + (f"; {failed}" if failed else "")
+        log.info("job %s: %s", job.id, text)
+        self._compile_note(job, lease, watch, text[:2000])
+        return profile
+
+    def _compile_note(self, job: Job, lease: JobLease, watch: _Watch, text: str) -> None:
+        """Show ``text`` as the job's compile note (the events stream shows it); a lost lease raises _LeaseLost."""
+        try:
+            with self.db.session() as s:
+                st = JobRepository(s).set_compile_note(lease, text)
+        except Exception as e:  # like a missed heartbeat: the work goes on
+            log.warning("job %s: compile note write failed: %s", job.id, e)
+            return
+        if st.lost:
+            raise _LeaseLost
+        watch.note(st.lost, st.cancel)
 
     def _tune(self, job: Job, lease: JobLease, profile: Profile, watch: _Watch) -> TuneResult:
         """Run (or resume) the job's Optuna study at the job's headroom (NOTE [ Headroom ] in ``tuner.search``).
@@ -742,6 +927,15 @@ def _no_plan_fits(job: Job) -> str:
     return f"no plan fits the budget{within}; try a larger budget or a smaller batch"
 
 
+def _points_text(points: Sequence[CompilerPoint]) -> str:
+    """Compiler points in a job's note: budget, step, peak."""
+    from tuner import format_bytes
+
+    return ", ".join(
+        f"budget {p.activation_budget:g} {p.step_ms:.1f} ms at {format_bytes(p.peak_bytes)}" for p in points
+    )
+
+
 def _simulated_rows(job: Job, result: TuneResult) -> list[ResultIn]:
     """The search's results to store: every baseline, the Optuna best, and (pareto mode) the front."""
     rows = [_result_in(c, "baseline") for c in result.policies]
@@ -885,7 +1079,6 @@ def _exported_profile(model: ModelRecord, job: Job, archive: bytes) -> Profile:
 
     from profiler import profile_module
     from profiler.devices import gpu_key
-    from profiler.exported import load_exported
 
     exported = model.definition["exported"]
     if job.batch != exported["batch"]:  # the API refuses such jobs; a job queued another way fails here
@@ -895,15 +1088,23 @@ def _exported_profile(model: ModelRecord, job: Job, archive: bytes) -> Profile:
         props = torch.cuda.get_device_properties(0)
         if gpu_key(props.name, props.total_memory) == job.gpu_key:
             device = torch.device("cuda", 0)
-    module, inputs = load_exported(
+    module, inputs = _load_exported(model, archive, device)
+    gpu = None if device.type == "cuda" else job.gpu_key
+    return profile_module(module, inputs, dtype=job.dtype, gpu=gpu, name=model.name)
+
+
+def _load_exported(model: ModelRecord, archive: bytes, device: Any) -> tuple[Any, Any]:
+    """The stored exported program as a module and its example inputs on ``device``, checked again on loading (NOTE
+    [ Safe exported programs ]); the inputs' seed is the model's, so every load gives the same batch."""
+    from profiler.exported import load_exported
+
+    return load_exported(
         archive,
         max_bytes=len(archive),
-        int_high=exported.get("int_high"),
+        int_high=model.definition["exported"].get("int_high"),
         device=device,
         seed=int(model.content_hash[:8], 16),
     )
-    gpu = None if device.type == "cuda" else job.gpu_key
-    return profile_module(module, inputs, dtype=job.dtype, gpu=gpu, name=model.name)
 
 
 def _modeled_profile(model: ModelRecord, job: Job) -> Profile:

@@ -10,12 +10,14 @@ from profiler import Profile
 from tuner.budget import search_budget
 
 __all__ = [
+    "COMPILE_CHOICES",
     "HEADROOM_SOURCES",
     "TERMINAL_STATES",
     "VALIDATION_STATES",
     "ApiKey",
     "CalibrationRecord",
     "Claim",
+    "CompileChoice",
     "GpuType",
     "HeadroomSource",
     "Job",
@@ -43,6 +45,13 @@ HeadroomSource = Literal["request", "database", "user file", "committed", "none"
 the service ] in ``api.worker``): the service's ``database``, the API host's ``user file`` or
 the ``committed`` one; ``none`` when the GPU type had no calibration (headroom 0)."""
 HEADROOM_SOURCES: frozenset[str] = frozenset({"request", "database", "user file", "committed", "none"})
+
+CompileChoice = Literal["auto", "on", "off"]
+"""Whether a job's plans may compile the whole model (NOTE [ Whole-model compile ] in ``tuner.whole``; NOTE
+[ Compiler points in the service ] in ``api.worker``): ``auto`` (the profile's compiler points are candidates, measured
+first on a worker with a GPU of the job's type), ``on`` (as ``auto``, and the job fails where no point can be had),
+``off`` (never: the points are left out)."""
+COMPILE_CHOICES: frozenset[str] = frozenset({"auto", "on", "off"})
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,9 @@ class Job:
 
     ``validate_top_k`` (0 = off) plans are to be measured on the GPU with ``validate_iters`` timed steps
     each; ``validation_state`` is None until the worker gets there (see ``ValidationState``).
+
+    ``compile`` says whether the plans may compile the whole model (``CompileChoice``); ``compile_note`` what the
+    worker did about it (measured the compiler points, or why none were used), None before it got there.
     """
 
     id: str
@@ -122,6 +134,8 @@ class Job:
     optimizer: str
     headroom: float
     headroom_source: HeadroomSource | None
+    compile: CompileChoice
+    compile_note: str | None
     state: JobState
     trials_done: int
     best_name: str | None

@@ -151,7 +151,8 @@ class JobRow(Base):
     ``tuner.search``), and ``headroom_source`` where it came from (``storage.records.HeadroomSource``).
     ``validate_top_k`` / ``validate_iters`` ask the worker to measure the top plans on the GPU; the
     ``validation_*`` columns say how that went and ``measured_unconstrained_*`` hold the unplanned step
-    measured beside them (ms, bytes).
+    measured beside them (ms, bytes). ``compile`` (``auto``, ``on``, ``off``: ``storage.records.CompileChoice``)
+    says whether plans may compile the whole model, ``compile_note`` what the worker did about it.
     """
 
     __tablename__ = "mt_jobs"
@@ -173,6 +174,8 @@ class JobRow(Base):
     optimizer: Mapped[str] = mapped_column(String(16))
     headroom: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     headroom_source: Mapped[str | None] = mapped_column(String(16))
+    compile: Mapped[str] = mapped_column(String(8), default="auto", server_default="auto")
+    compile_note: Mapped[str | None] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(16))
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
     best_name: Mapped[str | None] = mapped_column(String(100))

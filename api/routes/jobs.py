@@ -75,6 +75,9 @@ def _request_hash(body: JobCreate) -> str:
     # likewise a request that leaves the headroom to the GPU type's calibration
     if data["headroom"] is None:
         del data["headroom"]
+    # and one that leaves compiling the whole model at its default
+    if data["compile"] == JobCreate.model_fields["compile"].default:
+        del data["compile"]
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -237,6 +240,10 @@ def create_job(
     ``budget_bytes * (1 - headroom)`` while the job's ``budget_bytes`` stays the budget asked for. A budget that
     leaves less than the model's parameters, gradients and optimizer state need is refused (``budget_floor``).
 
+    ``compile`` (``auto``, ``on``, ``off``) says whether plans may compile the whole model (NOTE [ Compiler points in
+    the service ] in ``api.worker``). Nothing is refused for it here: whether points can be had is the worker's to
+    find out (a worker with a GPU of the type measures them), and ``compile_note`` on the job says what it found.
+
     The job belongs to the calling key, which is held to its limits (NOTE [ Job limits and ownership ]): 429.
     """
     request_hash = _request_hash(body)
@@ -276,6 +283,7 @@ def create_job(
                     validate_iters=body.validate_iters,
                     headroom=headroom,
                     headroom_source=headroom_source,
+                    compile=body.compile,
                     owner=key.name,
                     request_hash=request_hash,
                     idempotency_key=idempotency_key,

@@ -28,10 +28,12 @@ from sqlalchemy.orm import Session
 
 from storage.errors import ConflictError, IdempotencyConflictError, NotFoundError
 from storage.records import (
+    COMPILE_CHOICES,
     HEADROOM_SOURCES,
     TERMINAL_STATES,
     VALIDATION_STATES,
     Claim,
+    CompileChoice,
     HeadroomSource,
     Job,
     ValidationState,
@@ -100,6 +102,7 @@ class JobRepository:
         validate_iters: int = 6,
         headroom: float = 0.0,
         headroom_source: HeadroomSource | None = None,
+        compile: CompileChoice = "auto",
     ) -> tuple[Job, bool]:
         """Queue a job; ``(job, created)``. With an ``idempotency_key`` already used by ``owner``, the
         earlier job is returned (``created`` False) when the request is the same, else ``ConflictError``.
@@ -107,8 +110,11 @@ class JobRepository:
         ``validate_top_k`` plans (0 = none) are to be measured on the GPU after the search, with
         ``validate_iters`` timed steps each. ``headroom`` is the fraction of ``budget_bytes`` the search keeps
         free (plans must fit ``budget_bytes * (1 - headroom)``), resolved by the caller: stored as given, with
-        ``headroom_source``, where the caller found it."""
+        ``headroom_source``, where the caller found it. ``compile`` says whether plans may compile the whole model
+        (``storage.records.CompileChoice``)."""
         _check_headroom_source(headroom_source)
+        if compile not in COMPILE_CHOICES:
+            raise ValueError(f"unknown compile choice {compile!r}; one of {sorted(COMPILE_CHOICES)}")
         if idempotency_key is not None:
             existing = self.find_by_idempotency_key(owner, idempotency_key)
             if existing is not None:
@@ -135,6 +141,7 @@ class JobRepository:
             validate_iters=validate_iters,
             headroom=headroom,
             headroom_source=headroom_source,
+            compile=compile,
             state="queued",
             trials_done=0,
             owner=owner,
@@ -306,6 +313,11 @@ class JobRepository:
         if not 0.0 <= headroom < 1.0:
             raise ValueError(f"headroom must be in [0, 1) (a share of the budget), got {headroom}")
         return self._lease_write(lease, {"headroom": headroom, "headroom_source": source})
+
+    def set_compile_note(self, lease: JobLease, note: str) -> LeaseStatus:
+        """Record what the worker does or did about the job's compiler points (measuring them, why none are used:
+        NOTE [ Compiler points in the service ] in ``api.worker``); also a heartbeat."""
+        return self._lease_write(lease, {"compile_note": note})
 
     def set_validation(
         self,
