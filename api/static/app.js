@@ -504,14 +504,21 @@
     p.appendChild(badge(job.state));
     p.appendChild(document.createTextNode(
       ` ${name} · batch ${job.batch} · ${job.dtype} · ${job.gpu} · budget ${job.budget} (${fmtGiB(job.budget_bytes)}) · ` +
-      `mode ${job.mode} · optimizer ${job.optimizer} · ${headroomText(job)} · `));
+      `mode ${job.mode} · optimizer ${job.optimizer} · ${headroomText(job)} · compile ${job.compile || "auto"} · `));
     p.appendChild(progressCell(job));
     if (job.error) el("p", { class: "error" }, box, job.error);
     if (job.waiting) el("p", { class: "validation-note warning" }, box, job.waiting);
+    // what the worker did about compiling the whole model (NOTE [ Compiler points in the service ])
+    if (job.compile_note) {
+      const eager = job.compile !== "off" && /eager/.test(job.compile_note);
+      el("p", { class: `compile-note validation-note ${eager ? "warning" : "muted"}` }, box, job.compile_note);
+    }
     const stats = el("div", { class: "stats" }, box);
     const best = job.progress.best, un = job.unconstrained;
     if (best) {
+      const whole = (best.name || "").startsWith("compiled whole");
       stat(stats, "best plan step", fmtMs(best.step_ms), un ? `${(best.step_ms / un.step_ms).toFixed(2)}× the unplanned step` : best.name);
+      stat(stats, "best plan compiles", whole ? "the whole model" : "no (eager)", whole ? `torch.compile: ${best.name}` : "");
       stat(stats, "best plan peak", fmtGiB(best.peak_bytes), un ? `${((1 - best.peak_bytes / un.peak_bytes) * 100).toFixed(0)}% below unplanned` : "");
     }
     if (un) stat(stats, "unplanned (PyTorch default)", fmtMs(un.step_ms), `peak ${fmtGiB(un.peak_bytes)}`);
