@@ -272,6 +272,11 @@ class CompilerPoint(_Frozen):
         gt=0,
         description="max_memory_reserved over the timed steps, bytes: what a memory cap sees; None: not measured",
     )
+    optimizer: Literal["sgd", "adam", "none"] = Field(
+        default="sgd",
+        description="the optimizer of the measured steps: sgd (momentum), adam (AdamW) or none; a plan for another "
+        "optimizer is priced with the difference in optimizer state (NOTE [ Whole-model compile ] in tuner.whole)",
+    )
 
     def fits(self, cap_bytes: int, search_budget_bytes: int) -> bool:
         """Whether the point runs under ``cap_bytes``: its measured reserved peak is within the cap (the caching

@@ -73,14 +73,14 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.samplers._base import _CONSTRAINTS_KEY
 from optuna.trial import FrozenTrial, TrialState
 
-from profiler import Profile
+from profiler import CompilerPoint, Profile
 from tuner.budget import search_budget
 from tuner.calibration import calibration_for
 from tuner.errors import SearchError
 from tuner.placement import allocator_cost
 from tuner.plan import Action, Plan, stage_actions
 from tuner.prefetch_trigger import prefetch_trigger
-from tuner.simulator import SimResult, Simulator
+from tuner.simulator import OPTIMIZERS, SimResult, Simulator
 from tuner.spatial_search import STRIP_CHOICES, split_descent, splittable, valid_splits, with_strips
 
 __all__ = [
@@ -1044,7 +1044,7 @@ def tune(
             no_choice = dataclasses.replace(min(framework, key=lambda c: (c.step_ms, c.peak_bytes)), name=NO_CHOICE)
     elif cands or policies:  # NOTE [ Exact trial count ]: the plan closest to the budget, recorded as not fitting
         search.record(study, min(cands + policies, key=lambda c: (c.peak_bytes, c.step_ms)), served=False)
-    compiled = compiler_candidates(profile, requested_budget, budget_bytes)  # NOTE [ Whole-model compile ]
+    compiled = compiler_candidates(profile, requested_budget, budget_bytes, optimizer)  # NOTE [ Whole-model compile ]
     fastest = min((c for c in compiled if c.feasible), key=lambda c: (c.step_ms, c.peak_bytes), default=None)
     if fastest is not None and (best is None or fastest.step_ms < best.step_ms):
         best, no_choice = fastest, None
@@ -1081,9 +1081,13 @@ def _constraint_list(t: FrozenTrial) -> list[float]:
     return [float(named.get(k, 0.0)) for k in CONSTRAINTS]
 
 
-def compiler_candidates(profile: Profile, cap_bytes: int, search_budget_bytes: int) -> list[Candidate]:
+def compiler_candidates(
+    profile: Profile, cap_bytes: int, search_budget_bytes: int, optimizer: str = "sgd"
+) -> list[Candidate]:
     """Every measured compiler point of ``profile`` as a whole-model compile plan (NOTE [ Whole-model compile ] in
-    ``tuner.whole``), feasible where it runs under the cap (``CompilerPoint.fits``)."""
+    ``tuner.whole``), feasible where it runs under the cap (``CompilerPoint.fits``). A point measured with another
+    optimizer than ``optimizer`` is priced with the difference in optimizer state (per parameter byte, as the
+    simulator counts it): a point measured with SGD serves an Adam plan one parameter copy higher."""
     return [
         Candidate(
             f"compiled whole {p.activation_budget:g}",
@@ -1093,8 +1097,17 @@ def compiler_candidates(profile: Profile, cap_bytes: int, search_budget_bytes: i
             p.fits(cap_bytes, search_budget_bytes),
             source="measured",
         )
-        for p in profile.compiler_points
+        for p in (_for_optimizer(q, profile.param_bytes, optimizer) for q in profile.compiler_points)
     ]
+
+
+def _for_optimizer(point: CompilerPoint, param_bytes: int, optimizer: str) -> CompilerPoint:
+    """``point`` as its step would hold under ``optimizer``: its peaks moved by the change in optimizer state."""
+    extra = int(param_bytes * (OPTIMIZERS[optimizer] - OPTIMIZERS[point.optimizer]))
+    if extra == 0:
+        return point
+    reserved = None if point.reserved_bytes is None else max(1, point.reserved_bytes + extra)
+    return point.model_copy(update={"peak_bytes": max(1, point.peak_bytes + extra), "reserved_bytes": reserved})
 
 
 def _named(c: Candidate | None, profile: Profile) -> Candidate | None:

@@ -16,8 +16,11 @@ What memtune adds to the compiler's one knob: the knob is not a memory bound (at
 reserved peak, what the cap sees, within the budget; where that was not measured, its allocated peak within the
 budget less its headroom: ``CompilerPoint.fits``, ``tuner.search.compiler_candidates``) and serves it where it
 beats the best searched plan; below the lowest compiled peak the searched plans (offload, recompute) still
-train. The math is the compiler's: the same as ``torch.compile`` of the model at that budget, equal to eager up
-to floating-point reassociation.
+train. A point records the optimizer of its measured steps (``CompilerPoint.optimizer``); served to a plan for
+another optimizer, its peaks move by the difference in optimizer state per parameter byte, as the simulator counts
+it (``tuner.search.compiler_candidates``): a point measured with SGD and momentum holds one copy of the parameters
+less than an AdamW step. The math is the compiler's: the same as ``torch.compile`` of the model at that budget,
+equal to eager up to floating-point reassociation.
 """
 
 from __future__ import annotations

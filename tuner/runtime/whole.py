@@ -165,7 +165,7 @@ def measure_module_points(
             with torch.no_grad():
                 for b, saved in buffers:
                     b.copy_(saved)
-        points.append(CompilerPoint(activation_budget=budget, step_ms=ms, peak_bytes=peak))
+        points.append(CompilerPoint(activation_budget=budget, step_ms=ms, peak_bytes=peak, optimizer=optimizer))
     if progress is not None:
         progress(len(budgets), len(budgets), "done")
     return tuple(points), errors

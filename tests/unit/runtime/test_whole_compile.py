@@ -124,3 +124,23 @@ def test_a_whole_compile_plan_runs_the_compiler_bitwise() -> None:
     assert eager.ok(1e-4), eager
     with pytest.raises(PlanError, match="has 3 actions but the model has"):
         planned(chain, Plan.uniform(3, whole_compile=0.0))
+
+
+def test_a_point_measured_with_sgd_serves_an_adam_plan_one_parameter_copy_higher(resnet: Profile) -> None:
+    """NOTE [ Whole-model compile ]: a compiler point keeps the optimizer of its measured steps; priced for another
+    optimizer its peaks move by the change in optimizer state, as the simulator counts it (AdamW holds two copies of
+    the parameters, SGD with momentum one), so a point that fits under SGD may not fit an Adam job."""
+    from tuner.search import compiler_candidates
+
+    point = CompilerPoint(activation_budget=0.5, step_ms=10.0, peak_bytes=4 << 30, reserved_bytes=5 << 30)
+    prof = with_compiler_points(resnet, [point])
+    cap = (5 << 30) + resnet.param_bytes // 2
+    (sgd,) = compiler_candidates(prof, cap, cap, "sgd")
+    (adam,) = compiler_candidates(prof, cap, cap, "adam")
+    (none,) = compiler_candidates(prof, cap, cap, "none")
+    assert sgd.peak_bytes == 4 << 30 and sgd.feasible
+    assert adam.peak_bytes == (4 << 30) + resnet.param_bytes and not adam.feasible
+    assert none.peak_bytes == (4 << 30) - resnet.param_bytes and none.feasible
+    adam_point = point.model_copy(update={"optimizer": "adam"})
+    (same,) = compiler_candidates(with_compiler_points(resnet, [adam_point]), cap, cap, "adam")
+    assert same.peak_bytes == 4 << 30
