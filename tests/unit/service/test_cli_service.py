@@ -98,7 +98,7 @@ def test_calibration_push_and_get(
     monkeypatch.setattr(api.cli_service, "_client", in_process)
     runner, app = CliRunner(), _app()
     file = tmp_path / "calibration-h100.json"
-    file.write_text(json.dumps({"gpu": "h100", "headroom": 0.2, "source": "memtune calibrate", "compute_scale": 1.1}))
+    file.write_text(json.dumps({"gpu": "h100", "headroom": 0.2, "source": "memtune calibrate", "copy_gbps": {"d2h": 53.2, "h2d": 54.3}}))
 
     r = runner.invoke(app, ["calibration", "push", str(file), "--api-key", api_key])
     assert r.exit_code == 0, r.output
@@ -106,7 +106,7 @@ def test_calibration_push_and_get(
     r = runner.invoke(app, ["calibration", "get", "h100"])
     assert r.exit_code == 0, r.output
     shown = json.loads(r.output)
-    assert (shown["origin"], shown["headroom"], shown["data"]["compute_scale"]) == ("database", 0.2, 1.1)
+    assert (shown["origin"], shown["headroom"], shown["data"]["copy_gbps"]["d2h"]) == ("database", 0.2, 53.2)
 
     r = runner.invoke(app, ["calibration", "push", str(file)])  # no key
     assert r.exit_code == 1 and "401 missing_api_key" in r.output
