@@ -111,14 +111,28 @@ def _tune_profile(
     ``memtune profile --output`` too), so the model is not loaded then."""
     if profile_file is not None:
         return Profile.load(profile_file)
-    chain = load_chain(model, params, spec)
-    if profile_file is None and not chain.name.startswith("spec:"):
+    import torch
+
+    if spec is not None:
+        chain = load_chain(model, params, spec)
+    else:  # a zoo model's name and parameters find its profile: built on the meta device, no weights are made
+        with torch.device("meta"):
+            chain = load_chain(model, params)
+    # present_gpu's own test first: the measuring code it lives with takes a second or more to import
+    if not chain.name.startswith("spec:") and torch.cuda.is_available():
         from profiler import get_gpu
         from tuner.runtime.first_use import present_gpu, zoo_profile
 
         present = present_gpu()
         if present is not None and (gpu is None or get_gpu(gpu).key == present.key):
             return zoo_profile(model, params, batch, dtype, progress=lambda what: err.print(f"{what} …"))
+    if spec is None:
+        from profiler import find_profile
+
+        found = find_profile(chain.name, batch, dtype, gpu or "h200", params=chain.params)
+        if found is not None:
+            return found
+        chain = load_chain(model, params)  # the weights, to model its profile
     return resolve_profile(chain, batch, dtype, gpu or "h200", profile_file)
 
 

@@ -64,7 +64,7 @@ import queue as queue_module
 import random
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -77,7 +77,7 @@ from profiler import CompilerPoint, Profile
 from tuner.budget import search_budget
 from tuner.calibration import calibration_for
 from tuner.errors import SearchError
-from tuner.placement import allocator_cost
+from tuner.placement import AllocatorPricer
 from tuner.plan import Action, Plan, stage_actions
 from tuner.prefetch_trigger import prefetch_trigger
 from tuner.simulator import OPTIMIZERS, SimResult, Simulator
@@ -128,6 +128,8 @@ it faster.
 """
 _Knobs = tuple[int, str, int, str, int | None]
 """lookahead, sync, sync_delay, conv_rule, conv workspace cap bytes: a plan's knobs in the local descent"""
+_Move = tuple[int, Action | None, _Knobs]
+"""one edit of the local descent: stage k takes action a (k = -1: the actions stay), and the knobs"""
 
 
 @dataclass(frozen=True)
@@ -270,6 +272,7 @@ class _Search:
         self.cap = budget if cap is None else cap
         self.priced = priced
         self._placements: dict[str, tuple[float, float, bool]] = {}
+        self._pricer: AllocatorPricer | None = None  # made on the first placement
         self.sim = Simulator(profile, optimizer)
         self.rng = random.Random(seed)
         self._threshold_cache: dict[float, tuple[Action, ...]] = {}
@@ -281,6 +284,8 @@ class _Search:
         self.peak_range: tuple[int, int] | None = None
         self.descent_evals = max(60, 4 * self.n)
         self._templates: dict[_Knobs, Plan] = {}
+        # NOTE [ Descent memo ]: per plan, its numbers, or the limits (peak, step, step's peak) it gave None under
+        self._bounded: dict[Hashable, SimResult | tuple[int, float, int]] = {}
         self.has_conv_algos = profile.has_conv_algos
         # per stage, the actions it may take, and its override parameter's choices (NOTE [ Search space ])
         self.actions = stage_actions(profile)
@@ -376,7 +381,9 @@ class _Search:
         places it; kept per plan (descents often end at a plan an earlier trial ended at)."""
         key = plan.model_dump_json(exclude={"label"})
         if key not in self._placements:
-            placed, cost = allocator_cost(self.profile, plan, self.cap, optimizer=self.optimizer)
+            if self._pricer is None:
+                self._pricer = AllocatorPricer(self.profile, self.cap, optimizer=self.optimizer)
+            placed, cost = self._pricer.cost(plan)
             self._placements[key] = (placed.steady_retries, cost or 0.0, placed.out_of_memory is None)
         return self._placements[key]
 
@@ -486,22 +493,24 @@ class _Search:
         while improved and evals < self.descent_evals:
             improved = False
             moves = self._moves(actions, knobs)
-            for acts, k2 in moves:
+            for k, a, k2 in moves:
                 if evals >= self.descent_evals:
                     break
                 evals += 1
+                acts = _edited(actions, k, a)
                 key = (tuple(acts), k2)
                 if key in seen:
                     continue
                 seen.add(key)
                 # NOTE [ Bounded simulations ] (tuner.simulator): None where the move cannot beat the incumbent
                 peak_limit = budget if best[0] == 0 else best_r.peak_bytes  # over the budget: no higher peak wins
-                r = self.sim.run_bounded(
+                r = self.bounded(
+                    (*key, self.strips),
                     acts,
-                    self.split(acts, template(k2)),
-                    peak_limit=peak_limit,
-                    step_limit=best_r.step_ms,
-                    step_limit_peak=0 if best[0] == 0 else best_r.peak_bytes,
+                    lambda: self.split(acts, template(k2)),  # noqa: B023 (called at once)
+                    peak_limit,
+                    best_r.step_ms,
+                    0 if best[0] == 0 else best_r.peak_bytes,
                 )
                 if r is None:
                     continue
@@ -512,34 +521,66 @@ class _Search:
                     break
         return self.split(actions, template(knobs)).model_copy(update={"actions": tuple(actions)}), best_r
 
+    def bounded(
+        self,
+        key: Hashable,
+        actions: Sequence[Action],
+        plan: Callable[[], Plan],
+        peak_limit: int,
+        step_limit: float,
+        step_limit_peak: int,
+    ) -> SimResult | None:
+        """``self.sim.run_bounded(actions, plan(), ...)``, or an answer that decides the same (NOTE [ Descent memo ]).
+
+        # NOTE [ Descent memo ]
+        Descents of different trials often price the same plan (on VGG-16 at 13 GiB one simulation in nine), each
+        against its own incumbent. A plan's numbers do not depend on the incumbent, so they are kept by ``key`` (its
+        actions, knobs and strips): a plan simulated in full is not simulated again, and gives None where
+        ``run_bounded`` would (its peak over ``peak_limit``, or its step over ``step_limit`` at a peak of at least
+        ``step_limit_peak``), or its numbers; where costs can be negative ``run_bounded`` gives the numbers instead of
+        None, and they lose to the incumbent as well. A plan that gave None gives None again under limits at least as
+        tight, the cause (its peak, or its step: NOTE [ Bounded simulations ]) being the same; under looser limits it
+        is simulated again. Every trial therefore ends where it did.
+        """
+        held = self._bounded.get(key)
+        if isinstance(held, SimResult):
+            over = held.peak_bytes > peak_limit
+            if over or (held.peak_bytes >= step_limit_peak and held.step_ms > step_limit):
+                return None
+            return held
+        if held is not None and peak_limit <= held[0] and step_limit <= held[1] and step_limit_peak <= held[2]:
+            return None
+        r = self.sim.run_bounded(
+            actions, plan(), peak_limit=peak_limit, step_limit=step_limit, step_limit_peak=step_limit_peak
+        )
+        self._bounded[key] = r if r is not None else (peak_limit, step_limit, step_limit_peak)
+        return r
+
     def split(self, actions: Sequence[Action], plan: Plan) -> Plan:
         """``plan`` as the descent prices ``actions``: with this trial's strips (NOTE [ Searching splits ])."""
         return with_strips(self.profile, plan, actions, self.strips) if self.strips > 1 else plan
 
-    def _moves(self, actions: list[Action], knobs: _Knobs) -> list[tuple[list[Action], _Knobs]]:
-        """Every plan one edit from (``actions``, ``knobs``), in random order (NOTE [ Local descent ])."""
+    def _moves(self, actions: list[Action], knobs: _Knobs) -> list[_Move]:
+        """Every plan one edit from (``actions``, ``knobs``), in random order (NOTE [ Local descent ]), as edits
+        (``_edited`` makes a move's actions: the descent looks at a few moves of the hundred or so it is given)."""
         la, sync, delay, rule, cap = knobs
-        moves: list[tuple[list[Action], _Knobs]] = []
-        for k in range(self.n):
-            for a in self.actions[k]:
-                if a is not actions[k]:
-                    acts = actions.copy()
-                    acts[k] = a
-                    moves.append((acts, knobs))
+        moves: list[_Move] = [(k, a, knobs) for k in range(self.n) for a in self.actions[k] if a is not actions[k]]
         moves += [
-            (actions, (v, sync, delay, rule, cap)) for v in (la - 2, la - 1, la + 1, la + 2) if 0 <= v <= _MAX_LOOKAHEAD
+            (-1, None, (v, sync, delay, rule, cap))
+            for v in (la - 2, la - 1, la + 1, la + 2)
+            if 0 <= v <= _MAX_LOOKAHEAD
         ]
         if sync == "deferred":
-            moves.append((actions, (la, "layer", delay, rule, cap)))
+            moves.append((-1, None, (la, "layer", delay, rule, cap)))
         else:  # under "layer" the delay is unused, so flipping to "deferred" tries the short delays as well as its own
-            moves += [(actions, (la, "deferred", d, rule, cap)) for d in sorted({1, 2, delay}) if d <= _MAX_SYNC_DELAY]
+            moves += [(-1, None, (la, "deferred", d, rule, cap)) for d in sorted({1, 2, delay}) if d <= _MAX_SYNC_DELAY]
         if sync == "deferred":
-            moves += [(actions, (la, sync, d, rule, cap)) for d in (delay - 1, delay + 1) if 0 <= d <= _MAX_SYNC_DELAY]
+            moves += [(-1, None, (la, sync, d, rule, cap)) for d in (delay - 1, delay + 1) if 0 <= d <= _MAX_SYNC_DELAY]
         if self.has_conv_algos:
-            moves += [(actions, (la, sync, delay, r, None)) for r in _CONV_RULES[:3] if r != rule]
+            moves += [(-1, None, (la, sync, delay, r, None)) for r in _CONV_RULES[:3] if r != rule]
             for c in (cap or (256 << 20)) // 2, (cap or (256 << 20)) * 2, 64 << 20, 1 << 30:
                 if 0 < c <= _MAX_WS_CAP_MIB << 20 and (rule, cap) != ("fastest_within", c):
-                    moves.append((actions, (la, sync, delay, "fastest_within", c)))
+                    moves.append((-1, None, (la, sync, delay, "fastest_within", c)))
         self.rng.shuffle(moves)
         return moves
 
@@ -566,7 +607,8 @@ class _Search:
             improved = False
             # the moves that fit and beat the incumbent on the simulator alone, most promising first
             tried: list[tuple[float, int, Plan, int]] = []
-            for i, (acts, k2) in enumerate(self._moves(actions, knobs)):
+            for i, (k, a, k2) in enumerate(self._moves(actions, knobs)):
+                acts = _edited(actions, k, a)
                 cand = _with_knobs(plan, acts, k2)
                 r = self.sim.run_bounded(acts, cand, peak_limit=self.budget, step_limit=best.step_ms)
                 if r is not None and r.step_ms < best.step_ms:
@@ -701,6 +743,15 @@ class _Search:
             allocator_ms=float(attrs.get("allocator_ms", 0.0)),
             alloc_retries=None if retries is None else float(retries),
         )
+
+
+def _edited(actions: list[Action], k: int, a: Action | None) -> list[Action]:
+    """``actions`` with stage ``k``'s action ``a`` (a copy), or ``actions`` itself where ``k`` is -1 (``_Move``)."""
+    if k < 0 or a is None:
+        return actions
+    acts = actions.copy()
+    acts[k] = a
+    return acts
 
 
 def _knobs_of(plan: Plan) -> _Knobs:

@@ -47,6 +47,7 @@ tables once, so that ``run(plan)`` costs a few hundred microseconds for a 40-sta
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -295,6 +296,8 @@ class Simulator:
         self.held = profile.output_held_bytes or 0
         self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
         self._conv_costs: dict[object, tuple[list[float], list[float], list[int], list[int]]] = {}
+        # every workspace size an algorithm of the profile takes: caps between two of them choose alike
+        self._ws_sizes = sorted({a.workspace_bytes for s in st for c in s.convs for a in c.algos})
         self._split_costs: dict[object, SplitPricing] = {}  # NOTE [ Spatial splitting ]: by splits and tables
         # merged storages give the same numbers under every sync mode (see merge_storages)
         self._tables = StorageTables(merge_storages(profile) if merge else profile)
@@ -402,9 +405,17 @@ class Simulator:
         """
         if plan.conv_rule == "default" and not plan.conv_algos:
             return self.fwd, self.bwd, self.ws_f, self.ws_b
+        # ``fastest_within`` takes the fastest algorithm whose workspace is within the cap, so a cap chooses as the
+        # largest workspace size within it does (-1: none); other rules have no cap
+        cap = plan.conv_workspace_limit_bytes
+        if plan.conv_rule != "fastest_within":
+            cap = None
+        elif cap is not None:
+            i = bisect_right(self._ws_sizes, cap)
+            cap = self._ws_sizes[i - 1] if i else -1
         key = (
             plan.conv_rule,
-            plan.conv_workspace_limit_bytes,
+            cap,
             tuple(sorted((k, (v.fwd, v.bwd_data, v.bwd_filter)) for k, v in plan.conv_algos.items())),
         )
         cached = self._conv_costs.get(key)

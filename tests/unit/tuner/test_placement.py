@@ -11,7 +11,14 @@ import pytest
 from api.cli import resolve_profile
 from profiler.zoo import build
 from tuner.calibration import calibration_for
-from tuner.placement import LARGE_PAGE, AllocatorModel, AllocatorOutOfMemory, predict_retries
+from tuner.placement import (
+    LARGE_PAGE,
+    AllocatorModel,
+    AllocatorOutOfMemory,
+    AllocatorPricer,
+    allocator_cost,
+    predict_retries,
+)
 from tuner.plan import Action, Plan, stage_actions
 from tuner.policies import POLICIES
 from tuner.search import tune
@@ -91,6 +98,7 @@ def test_the_model_retries_where_the_h200_did() -> None:
     seg.blocks[0].start = 0
     seg.blocks.insert(0, type(seg.blocks[0])(-free_below, free_below, "free"))
     seg.blocks.insert(0, type(seg.blocks[0])(-free_below - GiB, GiB, "alloc"))
+    seg.index_free()
     predicted = set()
     for k, (action, addr, size, _stream) in enumerate(events):
         if action == "alloc":
@@ -171,3 +179,50 @@ def test_the_search_prices_retries_and_stays_no_worse_than_the_baselines(vgg16) 
     feasible = [c.step_ms for c in placed.policies if c.feasible]
     assert not feasible or placed.best.step_ms <= min(feasible) + 1e-9
     assert "allocator_ms" in placed.best.to_dict() and "allocator_ms" not in plain.best.to_dict()
+
+
+def test_the_free_index_follows_the_blocks_and_the_first_fit_rule() -> None:
+    """Random requests and frees: the segments' index of free blocks is their free blocks, and each request takes
+    the block a scan of every block in (size, address) order picks (``get_free_block``)."""
+    import random
+
+    rng = random.Random(3)
+    for cap in (1 * GiB, 3 * GiB):
+        m = AllocatorModel(cap)
+        live: list[int] = []
+        for k in range(1500):
+            if live and rng.random() < 0.45:
+                m.free(live.pop(rng.randrange(len(live))))
+            else:
+                size = rng.choice(
+                    (rng.randrange(1, MiB), rng.randrange(MiB, 64 * MiB), rng.randrange(64 * MiB, 300 * MiB))
+                )
+                seg = m._small if size <= MiB else m._large
+                bl = seg.blocks
+                fits = sorted((b.size, b.start, i) for i, b in enumerate(bl) if b.state == "free" and b.size >= size)
+
+                def grows(bl: list, i: int) -> int:  # type: ignore[type-arg]
+                    nxt = bl[i + 1] if i + 1 < len(bl) else None
+                    return bl[i].size + (nxt.size if nxt is not None and nxt.state == "unmapped" else 0)
+
+                j = 0
+                while j + 1 < len(fits) and grows(bl, fits[j + 1][2]) < grows(bl, fits[j][2]):
+                    j += 1
+                assert m._best_fit(seg, -(-size // 512) * 512) == (fits[j][2] if fits else None)
+                try:
+                    m.malloc(k, size)
+                    live.append(k)
+                except AllocatorOutOfMemory:
+                    pass
+            for seg in (m._small, m._large):
+                assert seg.free == {b.start: b for b in seg.blocks if b.state == "free"}
+
+
+def test_the_pricer_prices_as_allocator_cost(vgg16) -> None:  # type: ignore[no-untyped-def]
+    """``AllocatorPricer`` (one simulator, one replay per sequence of events) gives ``allocator_cost``'s answers."""
+    peak = Simulator(vgg16).run(Plan.uniform(vgg16.n_stages)).peak_bytes
+    pricer = AllocatorPricer(vgg16, 13 * GiB)
+    for name, policy in POLICIES.items():
+        plan = policy(vgg16, int(0.65 * peak))
+        assert pricer.cost(plan) == allocator_cost(vgg16, plan, 13 * GiB), name
+        assert pricer.cost(plan) == allocator_cost(vgg16, plan, 13 * GiB), name  # replayed once
