@@ -1,15 +1,20 @@
-"""A full schemathesis run, every check on, against the service on a fresh SQLite (or the database URL given).
+"""A full schemathesis run, every check on, against the service on a fresh SQLite or PostgreSQL database.
 
-    python scripts/schemathesis_full.py [MAX_EXAMPLES] [DATABASE_URL] [-- extra `st run` options]
+    python scripts/schemathesis_full.py [MAX_EXAMPLES] [--postgres [ADMIN_URL] | --database-url URL] [-- st run options]
 
 Starts ``uvicorn`` on a free port with ``create_app`` (no worker: submitted jobs stay queued) and an API key made
 for the run, then runs ``st run URL/openapi.json --checks all`` with that key, ``MAX_EXAMPLES`` (default 100)
-generated cases per operation, and every phase (examples, coverage, fuzzing, stateful). Its exit status is
-schemathesis's. ``tests/unit/service/test_schemathesis.py`` is the bounded version the slow test set runs.
+generated cases per operation, and every phase (examples, coverage, fuzzing, stateful). The per-operation check
+settings are the repository's ``schemathesis.toml``, as for ``tests/unit/service/test_schemathesis.py`` (the
+bounded version the slow test set runs). ``--postgres`` makes a new database on the server at ``ADMIN_URL``
+(default ``postgresql://postgres@127.0.0.1:5432/postgres``) and drops it afterwards; ``--database-url`` uses the
+database given as it is. Its exit status is schemathesis's.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import shutil
 import socket
@@ -17,9 +22,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "schemathesis.toml"
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 def _free_port() -> int:
@@ -28,15 +39,33 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def main(argv: list[str]) -> int:
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    args = argv[: argv.index("--")] if "--" in argv else argv
-    max_examples = int(args[0]) if args else 100
-    root = Path(tempfile.mkdtemp(prefix="memtune-schemathesis-"))
-    url = args[1] if len(args) > 1 else f"sqlite:///{root / 'memtune.db'}"
+@contextlib.contextmanager
+def _fresh_postgres(admin_url: str) -> Iterator[str]:
+    """A new database on ``admin_url``'s server, dropped on exit; yields its URL."""
+    import psycopg
 
-    from storage.database import Database
-    from storage.migrate import upgrade
+    name = f"memtune_schemathesis_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{admin_url.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("max_examples", nargs="?", type=int, default=100, help="generated cases per operation")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--postgres", nargs="?", const=PG_ADMIN, metavar="ADMIN_URL", help="a fresh PostgreSQL database")
+    where.add_argument("--database-url", help="use this database as it is (migrated first)")
+    return parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv), extra
+
+
+def _run(url: str, root: Path, max_examples: int, extra: list[str]) -> int:
+    from storage import Database, upgrade
     from storage.repositories import KeyRepository
 
     db = Database(url)
@@ -45,10 +74,14 @@ def main(argv: list[str]) -> int:
         _, key = KeyRepository(s).create(f"schemathesis-{int(time.time())}")
     db.dispose()
 
+    st = shutil.which("st") or shutil.which("schemathesis")
+    if st is None:
+        print("schemathesis is a dev dependency: pip install -e '.[dev]'", file=sys.stderr)
+        return 2
     port = _free_port()
-    env_prefix = {"MEMTUNE_DATA_DIR": str(root), "MEMTUNE_DATABASE_URL": url}
+    env = {**os.environ, "MEMTUNE_DATA_DIR": str(root), "MEMTUNE_DATABASE_URL": url}
     serve = [sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app", "--port", str(port)]
-    server = subprocess.Popen([*serve, "--log-level", "warning"], env={**os.environ, **env_prefix})
+    server = subprocess.Popen([*serve, "--log-level", "warning"], cwd=ROOT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -58,19 +91,24 @@ def main(argv: list[str]) -> int:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        st = shutil.which("st") or shutil.which("schemathesis")
-        if st is None:
-            print("schemathesis is a dev dependency: pip install -e '.[dev]'", file=sys.stderr)
-            return 2
         cmd = [
-            st, "run", f"{base}/openapi.json", "--checks", "all", "--max-examples", str(max_examples),
-            "-H", f"Authorization: Bearer {key}", "--seed", "1", *extra,
+            st, "--config-file", str(CONFIG), "run", f"{base}/openapi.json", "--checks", "all",
+            "--max-examples", str(max_examples), "-H", f"Authorization: Bearer {key}", "--seed", "1", *extra,
         ]  # fmt: skip
         print("$", " ".join(c if not c.startswith("Authorization") else "Authorization: Bearer …" for c in cmd))
-        return subprocess.run(cmd, check=False).returncode
+        return subprocess.run(cmd, cwd=ROOT, check=False).returncode
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def main(argv: list[str]) -> int:
+    args, extra = _parse(argv)
+    root = Path(tempfile.mkdtemp(prefix="memtune-schemathesis-"))
+    if args.postgres:
+        with _fresh_postgres(args.postgres) as url:
+            return _run(url, root, args.max_examples, extra)
+    return _run(args.database_url or f"sqlite:///{root / 'memtune.db'}", root, args.max_examples, extra)
 
 
 if __name__ == "__main__":
