@@ -554,11 +554,9 @@ class Simulator:
             return made, [("free", ("g", k), self.out[k])]
         tab = self._tables
         rest = tab.s_grad_rest  # NOTE [ Gradient storages ]: made at the end of stage k's backward
-        return (
-            [("alloc", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_made[k]],
-            [("free", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_freed[k]]
-            + [("free", ("gr", sid), rest[sid]) for sid in tab.grad_rest_freed[k]],
-        )
+        freed: list[tuple[str, object, int]] = [("free", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_freed[k]]
+        freed += [("free", ("gr", sid), rest[sid]) for sid in tab.grad_rest_freed[k]]
+        return [("alloc", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_made[k]], freed
 
     def _split_pricing(self, plan: Plan, actions: Sequence[Action], tab: StorageTables) -> SplitPricing | None:
         """The plan's spatial splits that are recompute segments of ``actions``, priced (NOTE [ Spatial splitting ]
