@@ -3,42 +3,60 @@
 # NOTE [ Lookup cache ]
 The two lookups are read far more often than results are written, and answering one through FastAPI (dependencies,
 query validation, a thread for the sync route, a few queries, the response model, JSON) costs milliseconds of CPU
-that a loaded server spends under the GIL. ``LookupCache`` is a plain ASGI middleware in front of the app that
-keeps each successful answer (status 200) as the exact bytes the route sent, keyed by the request's raw path and
-query string:
+that a loaded server spends under the GIL. ``LookupCacheMiddleware`` is a plain ASGI middleware in front of the app
+that keeps each successful answer (status 200) as the exact bytes the route sent, keyed by the request's raw path
+and query string:
 
 * a hit is answered by the middleware itself, without entering FastAPI, with the stored body and headers;
 * every answer of these paths carries a strong ``ETag`` (a hash of the body), and a request whose
   ``If-None-Match`` names it gets ``304 Not Modified`` with no body, on a hit or a miss;
-* freshness is a TTL (``MEMTUNE_LOOKUP_CACHE_TTL_S``, 1 s by default; 0 turns the cache off): results are written
-  by workers in other processes (NOTE [ Worker process ] in ``api.cli_service``), which the API process cannot be
-  told about. An answer is served as is for ``ttl_s``; for another ``ttl_s`` it is still served while one
-  background request recomputes it (so a loaded server never stalls every client on a refresh); after that,
-  requests wait for one recomputation (no stampede: concurrent requests of the key share it). So a new result is
-  served at most ``2 * ttl_s`` after it was written (plus one recomputation); ``clear()`` drops every entry at once
-  (writes made in this process can call it);
-* errors (404 ``no_plan``, 422, …) are never stored, so a new result is served as soon as the TTL allows;
+* an answer stays fresh until a write to what the lookups read: every such write raises the lookup version in the
+  database (NOTE [ Lookup version ] in ``storage.lookup_version``), whichever process made it, and ``watch`` reads
+  that version every ``MEMTUNE_LOOKUP_CACHE_POLL_S`` (0.25 s by default; 0 turns the cache off). When it has
+  moved, every stored answer is dropped at once; so a result is served at most one poll interval (plus one
+  recomputation) after its commit, and answers without writes between them are never recomputed. While the version
+  cannot be read (the database is down) nothing is cached: every request goes to the app;
+* a missing answer is computed once: concurrent requests of the key wait for that one computation and are all
+  answered when it ends (no stampede, no queue behind a lock). An answer computed while the version moved is sent
+  to the requests that waited for it but not stored;
+* errors (404 ``no_plan``, 422, …) are never stored;
 * with ``MEMTUNE_READS_OPEN=false`` reads need a key: the cache is then bypassed, every request is authenticated.
 
 The body of a hit is byte for byte the body the route produced on the miss that stored it.
+
+Why no time to live: an earlier version kept each answer 1 s and then recomputed it in the loaded process. Under
+200 connections that computation (a sync route in a thread, contending for the GIL with the busy event loop) took
+0.5–1 s, and the requests queued behind it were let through an ``asyncio.Lock`` one per turn of the loop; hundreds of
+requests a run waited past 2 s (``docs/results/service.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
+import logging
 import re
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_TTL_S", "CachedAnswer", "LookupCache", "LookupCacheMiddleware", "etag_matches", "install"]
+import anyio
+import anyio.to_thread
 
-DEFAULT_TTL_S = 1.0
+__all__ = [
+    "DEFAULT_POLL_S",
+    "CachedAnswer",
+    "LookupCache",
+    "LookupCacheMiddleware",
+    "etag_matches",
+    "install",
+    "watch",
+]
+
+DEFAULT_POLL_S = 0.25
 _CACHED_PATHS = re.compile(r"^/v1/(gpus/[^/]+/best|leaderboard)$")
+log = logging.getLogger("memtune.api")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -49,12 +67,12 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 @dataclass(frozen=True)
 class CachedAnswer:
-    """One stored answer: its body, its headers (``ETag`` among them) and when it was stored (monotonic)."""
+    """One stored answer: its body, its headers (``ETag`` among them) and the cache generation it was computed in."""
 
     body: bytes
     headers: tuple[tuple[bytes, bytes], ...]
     etag: bytes
-    stored_at: float
+    generation: int
 
 
 def _etag(body: bytes) -> bytes:
@@ -76,54 +94,57 @@ def etag_matches(if_none_match: bytes, etag: bytes) -> bool:
 
 
 class LookupCache:
-    """The stored answers, at most ``max_entries`` (least recently stored dropped first), each fresh ``ttl_s``."""
+    """The stored answers, at most ``max_entries`` (least recently stored dropped first), each fresh until the
+    lookup version moves (NOTE [ Lookup cache ]).
 
-    def __init__(self, ttl_s: float = DEFAULT_TTL_S, max_entries: int = 4096) -> None:
-        self.ttl_s = ttl_s
+    Thread safety: none; the middleware and ``watch`` use it from the event loop's thread only.
+
+    Args:
+        enabled: False keeps nothing (``MEMTUNE_LOOKUP_CACHE_POLL_S=0``).
+        max_entries: the most answers kept.
+    """
+
+    def __init__(self, enabled: bool = True, max_entries: int = 4096) -> None:
+        self.enabled = enabled
         self.max_entries = max_entries
+        self.version: int | None = None
+        """The lookup version last read; None until it is read, and while it cannot be (nothing is fresh then)."""
+        self.generation = 0
+        """Raised whenever the stored answers are dropped; an answer computed in an older one is never stored."""
         self._entries: OrderedDict[bytes, CachedAnswer] = OrderedDict()
-        self._locks: dict[bytes, asyncio.Lock] = {}
+        self._computing: dict[bytes, asyncio.Future[CachedAnswer | None]] = {}
         self.hits = 0
         self.misses = 0
 
-    @property
-    def enabled(self) -> bool:
-        return self.ttl_s > 0
-
     def fresh(self, key: bytes) -> CachedAnswer | None:
         entry = self._entries.get(key)
-        if entry is None or time.monotonic() - entry.stored_at >= self.ttl_s:
+        if entry is None or entry.generation != self.generation or self.version is None:
             return None
         return entry
 
-    def servable(self, key: bytes) -> CachedAnswer | None:
-        """The entry while it may be served during a background refresh (younger than ``2 * ttl_s``)."""
-        entry = self._entries.get(key)
-        if entry is None or time.monotonic() - entry.stored_at >= 2 * self.ttl_s:
-            return None
-        return entry
-
-    def store(self, key: bytes, body: bytes, headers: list[tuple[bytes, bytes]]) -> CachedAnswer:
+    def store(self, key: bytes, body: bytes, headers: list[tuple[bytes, bytes]], generation: int) -> CachedAnswer:
+        """Keep ``body`` as ``key``'s answer if ``generation`` is still the current one; the answer either way."""
         etag = _etag(body)
         kept = tuple((k, v) for k, v in headers if k.lower() not in (b"etag", b"content-length"))
-        entry = CachedAnswer(body, (*kept, (b"etag", etag)), etag, time.monotonic())
-        self._entries[key] = entry
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        entry = CachedAnswer(body, (*kept, (b"etag", etag)), etag, generation)
+        if generation == self.generation and self.version is not None:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
         return entry
+
+    def observe(self, version: int | None) -> None:
+        """Take the lookup version just read (None: it could not be read); drop every answer when it moved."""
+        if version is None or version != self.version:
+            self.clear()
+        self.version = version
 
     def clear(self) -> None:
         """Drop every stored answer: the next request of each key is answered by the app."""
+        self.generation += 1
         self._entries.clear()
-
-    def lock(self, key: bytes) -> asyncio.Lock:
-        found = self._locks.get(key)
-        if found is None:
-            if len(self._locks) > self.max_entries:
-                self._locks = {k: v for k, v in self._locks.items() if v.locked()}
-            found = self._locks[key] = asyncio.Lock()
-        return found
+        self._computing.clear()
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -140,65 +161,50 @@ class LookupCacheMiddleware:
         self.app = app
         self.cache = cache
         self.reads_open = reads_open
-        self._refreshing: set[asyncio.Future[None]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cache = self.cache
         if (
             scope["type"] != "http"
             or scope["method"] != "GET"
             or not _CACHED_PATHS.match(scope["path"])
-            or not self.cache.enabled
+            or not cache.enabled
             or not self.reads_open
+            or cache.version is None
         ):
             await self.app(scope, receive, send)
             return
         key = scope["path"].encode() + b"?" + scope["query_string"]
         if_none_match = _header(scope, b"if-none-match")
-        entry = self.cache.fresh(key)
-        if entry is None and (stale := self.cache.servable(key)) is not None:
-            lock = self.cache.lock(key)
-            if not lock.locked():
-                self._refreshing.add(asyncio.ensure_future(self._refresh(dict(scope), key, lock)))
-            entry = stale
-        if entry is None:
-            async with self.cache.lock(key):
-                entry = self.cache.fresh(key)  # another request may have stored it while this one waited
-                if entry is None:
-                    self.cache.misses += 1
-                    entry = await self._through(scope, receive, send, key, if_none_match)
-                    if entry is None:
-                        return  # not cacheable: the app's answer was sent as it came
-                    await self._answer(send, entry, if_none_match)
-                    return
-        self.cache.hits += 1
-        await self._answer(send, entry, if_none_match)
-
-    async def _refresh(self, scope: Scope, key: bytes, lock: asyncio.Lock) -> None:
-        """Recompute ``key``'s answer in the background (its stale one is served meanwhile)."""
-        done = asyncio.Event()
-
-        async def receive() -> Message:
-            if not done.is_set():
-                done.set()
-                return {"type": "http.request", "body": b"", "more_body": False}
-            await asyncio.Event().wait()  # never: nobody waits on this request
-            return {"type": "http.disconnect"}
-
-        async def discard(message: Message) -> None:
-            return None
-
+        entry = cache.fresh(key)
+        if entry is not None:
+            cache.hits += 1
+            await self._answer(send, entry, if_none_match)
+            return
+        computing = cache._computing.get(key)
+        if computing is not None:  # another request computes it: wait for that one (shielded: it is not ours)
+            entry = await asyncio.shield(computing)
+            if entry is not None:
+                cache.hits += 1
+                await self._answer(send, entry, if_none_match)
+                return
+            await self.app(scope, receive, send)  # not cacheable (an error): answered as every request is
+            return
+        computing = cache._computing[key] = asyncio.get_running_loop().create_future()
+        cache.misses += 1
+        entry = None
         try:
-            async with lock:
-                if self.cache.fresh(key) is None:
-                    self.cache.misses += 1
-                    await self._through(scope, receive, discard, key, None)
+            entry = await self._through(scope, receive, send, key)
         finally:
-            self._refreshing.discard(asyncio.current_task())  # type: ignore[arg-type]
+            computing.set_result(entry)
+            if cache._computing.get(key) is computing:
+                del cache._computing[key]
+        if entry is not None:
+            await self._answer(send, entry, if_none_match)
 
-    async def _through(
-        self, scope: Scope, receive: Receive, send: Send, key: bytes, if_none_match: bytes | None
-    ) -> CachedAnswer | None:
+    async def _through(self, scope: Scope, receive: Receive, send: Send, key: bytes) -> CachedAnswer | None:
         """Run the app, keeping its answer; a 200 is stored and returned unsent, anything else is sent as it came."""
+        generation = self.cache.generation
         start: Message | None = None
         chunks: list[bytes] = []
 
@@ -217,7 +223,7 @@ class LookupCacheMiddleware:
             await send(start)
             await send({"type": "http.response.body", "body": body})
             return None
-        return self.cache.store(key, body, list(start.get("headers", [])))
+        return self.cache.store(key, body, list(start.get("headers", [])), generation)
 
     @staticmethod
     async def _answer(send: Send, entry: CachedAnswer, if_none_match: bytes | None) -> None:
@@ -230,12 +236,29 @@ class LookupCacheMiddleware:
         await send({"type": "http.response.body", "body": entry.body})
 
 
-def install(app: Any, ttl_s: float | None = None) -> LookupCache:
+async def watch(cache: LookupCache, read_version: Callable[[], int], poll_s: float) -> None:
+    """Read the lookup version every ``poll_s`` seconds for ever, in a thread of its own (the request threads' limit
+    does not hold it up), and give it to ``cache.observe`` (NOTE [ Lookup cache ]). Run it as a task; cancel it to
+    stop. A version that cannot be read turns caching off until it can."""
+    limiter = anyio.CapacityLimiter(1)
+    failing = False
+    while True:
+        try:
+            version: int | None = await anyio.to_thread.run_sync(read_version, limiter=limiter)
+            failing = False
+        except Exception as e:  # a StorageError above all; any error means the version is unknown
+            if not failing:
+                log.warning("lookup cache off until the lookup version can be read: %s", e)
+            failing = True
+            version = None
+        cache.observe(version)
+        await anyio.sleep(poll_s)
+
+
+def install(app: Any, poll_s: float = DEFAULT_POLL_S) -> LookupCache:
     """Put the lookup cache in front of ``app`` (a FastAPI app with ``state.settings``) and keep it as
-    ``app.state.lookup_cache``; ``ttl_s`` defaults to ``MEMTUNE_LOOKUP_CACHE_TTL_S`` (1 s)."""
-    if ttl_s is None:
-        ttl_s = float(os.environ.get("MEMTUNE_LOOKUP_CACHE_TTL_S", DEFAULT_TTL_S))
-    cache = LookupCache(ttl_s)
+    ``app.state.lookup_cache``; ``poll_s`` 0 turns it off. The app's lifespan runs ``watch`` (``api.main``)."""
+    cache = LookupCache(enabled=poll_s > 0)
     app.state.lookup_cache = cache
     app.add_middleware(LookupCacheMiddleware, cache=cache, reads_open=app.state.settings.reads_open)
     return cache

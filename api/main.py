@@ -6,6 +6,8 @@ On start the app runs the Alembic migrations (and creates Optuna's tables), then
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -55,6 +57,11 @@ def create_app(settings: Settings | None = None, *, db: Database | None = None) 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(upgrade, database)
         app.state.migrated = True
+        cache: lookup_cache.LookupCache = app.state.lookup_cache
+        watcher = None
+        if cache.enabled:  # NOTE [ Lookup cache ]
+            poll_s = settings.lookup_cache_poll_s
+            watcher = asyncio.create_task(lookup_cache.watch(cache, database.lookup_version, poll_s))
         worker = None
         if settings.embedded_worker:
             from api.worker import Worker
@@ -65,6 +72,10 @@ def create_app(settings: Settings | None = None, *, db: Database | None = None) 
         try:
             yield
         finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
             if worker is not None:
                 await anyio.to_thread.run_sync(worker.stop)
             if db is None:
@@ -93,5 +104,5 @@ def create_app(settings: Settings | None = None, *, db: Database | None = None) 
         "max_bytes=...).archive is the program without them",
     )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, paths={models.EXPORTED_PATH: exported})
-    lookup_cache.install(app)  # NOTE [ Lookup cache ]
+    lookup_cache.install(app, settings.lookup_cache_poll_s)  # NOTE [ Lookup cache ]
     return app

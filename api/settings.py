@@ -40,6 +40,9 @@ class Settings(BaseSettings):
         max_active_jobs_per_key: queued plus running jobs one API key may have; a submission over it is 429.
         max_jobs_per_hour_per_key: jobs one API key may submit in any 3600 s; a submission over it is 429.
         max_trials_per_job: the most Optuna trials one job may ask for; more is 429 (see ``api.routes.jobs``).
+        lookup_cache_poll_s: seconds between two reads of the lookup version by the lookup cache (NOTE [ Lookup
+            cache ] in ``api.lookup_cache``): a result committed by any process is served at most this long (plus
+            one recomputation) after its commit; 0 turns the cache off.
 
     The limits apply to admin keys too; an idempotent retry of a stored job is not a new submission and counts
     against none of them.
@@ -64,6 +67,7 @@ class Settings(BaseSettings):
     max_active_jobs_per_key: int = Field(default=10, ge=1)
     max_jobs_per_hour_per_key: int = Field(default=60, ge=1)
     max_trials_per_job: int = Field(default=10_000, ge=1)
+    lookup_cache_poll_s: float = Field(default=0.25, ge=0)
 
     def url(self) -> str:
         """The database URL in effect (``database_url``, else the SQLite file in ``data_dir``)."""

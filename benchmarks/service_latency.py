@@ -22,15 +22,18 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 import httpx
 
 from benchmarks.common import environment
 
-__all__ = ["LoadResult", "main", "run_httpx", "run_wrk"]
+__all__ = ["LoadResult", "fresh_postgres", "main", "run_httpx", "run_wrk"]
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("MEMTUNE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -39,7 +42,8 @@ PATH = "/v1/gpus/h200/best?model=vgg16&batch=256&budget=18GiB"
 
 @dataclass(frozen=True)
 class LoadResult:
-    """Latencies (ms) and counts of one load run."""
+    """Latencies (ms) and counts of one load run. ``errors`` counts failed requests, timeouts among them;
+    ``timeouts`` those that had no answer within the load tool's timeout (left out of the percentiles)."""
 
     tool: str
     requests: int
@@ -48,6 +52,7 @@ class LoadResult:
     p50_ms: float
     p90_ms: float
     p99_ms: float
+    timeouts: int = 0
 
     @property
     def rps(self) -> float:
@@ -106,26 +111,37 @@ def _wrk_ms(text: str) -> float:
     return float(m.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[m.group(2)]
 
 
-def run_wrk(url: str, clients: int, duration_s: float, threads: int = 2) -> LoadResult:
-    """Closed-loop load from ``wrk -c clients`` (``--latency`` percentiles)."""
+def run_wrk(url: str, clients: int, duration_s: float, threads: int = 2, timeout_s: float = 10.0) -> LoadResult:
+    """Closed-loop load from ``wrk -c clients`` (``--latency`` percentiles); a request unanswered after
+    ``timeout_s`` counts as a timeout (wrk's own default is 2 s)."""
     wrk = shutil.which("wrk")
     assert wrk is not None
     out = subprocess.run(
-        [wrk, f"-t{threads}", f"-c{clients}", f"-d{int(duration_s)}s", "--timeout", "10s", "--latency", url],
+        [
+            wrk,
+            f"-t{threads}",
+            f"-c{clients}",
+            f"-d{int(duration_s)}s",
+            "--timeout",
+            f"{timeout_s:g}s",
+            "--latency",
+            url,
+        ],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
     pct = {m.group(1): _wrk_ms(m.group(2)) for m in re.finditer(r"^\s+(50|90|99)%\s+(\S+)", out, re.M)}
     requests = int(re.search(r"(\d+) requests in ([\d.]+)(\w+)", out).group(1))  # type: ignore[union-attr]
-    errors = 0
+    errors = timeouts = 0
     m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if m:
         errors += int(m.group(1))
     m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     if m:
         errors += sum(int(g) for g in m.groups())
-    return LoadResult("wrk", requests, errors, duration_s, pct["50"], pct["90"], pct["99"])
+        timeouts = int(m.group(4))
+    return LoadResult("wrk", requests, errors, duration_s, pct["50"], pct["90"], pct["99"], timeouts)
 
 
 def _seed(url: str, trials: int) -> None:
@@ -157,6 +173,23 @@ def _seed(url: str, trials: int) -> None:
     db.dispose()
 
 
+@contextmanager
+def fresh_postgres() -> Iterator[str]:
+    """A new, empty database on ``MEMTUNE_TEST_PG``'s server, as a SQLAlchemy URL; dropped afterwards."""
+    import psycopg
+
+    from storage import normalize_url
+
+    dbname = f"memtune_bench_{uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    try:
+        yield normalize_url(f"{PG_ADMIN.rsplit('/', 1)[0]}/{dbname}")
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
 def _free_port() -> int:
     import socket
 
@@ -186,35 +219,8 @@ def _serve(url: str, workers: int, log: Path) -> tuple[subprocess.Popen[bytes], 
     raise RuntimeError(f"server not healthy after 60 s: {log.read_text()[-2000:]}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=200, help="concurrent connections")
-    ap.add_argument("--duration", type=float, default=60.0, help="seconds of measured load")
-    ap.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring")
-    # NOTE: with --workers > 1 uvicorn 0.54 passes a listening socket whose proto is 0, so asyncio never sets
-    # TCP_NODELAY and every keep-alive response waits ~40 ms for a delayed ACK (Kludex/uvicorn#3149).
-    ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (see the NOTE above)")
-    ap.add_argument("--seed-trials", type=int, default=100, help="trials of the seeding job")
-    ap.add_argument("--tool", choices=["auto", "wrk", "httpx"], default="auto")
-    ap.add_argument("--rate", type=float, default=0.0, help="requests/s per client (httpx); 0: back to back")
-    ap.add_argument("--database-url", default=None, help="use this database instead of a fresh PostgreSQL one")
-    args = ap.parse_args()
-    tool = args.tool if args.tool != "auto" else ("wrk" if shutil.which("wrk") and not args.rate else "httpx")
-    if tool == "wrk" and args.rate:
-        ap.error("--rate needs --tool httpx (wrk has no fixed-rate mode)")
-
-    import psycopg
-
-    from storage import normalize_url
-
-    dbname = None
-    if args.database_url:
-        url = normalize_url(args.database_url)
-    else:
-        dbname = f"memtune_bench_{uuid4().hex[:10]}"
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{dbname}"')
-        url = normalize_url(f"{PG_ADMIN.rsplit('/', 1)[0]}/{dbname}")
+def _measure(url: str, args: argparse.Namespace, tool: str) -> tuple[LoadResult, list[float], dict[str, Any]]:
+    """Seed ``url``, serve it, load the lookup and time it from one client; (load, one-client ms, the answer)."""
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"memtune-bench-{os.getpid()}.log"
     proc = None
     try:
@@ -239,25 +245,47 @@ def main() -> None:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
-        if dbname is not None:
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+    return res, single, answer
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=200, help="concurrent connections")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of measured load")
+    ap.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring")
+    # NOTE: with --workers > 1 uvicorn 0.54 passes a listening socket whose proto is 0, so asyncio never sets
+    # TCP_NODELAY and every keep-alive response waits ~40 ms for a delayed ACK (Kludex/uvicorn#3149).
+    ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (see the NOTE above)")
+    ap.add_argument("--seed-trials", type=int, default=100, help="trials of the seeding job")
+    ap.add_argument("--tool", choices=["auto", "wrk", "httpx"], default="auto")
+    ap.add_argument("--rate", type=float, default=0.0, help="requests/s per client (httpx); 0: back to back")
+    ap.add_argument("--database-url", default=None, help="use this database instead of a fresh PostgreSQL one")
+    args = ap.parse_args()
+    tool = args.tool if args.tool != "auto" else ("wrk" if shutil.which("wrk") and not args.rate else "httpx")
+    if tool == "wrk" and args.rate:
+        ap.error("--rate needs --tool httpx (wrk has no fixed-rate mode)")
+
+    from storage import normalize_url
+
+    with ExitStack() as stack:
+        url = normalize_url(args.database_url) if args.database_url else stack.enter_context(fresh_postgres())
+        res, single, answer = _measure(url, args, tool)
     backend = url.split("://", 1)[0]
     print(f"environment: {environment()}, {backend}, uvicorn workers {args.workers}, load from {tool}")
     print(f"command: `python -m benchmarks.service_latency {' '.join(sys.argv[1:])}`")
     print(f"answer: {answer['name']} {answer['step_ms']:.1f} ms, {answer['peak_bytes'] / 2**30:.2f} GiB")
     print()
     load = f"{args.rate:g} req/s each" if args.rate else "back to back"
-    print("| request | clients | load | seconds | requests | errors | req/s | p50 ms | p90 ms | p99 ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| request | clients | load | seconds | requests | errors | timeouts | req/s | p50 ms | p90 ms | p99 ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print(
         f"| `GET {PATH}` | {args.clients} | {load} | {res.seconds:.0f} | {res.requests} | {res.errors} | "
-        f"{res.rps:.0f} | {res.p50_ms:.1f} | {res.p90_ms:.1f} | {res.p99_ms:.1f} |"
+        f"{res.timeouts} | {res.rps:.0f} | {res.p50_ms:.1f} | {res.p90_ms:.1f} | {res.p99_ms:.1f} |"
     )
     single.sort()
     print(
-        f"| same, one client, 300 requests | 1 | back to back | - | 300 | 0 | - | {statistics.median(single):.2f} | "
-        f"{_pct(single, 0.9):.2f} | {_pct(single, 0.99):.2f} |"
+        f"| same, one client, 300 requests | 1 | back to back | - | 300 | 0 | 0 | - | "
+        f"{statistics.median(single):.2f} | {_pct(single, 0.9):.2f} | {_pct(single, 0.99):.2f} |"
     )
 
 

@@ -22,6 +22,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.errors import ConflictError, NotFoundError, StorageError, UnavailableError
+from storage.lookup_version import read_lookup_version, watch_lookup_writes
 
 __all__ = ["Database", "default_url", "is_postgres", "is_sqlite", "normalize_url"]
 
@@ -89,6 +90,7 @@ class Database:
         if is_sqlite(self.url):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
+        watch_lookup_writes(self._factory)  # NOTE [ Lookup version ]
 
     @property
     def dialect(self) -> str:
@@ -130,6 +132,16 @@ class Database:
 
         with self.session() as s:
             s.execute(text("SELECT 1"))
+
+    def lookup_version(self) -> int:
+        """The counter every write to results, models or GPU types raises (NOTE [ Lookup version ] in
+        ``storage.lookup_version``): answers computed from those tables at an older version may be out of date.
+
+        Raises:
+            UnavailableError, StorageError: the database cannot be read.
+        """
+        with self.session() as s:
+            return read_lookup_version(s)
 
     def dispose(self) -> None:
         """Close every pooled connection."""

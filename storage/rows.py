@@ -35,6 +35,7 @@ __all__ = [
     "GpuTypeRow",
     "JobClaimRow",
     "JobRow",
+    "LookupVersionRow",
     "ModelProgramRow",
     "ModelRow",
     "ProfileRow",
@@ -295,3 +296,13 @@ class WorkerRow(Base):
     gpu_keys: Mapped[list[str] | None] = mapped_column(JSON)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+
+
+class LookupVersionRow(Base):
+    """One row (``id`` 1): a counter raised in the same transaction as every write to the tables the service's
+    lookups read (NOTE [ Lookup version ] in ``storage.lookup_version``)."""
+
+    __tablename__ = "mt_lookup_version"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -1,11 +1,14 @@
-"""The lookup cache (NOTE [ Lookup cache ]): ETag and 304, bodies equal to the uncached ones, a new result served
-once twice the TTL has passed (or at once after ``clear()``), errors never stored, closed reads never cached."""
+"""The lookup cache (NOTE [ Lookup cache ]): ETag and 304, bodies equal to the uncached ones, an answer kept until a
+write moves the lookup version (NOTE [ Lookup version ]) and recomputed once then, errors never stored, closed reads
+never cached."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
@@ -31,9 +34,19 @@ def _tuned(client: MemtuneClient, db: Database) -> tuple[str, str]:
     return model.id, job.id
 
 
-def _cache(http: TestClient) -> LookupCache:
+def _cache(http: TestClient, db: Database) -> LookupCache:
+    """The app's cache, once it has read the database's lookup version as it is now (it caches nothing before, and
+    drops what it holds when it reads a newer one)."""
     cache: LookupCache = http.app.state.lookup_cache  # type: ignore[attr-defined]
+    _until(lambda: cache.version == db.lookup_version())
     return cache
+
+
+def _until(check: object, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
 
 
 def _add_measured(db: Database, job_id: str, step_ms: float) -> None:
@@ -57,12 +70,11 @@ def _add_measured(db: Database, job_id: str, step_ms: float) -> None:
 
 @pytest.mark.slow
 def test_etag_304_and_bodies_equal_to_the_uncached_ones(
-    http: TestClient, client: MemtuneClient, db: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch
+    http: TestClient, client: MemtuneClient, db: Database, settings: Settings
 ) -> None:
     model_id, _ = _tuned(client, db)
-    params = {"model": model_id, "batch": 8, "budget": "64MiB"}
-    cache = _cache(http)
-    cache.ttl_s = 60.0
+    params: dict[str, str | int] = {"model": model_id, "batch": 8, "budget": "64MiB"}
+    cache = _cache(http, db)
     first = http.get(BEST, params=params)
     second = http.get(BEST, params=params)
     assert first.status_code == second.status_code == 200
@@ -81,8 +93,7 @@ def test_etag_304_and_bodies_equal_to_the_uncached_ones(
     cached_board = [http.get("/v1/leaderboard", params=board) for _ in range(2)]
     assert cached_board[1].content == cached_board[0].content and "etag" in cached_board[1].headers
 
-    monkeypatch.setenv("MEMTUNE_LOOKUP_CACHE_TTL_S", "0")
-    with TestClient(create_app(settings, db=db)) as uncached:
+    with TestClient(create_app(settings.model_copy(update={"lookup_cache_poll_s": 0}), db=db)) as uncached:
         assert not uncached.app.state.lookup_cache.enabled  # type: ignore[attr-defined]
         plain = uncached.get(BEST, params=params)
         assert plain.content == first.content and "etag" not in plain.headers
@@ -90,34 +101,76 @@ def test_etag_304_and_bodies_equal_to_the_uncached_ones(
 
 
 @pytest.mark.slow
-def test_a_new_result_is_served_once_the_ttl_has_passed(http: TestClient, client: MemtuneClient, db: Database) -> None:
+def test_a_cached_answer_changes_after_a_write_and_only_then(
+    http: TestClient, client: MemtuneClient, db: Database
+) -> None:
     model_id, job_id = _tuned(client, db)
-    params = {"model": model_id, "batch": 8, "budget": "64MiB"}
-    cache = _cache(http)
-    cache.ttl_s = 0.5
+    params: dict[str, str | int] = {"model": model_id, "batch": 8, "budget": "64MiB"}
+    cache = _cache(http, db)
     before = http.get(BEST, params=params)
-    assert before.json()["source"] == "simulated"
-    _add_measured(db, job_id, step_ms=0.001)
-    during = http.get(BEST, params=params)
-    assert during.content == before.content  # within the TTL: the stored answer
-    time.sleep(1.05)  # past 2 * ttl_s: the answer is recomputed before it is served
-    after = http.get(BEST, params=params)
-    assert after.json()["source"] == "measured" and after.json()["step_ms"] == 0.001
-    assert after.headers["etag"] != before.headers["etag"]
-    assert http.get(BEST, params=params, headers={"If-None-Match": before.headers["etag"]}).status_code == 200
+    board = http.get("/v1/leaderboard", params={"source": "measured"})
+    assert before.json()["source"] == "simulated" and board.json()["count"] == 0
+    misses = cache.misses
+    time.sleep(4 * http.app.state.settings.lookup_cache_poll_s)  # type: ignore[attr-defined]
+    assert http.get(BEST, params=params).content == before.content
+    assert cache.misses == misses  # no write, no recomputation, however long
 
-    cache.ttl_s = 60.0
-    _add_measured(db, job_id, step_ms=0.0005)
-    assert http.get(BEST, params=params).json()["step_ms"] == 0.001
+    _add_measured(db, job_id, step_ms=0.001)  # as a worker in another process would: through the database only
+    _until(lambda: http.get(BEST, params=params).json()["source"] == "measured")
+    after = http.get(BEST, params=params)
+    assert after.json()["step_ms"] == 0.001 and after.headers["etag"] != before.headers["etag"]
+    assert http.get(BEST, params=params, headers={"If-None-Match": before.headers["etag"]}).status_code == 200
+    assert http.get("/v1/leaderboard", params={"source": "measured"}).json()["count"] == 1
+
+    cache.clear()  # a write this process knows of can drop the answers at once
+    assert http.get(BEST, params=params).content == after.content
+
+
+def test_the_lookup_version_moves_with_the_lookups_tables_only(client: MemtuneClient, db: Database) -> None:
+    start = db.lookup_version()
+    model = client.create_model(spec=SMALL_SPEC)  # a model row
+    created = db.lookup_version()
+    assert created > start
+    client.submit_job(model.id, batch=8, gpu="h200", budget="64MiB", trials=4)  # a job row only
+    assert db.lookup_version() == created
+
+
+def test_an_answer_computed_across_a_write_is_not_kept() -> None:
+    cache = LookupCache()
+    cache.observe(7)
+    generation = cache.generation
+    assert cache.store(b"k", b"{}", [], generation) is cache.fresh(b"k")
+    cache.observe(8)  # a write: the version moved
+    assert cache.fresh(b"k") is None
+    cache.store(b"k", b"{}", [], generation)  # computed before the write was seen
+    assert cache.fresh(b"k") is None
+    cache.observe(None)  # the version cannot be read: nothing is fresh
+    cache.store(b"k", b"{}", [], cache.generation)
+    assert cache.fresh(b"k") is None
+
+
+@pytest.mark.slow
+def test_concurrent_misses_are_computed_once(http: TestClient, client: MemtuneClient, db: Database) -> None:
+    model_id, _ = _tuned(client, db)
+    cache = _cache(http, db)
     cache.clear()
-    assert http.get(BEST, params=params).json()["step_ms"] == 0.0005
+    misses = cache.misses
+
+    async def many() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=http.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            params: dict[str, str | int] = {"model": model_id, "batch": 8, "budget": "64MiB"}
+            return await asyncio.gather(*(c.get(BEST, params=params) for _ in range(20)))
+
+    answers = asyncio.run(many())
+    assert {r.status_code for r in answers} == {200} and len({r.content for r in answers}) == 1
+    assert cache.misses == misses + 1 and cache.hits >= 19
 
 
 @pytest.mark.slow
 def test_errors_are_not_stored(http: TestClient, client: MemtuneClient, db: Database) -> None:
-    cache = _cache(http)
-    cache.ttl_s = 60.0
-    params = {"model": "tiny-cnn", "batch": 8, "budget": "64MiB"}
+    _cache(http, db)
+    params: dict[str, str | int] = {"model": "tiny-cnn", "batch": 8, "budget": "64MiB"}
     assert http.get(BEST, params=params).status_code == 404
     _tuned(client, db)
     assert http.get(BEST, params=params).status_code == 200  # the 404 was not kept
@@ -131,27 +184,10 @@ def test_closed_reads_bypass_the_cache(db: Database, tmp_path: Path, api_key: st
         auth = {"Authorization": f"Bearer {api_key}"}
         assert http.get("/v1/leaderboard", headers=auth).status_code == 200
         assert http.get("/v1/leaderboard").status_code == 401
-        assert _cache(http).hits == 0
+        assert _cache(http, db).hits == 0
 
 
 def test_etag_matching() -> None:
     assert etag_matches(b"*", b'"a"')
     assert etag_matches(b'W/"a"', b'"a"') and etag_matches(b'"b" , "a"', b'"a"')
     assert not etag_matches(b'"b"', b'"a"')
-
-
-@pytest.mark.slow
-def test_a_stale_answer_is_served_while_it_is_refreshed(http: TestClient, client: MemtuneClient, db: Database) -> None:
-    model_id, job_id = _tuned(client, db)
-    params = {"model": model_id, "batch": 8, "budget": "64MiB"}
-    cache = _cache(http)
-    cache.ttl_s = 0.4
-    before = http.get(BEST, params=params)
-    _add_measured(db, job_id, step_ms=0.002)
-    time.sleep(0.45)  # stale, but younger than 2 * ttl_s
-    assert http.get(BEST, params=params).content == before.content  # served at once; a refresh starts
-    deadline = time.monotonic() + 5
-    while http.get(BEST, params=params).json()["source"] != "measured":
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    assert cache.misses == 2
