@@ -100,15 +100,25 @@ def default_loss(out: Any) -> torch.Tensor:
 
 
 class _Captured(Exception):
-    def __init__(self, inputs: Inputs) -> None:
+    def __init__(self, inputs: Inputs, autocast_dtype: torch.dtype | None) -> None:
         super().__init__()
         self.inputs = inputs
+        self.autocast_dtype = autocast_dtype
 
 
-def _capture(model: nn.Module, module: nn.Module, inputs: Inputs, autocast: AbstractContextManager[Any]) -> Inputs:
+def _capture(
+    model: nn.Module, module: nn.Module, inputs: Inputs, autocast: AbstractContextManager[Any], device: torch.device
+) -> tuple[Inputs, torch.dtype | None]:
     """The ``(args, kwargs)`` ``model``'s forward gives ``module`` (the forward stops there): its tensor leaves
     detached copies, every other object in it (a Hugging Face cache) a structure copy of the state it was in
-    (NOTE [ State threaded between stages ] in ``profiler.modules``).
+    (NOTE [ State threaded between stages ] in ``profiler.modules``); and the autocast dtype on ``device`` at that
+    call, None where autocast was off there.
+
+    # NOTE [ A stage runs under the autocast it was called in ]
+    A model may turn autocast on itself (a wrapper whose forward enters ``torch.autocast``, as the promises' Llama
+    does), so a stage timed alone under the profile's own ``dtype`` (``float32``: none) ran in fp32 while the step
+    runs it in bf16: on an H100 its selective stage was said to keep 737 MiB, twice the bf16 outputs it keeps, and
+    its times and transients were fp32's. The stage's lone runs take the autocast state of its call in the step.
 
     Raises:
         ProfilerError: the stage is given state that cannot be copied, or it did not run.
@@ -116,8 +126,10 @@ def _capture(model: nn.Module, module: nn.Module, inputs: Inputs, autocast: Abst
 
     def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         copies = (t.detach().clone() for t in tensor_leaves((args, kwargs)))
+        on = torch.is_autocast_enabled(device.type)
+        dtype = torch.get_autocast_dtype(device.type) if on else None
         try:
-            raise _Captured(copy_structure((args, kwargs), copies))
+            raise _Captured(copy_structure((args, kwargs), copies), dtype)
         except ProfilerError as exc:
             name = next((n for n, m in model.named_modules() if m is module), "") or type(model).__name__
             raise ProfilerError(
@@ -131,7 +143,7 @@ def _capture(model: nn.Module, module: nn.Module, inputs: Inputs, autocast: Abst
         with torch.no_grad(), autocast:
             call_model(model, inputs)
     except _Captured as got:
-        return got.inputs  # type: ignore[no-any-return]
+        return got.inputs, got.autocast_dtype
     finally:
         handle.remove()
     raise ProfilerError("a stage did not run in the capture forward; the model's forward is not deterministic")
@@ -174,7 +186,15 @@ class _StageRun:
     """One stage called alone on captured inputs: forward, and backward with respect to its inputs that need a
     gradient and its parameters."""
 
-    def __init__(self, module: nn.Module, inputs: Inputs, grad: list[bool], dtype: str, device: torch.device) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        inputs: Inputs,
+        grad: list[bool],
+        dtype: str,
+        device: torch.device,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
         self.module = module
         self.inputs = inputs
         leaves = list(tensor_leaves(inputs))
@@ -186,6 +206,7 @@ class _StageRun:
         self.wrt = [t for t in self.leaves if t.requires_grad] + params
         self.dtype = dtype
         self.device = device
+        self.autocast_dtype = autocast_dtype  # NOTE [ A stage runs under the autocast it was called in ]
         self.clone = may_write_input(module)
         self.input_grads: tuple[GradStorage | None, ...] = ()
 
@@ -201,16 +222,23 @@ class _StageRun:
         ``selective`` (the same under selective checkpointing, NOTE [ Selective stages ])."""
         args, kwargs = self.fresh() if inputs is None else inputs
         if mode == "plain":
-            with _autocast(self.device, self.dtype):
+            with self.autocast():
                 out = self.module(*args, **kwargs)
             return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
 
         def call(*a: Any, **kw: Any) -> Any:
-            with _autocast(self.device, self.dtype):
+            with self.autocast():
                 return self.module(*a, **kw)
 
         out = checkpointed_call(call, args, kwargs, clone=self.clone, selective=mode == "selective")
         return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The autocast the stage was called under in the step, else the profile's ``dtype``'s (NOTE [ A stage runs
+        under the autocast it was called in ])."""
+        if self.autocast_dtype is not None:
+            return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        return _autocast(self.device, self.dtype)
 
     def kept_bytes(self) -> int:
         """What a ``selective`` run of the stage keeps besides its inputs: the outputs of its costly operations
@@ -512,9 +540,10 @@ def profile_module(
         rounds = (warmup, repeats) if spec is None else (0, 1)
         timings: list[_Timing] = []
         for k, m in enumerate(modules):
-            captured = _capture(model, m, inputs, _autocast(dev, dtype))
-            timings.append(_StageRun(m, captured, trace.input_grad[k], dtype, dev).time(*rounds))
-            del captured
+            captured, autocast_dtype = _capture(model, m, inputs, _autocast(dev, dtype), dev)
+            run = _StageRun(m, captured, trace.input_grad[k], dtype, dev, autocast_dtype)
+            timings.append(run.time(*rounds))
+            del captured, run
             if progress is not None:
                 progress(names[k] or type(model).__name__, k + 1, len(modules))
         step_ms = _step_ms(model, inputs, loss, dtype, dev, *rounds)

@@ -55,7 +55,7 @@ def test_a_stage_takes_the_roofline_of_its_own_ops(gpt2: Profile) -> None:
     """transformer.h.1 counted alone on the arguments the model gives it, priced by the roofline: the profile's."""
     case = build_case("gpt2")
     block = case.model.get_submodule("transformer.h.1")
-    args, kwargs = _capture(case.model, block, as_inputs(case.inputs), nullcontext())
+    (args, kwargs), _ = _capture(case.model, block, as_inputs(case.inputs), nullcontext(), torch.device("cpu"))
     hidden = args[0].requires_grad_()
     with count_stage() as count, _OpNames(count):  # the ops as the GPU runs them (NOTE [ CPU ops the GPU fuses ])
         block(hidden, *args[1:], **kwargs)

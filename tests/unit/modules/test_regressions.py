@@ -313,3 +313,38 @@ def test_the_chain_profiler_given_a_plain_module_says_to_use_memtune_profile() -
 
     with pytest.raises(ProfilerError, match=r"memtune\.profile"):
         chain_profile(torch.nn.Linear(4, 4), batch=2)  # type: ignore[arg-type]
+
+
+def test_a_stage_is_timed_alone_under_the_autocast_the_model_turns_on() -> None:
+    """NOTE [ A stage runs under the autocast it was called in ]: a model whose own forward enters bf16 autocast,
+    profiled at the default dtype (float32), measures each stage alone in bf16 as the step runs it: a selective
+    stage keeps its matrix products' bf16 outputs, half the fp32 bytes it was said to keep before."""
+    from torch import nn
+
+    from profiler.module_profile import profile_module
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = nn.Linear(64, 256), nn.Linear(256, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+    class Bf16(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                for block in self.blocks:
+                    x = block(x)
+                return x
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 32, 64)
+    profile = profile_module(Bf16(), x, stages=["blocks.*"], warmup=0, repeats=1)
+    rows = 8 * 32
+    bf16_outputs = rows * (256 + 64) * 2  # up's and down's outputs, bf16
+    assert [s.selective_saved_bytes for s in profile.stages] == [bf16_outputs, bf16_outputs]
