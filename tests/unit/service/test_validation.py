@@ -282,13 +282,14 @@ def test_the_best_plan_without_algorithm_choice_is_measured_too_and_served_if_fa
     joint search's best chooses algorithms; the best plan that leaves them to the framework is measured after
     the top k, and the GPU's verdict decides which one is served.
 
-    The worker seeds a search with its job's random id; for some ids the 60-trial search's best at 11 GiB leaves
-    the algorithms to the framework, and there is then nothing to compare. The seed is pinned to 2, whose best
-    chooses them (134.0 ms simulated; 156.5 without choice)."""
+    For some seeds the 60-trial search's best at 11 GiB leaves the algorithms to the framework, and there is then
+    nothing to compare. The seed of the whole search (the pre-search without choice included, since ``tuner.tune``
+    is looked up in ``tuner.search`` on use) is pinned to 1, whose best chooses them (133.8 ms simulated; 136.0
+    without choice)."""
     real_tune = tuner.search.tune
 
     def seeded_tune(*args: Any, **kwargs: Any) -> TuneResult:
-        return real_tune(*args, **{**kwargs, "seed": 2})
+        return real_tune(*args, **{**kwargs, "seed": 1})
 
     monkeypatch.setattr(tuner.search, "tune", seeded_tune)
     fake = FakeValidator(step_scale_of={NO_CHOICE: 0.5})  # here the framework's algorithms measure faster
