@@ -17,9 +17,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHROMIUM", "Browser", "Tab"]
+__all__ = ["CHROMIUM", "HEADLESS", "Browser", "Tab"]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+#: the flags every test's Chromium runs with: headless, no sandbox, GPU or network services
+HEADLESS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 
 
 class Browser:
@@ -38,14 +49,7 @@ class Browser:
 
         args = [
             CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
+            *HEADLESS,
             "--remote-debugging-pipe",
             f"--user-data-dir={profile_dir}",
             "about:blank",

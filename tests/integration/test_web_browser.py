@@ -11,7 +11,6 @@ why, when Chromium is not installed (``apt-get install chromium``; ``.ci/run`` i
 from __future__ import annotations
 
 import re
-import shutil
 import struct
 import subprocess
 import zlib
@@ -20,6 +19,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from browser import CHROMIUM, HEADLESS
 from live_server import create_key
 
 from api.client import MemtuneClient
@@ -27,7 +27,6 @@ from api.client import MemtuneClient
 pytestmark = pytest.mark.integration
 
 WIDTH, HEIGHT = 1280, 1600
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium); the browser test needs it"
 )
@@ -43,14 +42,7 @@ def _chromium(tmp_path: Path, url: str, *mode: str, width: int = WIDTH) -> subpr
     assert CHROMIUM is not None
     args = [
         CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
+        *HEADLESS,
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
         f"--window-size={width},{HEIGHT}",
         "--virtual-time-budget=5000",

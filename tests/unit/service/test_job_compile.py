@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from alembic import command
 from fastapi.testclient import TestClient
-from service_fixtures import schema_diff
+from service_fixtures import insert_old_job, schema_diff
 from sqlalchemy import MetaData, Table, inspect
 
 from api.client import MemtuneClient
@@ -28,7 +28,6 @@ from storage.database import Database
 from storage.migrate import alembic_config, current_revision, head_revision, upgrade
 from storage.records import ModelRecord
 from storage.repositories import JobRepository, ProfileRepository, ResultRepository
-from storage.rows import utcnow
 from tuner.runtime.whole import with_compiler_points
 
 JOB: dict[str, Any] = {"model": {"zoo": "alexnet"}, "batch": 256, "gpu": "h100", "budget": "1800MB", "trials": 10}
@@ -248,23 +247,8 @@ def test_migration_0009_adds_compile_and_removes_it(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'compile.db'}")
     try:
         assert upgrade(db, "0008", optuna_tables=False) == "0008"
-        now = utcnow()
         with db.engine.begin() as conn:
-            meta = MetaData()
-            models, jobs = (Table(t, meta, autoload_with=conn) for t in ("mt_models", "mt_jobs"))
-            conn.execute(
-                models.insert().values(
-                    id="m1", name="vgg16", kind="zoo", content_hash="c1", definition={"zoo": "vgg16"}, created_at=now
-                )
-            )
-            conn.execute(
-                jobs.insert().values(
-                    id="j1", model_id="m1", gpu_key="h200", batch=8, dtype="float32", budget_text="1GiB",
-                    budget_bytes=1 << 30, trials=5, mode="fastest", optimizer="sgd", state="succeeded",
-                    trials_done=5, owner="t", request_hash="h", study_name="memtune-job-j1", attempts=1,
-                    cancel_requested=False, created_at=now, updated_at=now, headroom=0.05,
-                )
-            )  # fmt: skip
+            insert_old_job(conn, MetaData(), headroom=0.05)
 
         assert upgrade(db, "0009", optuna_tables=False) == "0009"
         assert {"compile", "compile_note"} <= {c["name"] for c in inspect(db.engine).get_columns("mt_jobs")}
