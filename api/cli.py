@@ -352,8 +352,10 @@ def _factory_bench(
     iters: int,
     warmup: int,
     json_out: Path | None,
+    run: dict[str, Any],
 ) -> None:
-    """``memtune bench`` for a factory model: NOTE [ Module bench ] at ``budget`` (a fraction of the peak)."""
+    """``memtune bench`` for a factory model: NOTE [ Module bench ] at ``budget`` (a fraction of the peak); ``run``
+    is the NOTE [ Run record ] its JSON carries."""
     import torch
 
     from profiler import build_factory
@@ -385,7 +387,7 @@ def _factory_bench(
                                progress=lambda what: status.update(f"measuring: {what}"))  # fmt: skip
     except (ProfilerError, TunerError, ValueError) as exc:
         raise _fail(str(exc)) from exc
-    row = {"model": model, "batch": batch, **row}
+    row = {"model": model, "batch": batch, **row, "run": run}
     if json_out is not None:
         json_out.write_text(json.dumps(row, indent=1) + "\n")
     table = Table("row", "step ms", "peak GiB", "retries/step", title=f"{model} batch {batch} on {row.get('device')}")
@@ -1122,11 +1124,13 @@ def bench(
     import torch
 
     from profiler.factory import is_factory
+    from profiler.provenance import run_record
 
     _check_arguments(dtype=dtype, budget=budget)
+    run = run_record()  # NOTE [ Run record ]: what the JSON says made it
     if is_factory(model):
         _factory_bench(model, batch, budget, trials, _parse_params(param), input_shape, vocab, stage, iters, warmup,
-                       json_out)  # fmt: skip
+                       json_out, run)  # fmt: skip
         return
 
     from tuner import POLICIES
@@ -1200,6 +1204,7 @@ def bench(
                         "unconstrained_simulated_peak_bytes": base_peak,
                         # NOTE [ Batch split ]: what fastest_within could choose (benchmarks.retry_cost.read_run)
                         "profile_split_rows": prof.has_split_rows,
+                        "run": run,
                         "rows": [r.to_dict() for r in done],
                     },
                     indent=1,

@@ -95,8 +95,9 @@ def environment() -> str:
 
 def model_rows(names: str, known: Collection[str], run: Callable[[str], dict[str, Any]], out: Path) -> None:
     """For each comma-separated model of ``names`` (each one of ``known``), in one CUDA process: the JSON row
-    ``run(name)`` makes (an exception is the row's ``error``), written to ``<out>/<name>.json`` and printed on a line
-    without its profile; the CUDA cache emptied between models (``benchmarks.your_models``, ``benchmarks.promises``).
+    ``run(name)`` makes (an exception is the row's ``error``) with the process's NOTE [ Run record ] as ``run``,
+    written to ``<out>/<name>.json`` and printed on a line without its profile; the CUDA cache emptied between
+    models (``benchmarks.your_models``, ``benchmarks.promises``).
     """
     import gc
     import json
@@ -104,6 +105,7 @@ def model_rows(names: str, known: Collection[str], run: Callable[[str], dict[str
     import optuna
     import torch
 
+    from profiler.provenance import run_record
     from tuner.runtime.guard import configure_allocator
 
     configure_allocator()
@@ -116,7 +118,9 @@ def model_rows(names: str, known: Collection[str], run: Callable[[str], dict[str
             row = run(name)
         except Exception as exc:
             row = {"model": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        row["run"] = run_record()
         (out / f"{name}.json").write_text(json.dumps(row, indent=1) + "\n")
-        print(json.dumps({k: v for k, v in row.items() if k not in ("stage_names", "profile")})[:3000], flush=True)
+        shown = {k: v for k, v in row.items() if k not in ("stage_names", "profile", "run")}
+        print(json.dumps(shown)[:3000], flush=True)
         gc.collect()
         torch.cuda.empty_cache()

@@ -187,15 +187,17 @@ def rows_table(
 
 def result_fields(benchmark: str, argv: Sequence[str] | None, allocator: str) -> dict[str, Any]:
     """The fields every data-parallel result file ends with: environment, allocator settings, the command that made
-    it (``python -m benchmarks.<benchmark> ...``) and the empty ``methods`` and ``largest`` that ``record_method``
-    fills."""
+    it (``python -m benchmarks.<benchmark> ...``), its NOTE [ Run record ] (``run``) and the empty ``methods`` and
+    ``largest`` that ``record_method`` fills."""
     from benchmarks.common import environment
+    from profiler.provenance import run_record
 
-    args = argv if argv is not None else sys.argv[1:]
+    run = run_record(argv, module=f"benchmarks.{benchmark}")
     return {
         "environment": environment(),
         "allocator": allocator,
-        "command": f"python -m benchmarks.{benchmark} " + " ".join(args),
+        "command": run["command"],
+        "run": run,
         "methods": {},
         "largest": {},
     }

@@ -5,7 +5,8 @@
 
 ``--sweep`` lists every tuned plan of the files (the main budget's and ``--sweep``'s, at the calibrated headroom) by
 its budget as a share of the simulated unconstrained peak, with the measured and predicted step and peak; a budget
-where no plan fits has no row (``bench`` says so on stderr).
+where no plan fits has no row (``bench`` says so on stderr). A file with a NOTE [ Run record ] names its commit and
+date in its table's heading; older files render as before.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from profiler.provenance import run_of
 
 __all__ = ["main", "render", "render_sweep"]
 
@@ -30,6 +33,15 @@ def _retries(row: dict[str, Any]) -> str:
     return _f(row.get("alloc_retries"), ".1f") + ("" if predicted is None else f" / {predicted:.1f}")
 
 
+def _made(data: dict[str, Any]) -> str:
+    """``; commit <short>, <date>`` from the file's NOTE [ Run record ], or nothing for a file written before."""
+    run = run_of(data)
+    if run is None:
+        return ""
+    commit = (run.get("commit") or "unknown commit")[:10] + ("+" if run.get("dirty") else "")
+    return f"; commit {commit}, {str(run.get('date') or '')[:10]}"
+
+
 def render(path: Path) -> str:
     """One markdown table for one bench file."""
     d = json.loads(path.read_text())
@@ -38,7 +50,7 @@ def render(path: Path) -> str:
     base = next((r["step_ms"] for r in rows if r.get("kind") == "unconstrained"), rows[0]["step_ms"])
     lines = [
         f"**{d['model']} batch {d['batch']} {d['dtype']}** on {dev['name']} (driver {dev['driver']}, torch "
-        f"{dev['torch_version']}, cuDNN {dev['cudnn_version']}; `{path.name}`)",
+        f"{dev['torch_version']}, cuDNN {dev['cudnn_version']}; `{path.name}`{_made(d)})",
         "",
         "| configuration | budget GiB | step ms | × unconstrained | peak GiB | fits | sim ms | sim err | "
         "sim peak GiB | peak err | retries (measured / predicted) |",

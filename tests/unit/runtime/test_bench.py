@@ -1,6 +1,10 @@
-"""The parts of `memtune bench` that run without a GPU: inputs, error figures, refusal on CPU."""
+"""The parts of `memtune bench` that run without a GPU: inputs, error figures, refusal on CPU, the JSON's run record."""
 
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,3 +37,30 @@ def test_bench_refuses_without_a_gpu() -> None:
     result = CliRunner().invoke(app, ["bench", "resnet18", "--batch", "2"])
     assert result.exit_code == 2
     assert "CUDA GPU" in result.output
+
+
+def test_the_bench_json_carries_the_run_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ Run record ]: the factory path's file, with the GPU's measurement stood in for on the CPU."""
+    import profiler
+    import profiler.factory
+    import tuner.runtime.module_bench as module_bench
+
+    def fake_bench(net: torch.nn.Module, x: torch.Tensor, **kwargs: object) -> dict[str, object]:
+        step = {"step_ms": 1.0, "peak_bytes": 1 << 20}
+        return {"device": "Stand-in GPU", "unplanned": step, "planned": step, "plan": "kr", "budget_bytes": 1 << 20,
+                "equality": {"grad": 0.0}, "spread": {"grad": 0.0}}  # fmt: skip
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setattr(profiler, "build_factory", lambda ref, params: torch.nn.Sequential())
+    monkeypatch.setattr(profiler.factory, "factory_inputs", lambda *a, **k: torch.zeros(2, 3))
+    monkeypatch.setattr(module_bench, "bench_module", fake_bench)
+    out = tmp_path / "bench.json"
+    args = ["bench", "mine.py:build", "--batch", "2", "--input-shape", "3", "--json-out", str(out)]
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/memtune", *args])  # as the console script starts
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", None)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    run = json.loads(out.read_text())["run"]
+    assert run["command"] == f"memtune bench mine.py:build --batch 2 --input-shape 3 --json-out {out}"
+    assert run["commit"] and run["date"] and run["versions"]["torch"] == torch.__version__
