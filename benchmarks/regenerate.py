@@ -188,6 +188,13 @@ GENERATED: tuple[Generated, ...] = (
         quoted_in=("docs/results/promises.md",),
     ),
     Generated(
+        "step-time-table",
+        f"{_R}/h100/step-time/table.md",
+        ("benchmarks.step_time", "--table", f"{_R}/h100/step-time"),
+        "gpu",
+        5,
+    ),
+    Generated(
         "your-models-table",
         f"{_R}/your-models-h100/table.md",
         ("benchmarks.your_models", "--table", f"{_R}/your-models-h100"),
@@ -239,6 +246,7 @@ KEPT: tuple[Kept, ...] = (
         "*.json beside them are `scripts/modeled_profiles.py`'s CPU profiles, kept as the inputs modeled_check read",
     ),
     Kept(f"{_R}/h100/promises/*.txt", "`scripts/uniform_steps.py` on the H100: measurement"),
+    Kept(f"{_R}/h100/step-time/*.json", "`benchmarks.step_time` on the H100: measurement"),
     Kept(
         f"{_R}/h100/modeled-modules/*.json",
         "`benchmarks.modeled_modules`: module profiles timed on the CPU (their "
