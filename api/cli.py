@@ -6,7 +6,9 @@ rich progress bars on standard error, so standard output stays clean for scripts
 
 from __future__ import annotations
 
+import ast
 import functools
+import importlib.util
 import json
 import sys
 from collections.abc import Callable
@@ -96,6 +98,38 @@ def resolve_profile(
     return modeled_profile(chain, batch, dtype, gpu)
 
 
+def _gpu_torch() -> bool:
+    """Whether the installed torch may see a GPU: False for a CPU build (its ``torch/version.py`` names neither a CUDA
+    nor a ROCm version) or no torch, read without importing torch (NOTE [ Zoo names without torch ] in
+    ``profiler.zoo``); True where it cannot tell."""
+    if "torch" in sys.modules:
+        return True
+    try:
+        found = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return False
+    if found is None or not found.submodule_search_locations:
+        return False
+    try:
+        tree = ast.parse((Path(next(iter(found.submodule_search_locations))) / "version.py").read_text())
+    except (OSError, SyntaxError):
+        return True
+    versions: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            name, value = node.target.id, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name, value = node.targets[0].id, node.value
+        else:
+            continue
+        if name in ("cuda", "hip"):
+            try:
+                versions[name] = ast.literal_eval(value)
+            except ValueError:
+                return True
+    return "cuda" not in versions or "hip" not in versions or any(v is not None for v in versions.values())
+
+
 def _tune_profile(
     model: str,
     batch: int,
@@ -111,6 +145,14 @@ def _tune_profile(
     ``memtune profile --output`` too), so the model is not loaded then."""
     if profile_file is not None:
         return Profile.load(profile_file)
+    if spec is None and not _gpu_torch():  # NOTE [ Zoo names without torch ] in profiler.zoo
+        from profiler import find_profile
+        from profiler.zoo import resolve_zoo
+
+        name, resolved = resolve_zoo(model, params)
+        found = find_profile(name, batch, dtype, gpu or "h200", params=resolved)
+        if found is not None:
+            return found
     import torch
 
     if spec is not None:

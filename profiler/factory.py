@@ -1,7 +1,9 @@
 """Models named by a factory: ``package.module:callable`` or ``path/to/file.py:callable``, for the command line.
 
 A factory is the user's own code run on the user's own machine (``memtune profile torchvision.models:resnet50``);
-the service never takes one from a request (it takes exported programs, ``profiler.exported``).
+the service never takes one from a request (it takes exported programs, ``profiler.exported``). torch is imported
+where a factory is built or its inputs made, so ``is_factory`` costs the command line nothing (NOTE [ Zoo names
+without torch ] in ``profiler.zoo``).
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from profiler.errors import ProfilerError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 __all__ = ["build_factory", "factory_inputs", "is_factory"]
 
@@ -53,6 +56,8 @@ def _load(ref: str) -> Callable[..., Any]:
 
 def build_factory(ref: str, params: dict[str, Any] | None = None) -> nn.Module:
     """Call the factory ``ref`` with ``params`` as keyword arguments; it must return an ``nn.Module``."""
+    from torch import nn
+
     model = _load(ref)(**(params or {}))
     if not isinstance(model, nn.Module):
         raise ProfilerError(f"factory {ref!r} returned {type(model).__name__}, not an nn.Module")
@@ -63,6 +68,8 @@ def factory_inputs(
     batch: int, input_shape: tuple[int, ...], *, vocab: int | None = None, device: str | torch.device = "cpu"
 ) -> torch.Tensor:
     """One batch for a factory model: random floats of ``(batch, *input_shape)``, or token ids in ``[0, vocab)``."""
+    import torch
+
     if batch < 1 or not input_shape or any(d < 1 for d in input_shape):
         raise ProfilerError(f"need batch >= 1 and a positive input shape; got {batch} and {input_shape}")
     shape = (batch, *input_shape)

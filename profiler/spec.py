@@ -46,14 +46,16 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
-from torch import nn
 
-from profiler.chain import ModelChain, Stage, flatten
 from profiler.errors import SpecError
-from profiler.layers import BOTTLENECK_EXPANSION, BasicBlock, Bottleneck, TransformerBlock
+
+if TYPE_CHECKING:  # the modules are built with torch, imported there (NOTE [ Zoo names without torch ] in profiler.zoo)
+    from torch import nn
+
+    from profiler.chain import ModelChain, Stage
 
 __all__ = [
     "LAYER_TYPES",
@@ -468,6 +470,8 @@ def _infer_layer(i: int, layer: _Layer, shape: tuple[int, ...]) -> tuple[tuple[i
             params = c * width * 9 + width * width * 9 + 4 * width
             tensors = 4 * width * oh * ow  # conv1, bn1, conv2, bn2 (relu and += in place)
         else:
+            from profiler.layers import BOTTLENECK_EXPANSION
+
             out_c = width * BOTTLENECK_EXPANSION
             params = c * width + width * width * 9 + width * out_c + 4 * width + 2 * out_c
             tensors = 2 * width * h * w + 2 * width * oh * ow + 2 * out_c * oh * ow
@@ -728,6 +732,10 @@ def spec_hash(spec: Mapping[str, object] | ModelSpec | ValidatedSpec, limits: Sp
 
 
 def _module(layer: _Layer, info: LayerInfo) -> nn.Module:
+    from torch import nn
+
+    from profiler.layers import BasicBlock, Bottleneck, TransformerBlock
+
     shape = info.input_shape
     if isinstance(layer, Conv2dLayer):
         return nn.Conv2d(shape[0], layer.out_channels, layer.kernel_size, layer.stride, layer.padding, bias=layer.bias)
@@ -768,6 +776,8 @@ def to_chain(
         name: the chain's name; ``spec:<spec_hash>`` by default.
         params: the chain's ``params``; by default ``{"spec_hash": ..., "spec_name": ...}``.
     """
+    from profiler.chain import ModelChain, flatten
+
     digest = validated.hash()
     stages: list[Stage] = []
     for layer, info in zip(validated.spec.layers, validated.layers, strict=True):

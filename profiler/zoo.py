@@ -17,6 +17,13 @@ are checked analytically before any module is allocated; stage names follow torc
 torchvision's (VGG-16 138,357,544; AlexNet 61,100,840; ResNet-18 11,689,512; ResNet-50 25,557,032).
 
 Names are case-insensitive and ignore ``-``/``_``: ``build("VGG-16")``, ``build("resnet_50")``.
+
+# NOTE [ Zoo names without torch ]
+A zoo model's name and parameters alone find its committed profile (``resolve_zoo``, then ``find_profile``), and
+``memtune tune vgg16 …`` on a machine without a GPU needs nothing else before its torch-free search. This module and
+``profiler.spec`` therefore import torch only where modules are built (``build``, ``to_chain``): importing torch
+and building VGG-16 on the meta device (whose weight initialisation loads ``torch._dynamo``) took about 5 s of that
+command's 21 s on the 2-core machine.
 """
 
 from __future__ import annotations
@@ -25,14 +32,15 @@ import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
-from profiler.chain import ModelChain, Stage, flatten
 from profiler.errors import SpecError
-from profiler.layers import TokenPositionEmbedding, TransformerBlock
 from profiler.spec import FLOAT_BYTES, SpecLimits, ValidatedSpec, to_chain, validate_spec
+
+if TYPE_CHECKING:  # NOTE [ Zoo names without torch ]
+    from torch import nn
+
+    from profiler.chain import ModelChain, Stage
 
 __all__ = [
     "IMAGE_SIZE_LIMIT",
@@ -46,6 +54,7 @@ __all__ = [
     "gpt_param_count",
     "image_spec",
     "normalize_name",
+    "resolve_zoo",
     "zoo_params",
 ]
 
@@ -325,6 +334,8 @@ def _init_torchvision(model: nn.Module) -> None:
 
     Keeps activations of the deep plain VGGs from vanishing, which on CPU would mean denormal arithmetic.
     """
+    from torch import nn
+
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -398,6 +409,11 @@ def _gpt_activation_bytes(params: Mapping[str, int]) -> int:
 
 
 def _build_gpt(params: dict[str, int]) -> ModelChain:
+    from torch import nn
+
+    from profiler.chain import ModelChain, flatten
+    from profiler.layers import TokenPositionEmbedding, TransformerBlock
+
     width, heads = params["width"], params["heads"]
     if width % heads != 0:
         raise SpecError(f"{heads} heads do not divide width {width}; pick heads that divide the width", field="heads")
@@ -520,6 +536,18 @@ def zoo_params(name: str) -> dict[str, int]:
         SpecError: unknown model (``field="model"``), listing the known names.
     """
     return _entry(name).defaults()
+
+
+def resolve_zoo(name: str, params: Mapping[str, object] | None = None) -> tuple[str, dict[str, int]]:
+    """The canonical name and every resolved parameter that ``build(name, params)`` gives its chain, without
+    building it or importing torch (NOTE [ Zoo names without torch ]).
+
+    Raises:
+        SpecError: as ``build``, for an unknown model or an unknown or out-of-range parameter; a parameter that only
+            building can refuse (an image too small for the network) is not checked.
+    """
+    entry = _entry(name)
+    return entry.name, entry.resolve(params)
 
 
 def build(name: str, params: Mapping[str, object] | None = None) -> ModelChain:

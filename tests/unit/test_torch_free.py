@@ -62,6 +62,33 @@ def test_simulate_and_tune_run_without_torch() -> None:
     assert float(found[1]) > 0
 
 
+TUNE = """
+import sys
+{blocker}
+from typer.testing import CliRunner
+
+from api.cli import app
+
+args = ["tune", "vgg16", "--batch", "256", "--gpu", "h200", "--budget", "13GiB", "--trials", "3", "--json"]
+done = CliRunner().invoke(app, args)
+assert done.exit_code == 0, (done.output, done.exception)
+assert '"profile_source": "measured"' in done.output, done.output
+print("torch", sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter and a three-trial search: about four seconds on two cores
+def test_tune_finds_a_zoo_models_committed_profile_without_torch() -> None:
+    """``memtune tune vgg16 …`` without a GPU finds the committed profile from the zoo model's name and parameters
+    and searches it with torch blocked (NOTE [ Zoo names without torch ] in ``profiler.zoo``): importing torch and
+    building the model on the meta device took about 5 s of the README job's 21."""
+    blocker = CODE.split("import optuna", 1)[0]
+    run = subprocess.run([sys.executable, "-c", TUNE.format(blocker=blocker)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.stdout.strip().endswith("torch []"), run.stdout
+
+
 HELP = """
 import sys
 
