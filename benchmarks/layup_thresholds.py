@@ -1,8 +1,8 @@
 """The Layup report's Fig. 4 from our profiles: Threshold and Cumulative Threshold per layer of VGG-16.
 
-The cumulative-threshold report (``../shared/seeds/layup-cumulative-threshold-report.txt``, Figs. 4.1–4.4) plots, for
-VGG-16 on a Tesla P100 and a GeForce Titan X at batch 10 and 20, each layer's ``Threshold = T_transfer / T_compute``
-and ``Cumulative_Threshold = T_transfer / T_cumulative_compute`` (Algorithm 1; ``tuner.policies.layup_cumulative``).
+The Layup cumulative-threshold report ("Compute vs Data Transfer: Memory Optimizations for Neural Networks", Figs.
+4.1–4.4) plots, for VGG-16 on a Tesla P100 and a GeForce Titan X at batch 10 and 20, each layer's
+``Threshold = T_transfer / T_compute`` and ``Cumulative_Threshold = T_transfer / T_cumulative_compute`` (Algorithm 1; ``tuner.policies.layup_cumulative``).
 Its figures are images that the text copy of the report does not hold, so only their shape can be compared: a
 layer becomes a checkpoint where the cumulative curve drops below 1.
 

@@ -6,8 +6,8 @@ what a CPU-measured profile borrows its D2H/H2D times from. Numbers are vendor d
 bandwidths, not the PCIe line rate.
 
 # NOTE [ Host-link model ]
-A pinned copy of ``n`` bytes takes ``copy_latency_s + n / bandwidth``. On the H200 (DESIGN.md,
-measured facts) pinned copies run at 55 GB/s each way at >= 16 MiB and 38 GB/s at 1 MiB; a fixed
+A pinned copy of ``n`` bytes takes ``copy_latency_s + n / bandwidth``. On the H200 (docs/concepts.md, measured
+facts) pinned copies run at 55 GB/s each way at >= 16 MiB and 38 GB/s at 1 MiB; a fixed
 8.5 us per copy plus 55 GB/s reproduces both (1 MiB: 27.6 us = 38 GB/s). The other GPUs use the
 same latency and the effective rate commonly measured by CUDA's ``bandwidthTest`` on their link:
 about 12 GB/s on PCIe Gen3 x16 (10 GB/s on the K40's older hosts), 25 GB/s on Gen4 x16.
@@ -211,8 +211,8 @@ _SPECS: tuple[GPUSpec, ...] = (
         note="host link assumed equal to the H200's measured rate",
     ),
     # NVIDIA H200 SXM 141GB datasheet: same SMs as the H100 SXM (67 / 494.7 / 989.4 TFLOPS dense),
-    # 4.8 TB/s HBM3e. Memory: 143,771 MiB as nvidia-smi reports it. Host link: DESIGN.md measured facts
-    # (PCIe Gen5 x16, 55 GB/s pinned each way at >= 16 MiB).
+    # 4.8 TB/s HBM3e. Memory: 143,771 MiB as nvidia-smi reports it. Host link: measured (docs/concepts.md,
+    # measured facts: PCIe Gen5 x16, 55 GB/s pinned each way at >= 16 MiB).
     GPUSpec(
         key="h200",
         name="NVIDIA H200",
@@ -226,7 +226,7 @@ _SPECS: tuple[GPUSpec, ...] = (
         pcie_gen=5,
         pcie_width=16,
         aliases=("h200-sxm", "h200 141gb", "h200-141gb"),
-        note="host link measured (DESIGN.md)",
+        note="host link measured (docs/concepts.md, measured facts)",
     ),
     # NVIDIA L4 datasheet: 30.3 TFLOPS fp32, 60 TFLOPS TF32, 121 TFLOPS bf16/fp16 (dense; half the
     # datasheet's sparsity figures), 300 GB/s GDDR6, 24 GB, 58 SMs, PCIe Gen4 x16.

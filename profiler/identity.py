@@ -1,7 +1,7 @@
 """GPU identity: the structured description of a device a profile was measured on (or modeled for).
 
-DESIGN.md: "GPU identity is structured (name, compute capability, SM count, memory, PCIe gen x width,
-driver, cuDNN), never only a product string." ``cuda_identity`` reads a live CUDA device and measures
+A GPU identity is structured (name, compute capability, SM count, memory, PCIe gen x width, driver, cuDNN),
+never only a product string (docs/concepts.md, measured facts). ``cuda_identity`` reads a live CUDA device and measures
 its pinned-copy bandwidth each way; ``spec_identity`` describes a roofline ``GPUSpec``.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: (1) batch-256 profiles with cuDNN algorithm tables into profiler/data, (2) GPU tests,
 # (3) `memtune bench` for the models of BENCHMARKS.md. Everything lands in $OUT/bench.tgz.
-# Usage (repository root, wheels from ../shared/tools/device-wheels in .whl/):
+# Usage (repository root, wheels from scripts/gpu_wheels.sh in .whl/):
 #   bash scripts/h200_bench.sh STEPS [model:batch:dtype[:budget] ...]   STEPS: comma list of profiles,tests,bench
 #   (budget: the main budget as a fraction of the unconstrained peak, default 0.6)
 #   BENCH_ARGS="--no-policies --no-builtins --headroom 0,0.05,0.1,0.2" bash scripts/h200_bench.sh bench ...

@@ -3,7 +3,7 @@
 # VGG-16 and ResNet-50 at batch 64, 128 and 256 — batch 256 with cuDNN algorithm tables —, GPT at 8 and 16,
 # VGG-19, AlexNet, OverFeat and ResNet-18 at 256; float32 and bfloat16), then the GPU tests.
 # Everything lands in $OUT (profiles.tgz, the log, versions); copy the profiles into profiler/data.
-# Usage (repository root, wheels from ../shared/tools/device-wheels in .whl/):
+# Usage (repository root, wheels from scripts/gpu_wheels.sh in .whl/):
 #   bash scripts/gpu_profiles.sh [STEPS]      STEPS: comma list of algos,plain,tests (default: algos,plain)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}

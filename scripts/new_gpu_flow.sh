@@ -2,7 +2,7 @@
 # On a GPU machine: the README's GPU flow as a GPU type without shipped data sees it (MEMTUNE_SHIPPED_DATA=0, an
 # empty user folder): profile, tune, bench and the Python API with nothing but the model and the budget.
 # Everything it prints lands in $OUT/new-gpu-flow.txt, the kept calibration and profile beside it.
-# Usage (repository root, wheels from ../shared/tools/device-wheels in .whl/):
+# Usage (repository root, wheels from scripts/gpu_wheels.sh in .whl/):
 #   bash scripts/new_gpu_flow.sh [MODEL] [BATCH]         (default: resnet50 128)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}

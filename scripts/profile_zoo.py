@@ -32,7 +32,7 @@ from profiler.measure import profile
 
 __all__ = ["DEFAULT_BATCHES", "main"]
 
-#: batches per model when --batches is not given (DESIGN.md's measured facts use 256 and, for gpt, 16)
+#: batches per model when --batches is not given (the measured facts of docs/concepts.md use 256 and, for gpt, 16)
 DEFAULT_BATCHES: dict[str, tuple[int, ...]] = {"gpt": (8, 16)}
 _IMAGE_BATCHES = (64, 128, 256)
 

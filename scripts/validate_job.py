@@ -7,7 +7,7 @@ chooses cuDNN algorithms, the best plan without algorithm choice, each measured 
 [ Measured validation ] in ``api.worker``, NOTE [ Measured selection ] in ``tuner.search``). Writes one JSON
 file per configuration (job, simulated and measured rows, the best-plan answer) and prints a summary.
 
-Usage (on the H200, after the wheels of ``../shared/tools/device-wheels``)::
+Usage (on the H200, after the wheels of ``scripts/gpu_wheels.sh``)::
 
     python3 scripts/validate_job.py --out $OUT resnet50:256:bfloat16:0.5 vgg16:256:bfloat16:0.9
 """

@@ -1,7 +1,7 @@
 """The plan schema: one action per stage plus global knobs, and what it means for every saved storage.
 
 # NOTE [ Plan semantics ]
-This is DESIGN.md's "Plan" section made exact; the simulator (``tuner.simulator``) and the runtime
+This is the plan of docs/concepts.md made exact; the simulator (``tuner.simulator``) and the runtime
 (``tuner.runtime``) both follow it.
 
 * ``keep``: the stage's saved tensors stay on the GPU until its backward.

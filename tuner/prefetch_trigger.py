@@ -1,9 +1,9 @@
 """The per-layer prefetch trigger: for each stage, when its offloaded activations come back in the backward.
 
 # NOTE [ Per-layer prefetch trigger ]
-The multi-GPU vDNN paper (Kim et al., seeds/multi-gpu-vdnn-kim.txt, §III.C "Efficient Trigger Settings for Swap-in")
-replaces vDNN's fixed prefetch point (layer N's data comes back during layer N+1's backward) by one trigger per
-layer, found in three steps while the first iterations run:
+The multi-GPU vDNN paper (Kim and Lee, "Efficient Multi-GPU Memory Management for Deep Learning Acceleration",
+§III.C "Efficient Trigger Settings for Swap-in") replaces vDNN's fixed prefetch point (layer N's data comes back
+during layer N+1's backward) by one trigger per layer, found in three steps while the first iterations run:
 
     "Step 2. Find out the earliest time range of each trigger (=prefetch) where learning process works well without
     out-of-memory error. Step 3. Searching for the latest time range for each trigger when swap-in is performed

@@ -13,14 +13,14 @@ offload and prefetch copies go through one host link, and their gradients are su
 * Lockstep. The all-reduce ends every step on every rank, so all ranks start a step together and, with no stagger,
   run the same timeline: every copy has all N ranks copying beside it, and the step is the single-GPU simulation
   with every copy N-contended. One rank is exactly the single-GPU simulator.
-* Stagger (the multi-GPU vDNN paper's schedule, ``seeds/multi-gpu-vdnn-kim.txt`` §III.A: GPU i swaps layers
-  i % x + j x, so that fewer GPUs swap at each layer). Rank i takes slot i % S of S slots, so at most
-  x = ceil(N / S) ranks are in one slot. A rank in slot s starts each burst of copies (the copies one forward
-  stage packs; the prefetches one backward stage issues) s burst-times late, a burst-time being the burst's bytes
-  at the x-contended rate: it lets the s slots before it copy that burst first. The runtime does exactly this
-  (``tuner.runtime.stagger``: a wait on the copy stream before the burst), and waits never change the math. The
-  model folds the wait into the copy time of the burst's stage (the simulator's copy engines run in order, so a
-  wait before a burst ends it as much later) and counts link use only after the wait.
+* Stagger (the multi-GPU vDNN paper's schedule, Kim and Lee, "Efficient Multi-GPU Memory Management for Deep
+  Learning Acceleration", §III.A: GPU i swaps layers i % x + j x, so that fewer GPUs swap at each layer). Rank i
+  takes slot i % S of S slots, so at most x = ceil(N / S) ranks are in one slot. A rank in slot s starts each burst
+  of copies (the copies one forward stage packs; the prefetches one backward stage issues) s burst-times late, a
+  burst-time being the burst's bytes at the x-contended rate: it lets the s slots before it copy that burst first.
+  The runtime does exactly this (``tuner.runtime.stagger``: a wait on the copy stream before the burst), and waits
+  never change the math. The model folds the wait into the copy time of the burst's stage (the simulator's copy
+  engines run in order, so a wait before a burst ends it as much later) and counts link use only after the wait.
 * Contention with stagger. Slots no longer copy at the same moments, so the copiers beside a copy vary in time.
   Per slot, the model simulates one rank, lays the slots' copy windows side by side, and takes each stage's
   slowdown as its windows' length over the copy work done in them (the rate integrated over the windows, c(t) =

@@ -197,7 +197,7 @@ def test_runs_on_the_current_stream(fp32_strict: None) -> None:
 
 
 def test_design_fact_64_to_64_3x3_batch64() -> None:
-    """DESIGN.md's measured case (fp32, TF32 as PyTorch defaults): the table is printed for the record."""
+    """The measured case of docs/concepts.md's measured facts (fp32, TF32 as PyTorch defaults): the table is printed for the record."""
     conv = nn.Conv2d(64, 64, 3, padding=1, bias=False).cuda()
     prof = enumerate_conv(conv, (64, 64, 224, 224), "float32", warmup=1, repeats=5, allow_tf32=True)
     _print_table("design 64->64 3x3, 224x224, batch 64, fp32 (TF32 allowed)", prof)

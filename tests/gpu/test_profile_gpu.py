@@ -98,7 +98,7 @@ def test_cuda_identity() -> None:
     assert ident.sm_count == props.multi_processor_count
     assert ident.d2h_gbps > 1 and ident.h2d_gbps > 1
     if ident.key == "h200":
-        assert ident.d2h_gbps > 40  # DESIGN.md: 55 GB/s pinned at >= 16 MiB
+        assert ident.d2h_gbps > 40  # docs/concepts.md, measured facts: 55 GB/s pinned at >= 16 MiB
 
 
 def test_cuda_profile_measures_the_loss_at_the_output_shape() -> None:

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 # NOTE [ Copy latency ]
-# A pinned copy costs a fixed latency besides its bytes. The H200's measured rates (DESIGN.md: 38 GB/s for 1 MiB,
+# A pinned copy costs a fixed latency besides its bytes. The H200's measured rates (docs/concepts.md: 38 GB/s for 1 MiB,
 # 55 GB/s from 16 MiB on) fit ``bytes / 55 GB/s + 8.5 us``: 1 MiB x (1/38 - 1/55) GB/s^-1 = 8.5 us. Profiles carry
 # the bandwidth alone, so facts taken from a profile use this latency; measured facts measure their own.
 COPY_LATENCY_MS = 0.0085

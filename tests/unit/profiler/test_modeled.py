@@ -219,7 +219,7 @@ def test_vgg16_batch_256_is_modeled_quickly() -> None:
     t0 = time.perf_counter()
     p = modeled_profile(ch, 256, "float32", "h200")
     assert time.perf_counter() - t0 < 3.0
-    # DESIGN.md: 181.7 ms per step and a 19.56 GiB peak on the H200; the roofline is within 15 %
+    # measured facts (docs/concepts.md): 181.7 ms per step and a 19.56 GiB peak on the H200; the roofline is within 15 %
     assert p.forward_ms + p.backward_ms == pytest.approx(181.7, rel=0.15)
     assert 15 * 2**30 < p.saved_bytes < 19.56 * 2**30
 
