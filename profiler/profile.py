@@ -343,6 +343,11 @@ class Profile(_Frozen):
         description="every stage measured compiled by torch.compile under this activation-memory budget (NOTE "
         "[ Compiled stages ] in profiler.compiled); None: eager stages",
     )
+    eager_stages: tuple[int, ...] = Field(
+        default=(),
+        description="a compiled profile of module stages (regions): the stages measured eager, written in place at "
+        "their edges (NOTE [ In-place writes at region edges ] in profiler.regions); empty: every stage compiled",
+    )
     compile_seconds: float | None = Field(
         default=None, ge=0, description="a compiled profile: seconds its stages took to compile (first calls)"
     )
@@ -417,6 +422,10 @@ class Profile(_Frozen):
                 raise ValueError(f"storages[{k}].producer {s.producer} is outside -1..{n - 1}")
             if any(not 0 <= j < n for j in s.read_by):
                 raise ValueError(f"storages[{k}].read_by {s.read_by} names a stage outside 0..{n - 1}")
+        if self.eager_stages and (self.compile_budget is None or not self.modules):
+            raise ValueError("eager_stages belongs to a compiled profile of module stages (compile_budget set)")
+        if any(not 0 <= k < n for k in self.eager_stages):
+            raise ValueError(f"eager_stages {self.eager_stages} names a stage outside 0..{n - 1}")
         for i, st in enumerate(self.stages):
             if st.input_storages is not None and any(not 0 <= j < len(self.storages) for j in st.input_storages):
                 raise ValueError(f"stages[{i}].input_storages {st.input_storages} is out of range")

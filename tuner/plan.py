@@ -169,6 +169,12 @@ class Plan(BaseModel):
         "(NOTE [ Compiled stages ] in profiler.compiled); the plan is priced on the compiled profile of that "
         "budget. None: eager stages",
     )
+    eager_stages: tuple[int, ...] = Field(
+        default=(),
+        description="stage indices that run eager in a plan whose module stages run compiled (compile_budget set): "
+        "regions written in place at their edges (NOTE [ In-place writes at region edges ] in profiler.regions), "
+        "as the profile measured them; empty: every stage compiled",
+    )
     whole_compile: float | None = Field(
         default=None,
         ge=0.0,
@@ -204,6 +210,15 @@ class Plan(BaseModel):
             if self.conv_rule != "default" or self.conv_algos:
                 raise ValueError("a compiled plan leaves convolutions to the compiler: conv_rule must be 'default' "
                                  "and conv_algos empty when compile_budget is set")  # fmt: skip
+        if self.eager_stages:  # NOTE [ In-place writes at region edges ]
+            if self.compile_budget is None or self.stages is None:
+                raise ValueError("eager_stages names stages of a plan whose module stages run compiled: it needs "
+                                 "compile_budget and stages")  # fmt: skip
+            if any(b <= a for a, b in zip(self.eager_stages, self.eager_stages[1:], strict=False)):
+                raise ValueError("eager_stages must be strictly increasing stage indices")
+            bad = [k for k in self.eager_stages if not 0 <= k < len(self.actions)]
+            if bad:
+                raise ValueError(f"eager_stages {bad} are outside the stage range 0..{len(self.actions) - 1}")
         if self.whole_compile is not None:  # NOTE [ Whole-model compile ]: the compiler chooses what to save
             if any(a is not Action.KEEP for a in self.actions):
                 k = next(k for k, a in enumerate(self.actions) if a is not Action.KEEP)
@@ -232,6 +247,7 @@ class Plan(BaseModel):
         if profile.compile_budget is not None and plan.compile_budget is None and plan.whole_compile is None:
             plan = plan.with_(
                 compile_budget=profile.compile_budget,
+                eager_stages=profile.eager_stages if plan.stages is not None else (),
                 conv_rule="default",
                 conv_algos={},
                 conv_workspace_limit_bytes=None,
@@ -278,6 +294,16 @@ class Plan(BaseModel):
             raise PlanError(
                 f"the plan runs its stages compiled under activation budget {self.compile_budget:g} but the profile "
                 f"was measured with {made}; price it on the compiled profile of its budget"
+            )
+        if self.compile_budget is not None and profile.modules and self.eager_stages != profile.eager_stages:
+            mine, theirs = (
+                ", ".join(profile.stages[k].name for k in ks if k < n) or "none"
+                for ks in (self.eager_stages, profile.eager_stages)
+            )
+            raise PlanError(
+                f"the plan runs stages {list(self.eager_stages)} ({mine}) eager among its compiled regions but the "
+                f"profile measured {list(profile.eager_stages)} ({theirs}) so (NOTE [ In-place writes at region "
+                "edges ]); a plan is made for the regions it was tuned on"
             )
         if len(self.actions) != n:
             raise PlanError(

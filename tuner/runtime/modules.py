@@ -21,6 +21,13 @@ go to a throwaway copy and it computes what the first run computed (NOTE [ State
 
 The model's code between stages runs untouched. Outputs may be tensors, tuples, dicts or ``ModelOutput``s.
 
+A plan whose module stages run compiled (``Plan.compile_budget`` set: the stages are regions, NOTE [ Regions ] in
+``profiler.regions``) is applied the same way around each region's compiled call, but its stage modules are wrapped
+once, when the planned model is made, not at each forward (NOTE [ Regions are wrapped once ]): each region module's
+``forward`` becomes a ``profiler.regions.RegionForward`` that runs the region, compiled under the plan's activation
+budget (eager for ``Plan.eager_stages``), with the stage's action around it while this planned model steps, and the
+module's own forward otherwise. Each region compiles once, on its first planned call.
+
 NOTE [ Sharded parameters ]
 Under FSDP2 (``torch.distributed.fsdp.fully_shard`` on the stage modules and the root) a parameter outside its
 module's forward is a ``DTensor`` shard, and the module's pre-forward hook, which runs before the stage's wrapper,
@@ -36,6 +43,7 @@ them (``tests/unit/runtime/test_fsdp_plans.py``, gloo on CPU).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,6 +54,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from profiler import ProfilerError
 from profiler.chain import may_write_input
 from profiler.modules import checkpointed_call, tensor_leaves
+from profiler.regions import RegionForward, install_region
 from tuner.errors import PlanError
 from tuner.plan import Action, Plan
 from tuner.runtime.offload import StepState, resident_storage_ptrs
@@ -107,6 +116,76 @@ class PlannedModule(PlannedBase):
         super().__init__(model, plan, plan.stages, pool_bytes=pool_bytes)
         self._stages = modules
         self._clone = [may_write_input(m) if clone_stage_inputs is None else clone_stage_inputs for m in modules]
+        self._step_now: StepState | None = None
+        self._regions: list[RegionForward] = []
+        self._region_calls: dict[int, tuple[int, Callable[..., Any]]] = {}
+        #: inputs and outputs of the compiled regions run so far in this forward, with their versions (weakly held)
+        self._edges: list[tuple[int, weakref.ref[torch.Tensor], int]] = []
+        if plan.compile_budget is not None:  # NOTE [ Regions are wrapped once ] (profiler.regions)
+            self._wrap_regions(plan.compile_budget)
+
+    def _wrap_regions(self, budget: float) -> None:
+        if self.plan.stages == ("",):
+            raise PlanError(
+                "a compiled plan whose one stage is the whole model is a whole-model compile: use whole_compile "
+                "(NOTE [ Whole-model compile ])"
+            )
+        for k, m in enumerate(self._stages):
+            region = install_region(m)
+            call = region.eager if k in self.plan.eager_stages else region.compiled(budget)
+            region.attach(self)
+            self._regions.append(region)
+            self._region_calls[id(region)] = (k, call)
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a planned forward is running now (its regions then apply the plan: ``profiler.regions``)."""
+        return self._step_now is not None
+
+    def run_region(self, region: RegionForward, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Region ``region`` called inside a planned forward: its compiled (or eager) call under its action.
+
+        Raises:
+            PlanError: a compiled region's input or output was written in place (NOTE [ In-place writes at region
+                edges ]): the plan was not made from a profile of this model's regions, which runs such a region eager.
+        """
+        k, call = self._region_calls[id(region)]
+        assert self._step_now is not None
+        compiled = k not in self.plan.eager_stages
+        self._check_edges(f"before region {k} ({self.stage_names[k]})")
+        leaves = [t for t in tensor_leaves((args, kwargs))] if compiled else []
+        versions = [t._version for t in leaves]
+        out = self._stage(k, call, self._step_now)(*args, **kwargs)
+        if compiled:
+            if any(t._version != v for t, v in zip(leaves, versions, strict=True)):
+                raise self._edge_error(k, "writes its input in place")
+            self._edges.extend((k, weakref.ref(t), t._version) for t in (*leaves, *tensor_leaves(out)))
+        return out
+
+    def _check_edges(self, where: str) -> None:
+        """Raise ``PlanError`` where a compiled region's input or output still alive was written in place since."""
+        for k, ref, version in self._edges:
+            t = ref()
+            if t is not None and t._version != version:
+                self._edges.clear()
+                raise self._edge_error(k, f"has its input or output written in place after it returned ({where})")
+
+    def _edge_error(self, k: int, what: str) -> PlanError:
+        return PlanError(
+            f"region {k} ({self.stage_names[k]}) runs compiled but {what}: its compiled backward may read the "
+            "written tensor (NOTE [ In-place writes at region edges ]). Plan the model from a profile of its regions "
+            "(memtune.tune(..., compile=True) runs such a region eager: Plan.eager_stages), or keep it eager by "
+            "adding it to eager_stages"
+        )
+
+    def release(self) -> None:
+        """Give the region modules their own ``forward`` back (where no other planned model runs them): the model
+        then runs eagerly as written, and this planned model no longer applies its plan (NOTE [ Regions are wrapped
+        once ]). Nothing to do for an eager plan, which wraps its stages only during each forward."""
+        for region in self._regions:
+            region.detach(self)
+        self._regions.clear()
+        self._region_calls.clear()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
@@ -114,13 +193,23 @@ class PlannedModule(PlannedBase):
         tensors = [*self.model.parameters(), *self.model.buffers()]
         device = tensors[0].device if tensors else torch.device("cpu")
         exclude = resident_storage_ptrs([*tensors, *tensor_leaves((args, kwargs))])  # the inputs: always resident
+        if self.plan.compile_budget is not None and not self._regions:
+            raise PlanError("this planned model was released (release()); plan the model again to train with it")
         step = self._begin_step(device, exclude)
         try:
+            if self._regions:  # wrapped once (NOTE [ Regions are wrapped once ])
+                self._step_now = step
+                self._edges.clear()
+                out = self.model(*args, **kwargs)
+                self._check_edges("by the end of the forward")
+                self._edges.clear()
+                return out
             with self._wrapped(step):
                 return self.model(*args, **kwargs)
         except torch.OutOfMemoryError as exc:
             raise self._oom(exc, "forward", step.forward_stage) from exc
         finally:
+            self._step_now = None
             step.end_forward()
 
     @contextlib.contextmanager
