@@ -10,9 +10,10 @@ A results file must say what made it, so that ``python -m benchmarks.regenerate`
 reader can tell which code and which libraries measured it. Each field is what the process can know, else ``None``:
 
 * ``date``: UTC, ISO 8601 to the second.
-* ``commit``: ``git rev-parse HEAD`` of the tree this package runs from, with ``dirty`` true when tracked files
-  differ from it. A tree exported without ``.git`` (a clean export copied to a GPU host) names its commit in the
-  ``MEMTUNE_COMMIT`` environment variable; ``dirty`` is then ``None`` (unknown).
+* ``commit``: the ``MEMTUNE_COMMIT`` environment variable where it is set, ``dirty`` then ``None`` (unknown): a tree
+  copied to a GPU host names its commit so, and a ``.git`` beside such a copy may be an older one (seen: a GPU host's
+  copy whose ``.git`` still said an earlier commit). Else ``git rev-parse HEAD`` of the tree this package runs from,
+  with ``dirty`` true when tracked files differ from it.
 * ``command``: the command line as a shell would take it: ``memtune bench ...`` for the console script,
   ``python -m benchmarks.X ...`` for a module run with ``-m``.
 * ``versions``: Python, memtune, torch with its CUDA and cuDNN, Optuna, NumPy (a package not installed is left out).
@@ -40,7 +41,11 @@ _PACKAGES = ("memtune", "torch", "optuna", "numpy")
 
 
 def source_commit(root: Path = _ROOT) -> tuple[str | None, bool | None]:
-    """``(commit, dirty)`` of the git tree at ``root``; ``(MEMTUNE_COMMIT or None, None)`` where it is not one."""
+    """``(commit, dirty)``: ``(MEMTUNE_COMMIT, None)`` where that is set, else of the git tree at ``root``, else
+    ``(None, None)`` (NOTE [ Run record ])."""
+    named = os.environ.get("MEMTUNE_COMMIT")
+    if named:
+        return named, None
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=False
@@ -58,7 +63,7 @@ def source_commit(root: Path = _ROOT) -> tuple[str | None, bool | None]:
             return head.stdout.strip(), dirty
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("MEMTUNE_COMMIT") or None, None
+    return None, None
 
 
 def command_line(argv: Sequence[str] | None = None, *, module: str | None = None) -> str:

@@ -18,7 +18,8 @@ from profiler.provenance import command_line, run_of, run_record, source_commit
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_a_record_names_the_date_commit_command_and_versions_of_this_checkout() -> None:
+def test_a_record_names_the_date_commit_command_and_versions_of_this_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MEMTUNE_COMMIT", raising=False)
     run = run_record(["--batch", "2", "a b"], module="benchmarks.promises")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
     assert run["commit"] == head.stdout.strip()
@@ -34,6 +35,12 @@ def test_an_exported_tree_names_its_commit_in_the_environment(tmp_path: Path, mo
     assert source_commit(tmp_path) == (None, None)
     monkeypatch.setenv("MEMTUNE_COMMIT", "0123abc")
     assert source_commit(tmp_path) == ("0123abc", None)
+
+
+def test_a_named_commit_wins_over_a_git_tree_beside_the_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree copied to a GPU host may sit beside an older ``.git``: the commit the copy names is the one recorded."""
+    monkeypatch.setenv("MEMTUNE_COMMIT", "0123abc")
+    assert source_commit(ROOT) == ("0123abc", None)
 
 
 def test_the_console_script_is_named_by_its_file(monkeypatch: pytest.MonkeyPatch) -> None:
