@@ -112,6 +112,13 @@ GENERATED: tuple[Generated, ...] = (
         90,
     ),
     Generated(
+        "conv-workspace-check",
+        f"{_R}/conv-workspace-check.md",
+        ("benchmarks.conv_workspace_check",),
+        "cpu",
+        5,
+    ),
+    Generated(
         "modeled-check",
         f"{_R}/h100/promises/modeled-check.md",
         ("benchmarks.modeled_check", f"{_R}/h100/promises", "--trials", "100"),

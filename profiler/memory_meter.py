@@ -13,17 +13,30 @@ made on a GPU:
   reserved bytes are the allocated ones.
 
 Both count bytes allocated inside the metered code only: what was live before it is the zero.
+
+# NOTE [ GPU transients from the CPU's allocator ]
+A profile made on the CPU for a GPU reads its transients off the CPU's allocator, whose convolutions are not the
+GPU's: oneDNN copies the input and output into its own layouts inside the op, where cuDNN takes a workspace of
+about three tensors (NOTE [ GPU convolution workspaces ] in ``profiler.conv_workspace``). With ``gpu_workspaces``
+the CPU meter reads the events as the GPU would allocate them: ``torch.profiler`` also records every
+``aten::convolution`` and ``aten::convolution_backward`` call with its shapes; inside the outermost such call the
+CPU's own allocations are not counted towards the peak (what the op leaves allocated, its outputs, is), and at its
+end the GPU's modeled workspace is added on top of what is live then: its inputs, its outputs and everything
+before. Every other op is read as the CPU allocates it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["MemoryReading", "metered"]
+from profiler.conv_workspace import event_workspace_bytes
+
+__all__ = ["MemoryReading", "gpu_peak", "metered"]
 
 
 @dataclass
@@ -89,10 +102,58 @@ def _stderr_without(fragment: bytes) -> Iterator[None]:
                 os.write(2, kept)
 
 
+#: the ops whose CPU allocations a ``gpu_workspaces`` meter replaces by the GPU's workspace
+_CONVOLUTIONS = ("aten::convolution", "aten::convolution_backward")
+
+
+def gpu_peak(memory: Sequence[tuple[int, int]], ops: Sequence[tuple[int, int, int]]) -> int:
+    """The peak of the allocator's events as the GPU would allocate them (NOTE [ GPU transients from the CPU's
+    allocator ]), bytes above the start.
+
+    Args:
+        memory: ``(time ns, bytes)`` per allocation (positive) and free (negative), in time order.
+        ops: ``(start ns, end ns, workspace bytes)`` per convolution call, in time order; calls inside an earlier
+            call's span are left out.
+    """
+    held = peak = 0
+    k = 0
+    last_end = -1
+    for start, end, workspace in ops:
+        if start < last_end:  # inside the call before
+            continue
+        last_end = end
+        while k < len(memory) and memory[k][0] < start:
+            held += memory[k][1]
+            peak = max(peak, held)
+            k += 1
+        while k < len(memory) and memory[k][0] <= end:  # the CPU's own scratch: not the GPU's
+            held += memory[k][1]
+            k += 1
+        peak = max(peak, held + workspace)
+    for _, nbytes in memory[k:]:
+        held += nbytes
+        peak = max(peak, held)
+    return peak
+
+
+def _convolutions(events: Any) -> list[tuple[int, int, int]]:
+    """``(start ns, end ns, modeled GPU workspace bytes)`` of every convolution call among ``torch.profiler``'s
+    events, in time order."""
+    out = []
+    for e in events:
+        if e.name() not in _CONVOLUTIONS:
+            continue
+        workspace = event_workspace_bytes(e.name(), e.shapes(), e.dtypes(), e.concrete_inputs())
+        out.append((e.start_ns(), e.end_ns(), workspace or 0))
+    return sorted(out)
+
+
 @contextmanager
-def metered(device: torch.device) -> Iterator[MemoryReading]:
+def metered(device: torch.device, *, gpu_workspaces: bool = False) -> Iterator[MemoryReading]:
     """Meter the allocations of the code in the block on ``device`` (``cpu`` or a CUDA device); NOTE [ Allocator
-    meters ].
+    meters ]. On the CPU, ``gpu_workspaces`` reads the peak as a GPU would allocate it: each convolution's own
+    allocations replaced by the GPU's modeled workspace (NOTE [ GPU transients from the CPU's allocator ]); what
+    the code leaves allocated is the same either way. On CUDA it changes nothing.
 
     Example::
 
@@ -117,7 +178,7 @@ def metered(device: torch.device) -> Iterator[MemoryReading]:
         raise ValueError(f"metered measures cpu or cuda memory, not {device}")
     from torch.profiler import ProfilerActivity, profile
 
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=gpu_workspaces)
     with _quiet_stderr():  # Kineto writes two log lines (profiler_start, profiler_stop) to standard error
         prof.start()
     try:
@@ -128,14 +189,12 @@ def metered(device: torch.device) -> Iterator[MemoryReading]:
             prof.stop()
     # NOTE: ``_KinetoEvent.nbytes`` (an allocation's size, negative for a free) exists in torch 2.11 and 2.13; the
     # stubs do not list it
+    recorded = list(prof.profiler.kineto_results.events())  # type: ignore[union-attr]
     events = sorted(
-        (e.start_ns(), e.nbytes())  # type: ignore[union-attr]
-        for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+        (e.start_ns(), e.nbytes())  # type: ignore[attr-defined]
+        for e in recorded
         if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
     )
-    held = peak = 0
-    for _, nbytes in events:
-        held += nbytes
-        peak = max(peak, held)
+    peak = gpu_peak(events, _convolutions(recorded) if gpu_workspaces else ())
     reading.peak_bytes = reading.peak_reserved_bytes = peak
-    reading.end_bytes = held
+    reading.end_bytes = sum(nbytes for _, nbytes in events)

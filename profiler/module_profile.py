@@ -194,6 +194,7 @@ class _StageRun:
         dtype: str,
         device: torch.device,
         autocast_dtype: torch.dtype | None = None,
+        gpu_workspaces: bool = False,
     ) -> None:
         self.module = module
         self.inputs = inputs
@@ -207,6 +208,7 @@ class _StageRun:
         self.dtype = dtype
         self.device = device
         self.autocast_dtype = autocast_dtype  # NOTE [ A stage runs under the autocast it was called in ]
+        self.gpu_workspaces = gpu_workspaces  # NOTE [ GPU transients from the CPU's allocator ]
         self.clone = may_write_input(module)
         self.input_grads: tuple[GradStorage | None, ...] = ()
 
@@ -295,8 +297,9 @@ class _StageRun:
     def _transients(self, mode: _Mode) -> tuple[int, int]:
         """Forward transient above what was live before and after it; backward's peak above what was live before it
         and the gradients it makes, the outputs' gradients made inside it (as ``chained_backward_bytes``). Read off
-        the allocator on CUDA and on the CPU alike (NOTE [ Allocator meters ])."""
-        with metered(self.device) as fwd:
+        the allocator on CUDA and on the CPU alike (NOTE [ Allocator meters ]); on the CPU for a GPU, with the GPU's
+        convolution workspaces (NOTE [ GPU transients from the CPU's allocator ])."""
+        with metered(self.device, gpu_workspaces=self.gpu_workspaces) as fwd:
             outs = self.forward(mode=mode)
         fwd_ws = max(0, fwd.peak_bytes - max(0, fwd.end_bytes))
         if not (outs and self.wrt):
@@ -305,7 +308,7 @@ class _StageRun:
         # in a step nothing else holds the outputs through the backward: one that only the stage saves (an in-place
         # ReLU's) is freed by its first backward node (NOTE [ Gradient storages ])
         del outs
-        with metered(self.device) as bwd:
+        with metered(self.device, gpu_workspaces=self.gpu_workspaces) as bwd:
             grads = torch.autograd.grad(total, self.wrt, allow_unused=True)
         # the gradients' own bytes, as the simulator makes them; the rest of a storage they are views of is the
         # backward's transient (NOTE [ Gradient storages ])
@@ -492,6 +495,7 @@ def profile_module(
     repeats: int = 5,
     progress: ProgressFn | None = None,
     output_held: bool = True,
+    transients: Literal["gpu", "cpu"] = "gpu",
 ) -> Profile:
     """Measure a profile of any ``nn.Module`` on the device its parameters are on (NOTE [ Module stages ]).
 
@@ -510,6 +514,10 @@ def profile_module(
         output_held: whether the training loop holds the model's output until its backward ends (``out = model(x);
             loss(out).backward()``): the worst case, and the default. False when it drops it first
             (``model(x).loss.backward()``); NOTE [ Held output ] in ``tuner.simulator``.
+        transients: on the CPU, whose memory the transients and the step's peak describe: ``gpu``, the GPU's (the
+            CPU allocator's events with each convolution's own allocations replaced by the GPU's modeled workspace,
+            NOTE [ GPU transients from the CPU's allocator ] in ``profiler.memory_meter``), or ``cpu``, the CPU's
+            own (to check the simulator against the CPU's allocator). On CUDA every transient is measured: ``gpu``.
 
     Returns:
         A ``Profile`` with ``stages_from="modules"``: stage names are the modules' qualified names.
@@ -527,6 +535,12 @@ def profile_module(
         raise ProfilerError("example_inputs hold no batched tensor; the first tensor's first dimension is the batch")
     dev = _device_of(model, inputs)
     identity, spec = _identity(dev, gpu)
+    if transients not in ("gpu", "cpu") or (transients == "cpu" and dev.type != "cpu"):
+        raise ProfilerError(
+            f"transients={transients!r}: a profile keeps the GPU's transients ('gpu'), or on the CPU the CPU's own "
+            "('cpu')"
+        )
+    gpu_workspaces = dev.type == "cpu" and transients == "gpu"
     loss = loss_fn or default_loss
     with _left_as_found(model, dev):
         model.train()
@@ -541,7 +555,7 @@ def profile_module(
         timings: list[_Timing] = []
         for k, m in enumerate(modules):
             captured, autocast_dtype = _capture(model, m, inputs, _autocast(dev, dtype), dev)
-            run = _StageRun(m, captured, trace.input_grad[k], dtype, dev, autocast_dtype)
+            run = _StageRun(m, captured, trace.input_grad[k], dtype, dev, autocast_dtype, gpu_workspaces)
             timings.append(run.time(*rounds))
             del captured, run
             if progress is not None:
@@ -552,8 +566,8 @@ def profile_module(
         if spec is not None:  # the GPU's roofline, not the CPU's clock (NOTE [ Modeled module profiles ])
             counted = count_module_step(model, inputs, modules, trace.input_grad, loss, dtype)
             timings, step_ms = modeled_timings(timings, counted, spec, dtype)
-        step_peak = _step_peak(model, inputs, loss, dtype, dev, output_held)
-        tail = _loss_backward_bytes(model, modules[-1], inputs, loss, dtype, dev)
+        step_peak = _step_peak(model, inputs, loss, dtype, dev, output_held, gpu_workspaces)
+        tail = _loss_backward_bytes(model, modules[-1], inputs, loss, dtype, dev, gpu_workspaces)
     _gradient_storages(trace, [t.input_grads for t in timings])
     table, remap, input_bytes = _table(trace)
     first_saver = [
@@ -726,11 +740,13 @@ def _step_peak(
     dtype: str,
     dev: torch.device,
     output_held: bool,
+    gpu_workspaces: bool = False,
 ) -> StepPeak:
     """The unplanned step's peak read off the allocator (NOTE [ Allocator meters ]): forward, loss and ``backward()``
     as a training loop runs them (gradients accumulated into ``.grad``, a tied weight's in place, NOTE [ Tied
     weights ]), the output held through the backward or dropped before it as ``output_held`` says. The parameters'
-    ``.grad`` are restored after."""
+    ``.grad`` are restored after. ``gpu_workspaces``: on the CPU, read as the GPU would allocate it (NOTE [ GPU
+    transients from the CPU's allocator ])."""
     params = [p for p in model.parameters() if p.requires_grad]
     kept = [p.grad for p in params]
     for p in params:
@@ -739,7 +755,7 @@ def _step_peak(
     if dev.type == "cuda":
         torch.cuda.empty_cache()  # the reserved peak is this step's, not an earlier cache's
     try:
-        with metered(dev) as reading:
+        with metered(dev, gpu_workspaces=gpu_workspaces) as reading:
             with _autocast(dev, dtype):
                 out = call_model(model, inputs)
             loss = loss_fn(out)
@@ -765,6 +781,7 @@ def _loss_backward_bytes(
     loss_fn: Callable[[Any], torch.Tensor],
     dtype: str,
     dev: torch.device,
+    gpu_workspaces: bool = False,
 ) -> int:
     """``Profile.loss_backward_bytes``: the peak of the backward from the loss to the last stage's output above what
     was live before it and that output's gradient, bytes, read off the allocator (NOTE [ Allocator meters ])."""
@@ -782,7 +799,7 @@ def _loss_backward_bytes(
     loss = loss_fn(out)
     if not got:
         return 0
-    with metered(dev) as reading:
+    with metered(dev, gpu_workspaces=gpu_workspaces) as reading:
         grads = torch.autograd.grad(loss, got[:1], allow_unused=True)
     made = sum(g.untyped_storage().nbytes() for g in grads if g is not None)
     got.clear()

@@ -46,7 +46,10 @@ Priced together, every offload looked free beside its stage and plans were almos
 
 The copies stay ``GPUSpec.transfer_ms`` of each stage's saved bytes; bytes (saved, outputs, parameters) are the
 CPU's, the same as a GPU's for the same dtype except where a kernel saves differently on CUDA (NOTE [ Saved
-storages ]). The roofline's host constants are those of the machines it was fitted on.
+storages ]). The transients (each stage's workspace, the loss's backward, the unplanned step's peak) are the CPU
+allocator's read as the GPU would allocate them: each convolution's own scratch replaced by the GPU's modeled
+cuDNN workspace (NOTE [ GPU transients from the CPU's allocator ] in ``profiler.memory_meter``). The roofline's host
+constants are those of the machines it was fitted on.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ the batch, which were resident before the step. Each model is checked with its o
 (``out = model(x); loss(out).backward()``) and dropped before it (``model(x).loss.backward()``): NOTE [ Held output ]
 in ``tuner.simulator``. The language models have a vocabulary large enough for the logits to dominate, as in real
 ones, so that a missing logits tensor shows; their configurations are the defaults otherwise (dropout, caches on).
+The profiles keep the CPU's own transients (``transients="cpu"``), not the GPU's convolution workspaces a profile
+for a GPU models (NOTE [ GPU transients from the CPU's allocator ] in ``profiler.memory_meter``): the oracle is the
+CPU's allocator.
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ def test_simulated_unplanned_peak_matches_the_allocator(name: str, held: bool) -
     torch.manual_seed(0)
     model, inputs, loss_fn = CASES[name]()
     model.train()
-    profile = profile_module(model, inputs, loss_fn=loss_fn, warmup=0, repeats=1, output_held=held)
+    profile = profile_module(model, inputs, loss_fn=loss_fn, warmup=0, repeats=1, output_held=held, transients="cpu")
     sim = simulate(profile, Plan.uniform(profile.n_stages, Action.KEEP), optimizer="none")
     predicted = sim.peak_bytes - sim.base_bytes
     measured = allocator_peak(model, inputs, loss_fn, held=held)
@@ -122,7 +125,7 @@ def test_a_recompute_plan_lowers_the_peak_the_allocator_sees() -> None:
     torch.manual_seed(0)
     model, inputs, loss_fn = CASES["llama"]()
     model.train()
-    profile = profile_module(model, inputs, loss_fn=loss_fn, warmup=0, repeats=1, output_held=False)
+    profile = profile_module(model, inputs, loss_fn=loss_fn, warmup=0, repeats=1, output_held=False, transients="cpu")
     actions = [Action.RECOMPUTE if ".layers." in s.name else Action.KEEP for s in profile.stages]
     plan = Plan.from_actions(actions).named(profile)
     sim = simulate(profile, plan, optimizer="none")
@@ -143,7 +146,7 @@ def test_a_selective_decoder_block_holds_its_skip_gradients_storage() -> None:
     torch.manual_seed(0)
     model, x = UNet(width=16), torch.randn(2, 3, 64, 64)
     model.train()
-    profile = profile_module(model, x, loss_fn=mean_square, warmup=0, repeats=1, output_held=False)
+    profile = profile_module(model, x, loss_fn=mean_square, warmup=0, repeats=1, output_held=False, transients="cpu")
     skip = next(s for s in profile.storages if s.grad_storage_bytes)
     assert skip.producer == 0 and skip.grad_storage_bytes == 2 * skip.grad_bytes
     codes = {"k": Action.KEEP, "r": Action.RECOMPUTE, "s": Action.SELECTIVE}
