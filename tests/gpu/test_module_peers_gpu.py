@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from tuner.runtime.module_bench import measure_step
-from tuner.runtime.module_peers import applicable_peers, applied, measure_peers
+from tuner.runtime.module_peers import applicable_peers, applied
+from tuner.runtime.peer_measure import measure_peers
 
 pytestmark = [
     pytest.mark.gpu,

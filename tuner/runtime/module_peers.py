@@ -1,4 +1,5 @@
-"""The peers of a module model: which of the ways a user could train it in less memory apply to it, and each measured.
+"""The peers of a module model: which of the ways a user could train it in less memory apply to it, and how each is
+applied (``tuner.runtime.peer_measure`` measures them).
 
 # NOTE [ Module peers ]
 A peer is applied to the user's model as the user would apply it, with no profile and no search (NOTE [ Peers ] in
@@ -28,68 +29,47 @@ A peer is applied to the user's model as the user would apply it, with no profil
 
 A peer that does not apply carries its reason; one that fails (an out-of-memory, a compile error, an in-place write at
 a segment boundary) carries its error as its result.
-
-# NOTE [ Peer measurement ]
-Each peer trains ``warmup`` + ``steps`` steps of the caller's batch in this process: forward, loss, backward and the
-optimizer's update (SGD with momentum, or AdamW) at a learning rate of 0, so the update's kernels and state are there
-and the parameters are left as they were; the buffers (running statistics) are restored after each peer. The first
-step's wall seconds (``first_step_s``) include compiling. On CUDA: the median of the timed steps by CUDA events, the
-peak bytes allocated and reserved (``max_memory_allocated``/``max_memory_reserved``, reset after the warm-up: the
-whole process's, as ``tuner.runtime.module_bench.measure_step`` reports the unplanned step), and the allocator's
-retries per step. On the CPU (tests): wall-clock ms and the peak the CPU allocator's events give above what was live
-before the timed steps (``profiler.memory_meter.metered``); reserved equals allocated there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
-import math
-import statistics
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint_sequential
 
 from profiler import find_stages
 from profiler.chain import may_write_input
-from profiler.memory_meter import metered
-from profiler.module_profile import as_inputs, default_loss
-from profiler.modules import call_model
+from profiler.module_profile import as_inputs
 from tuner.runtime.peers import OffloadActivations, compiled_model
+from tuner.runtime.sequential_chain import (
+    MIN_SEQUENCE,
+    ChainLink,
+    CheckpointChain,
+    CheckpointSequential,
+    default_segments,
+    largest_sequential,
+    plain_sequential,
+    swapped,
+    trace_chain,
+)
 
 __all__ = [
     "COMPILER_SWEEP",
-    "ChainLink",
     "ModulePeer",
     "PeerFamily",
     "applicable_peers",
     "applied",
-    "default_segments",
-    "measure_peers",
+    "buffers_kept",
 ]
 
 #: the compiler's activation budgets a module's peers sweep by default: 0, 0.1, ..., 1
 COMPILER_SWEEP: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 
 PeerFamily = Literal["compiler", "hf_checkpointing", "checkpoint_sequential", "offload_activations"]
-Loss = Callable[[Any], torch.Tensor]
-Progress = Callable[[int, int, str], None]
-
-_MIN_SEQUENCE = 3  # modules: checkpoint_sequential with one segment checkpoints nothing
-
-
-@dataclass(frozen=True)
-class ChainLink:
-    """One module of a ``checkpoint_sequential`` chain: its qualified name in the model (``""`` the model itself) and
-    the shape its input is reshaped to first (None: taken as it comes)."""
-
-    module: str
-    reshape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -159,7 +139,7 @@ def applicable_peers(
     if segments is not None and segments < 2:
         raise ValueError(f"segments: checkpoint_sequential needs at least 2 segments to checkpoint any, not {segments}")
     inputs = as_inputs(example_inputs)
-    with _buffers_kept(model):  # a traced forward in training mode updates running statistics
+    with buffers_kept(model):  # a traced forward in training mode updates running statistics
         sequential = _sequential_peer(model, inputs, stages, segments)
     return [
         *_compiler_peers(model, compiler_budgets),
@@ -170,7 +150,7 @@ def applicable_peers(
 
 
 @contextlib.contextmanager
-def _buffers_kept(model: nn.Module) -> Iterator[None]:
+def buffers_kept(model: nn.Module) -> Iterator[None]:
     """The model's buffers (running statistics, step counters) as they were before the block, after it."""
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
@@ -228,23 +208,14 @@ def _hf_peer(model: nn.Module) -> ModulePeer:
     return ModulePeer(name, "hf_checkpointing", True, note, target=where)
 
 
-def default_segments(n: int) -> int:
-    """``checkpoint_sequential``'s segments over ``n`` modules: round(sqrt(n)), at least 2 (Chen et al.)."""
-    return max(2, round(math.sqrt(n)))
-
-
-def _plain_sequential(m: nn.Module) -> bool:
-    return isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward
-
-
 def _sequential_peer(
     model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]], stages: Sequence[str] | None, segments: int | None
 ) -> ModulePeer:
     name = "checkpoint_sequential"
-    if isinstance(model, nn.Sequential) and _plain_sequential(model):
+    if isinstance(model, nn.Sequential) and plain_sequential(model):
         n = len(model)
-        if n < _MIN_SEQUENCE:
-            why = f"the model is an nn.Sequential of {n} module(s); checkpoint_sequential needs {_MIN_SEQUENCE} or more"
+        if n < MIN_SEQUENCE:
+            why = f"the model is an nn.Sequential of {n} module(s); checkpoint_sequential needs {MIN_SEQUENCE} or more"
             return ModulePeer(name, "checkpoint_sequential", False, why)
         segs = segments or default_segments(n)
         return ModulePeer(
@@ -256,8 +227,8 @@ def _sequential_peer(
     except Exception as exc:  # the stages cannot be found: look for a sequence inside the model only
         names, chain_why = [], f"its stages cannot be found ({exc})"
     else:
-        chain, chain_why = _trace_chain(model, inputs, names)
-        if chain is not None and len(chain) >= _MIN_SEQUENCE:
+        chain, chain_why = trace_chain(model, inputs, names)
+        if chain is not None and len(chain) >= MIN_SEQUENCE:
             segs = segments or default_segments(len(chain))
             reshaped = sum(1 for c in chain if c.reshape is not None)
             views = f", {reshaped} input(s) reshaped as the model does" if reshaped else ""
@@ -267,8 +238,8 @@ def _sequential_peer(
                 chain=tuple(chain),
             )  # fmt: skip
         if chain is not None:
-            chain_why = f"its {len(chain)} stage(s) chain one tensor, fewer than {_MIN_SEQUENCE}"
-    inner, inner_why = _largest_sequential(model, inputs)
+            chain_why = f"its {len(chain)} stage(s) chain one tensor, fewer than {MIN_SEQUENCE}"
+    inner, inner_why = largest_sequential(model, inputs)
     if inner is not None:
         where, n = inner
         segs = segments or default_segments(n)
@@ -278,150 +249,6 @@ def _sequential_peer(
             f"calls with one tensor, swapped in place: {segs} segments", segments=segs, target=where,
         )  # fmt: skip
     return ModulePeer(name, "checkpoint_sequential", False, f"{chain_why}, and {inner_why}")
-
-
-class _ChainCheck:
-    """Checks, stage by stage in a traced forward, that the stages chain one tensor; holds only the last output."""
-
-    def __init__(self, x: torch.Tensor, names: list[str]) -> None:
-        self.order = {n: i for i, n in enumerate(names)}
-        self.names = names
-        self.next = 0  # the stage expected next
-        self.prev: torch.Tensor | None = x
-        self.prev_version = x._version
-        self.links: list[ChainLink] = []
-        self.why = ""
-
-    def fail(self, why: str) -> None:
-        if not self.why:
-            self.why = why
-        self.prev = None
-
-    def before(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.why:
-            return
-        if self.order[name] != self.next:
-            self.fail(f"stage {name!r} runs again or out of order")
-            return
-        if kwargs or len(args) != 1:
-            self.fail(f"stage {name!r} is called with {len(args)} positional and {len(kwargs)} keyword arguments")
-            return
-        assert self.prev is not None
-        ok, shape = _link(self.prev, args[0], self.prev_version)
-        if not ok:
-            before = f"stage {self.links[-1].module!r}" if self.links else "the model's input"
-            self.fail(f"stage {name!r} does not take the tensor {before} handed on, as it was")
-            return
-        self.links.append(ChainLink(name, shape))
-
-    def after(self, name: str, out: Any) -> None:
-        if self.why:
-            return
-        if not isinstance(out, torch.Tensor):
-            self.fail(f"stage {name!r} returns {type(out).__name__}, not one tensor")
-            return
-        self.prev, self.prev_version = out, out._version
-        self.next += 1
-
-    def result(self, out: Any) -> tuple[list[ChainLink] | None, str]:
-        if not self.why and self.next != len(self.names):
-            self.fail(f"stage {self.names[self.next]!r} did not run")
-        if not self.why and not isinstance(out, torch.Tensor):
-            self.fail(f"the model returns {type(out).__name__}, not one tensor")
-        if not self.why:
-            assert self.prev is not None
-            ok, shape = _link(self.prev, out, self.prev_version)
-            if not ok or shape is not None:
-                self.fail("the model does not return its last stage's output as it was")
-        self.prev = None
-        return (None, self.why) if self.why else (self.links, "")
-
-
-def _same_data(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """``b`` is ``a`` reshaped as a view: the same storage from the same offset, both contiguous, as many elements."""
-    return (
-        a.dtype == b.dtype
-        and a.numel() == b.numel()
-        and a.is_contiguous()
-        and b.is_contiguous()
-        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-        and a.storage_offset() == b.storage_offset()
-    )
-
-
-def _link(prev: torch.Tensor, got: Any, prev_version: int) -> tuple[bool, tuple[int, ...] | None]:
-    """Whether ``got`` is ``prev`` handed on unchanged since it was made (and the shape it was reshaped to, if so)."""
-    if not isinstance(got, torch.Tensor) or got._version != prev_version:
-        return False, None
-    if got is prev:
-        return True, None
-    if _same_data(prev, got):
-        return True, tuple(got.shape)
-    return False, None
-
-
-def _trace_chain(
-    model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]], names: list[str]
-) -> tuple[list[ChainLink] | None, str]:
-    """The model's stages as a chain of one tensor (NOTE [ Module peers ]), or None and the first reason they are
-    not."""
-    args, kwargs = inputs
-    if kwargs or len(args) != 1 or not isinstance(args[0], torch.Tensor):
-        return None, "the model is not called with one tensor"
-    if names == [""]:
-        return None, "the model has no stages below itself"
-    check = _ChainCheck(args[0], names)
-    handles = []
-    for n in names:
-        m = model.get_submodule(n)
-
-        def pre(_m: nn.Module, a: tuple[Any, ...], kw: dict[str, Any], n: str = n) -> None:
-            check.before(n, a, kw)
-
-        def post(_m: nn.Module, _a: tuple[Any, ...], _kw: dict[str, Any], out: Any, n: str = n) -> None:
-            check.after(n, out)
-
-        handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(m.register_forward_hook(post, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            out = call_model(model, inputs)
-    finally:
-        for h in handles:
-            h.remove()
-    return check.result(out)
-
-
-def _largest_sequential(
-    model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]]
-) -> tuple[tuple[str, int] | None, str]:
-    """The plain ``nn.Sequential`` of three or more modules inside ``model`` that it calls once with one tensor and
-    that holds the most parameters (qualified name, length), or None and why there is none."""
-    candidates = {n: m for n, m in model.named_modules() if n and _plain_sequential(m) and len(m) >= _MIN_SEQUENCE}
-    if not candidates:
-        return None, f"it holds no nn.Sequential of {_MIN_SEQUENCE} or more modules"
-    seen: dict[str, list[int]] = {n: [0, 0] for n in candidates}  # calls, calls with one tensor and nothing else
-    handles = []
-    for n, m in candidates.items():
-
-        def hook(_m: nn.Module, a: tuple[Any, ...], kw: dict[str, Any], n: str = n) -> None:
-            seen[n][0] += 1
-            seen[n][1] += int(not kw and len(a) == 1 and isinstance(a[0], torch.Tensor))
-
-        handles.append(m.register_forward_pre_hook(hook, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            call_model(model, inputs)
-    finally:
-        for h in handles:
-            h.remove()
-    fit = [n for n, (calls, one) in seen.items() if calls == 1 and one == 1]
-    fit = [n for n in fit if not any(n.startswith(o + ".") for o in fit)]  # the outermost
-    if not fit:
-        return None, f"no nn.Sequential of {_MIN_SEQUENCE} or more modules inside it runs once with one tensor"
-    size = {n: sum(p.numel() for p in candidates[n].parameters()) for n in fit}
-    best = max(fit, key=lambda n: (size[n], len(candidates[n])))
-    return (best, len(candidates[best])), ""
 
 
 def _offload_peer(model: nn.Module, on_cpu: bool) -> ModulePeer:
@@ -449,56 +276,6 @@ class _Within(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with self._ctx():
             return self.__dict__["_model"](*args, **kwargs)
-
-
-class _CheckpointChain(nn.Module):
-    """``checkpoint_sequential`` over the modules of a chain (each input reshaped as the model reshapes it)."""
-
-    def __init__(self, model: nn.Module, chain: Sequence[ChainLink], segments: int) -> None:
-        super().__init__()
-        steps: list[Callable[[torch.Tensor], torch.Tensor]] = []
-        for link in chain:
-            m = model.get_submodule(link.module)
-            steps.append(m if link.reshape is None else _reshaped(m, link.reshape))
-        object.__setattr__(self, "_steps", steps)
-        self.segments = segments
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = checkpoint_sequential(self.__dict__["_steps"], self.segments, x, use_reentrant=False)
-        return out
-
-
-def _reshaped(m: nn.Module, shape: tuple[int, ...]) -> Callable[[torch.Tensor], torch.Tensor]:
-    def run(x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = m(x.reshape(shape))
-        return out
-
-    return run
-
-
-class _CheckpointSequential(nn.Module):
-    """An ``nn.Sequential`` run by ``checkpoint_sequential``, swapped in for it."""
-
-    def __init__(self, seq: nn.Sequential, segments: int) -> None:
-        super().__init__()
-        self.seq = seq
-        self.segments = segments
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = checkpoint_sequential(self.seq, self.segments, x, use_reentrant=False)
-        return out
-
-
-@contextlib.contextmanager
-def _swapped(model: nn.Module, where: str, replacement: nn.Module) -> Iterator[None]:
-    parent_name, _, attr = where.rpartition(".")
-    parent = model.get_submodule(parent_name)
-    original = getattr(parent, attr)
-    setattr(parent, attr, replacement)
-    try:
-        yield
-    finally:
-        setattr(parent, attr, original)
 
 
 @contextlib.contextmanager
@@ -537,169 +314,12 @@ def applied(model: nn.Module, peer: ModulePeer) -> Iterator[nn.Module]:
     else:
         assert peer.segments is not None
         if peer.chain:
-            yield _CheckpointChain(model, peer.chain, peer.segments)
+            yield CheckpointChain(model, peer.chain, peer.segments)
         elif not peer.target:
             assert isinstance(model, nn.Sequential)
-            yield _CheckpointSequential(model, peer.segments)
+            yield CheckpointSequential(model, peer.segments)
         else:
             seq = model.get_submodule(peer.target)
             assert isinstance(seq, nn.Sequential)
-            with _swapped(model, peer.target, _CheckpointSequential(seq, peer.segments)):
+            with swapped(model, peer.target, CheckpointSequential(seq, peer.segments)):
                 yield model
-
-
-# ---- measuring them ------------------------------------------------------------------------------------------------
-
-
-def measure_peers(
-    model: nn.Module,
-    example_inputs: Any,
-    *,
-    loss_fn: Loss | None = None,
-    peers: Sequence[ModulePeer] | None = None,
-    compiler_budgets: Sequence[float] = COMPILER_SWEEP,
-    optimizer: Literal["sgd", "adam"] = "sgd",
-    warmup: int = 3,
-    steps: int = 10,
-    output_held: bool = False,
-    progress: Progress | None = None,
-) -> list[dict[str, Any]]:
-    """Measure each peer of ``model`` that applies (NOTE [ Peer measurement ]): one JSON-ready dict per peer, in the
-    order of ``peers``, with its ``ModulePeer`` fields and, where it ran, ``step_ms``, ``peak_bytes``,
-    ``reserved_bytes``, ``alloc_retries_per_step`` (CUDA) and ``first_step_s``, or ``error`` (``out of memory: ...``
-    for an out-of-memory); a peer that does not apply is listed with its reason and no measurement.
-
-    Args:
-        model: the model on its device (CUDA; the CPU for tests), in the mode it trains in.
-        example_inputs: its batch (a tensor, a tuple, a dict, or ``(args, kwargs)``).
-        loss_fn: the loss over the model's output (default ``profiler.module_profile.default_loss``).
-        peers: the peers (default ``applicable_peers(model, example_inputs, compiler_budgets=...)``).
-        compiler_budgets: the compiler's sweep when ``peers`` is None.
-        optimizer: ``sgd`` (momentum) or ``adam`` (AdamW), at a learning rate of 0.
-        warmup, steps: untimed steps (the first compiles) and timed steps per peer.
-        output_held: the loop holds the model's output until its backward ends.
-        progress: called with (peers done, peers to run, name) before each peer that runs, and at the end.
-
-    Raises:
-        ValueError: ``steps`` below 1, ``warmup`` below 0, or an unknown optimizer.
-    """
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"steps must be at least 1 and warmup at least 0, not {steps} and {warmup}")
-    if optimizer not in ("sgd", "adam"):
-        raise ValueError(f"optimizer must be 'sgd' or 'adam', not {optimizer!r}")
-    chosen = (
-        list(peers) if peers is not None else applicable_peers(model, example_inputs, compiler_budgets=compiler_budgets)
-    )
-    loss = loss_fn or default_loss
-    args = as_inputs(example_inputs)
-    runs = [p for p in chosen if p.applies]
-    rows: list[dict[str, Any]] = []
-    done = 0
-    for peer in chosen:
-        row = peer.to_dict()
-        if peer.applies:
-            if progress is not None:
-                progress(done, len(runs), peer.name)
-            row.update(_measure_one(model, peer, args, loss, optimizer, warmup, steps, output_held))
-            done += 1
-        rows.append(row)
-    if progress is not None:
-        progress(done, len(runs), "done")
-    return rows
-
-
-def _error_text(exc: BaseException) -> str:
-    if isinstance(exc, torch.OutOfMemoryError):
-        return "out of memory: " + str(exc).split(" If reserved but unallocated")[0].strip()[:400]
-    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {first}"
-
-
-def _measure_one(
-    model: nn.Module,
-    peer: ModulePeer,
-    args: tuple[tuple[Any, ...], dict[str, Any]],
-    loss: Loss,
-    optimizer: str,
-    warmup: int,
-    steps: int,
-    output_held: bool,
-) -> dict[str, Any]:
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt: torch.optim.Optimizer = (
-        torch.optim.AdamW(params, lr=0.0) if optimizer == "adam" else torch.optim.SGD(params, lr=0.0, momentum=0.9)
-    )
-    try:
-        with _buffers_kept(model), applied(model, peer) as run:
-
-            def step() -> None:
-                opt.zero_grad(set_to_none=True)
-                out = call_model(run, args)
-                value = loss(out)
-                if not output_held:
-                    del out
-                value.backward()
-                opt.step()
-
-            return _timed(step, device, warmup, steps)
-    except Exception as exc:  # an out-of-memory, a compile error, an in-place write at a segment edge: the result
-        return {"error": _error_text(exc)}
-    finally:
-        opt.zero_grad(set_to_none=True)
-        opt.state.clear()
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.empty_cache()
-
-
-def _timed(step: Callable[[], None], device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
-    cuda = device.type == "cuda"
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
-    retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if cuda else 0
-    began = time.perf_counter()
-    step()
-    sync()
-    first_s = time.perf_counter() - began
-    for _ in range(max(0, warmup - 1)):
-        step()
-    sync()
-    times: list[float] = []
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-        for _ in range(steps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(float(start.elapsed_time(end)))
-        peak, reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
-        total = max(1, warmup) + steps
-        retried = (torch.cuda.memory_stats(device).get("num_alloc_retries", 0) - retries) / total
-        return {
-            "step_ms": statistics.median(times),
-            "peak_bytes": peak,
-            "reserved_bytes": reserved,
-            "alloc_retries_per_step": retried,
-            "first_step_s": round(first_s, 3),
-        }
-    with metered(device) as reading:
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return {
-        "step_ms": statistics.median(times),
-        "peak_bytes": reading.peak_bytes,
-        "reserved_bytes": reading.peak_reserved_bytes,
-        "first_step_s": round(first_s, 3),
-    }

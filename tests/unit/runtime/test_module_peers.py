@@ -1,7 +1,7 @@
-"""The peers of a module model (NOTE [ Module peers ] in ``tuner.runtime.module_peers``): which apply and why not, that
-each one applied keeps the model's math and leaves the model as it was, and their measurement on the CPU
-(``checkpoint_sequential``, Hugging Face checkpointing, activation offload through the CPU copy path; the compiler's
-sweep under CPU inductor in the slow test)."""
+"""The peers of a module model (NOTE [ Module peers ] in ``tuner.runtime.module_peers``, NOTE [ Peer measurement ] in
+``tuner.runtime.peer_measure``): which apply and why not, that each one applied keeps the model's math and leaves the
+model as it was, and their measurement on the CPU (``checkpoint_sequential``, Hugging Face checkpointing, activation
+offload through the CPU copy path; the compiler's sweep under CPU inductor in the slow test)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from tuner.runtime.module_peers import (
-    COMPILER_SWEEP,
-    ChainLink,
-    ModulePeer,
-    applicable_peers,
-    applied,
-    measure_peers,
-)
+from tuner.runtime.module_peers import COMPILER_SWEEP, ModulePeer, applicable_peers, applied
+from tuner.runtime.peer_measure import measure_peers
+from tuner.runtime.sequential_chain import ChainLink
 
 
 class _Chain(nn.Module):
