@@ -395,9 +395,11 @@ def _factory_bench(
     warmup: int,
     json_out: Path | None,
     run: dict[str, Any],
+    peer_budgets: list[float] | None = None,
 ) -> None:
-    """``memtune bench`` for a factory model: NOTE [ Module bench ] at ``budget`` (a fraction of the peak); ``run``
-    is the NOTE [ Run record ] its JSON carries."""
+    """``memtune bench`` for a factory model: NOTE [ Module bench ] at ``budget`` (a fraction of the peak), then the
+    model's peers with ``peer_budgets`` as the compiler's sweep (None: no peers; NOTE [ Module peers ]); ``run`` is
+    the NOTE [ Run record ] its JSON carries."""
     import torch
 
     from profiler import build_factory
@@ -427,6 +429,11 @@ def _factory_bench(
         with err.status("measuring") as status:
             row = bench_module(net, x, stages=stages, fraction=fraction, trials=trials, warmup=warmup, steps=iters,
                                progress=lambda what: status.update(f"measuring: {what}"))  # fmt: skip
+            if peer_budgets is not None:
+                from api.cli_peers import bench_peers
+
+                row["peers"] = bench_peers(net, x, peer_budgets, warmup=warmup, steps=iters, stages=stages,
+                                           progress=lambda what: status.update(f"measuring peer: {what}"))  # fmt: skip
     except (ProfilerError, TunerError, ValueError) as exc:
         raise _fail(str(exc)) from exc
     row = {"model": model, "batch": batch, **row, "run": run}
@@ -445,6 +452,10 @@ def _factory_bench(
             name, f"{r['step_ms']:.2f}", f"{r['peak_bytes'] / GiB:.2f}", "-" if retries is None else f"{retries:.2f}"
         )
     out.print(table)
+    if "peers" in row:
+        from api.cli_peers import peer_table
+
+        out.print(peer_table(row["peers"], row.get("unplanned"), f"peers of {model} batch {batch}"))
     if "error" in row:
         raise _fail(f"{row['error']} within {fraction:.0%} of the measured peak", code=1)
     out.print(
@@ -1160,6 +1171,13 @@ def bench(
     offload_peer: Annotated[
         bool, typer.Option(help="also measure activation offload on a side stream (torchtune's manner)")
     ] = False,
+    peers: Annotated[
+        bool,
+        typer.Option(
+            help="a factory model: also measure its peers, uncapped: the compiler's sweep (--compiler-sweep, default "
+            "0,0.1,...,1), Hugging Face checkpointing, checkpoint_sequential and side-stream offload where each applies"
+        ),
+    ] = True,
 ) -> None:
     """Measure on this GPU: unconstrained, every baseline, PyTorch built-ins and the tuned plan, with predictions."""
     import optuna
@@ -1171,8 +1189,16 @@ def bench(
     _check_arguments(dtype=dtype, budget=budget)
     run = run_record()  # NOTE [ Run record ]: what the JSON says made it
     if is_factory(model):
+        try:
+            sweep_budgets = _activation_budgets(compiler_sweep, "--compiler-sweep") if compiler_sweep else None
+        except ValueError as exc:
+            raise _fail(str(exc)) from exc
+        if peers and sweep_budgets is None:
+            from tuner.runtime.module_peers import COMPILER_SWEEP
+
+            sweep_budgets = list(COMPILER_SWEEP)
         _factory_bench(model, batch, budget, trials, _parse_params(param), input_shape, vocab, stage, iters, warmup,
-                       json_out, run)  # fmt: skip
+                       json_out, run, sweep_budgets if peers else None)  # fmt: skip
         return
 
     from tuner import POLICIES
