@@ -18,6 +18,20 @@ the stage before); where the stages add up to more than the step, every stage's 
 measured. On the CPU no clock reading is kept: ``loss_ms`` is the roofline of the ops counted outside the stages
 (NOTE [ Modeled module profiles ] in ``profiler.module_roofline``).
 
+# NOTE [ Profiles of compiled regions ]
+With ``compile_budget`` the stages are regions (NOTE [ Regions ] in ``profiler.regions``) and every number is measured
+with each region compiled by ``torch.compile`` under that activation budget (``profiler.regions.CompiledRegions``):
+what a region saves for its backward is what its compiled graph saves (the partitioner's choice at that budget, seen
+by the trace's saved-tensor hooks), its times and transients are the compiled graph's, the whole step (``loss_ms``,
+the step's peak) runs the regions compiled. A region written in place at its edges runs eager, its reason kept in
+``model_params["eager_regions"]`` (NOTE [ In-place writes at region edges ]). One step runs first and compiles every
+region; its seconds are ``compile_seconds`` (inductor's cache reused where warm). Each region is captured by a forward
+with grad (the regions before it run their training graphs, so their outputs come with the strides the compiled step
+hands on), not without, which would compile every region again for inference. Selective checkpointing works on eager
+operations only, so a compiled region is never measured selective. On the CPU, for a GPU, the times are the roofline's
+of the eager operations (counted with the regions paused): such a profile checks plan semantics and memory, not the
+compiler's speed.
+
 # NOTE [ Profiler hygiene ]
 ``profile_module`` leaves the model as it found it: training mode, buffers (batch-norm running statistics, which
 the measurement updates) and the random number generators' states are restored, nothing it made stays referenced,
@@ -30,8 +44,9 @@ import dataclasses
 import functools
 import gc
 import statistics
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -58,6 +73,7 @@ from profiler.modules import (
     trace_stages,
 )
 from profiler.profile import DeviceIdentity, Profile, SavedStorage, StageProfile, StepPeak
+from profiler.regions import CompiledRegions, edge_writes
 from profiler.selective import KeptOutputs
 from profiler.stagefacts import torch_dtype
 from profiler.storages import storage_key
@@ -107,7 +123,12 @@ class _Captured(Exception):
 
 
 def _capture(
-    model: nn.Module, module: nn.Module, inputs: Inputs, autocast: AbstractContextManager[Any], device: torch.device
+    model: nn.Module,
+    module: nn.Module,
+    inputs: Inputs,
+    autocast: AbstractContextManager[Any],
+    device: torch.device,
+    grad: bool = False,
 ) -> tuple[Inputs, torch.dtype | None]:
     """The ``(args, kwargs)`` ``model``'s forward gives ``module`` (the forward stops there): its tensor leaves
     detached copies, every other object in it (a Hugging Face cache) a structure copy of the state it was in
@@ -140,7 +161,8 @@ def _capture(
 
     handle = module.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
     try:
-        with torch.no_grad(), autocast:
+        # with grad where regions run compiled (NOTE [ Profiles of compiled regions ])
+        with torch.enable_grad() if grad else torch.no_grad(), autocast:
             call_model(model, inputs)
     except _Captured as got:
         return got.inputs, got.autocast_dtype
@@ -195,6 +217,7 @@ class _StageRun:
         device: torch.device,
         autocast_dtype: torch.dtype | None = None,
         gpu_workspaces: bool = False,
+        selective: bool = True,
     ) -> None:
         self.module = module
         self.inputs = inputs
@@ -210,6 +233,7 @@ class _StageRun:
         self.autocast_dtype = autocast_dtype  # NOTE [ A stage runs under the autocast it was called in ]
         self.gpu_workspaces = gpu_workspaces  # NOTE [ GPU transients from the CPU's allocator ]
         self.clone = may_write_input(module)
+        self.selective = selective  # a compiled region never is (NOTE [ Profiles of compiled regions ])
         self.input_grads: tuple[GradStorage | None, ...] = ()
 
     def fresh(self) -> Inputs:
@@ -286,6 +310,8 @@ class _StageRun:
             _, rec_bytes = self._transients("recompute")
         except (RuntimeError, ProfilerError):  # autograd refuses it (an in-place write): priced as its forward
             rec_bwd, rec_bytes = None, None
+        if not self.selective:
+            return _Timing(fwd, bwd, *plain, recompute_backward_ms=rec_bwd, recompute_backward_bytes=rec_bytes)
         try:
             sel_fwd, sel_bwd = self._medians(warmup, repeats, "selective")
         except RuntimeError:  # autograd refuses it (an in-place write to a re-made tensor): never offered
@@ -496,6 +522,7 @@ def profile_module(
     progress: ProgressFn | None = None,
     output_held: bool = True,
     transients: Literal["gpu", "cpu"] = "gpu",
+    compile_budget: float | None = None,
 ) -> Profile:
     """Measure a profile of any ``nn.Module`` on the device its parameters are on (NOTE [ Module stages ]).
 
@@ -518,13 +545,17 @@ def profile_module(
             CPU allocator's events with each convolution's own allocations replaced by the GPU's modeled workspace,
             NOTE [ GPU transients from the CPU's allocator ] in ``profiler.memory_meter``), or ``cpu``, the CPU's
             own (to check the simulator against the CPU's allocator). On CUDA every transient is measured: ``gpu``.
+        compile_budget: measure every stage as a region compiled by ``torch.compile`` under this activation budget (0
+            to 1; NOTE [ Profiles of compiled regions ]); ``stages`` then names the regions
+            (``profiler.regions.region_partitions`` gives candidates). None: eager stages.
 
     Returns:
         A ``Profile`` with ``stages_from="modules"``: stage names are the modules' qualified names.
 
     Raises:
         ProfilerError: inputs on another device than the model, a stage that does not run exactly once per forward,
-            a pattern matching nothing, a loss that is not a scalar, or a ``gpu`` that is not this CUDA device.
+            a pattern matching nothing, a loss that is not a scalar, a ``gpu`` that is not this CUDA device, or a
+            ``compile_budget`` outside 0..1 or whose one region is the whole model.
     """
     torch_dtype(dtype)
     if repeats < 1 or warmup < 0:
@@ -541,21 +572,37 @@ def profile_module(
             "('cpu')"
         )
     gpu_workspaces = dev.type == "cpu" and transients == "gpu"
+    if compile_budget is not None and not 0.0 <= compile_budget <= 1.0:
+        raise ProfilerError(f"compile_budget is an activation budget from 0 to 1, not {compile_budget}")
     loss = loss_fn or default_loss
-    with _left_as_found(model, dev):
+    with _left_as_found(model, dev), ExitStack() as stack:
         model.train()
         names, coarse = find_stages(model, inputs, stages)
+        modules = [model.get_submodule(n) if n else model for n in names]
+        regions: CompiledRegions | None = None
+        eager_regions: dict[int, str] = {}
+        compile_seconds: float | None = None
+        if compile_budget is not None:  # NOTE [ Profiles of compiled regions ]
+            if names == [""]:
+                raise ProfilerError(
+                    "the one region is the whole model: measure it compiled whole (compiler points, "
+                    "tuner.runtime.whole.measure_module_points), or name smaller regions (stages=[...])"
+                )
+            eager_regions = edge_writes(model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype))
+            regions = stack.enter_context(CompiledRegions(modules, compile_budget, sorted(eager_regions), names))
+            compile_seconds = _first_step_seconds(model, inputs, loss, dtype, dev)
         trace = trace_stages(
             model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype), output_held=output_held
         )
-        modules = [model.get_submodule(n) if n else model for n in names]
         # a profile for a GPU made on the CPU keeps the roofline's times, not the CPU's: one untimed round of each
         # pass is all it needs of them (which stages run selective, what they keep, their transients)
         rounds = (warmup, repeats) if spec is None else (0, 1)
         timings: list[_Timing] = []
         for k, m in enumerate(modules):
-            captured, autocast_dtype = _capture(model, m, inputs, _autocast(dev, dtype), dev)
-            run = _StageRun(m, captured, trace.input_grad[k], dtype, dev, autocast_dtype, gpu_workspaces)
+            captured, autocast_dtype = _capture(model, m, inputs, _autocast(dev, dtype), dev, grad=regions is not None)
+            run = _StageRun(
+                m, captured, trace.input_grad[k], dtype, dev, autocast_dtype, gpu_workspaces, selective=regions is None
+            )
             timings.append(run.time(*rounds))
             del captured, run
             if progress is not None:
@@ -564,7 +611,8 @@ def profile_module(
         # a modeled profile keeps no clock reading (NOTE [ Modeled module profiles ])
         recompute_step_ms = None if spec else _recompute_step_ms(model, inputs, loss, dtype, dev, rounds, modules)
         if spec is not None:  # the GPU's roofline, not the CPU's clock (NOTE [ Modeled module profiles ])
-            counted = count_module_step(model, inputs, modules, trace.input_grad, loss, dtype)
+            with regions.paused() if regions is not None else nullcontext():  # the eager operations' roofline
+                counted = count_module_step(model, inputs, modules, trace.input_grad, loss, dtype)
             timings, step_ms = modeled_timings(timings, counted, spec, dtype)
         step_peak = _step_peak(model, inputs, loss, dtype, dev, output_held, gpu_workspaces)
         tail = _loss_backward_bytes(model, modules[-1], inputs, loss, dtype, dev, gpu_workspaces)
@@ -617,6 +665,8 @@ def profile_module(
         model_params["stage_patterns"] = ",".join(stages)
     if coarse:
         model_params["coarser"] = "; ".join(coarse)
+    if eager_regions:  # NOTE [ In-place writes at region edges ]
+        model_params["eager_regions"] = "; ".join(f"{names[k]}: {why}" for k, why in sorted(eager_regions.items()))
     return Profile(
         model=name or type(model).__name__,
         model_params=model_params,
@@ -640,7 +690,26 @@ def profile_module(
         output_held_bytes=_held_bytes(trace, table, remap) if output_held else 0,
         step_peak=step_peak,
         recompute_step_ms=recompute_step_ms,
+        compile_budget=compile_budget,
+        compile_seconds=compile_seconds,
+        eager_stages=tuple(sorted(eager_regions)),
     )
+
+
+def _first_step_seconds(
+    model: nn.Module, inputs: Inputs, loss_fn: Callable[[Any], torch.Tensor], dtype: str, dev: torch.device
+) -> float:
+    """Wall seconds of one step (forward, loss, backward; gradients dropped): with regions compiled, the first step
+    compiles them (NOTE [ Profiles of compiled regions ])."""
+    began = time.perf_counter()
+    params = [p for p in model.parameters() if p.requires_grad]
+    with _autocast(dev, dtype):
+        out = call_model(model, inputs)
+    grads = torch.autograd.grad(loss_fn(out), params, allow_unused=True)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    del grads, out
+    return time.perf_counter() - began
 
 
 def _held_bytes(trace: StageTrace, table: list[SavedStorage], remap: dict[int, int]) -> int:

@@ -80,6 +80,7 @@ __all__ = [
     "RegionPartition",
     "RegionRunner",
     "edge_writes",
+    "first_line",
     "install_region",
     "region_partitions",
 ]
@@ -425,24 +426,48 @@ def install_region(module: nn.Module) -> RegionForward:
     return region
 
 
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 300 characters): what a report says of a compiler's error. A
+    first line that only introduces the next (dynamo's ``backend='inductor' raised:``) is joined with it."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+#: modules whose exceptions are the compiler's own (dynamo's and inductor's), named with their region when raised
+_COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "torch._functorch")
+
+
 class CompiledRegions:
     """While inside, the regions of ``modules`` run compiled under ``budget`` (those in ``eager`` run eagerly), as
-    the profiler measures them; ``paused()`` runs them all eagerly. Leaves each module's ``forward`` as found.
+    the profiler measures them; ``paused()`` runs them all eagerly. Leaves each module's ``forward`` as found. An
+    error of the compiler's in a region's call becomes a ``ProfilerError`` naming the region, the budget and the first
+    line of the compiler's message.
 
     Args:
         modules: the region modules, in run order.
         budget: the activation budget they are compiled under (0 to 1).
         eager: indices of regions that run eagerly (NOTE [ In-place writes at region edges ]).
+        names: the regions' qualified names, for errors (default: their indices).
     """
 
-    def __init__(self, modules: Sequence[nn.Module], budget: float, eager: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        modules: Sequence[nn.Module],
+        budget: float,
+        eager: Sequence[int] = (),
+        names: Sequence[str] | None = None,
+    ) -> None:
         if not 0.0 <= budget <= 1.0:
             raise ValueError(f"a region's activation budget is a share from 0 to 1, not {budget}")
+        self.names = list(names) if names is not None else [str(k) for k in range(len(modules))]
         self.modules = list(modules)
         self.budget = float(budget)
         self.eager = frozenset(eager)
         self._regions: list[RegionForward] = []
-        self._calls: dict[int, Callable[..., Any]] = {}
+        self._calls: dict[int, tuple[int, Callable[..., Any]]] = {}
         self._paused = False
 
     @property
@@ -450,7 +475,16 @@ class CompiledRegions:
         return not self._paused
 
     def run_region(self, region: RegionForward, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self._calls[id(region)](*args, **kwargs)
+        k, call = self._calls[id(region)]
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:
+            if not type(exc).__module__.startswith(_COMPILER_MODULES):
+                raise
+            raise ProfilerError(
+                f"region {self.names[k]!r} failed under torch.compile at activation budget {self.budget:g}: "
+                f"{first_line(exc)}"
+            ) from exc
 
     def __enter__(self) -> CompiledRegions:
         try:
@@ -458,7 +492,7 @@ class CompiledRegions:
                 region = install_region(m)
                 region.attach(self)
                 self._regions.append(region)
-                self._calls[id(region)] = region.eager if k in self.eager else region.compiled(self.budget)
+                self._calls[id(region)] = (k, region.eager if k in self.eager else region.compiled(self.budget))
         except BaseException:
             self._release()
             raise
