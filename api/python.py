@@ -35,7 +35,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from profiler.region_profile import RegionProfile
     from tuner.bound import StepBound
+    from tuner.regions import RegionTrial
     from tuner.runtime.planned import PlannedBase
 
 __all__ = [
@@ -167,13 +169,18 @@ class Tuned:
     """What ``tune`` found: the search's result and the lower bound on any plan's step at the budget.
 
     Attributes:
-        result: the search (every baseline, the best plan, the Pareto front; ``result.profile`` is the profile).
+        result: the search (every baseline, the best plan, the Pareto front; ``result.profile`` is the profile):
+            the eager profile's, or with compiling on the compiled-region profile's whose best plan is fastest (NOTE
+            [ Compiled-region candidates ] in ``tuner.regions``).
         bound: no plan of offload, recompute and algorithm choice steps faster (NOTE [ Budget bound ]); None when
             the solver gave no answer.
+        regions: with compiling on, every compiled-region profile measured and what its search found (or why it
+            failed); empty otherwise.
     """
 
     result: TuneResult
     bound: StepBound | None
+    regions: tuple[RegionTrial, ...] = ()
 
     @property
     def plan(self) -> Plan | None:
@@ -212,7 +219,16 @@ class Tuned:
             slowdown = f"{row['slowdown']:>9.2f}x" if finite else f"{'-':>10}"
             fits = "yes" if row["feasible"] else "no"
             lines.append(f"{row['name']:<22}{step}{slowdown}{row['peak_bytes'] / size:>12.2f}  {fits}")
-        return "\n".join(lines + self._best_lines(fmt) + self._bound_lines(fmt))
+        return "\n".join(lines + self._best_lines(fmt) + self._bound_lines(fmt) + self._region_lines())
+
+    def _region_lines(self) -> list[str]:
+        """The compiled-region profiles measured, one line each (NOTE [ Compiled-region candidates ])."""
+        if not self.regions:
+            return []
+        return [
+            "compiled regions (each partition of the model into regions compiled at one activation budget, its "
+            "unplanned step against the whole model compiled, and its best plan within the budget):"
+        ] + [f"  {t.line()}" for t in self.regions]
 
     def _budget_lines(self, fmt: Callable[[float], str]) -> list[str]:
         """The budget, the share of it plans must fit and the headroom kept free; the unconstrained step."""
@@ -239,6 +255,13 @@ class Tuned:
         ]
         if best.alloc_retries:
             lines.append(f"  {retries_words(best.step_ms - best.allocator_ms, best.allocator_ms, best.alloc_retries)}")
+        if best.plan.compile_budget is not None and best.plan.stages is not None:  # NOTE [ Regions ]
+            eager = ", ".join(best.plan.stages[k] for k in best.plan.eager_stages)
+            but = f", except {eager} (eager: written in place at its edges)" if eager else ""
+            lines.append(
+                f"  its stages are regions compiled by torch.compile under activation budget "
+                f"{best.plan.compile_budget:g}{but}"
+            )
         names = best.plan.stages or tuple(s.name for s in r.profile.stages)
         return lines + [f"  {name or '(model)'}: {a.value}" for name, a in zip(names, best.plan.actions, strict=True)]
 
@@ -335,11 +358,12 @@ def tune(
         progress: progress bars on standard error.
         calibrate: when the profile was measured on this process's GPU and its type has no calibration (and no
             ``headroom`` is given), calibrate it first, in this process (NOTE [ First use of a GPU type ]).
-        compile: whether plans that compile the whole model are candidates (NOTE [ Whole-model compile ]): ``True``
-            measures the model compiled at activation budgets 1, 0.5 and 0.25 here, after profiling (NOTE [ Compiler
-            points of a module ]), and the search serves such a point where it fits and is faster than every
-            searched plan; ``"auto"`` does so for a module on a CUDA device, not on the CPU; ``False`` never. Where
-            compiling fails, a warning says why and the plans are eager.
+        compile: whether compiled plans are candidates: ``True`` measures, after profiling, the model compiled whole
+            at activation budgets 1, 0.5 and 0.25 (NOTE [ Compiler points of a module ]) and each candidate partition
+            of it into regions compiled at those budgets (NOTE [ Regions ], NOTE [ Compiled-region candidates ]),
+            tunes each, and serves the fastest plan that fits, eager, compiled whole or of compiled regions;
+            ``"auto"`` does so for a module on a CUDA device, not on the CPU; ``False`` never. Where compiling fails,
+            a warning says why (the region and the compiler's first line) and the other plans stand.
 
     Returns:
         A ``Tuned``: ``plan`` (for ``planned``), ``table()``, ``bound``; ``print(tuned)`` shows all three.
@@ -355,10 +379,12 @@ def tune(
     from tuner import tune as run_tune
     from tuner.bound import step_lower_bound
     from tuner.calibration import missing_calibration
+    from tuner.regions import fastest, region_trial
 
     check_arguments(budget=budget, optimizer=optimizer, dtype=dtype, gpu=gpu, trials=trials, headroom=headroom)
     if compile not in (True, False, "auto"):
         raise TunerError(f"compile must be True, False or 'auto', not {compile!r}")
+    region_runs: list[RegionProfile] = []
     if isinstance(model_or_profile, Profile):
         prof = model_or_profile
     else:
@@ -377,6 +403,9 @@ def tune(
         budget_bytes = profile_budget(budget, prof, optimizer)  # a bad budget is refused before compiling
         if _compiles(model_or_profile, compile):
             prof = _with_module_points(model_or_profile, example_inputs, prof, loss_fn, optimizer, progress)
+            region_runs = _region_profiles(
+                model_or_profile, example_inputs, loss_fn, stages, dtype, gpu, output_held, progress
+            )
     budget_bytes = profile_budget(budget, prof, optimizer)
     if calibrate and headroom is None and prof.source == "measured":
         _calibrate_if_new(prof.device.key, progress)
@@ -384,23 +413,43 @@ def tune(
     if advice:
         warnings.warn(advice, stacklevel=2)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with _bar("tuning", progress) as update:
-        result = run_tune(
-            prof,
-            budget_bytes,
-            trials=trials,
-            seed=seed,
-            optimizer=optimizer,
-            headroom=planning_headroom(prof) if headroom is None else headroom,
-            progress=lambda done, total, best: update(
-                done, total, f"best {best.step_ms:.2f} ms" if best is not None else "no feasible plan yet"
-            ),
+
+    def search(p: Profile, label: str) -> TuneResult:
+        with _bar(label, progress) as update:
+            return run_tune(
+                p,
+                budget_bytes,
+                trials=trials,
+                seed=seed,
+                optimizer=optimizer,
+                headroom=planning_headroom(p) if headroom is None else headroom,
+                progress=lambda done, total, best: update(
+                    done, total, f"best {best.step_ms:.2f} ms" if best is not None else "no feasible plan yet"
+                ),
+            )
+
+    result = search(prof, "tuning")
+    results, trials_done = [result], []
+    for run in region_runs:  # NOTE [ Compiled-region candidates ] (tuner.regions)
+        found = search(run.profile, f"tuning regions at {run.budget:g}") if run.profile is not None else None
+        results += [found] if found is not None else []
+        trials_done.append(
+            region_trial(
+                run.partition.label,
+                run.partition.names,
+                run.budget,
+                run.seconds,
+                result=found,
+                points=prof.compiler_points,
+                error=run.error,
+            )
         )
+    result = fastest(results)
     try:
-        bound: StepBound | None = step_lower_bound(Simulator(prof, optimizer), budget_bytes)
+        bound: StepBound | None = step_lower_bound(Simulator(result.profile, optimizer), budget_bytes)
     except RuntimeError:  # the solver gave no answer: the plan stands without its bound
         bound = None
-    return Tuned(result, bound)
+    return Tuned(result, bound, tuple(trials_done))
 
 
 #: the dtypes a step is profiled in: ``float32``, or ``bfloat16``/``float16`` under autocast
@@ -476,6 +525,43 @@ def _with_module_points(
             stacklevel=3,
         )
     return with_compiler_points(prof, points)
+
+
+def _region_profiles(
+    model: nn.Module,
+    example_inputs: Any,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    stages: list[str] | None,
+    dtype: str,
+    gpu: str | None,
+    output_held: bool,
+    progress: bool,
+) -> list[RegionProfile]:
+    """Every candidate region partition of ``model`` profiled compiled at ``COMPILE_BUDGETS`` (NOTE [ Compiled-region
+    candidates ] in ``tuner.regions``); one that fails is kept with its error and a warning names the region and the
+    compiler's first line."""
+    from profiler.region_profile import profile_regions
+
+    with _bar("compiling regions", progress) as update:
+        runs = profile_regions(
+            model,
+            example_inputs,
+            COMPILE_BUDGETS,
+            loss_fn=loss_fn,
+            stages=stages,
+            dtype=dtype,
+            gpu=gpu,
+            output_held=output_held,
+            progress=update,
+        )
+    for run in runs:
+        if run.error is not None:
+            warnings.warn(
+                f"compiled regions {run.partition.label} at activation budget {run.budget:g} failed ({run.error}); "
+                "the other plans stand",
+                stacklevel=3,
+            )
+    return runs
 
 
 def planned(

@@ -1,5 +1,6 @@
-"""Profiles of compiled regions (NOTE [ Profiles of compiled regions ] in ``profiler.module_profile``), on the CPU with
-CPU inductor.
+"""Profiles of compiled regions (NOTE [ Profiles of compiled regions ] in ``profiler.module_profile``) and
+``memtune.tune(..., compile=True)`` choosing among eager, whole-compiled and compiled-region plans (NOTE [ Compiled-
+region candidates ] in ``tuner.regions``), on the CPU with CPU inductor.
 
 The CPU profile is modeled for a GPU (its times are the roofline's of the eager operations), so these tests check what
 a compiled-region profile and plan mean, and their memory, not which plan is faster on a GPU.
@@ -8,15 +9,21 @@ a compiled-region profile and plan mean, and their memory, not which plan is fas
 from __future__ import annotations
 
 import copy
+import warnings
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+import memtune
 from profiler.module_profile import profile_module
-from profiler.regions import CompiledRegions
+from profiler.region_profile import profile_regions
+from profiler.regions import CompiledRegions, RegionPartition
 from tests.unit.modules.region_models import TinyResNet
 from tuner.plan import Action, Plan
+from tuner.regions import fastest
 from tuner.runtime import planned
 from tuner.search import tune
 from tuner.simulator import simulate
@@ -72,3 +79,75 @@ def test_a_profile_of_compiled_regions_prices_plans_that_train_with_the_compiled
     for name, grad in _grads(model).items():
         torch.testing.assert_close(grad, reference[name], rtol=1e-5, atol=1e-6, msg=name)
     run.release()  # type: ignore[attr-defined]
+
+
+def _failing_backend(budget: float) -> Callable[..., Any]:
+    def backend(_gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]) -> Any:
+        raise RuntimeError(f"no kernel for this graph at budget {budget:g}\nsecond line")
+
+    return backend
+
+
+def test_a_region_that_fails_to_compile_is_named_and_the_eager_plans_stand(monkeypatch: pytest.MonkeyPatch) -> None:
+    import api.python
+    import profiler.compiled
+    import profiler.regions
+
+    monkeypatch.setattr(profiler.regions, "budget_backend", _failing_backend)
+    monkeypatch.setattr(profiler.compiled, "budget_backend", _failing_backend)  # the whole model fails too
+    monkeypatch.setattr(api.python, "COMPILE_BUDGETS", (1.0,))
+    model, x = TinyResNet(), _batch()
+    parts = [RegionPartition(1, LAYERS)]
+    (run,) = profile_regions(model, x, (1.0,), partitions=parts, loss_fn=_square, warmup=0, repeats=1)
+    assert run.profile is None and run.error is not None
+    assert "region 'conv1' failed under torch.compile at activation budget 1" in run.error
+    assert "no kernel for this graph at budget 1" in run.error and "second line" not in run.error
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tuned = memtune.tune(model, "100% of peak", example_inputs=x, loss_fn=_square, compile=True, trials=10,
+                             progress=False)  # fmt: skip
+    said = [str(w.message) for w in caught if "failed" in str(w.message)]
+    assert any("at activation budget 1 failed" in s and "region 'conv1'" in s for s in said), said
+    assert any("compiling the whole model at activation budget 1 failed" in s for s in said), said
+    assert tuned.plan is not None and tuned.plan.compile_budget is None and tuned.plan.whole_compile is None
+    assert tuned.regions and all(t.error is not None for t in tuned.regions)
+    assert "planned eager instead" in str(tuned)
+
+
+@pytest.mark.slow
+def test_tune_with_compile_measures_every_partition_and_serves_the_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    import api.python
+
+    monkeypatch.setattr(api.python, "COMPILE_BUDGETS", (1.0,))
+    torch.manual_seed(0)
+    model, x = TinyResNet(), _batch()
+    tuned = memtune.tune(model, "90% of peak", example_inputs=x, loss_fn=_square, compile=True, trials=30,
+                         progress=False)  # fmt: skip
+    assert [t.regions for t in tuned.regions] == [
+        LAYERS,
+        ("conv1", "bn1", "relu", "maxpool", "layer1.0", "layer1.1", "layer2.0", "layer2.1", "avgpool", "fc"),
+    ]
+    assert all(t.error is None and t.budget == 1.0 and t.eager_regions == ("bn1", "relu") for t in tuned.regions)
+    bests = [t.best_ms for t in tuned.regions if t.best_ms is not None]
+    assert tuned.result.best is not None and all(tuned.result.best.step_ms <= b for b in bests)
+    region = next(t for t in tuned.regions if t.plan is not None)
+    assert region.plan is not None and region.plan.compile_budget == 1.0 and region.plan.stages == region.regions
+    run = memtune.planned(model, region.plan)  # a compiled-region plan the user picks from the printout
+    _square(run(x)).backward()
+    assert "compiled regions (each partition" in str(tuned)
+    run.release()  # type: ignore[attr-defined]
+
+
+def test_fastest_takes_the_quickest_best_and_the_first_where_none_fits() -> None:
+    from types import SimpleNamespace
+
+    def result(ms: float | None) -> Any:
+        best = None if ms is None else SimpleNamespace(step_ms=ms, peak_bytes=1)
+        return SimpleNamespace(best=best)
+
+    a, b, c = result(None), result(5.0), result(3.0)
+    assert fastest([a, b, c]) is c
+    assert fastest([a, result(None)]) is a
+    with pytest.raises(ValueError, match="no result"):
+        fastest([])
