@@ -128,6 +128,11 @@ class PlannedBase(nn.Module):
         )
         return self._step
 
+    def release(self) -> None:
+        """Give back what the planned model changed on the wrapped model beyond one step: nothing here; a plan of
+        compiled regions wraps its region modules once (NOTE [ Regions are wrapped once ] in ``profiler.regions``)
+        and ``PlannedModule.release`` restores them."""
+
     # ---- out of memory ---------------------------------------------------------------------------
     def _oom(self, exc: BaseException, phase: Phase, stage: int | None) -> PlanOutOfMemoryError:
         """Free what the failed step holds and build the error that names plan and stage."""

@@ -78,7 +78,7 @@ def test_a_profile_of_compiled_regions_prices_plans_that_train_with_the_compiled
     _square(run(x)).backward()
     for name, grad in _grads(model).items():
         torch.testing.assert_close(grad, reference[name], rtol=1e-5, atol=1e-6, msg=name)
-    run.release()  # type: ignore[attr-defined]
+    run.release()
 
 
 def _failing_backend(budget: float) -> Callable[..., Any]:
@@ -136,7 +136,7 @@ def test_tune_with_compile_measures_every_partition_and_serves_the_fastest(monke
     run = memtune.planned(model, region.plan)  # a compiled-region plan the user picks from the printout
     _square(run(x)).backward()
     assert "compiled regions (each partition" in str(tuned)
-    run.release()  # type: ignore[attr-defined]
+    run.release()
 
 
 def test_fastest_takes_the_quickest_best_and_the_first_where_none_fits() -> None:

@@ -158,7 +158,7 @@ def test_planned_compiled_regions_give_the_unplanned_compiled_gradients(actions:
     if "o" in actions:
         assert run.stats.d2h_copies > 0
     assert list(run.state_dict()) == list(model.state_dict()) == list(state)  # the model's own keys
-    run.release()  # type: ignore[attr-defined]
+    run.release()
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
@@ -186,9 +186,9 @@ def test_a_region_is_wrapped_once_and_compiles_once() -> None:
     assert counters["stats"]["unique_graphs"] == graphs
     clone = copy.deepcopy(model)  # a copy gets a wrapper of its own that runs eagerly
     assert isinstance(clone.encoder.forward, RegionForward) and clone.encoder.forward.module is clone.encoder
-    run.release()  # type: ignore[attr-defined]
+    run.release()
     assert model.encoder.forward is wrapped  # ``again`` still runs it
-    again.release()  # type: ignore[attr-defined]
+    again.release()
     assert "forward" not in model.encoder.__dict__
     with pytest.raises(PlanError, match="released"):
         run(x)
@@ -206,7 +206,7 @@ def test_an_in_place_write_after_a_region_runs_it_eager_with_correct_gradients(a
     run = planned(model, Plan.from_actions(actions, stages=names, compile_budget=0.0, eager_stages=eager))
     _square(run(x)).backward()
     _close(_grads(model), eager_grads)  # region 'a' eager, 'b' and 'head' compiled: the compiler's math, close
-    run.release()  # type: ignore[attr-defined]
+    run.release()
 
 
 @pytest.mark.slow
@@ -215,4 +215,4 @@ def test_a_plan_that_compiles_a_region_written_in_place_is_refused() -> None:
     run = planned(model, Plan.from_actions("okk", stages=("a", "b", "head"), compile_budget=0.0))
     with pytest.raises(PlanError, match=r"region 0 \(a\) runs compiled but has its input or output written in place"):
         run(x)
-    run.release()  # type: ignore[attr-defined]
+    run.release()

@@ -1,0 +1,141 @@
+"""Compiled regions on a CUDA GPU (NOTE [ Regions ] in ``profiler.regions``): keep / offload / recompute around
+regions compiled by ``torch.compile`` give the gradients and buffers of the same regions compiled without a plan,
+within ``max(1e-6, 10 x the noise of two unplanned compiled runs)``; offload copies on the side stream into the pinned
+pool and brings storages back ahead of need, with their strides (inductor hands channels-last tensors between the
+convolutions of a region, and the compiled backward asserts strides); each region compiles once; a plan that
+``memtune.tune(..., compile=True)`` serves runs within its budget under ``budget_guard``. Skipped without CUDA
+(``pytest -m gpu tests/gpu/test_regions_gpu.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts: deterministic GEMMs
+
+import pytest
+import torch
+from torch import nn
+
+import memtune
+from profiler.regions import CompiledRegions, edge_writes, region_partitions
+from tests.unit.modules.region_models import TinyEncoder, TinyResNet
+from tuner.plan import Plan
+from tuner.runtime import planned
+from tuner.runtime.verify import relative_error
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _square(out: torch.Tensor) -> torch.Tensor:
+    return out.float().square().mean()
+
+
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    got = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return got
+
+
+def _resnet() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = TinyResNet(width=32, classes=10).cuda()
+    x = torch.randn(16, 3, 64, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    return model, x
+
+
+def _compiled_step(model: nn.Module, names: tuple[str, ...], eager: list[int], x: torch.Tensor) -> dict[str, Any]:
+    state = copy.deepcopy(model.state_dict())
+    with CompiledRegions([model.get_submodule(n) for n in names], 0.5, eager, names):
+        _square(model(x)).backward()
+    grads = _grads(model)
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    model.load_state_dict(state)
+    return {**grads, **{f"buffer:{n}": b for n, b in buffers.items()}}
+
+
+def _noise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(relative_error(a[n], b[n]) for n in a)
+
+
+def _spy(contiguous: list[bool]) -> Any:
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        contiguous.append(t.is_contiguous())
+        return t
+
+    return pack
+
+
+def test_offload_and_recompute_around_compiled_regions_keep_the_compiled_math_on_cuda(deterministic: None) -> None:
+    model, x = _resnet()
+    names = region_partitions(model, ((x,), {}))[0].names
+    eager = sorted(edge_writes(model, list(names), ((x,), {}), loss_fn=_square))
+    reference = _compiled_step(model, names, eager, x)
+    noise = _noise(reference, _compiled_step(model, names, eager, x))
+    saved_strides: list[bool] = []
+    regions = CompiledRegions([model.get_submodule(n) for n in names], 0.5, eager, names)
+    with regions, torch.autograd.graph.saved_tensors_hooks(_spy(saved_strides), lambda t: t):
+        _square(model(x)).backward()
+    model.zero_grad(set_to_none=True)
+    assert not all(saved_strides), "no region saved a non-contiguous tensor: the strides check tests nothing"
+    state = copy.deepcopy(model.state_dict())
+    n = len(names)
+    for actions in ("k" * n, "o" * n, "r" * n, ("okr" * n)[:n]):
+        model.load_state_dict(state)
+        run = planned(model, Plan.from_actions(actions, stages=names, compile_budget=0.5, eager_stages=tuple(eager)))
+        _square(run(x)).backward()
+        got = {**_grads(model), **{f"buffer:{k}": b.detach().clone() for k, b in model.named_buffers()}}
+        worst = _noise(got, reference)
+        assert worst <= max(1e-6, 10 * noise), (actions, worst, noise)
+        if "o" in actions:
+            stats = run.stats
+            assert stats.d2h_copies > 0 and stats.prefetched + stats.on_demand > 0, stats
+            assert run.pool is not None and run.pool.pin_memory
+        run.release()
+    model.load_state_dict(state)
+
+
+def test_a_region_compiles_once_across_steps_on_cuda() -> None:
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = TinyEncoder(vocab=256, width=128, depth=4).cuda()
+    ids = torch.randint(0, 256, (8, 128), device="cuda")
+    run = planned(model, Plan.from_actions("kor", stages=("embed", "encoder", "head"), compile_budget=1.0))
+    wrapped = model.encoder.forward
+    _square(run(ids)).backward()
+    graphs = counters["stats"]["unique_graphs"]
+    for _ in range(3):
+        _square(run(ids)).backward()
+        assert model.encoder.forward is wrapped
+    assert counters["stats"]["unique_graphs"] == graphs
+    run.release()
+
+
+def test_a_compiled_region_plan_that_tune_serves_runs_within_its_budget_on_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import api.python
+
+    monkeypatch.setattr(api.python, "COMPILE_BUDGETS", (1.0, 0.5))
+    model, x = _resnet()
+    tuned = memtune.tune(model, "60% of peak", example_inputs=x, loss_fn=_square, compile=True, trials=60,
+                         progress=False, calibrate=False)  # fmt: skip
+    assert tuned.regions and all(t.error is None for t in tuned.regions), [t.line() for t in tuned.regions]
+    plans = [t.plan for t in tuned.regions if t.plan is not None]
+    assert plans, "no compiled-region plan fits 60% of the peak"
+    budget = tuned.result.budget_bytes
+    for plan in [tuned.plan, plans[0]]:
+        assert plan is not None
+        run = memtune.planned(model, plan)
+        torch.cuda.synchronize()
+        with memtune.budget_guard(budget, run):
+            for _ in range(2):
+                _square(run(x)).backward()
+                model.zero_grad(set_to_none=True)
+        run.release()
