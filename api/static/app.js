@@ -314,6 +314,102 @@
     ]);
   }
 
+  // ---- (d) memtune beside the compiler: the whole model compiled at each activation budget ----------
+  // The profile's compiler points (NOTE [ Compiler points in the service ]: measured on a GPU of the job's type) as a
+  // curve by budget, memtune's stored plans (simulated; squares where the job measured them on the GPU), the budget
+  // and the unplanned step, on one time-memory plane. Drawn only for a job whose profile has compiler points.
+  const fmtBudget = (b) => String(+b.toFixed(2)); // an activation budget: 0, 0.5, 0.25
+  function compilerPoints(profile) {
+    const points = (profile && profile.compiler_points) || [];
+    return points.filter((p) => p.step_ms > 0 && p.peak_bytes > 0).sort((a, b) => a.activation_budget - b.activation_budget);
+  }
+  function drawPeers(container, job, allResults, points) {
+    const plans = allResults.filter((r) => !r.baseline);
+    const simulated = plans.filter((r) => r.source !== "measured");
+    const measured = plans.filter((r) => r.source === "measured");
+    const best = simulated.find((r) => r.feasible) || null; // results come fastest first
+    const un = job.unconstrained;
+    const xsAll = points.map((p) => gib(p.peak_bytes)).concat(plans.map((r) => gib(r.peak_bytes)), [gib(job.budget_bytes)],
+      un ? [gib(un.peak_bytes)] : []);
+    const ysAll = points.map((p) => p.step_ms).concat(plans.map((r) => r.step_ms), un ? [un.step_ms] : []);
+    const fr = frame(container, {
+      width: 1180, height: 420, margin: { top: 34, right: 18, bottom: 46, left: 62 },
+      title: "Step time versus peak GPU memory: memtune's plans beside the whole model compiled",
+      desc: `${points.length} compiler points (activation budgets ${points.map((p) => fmtBudget(p.activation_budget)).join(", ")}), ` +
+        `${simulated.length} simulated and ${measured.length} measured plans of memtune, budget ${fmtGiB(job.budget_bytes)}` +
+        (best ? `; best plan ${fmtMs(best.step_ms)} at ${fmtGiB(best.peak_bytes)}` : ""),
+    });
+    const xMin = Math.min(...xsAll), xMax = Math.max(...xsAll), xPad = Math.max((xMax - xMin) * 0.05, xMax * 0.01);
+    const x = linear(Math.max(0, xMin - xPad), xMax + xPad, fr.x0, fr.x1, 9);
+    const yMin = Math.min(...ysAll), yMax = Math.max(...ysAll);
+    const y = yMax / yMin > 3 ? logScale(yMin * 0.88, yMax * 1.1, fr.y0, fr.y1)
+      : linear(Math.max(0, yMin - (yMax - yMin) * 0.1), yMax + (yMax - yMin) * 0.1 + 1e-9, fr.y0, fr.y1, 6);
+    axes(fr, x, y, { xTitle: "peak GPU memory (GiB)", yTitle: `step time (ms${y.log ? ", log scale" : ""})` });
+    const plot = el("g", {}, fr.svg);
+    const bx = x.f(gib(job.budget_bytes));
+    el("rect", { x: bx, y: fr.y1, width: Math.max(0, fr.x1 - bx), height: fr.y0 - fr.y1, fill: "#fbeee6", opacity: 0.55 }, plot);
+    el("line", { class: "budget", x1: bx, x2: bx, y1: fr.y1, y2: fr.y0, stroke: C.budget, "stroke-width": 1.5, "stroke-dasharray": "6 4" }, plot);
+    if (job.headroom) {
+      const sx = x.f(gib(searchedBytes(job)));
+      const sl = el("line", { class: "searched-budget", x1: sx, x2: sx, y1: fr.y1, y2: fr.y0, stroke: C.budget, "stroke-width": 1, "stroke-dasharray": "2 3" }, plot);
+      el("title", {}, sl, `${headroomText(job)}: plans over this line do not fit`);
+    }
+    if (un) {
+      const uy = y.f(un.step_ms);
+      el("line", { class: "unplanned", x1: fr.x0, x2: fr.x1, y1: uy, y2: uy, stroke: C.unplanned, "stroke-width": 1.3, "stroke-dasharray": "5 3" }, plot);
+      const uc = el("circle", { cx: x.f(gib(un.peak_bytes)), cy: uy, r: 4.5, fill: "#fff", stroke: C.unplanned, "stroke-width": 1.5 }, plot);
+      el("title", {}, uc, `unplanned (simulated): ${fmtMs(un.step_ms)}, ${fmtGiB(un.peak_bytes)}`);
+    }
+    const labels = [];
+    const taken = [];
+    // the compiler's curve, by activation budget
+    const cg = el("g", { class: "compiler-points", "data-count": points.length }, plot);
+    if (points.length > 1) {
+      const d = points.map((p, i) => `${i ? "L" : "M"}${x.f(gib(p.peak_bytes)).toFixed(1)},${y.f(p.step_ms).toFixed(1)}`).join("");
+      el("path", { class: "compiler-curve", d, fill: "none", stroke: C.fwd, "stroke-width": 2 }, cg);
+    }
+    for (const p of points) {
+      const px = x.f(gib(p.peak_bytes)), py = y.f(p.step_ms);
+      const c = el("circle", { class: "compiler-point", cx: px, cy: py, r: 5, fill: C.fwd, stroke: "#fff", "stroke-width": 1.5 }, cg);
+      el("title", {}, c, `torch.compile, activation budget ${fmtBudget(p.activation_budget)}: ${fmtMs(p.step_ms)}, ` +
+        `${fmtGiB(p.peak_bytes)} allocated` + (p.reserved_bytes ? `, ${fmtGiB(p.reserved_bytes)} reserved` : "") +
+        ` (${p.optimizer || "sgd"})`);
+      taken.push({ x0: px - 6, x1: px + 6, y0: py - 6, y1: py + 6 });
+      labels.push({ x: px, y: py, text: `budget ${fmtBudget(p.activation_budget)}` });
+    }
+    // memtune's plans: simulated dots, measured squares, the best one large
+    const mg = el("g", { class: "memtune-plans", "data-count": plans.length }, plot);
+    for (const r of simulated) {
+      if (r === best) continue;
+      const c = el("circle", {
+        class: "plan", cx: x.f(gib(r.peak_bytes)), cy: y.f(r.step_ms), r: 3.5,
+        fill: r.feasible ? C.best : "#fff", stroke: C.best, "stroke-width": 1.2, opacity: 0.8,
+      }, mg);
+      el("title", {}, c, `${r.name} (simulated): ${fmtMs(r.step_ms)}, ${fmtGiB(r.peak_bytes)}${r.feasible ? "" : " (over budget)"}`);
+    }
+    for (const r of measured) {
+      const px = x.f(gib(r.peak_bytes)), py = y.f(r.step_ms);
+      const m = el("rect", { class: "measured", x: px - 5, y: py - 5, width: 10, height: 10, fill: C.measured, stroke: "#1d232b", "stroke-width": 1 }, mg);
+      el("title", {}, m, `${r.name}, measured: ${fmtMs(r.step_ms)}, ${fmtGiB(r.peak_bytes)}`);
+      taken.push({ x0: px - 6, x1: px + 6, y0: py - 6, y1: py + 6 });
+    }
+    if (best) {
+      const px = x.f(gib(best.peak_bytes)), py = y.f(best.step_ms);
+      const c = el("circle", { class: "best", cx: px, cy: py, r: 7, fill: C.best, stroke: "#fff", "stroke-width": 2 }, mg);
+      el("title", {}, c, `best plan (${best.name}): ${fmtMs(best.step_ms)}, ${fmtGiB(best.peak_bytes)}`);
+      taken.push({ x0: px - 8, x1: px + 8, y0: py - 8, y1: py + 8 });
+      labels.unshift({ x: px, y: py, text: `memtune: ${fmtMs(best.step_ms)}, ${fmtGiB(best.peak_bytes)}`, bold: true });
+    }
+    placeLabels(fr, el("g", { class: "labels" }, plot), labels, taken);
+    legend(fr, [
+      { label: "torch.compile of the whole model", mark: markLine(C.fwd) },
+      { label: "memtune plan (simulated)", mark: markDot(C.best) },
+      ...(measured.length ? [{ label: "measured", mark: markBox(C.measured) }] : []),
+      ...(un ? [{ label: "unplanned", mark: markLine(C.unplanned, "5 3", 1.3) }] : []),
+      { label: `budget ${fmtGiB(job.budget_bytes)}`, mark: markLine(C.budget, "6 4", 1.5) },
+    ]);
+  }
+
   // ---- (a) the per-stage profile: forward ms vs D2H ms, and the best plan's actions ----------------
   function drawProfile(container, profile, bestPlan) {
     const stages = profile.stages;
@@ -576,6 +672,12 @@
       drawProfile(profBox, profile.profile, bestRow ? bestRow.plan : null);
       const check = profile.memory_check;  // NOTE [ Profile self-check ]: never silent where it is off
       if (check) el("p", { class: check.reported ? "error" : "muted" }, profBox, `Memory check: ${check.text}`);
+    }
+    // memtune beside the compiler, where the job's profile has compiler points; the figure stays hidden elsewhere
+    const points = profile && !(profile instanceof Error) ? compilerPoints(profile.profile) : [];
+    if (points.length && !(results instanceof Error)) {
+      document.getElementById("fig-peers").hidden = false;
+      drawPeers(document.getElementById("chart-peers"), job, results.data, points);
     }
     const resBox = document.getElementById("results");
     if (!(results instanceof Error)) {

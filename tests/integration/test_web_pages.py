@@ -10,6 +10,9 @@ fraction of the GPU, two queued for GPU types no live worker serves (``waiting``
 - A job that no live worker serves reads "queued: no live worker" in the home table, and its page shows why it waits.
 - Where two feasible plans tie, the job page's per-stage strip draws the plan the page names (the timeline's best,
   by the server's rule), not the one the results list first.
+- A job whose profile has no compiler points keeps the picture of memtune beside ``torch.compile`` hidden; once its
+  profile has them, the page draws them as a curve beside memtune's plans, the budget and the unplanned step, and
+  still fits the window.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from live_server import create_key, free_port, spawn
 from api.client import MemtuneClient
 from storage.database import Database
 from storage.records import ResultIn
-from storage.repositories import JobRepository, ResultRepository
+from storage.repositories import JobRepository, ProfileRepository, ResultRepository
 
 pytestmark = [
     pytest.mark.integration,
@@ -57,6 +60,7 @@ JOBS = [
     (LONG_UNBROKEN, "h100", "0.6 of gpu"),
     ("resnet-like-with-a-long-name", "a100-80gb", "800MB"),
     ("tie", "h200", "12GiB"),
+    ("compiled", "h200", "1.5GiB"),
 ]
 
 
@@ -236,5 +240,61 @@ def test_where_two_plans_tie_the_strip_draws_the_plan_the_page_names(site: Site,
         strip = tab.evaluate("[...document.querySelectorAll('#chart-profile rect.action')].map((r) => r.classList[1])")
         assert strip == best.plan["actions"] != flipped, (strip, best.plan["actions"], flipped)
         assert f"best plan {best.name}:" in tab.evaluate("document.querySelector('#chart-timeline desc').textContent")
+    finally:
+        tab.close()
+
+
+def test_a_job_with_compiler_points_draws_memtune_beside_the_compiler(site: Site, browser: Browser) -> None:
+    """The job's stored profile has no compiler points (this worker has no GPU to measure them on): the figure stays
+    hidden and the page is whole. Points are then stored with the profile, as a worker on a GPU of the type stores
+    them; the page draws each one, memtune's plans, the budget and the unplanned step, and fits the window."""
+    from profiler import CompilerPoint
+
+    job_id = site.ids["compiled"]
+    tab = browser.open(f"{site.base}/jobs/{job_id}", 1400)
+    try:
+        tab.wait(READY)
+        assert tab.evaluate("document.getElementById('fig-peers').hidden") is True
+        assert tab.evaluate("document.querySelectorAll('#chart-peers svg').length") == 0
+        assert tab.evaluate("document.querySelectorAll('#chart-pareto svg').length") == 1
+    finally:
+        tab.close()
+    db = Database(site.database_url)
+    try:
+        with db.session() as s:
+            job = JobRepository(s).get(job_id)
+            assert job.profile_id is not None and job.unconstrained_step_ms and job.unconstrained_peak_bytes
+            record = ProfileRepository(s).get(job.profile_id)
+            step, peak = job.unconstrained_step_ms, job.unconstrained_peak_bytes
+            points = tuple(
+                CompilerPoint(
+                    activation_budget=b,
+                    step_ms=step * (1.2 - 0.4 * b),
+                    peak_bytes=int(peak * (0.4 + 0.5 * b)),
+                    reserved_bytes=int(peak * (0.5 + 0.5 * b)),
+                )
+                for b in (0.0, 0.5, 1.0)
+            )
+            ProfileRepository(s).store(record.model_id, record.profile().model_copy(update={"compiler_points": points}))
+    finally:
+        db.dispose()
+    tab = browser.open(f"{site.base}/jobs/{job_id}", 1400)
+    try:
+        tab.wait(READY)
+        assert tab.evaluate("document.getElementById('fig-peers').hidden") is False
+        assert tab.evaluate("document.querySelectorAll('#chart-peers circle.compiler-point').length") == 3
+        assert tab.evaluate("document.querySelector('#chart-peers path.compiler-curve') !== null")
+        plans = int(tab.evaluate("document.querySelector('#chart-peers g.memtune-plans').dataset.count"))
+        assert plans >= 1
+        assert tab.evaluate("document.querySelector('#chart-peers circle.best') !== null")
+        assert tab.evaluate("document.querySelector('#chart-peers line.budget') !== null")
+        assert tab.evaluate("document.querySelector('#chart-peers line.unplanned') !== null")
+        desc = tab.evaluate("document.querySelector('#chart-peers desc').textContent")
+        assert desc.startswith("3 compiler points (activation budgets 0, 0.5, 1)"), desc
+        title = tab.evaluate("document.querySelector('#chart-peers circle.compiler-point title').textContent")
+        assert title.startswith("torch.compile, activation budget 0: ") and "reserved" in title, title
+        layout = _layout(tab)
+        assert layout["page"][0] <= layout["page"][1], layout
+        assert all(s <= c for s, c in layout["cards"].values()), layout
     finally:
         tab.close()

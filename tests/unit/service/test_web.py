@@ -92,8 +92,9 @@ def test_pages_and_static_files(client: MemtuneClient, http: TestClient, db: Dat
     job_id = _tuned_job(client, db, trials=6)
     page = http.get(f"/jobs/{job_id}")
     assert page.status_code == 200 and f'data-job-id="{job_id}"' in page.text
-    for figure in ("chart-pareto", "chart-timeline", "chart-profile"):
+    for figure in ("chart-pareto", "chart-timeline", "chart-profile", "chart-peers"):
         assert f'id="{figure}"' in page.text
+    assert '<figure class="card" id="fig-peers" hidden>' in page.text  # shown only where there are compiler points
 
     evil = http.get("/jobs/%22%3E%3Cimg%20src=x%20onerror=alert(1)%3E")
     assert evil.status_code == 404 and "&quot;&gt;&lt;img src=x onerror=alert(1)&gt;" in evil.text
