@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +52,7 @@ __all__ = [
     "profile",
     "retries_words",
     "tune",
+    "tune_profiles",
 ]
 
 
@@ -373,13 +374,8 @@ def tune(
         TunerError: a bad budget, optimizer, dtype, trials or headroom (refused before any profiling, the message
             naming the argument and what it takes), or ``compile`` not one of True, False or ``"auto"``.
     """
-    import optuna
-
-    from tuner import Simulator, TunerError
-    from tuner import tune as run_tune
-    from tuner.bound import step_lower_bound
+    from tuner import TunerError
     from tuner.calibration import missing_calibration
-    from tuner.regions import fastest, region_trial
 
     check_arguments(budget=budget, optimizer=optimizer, dtype=dtype, gpu=gpu, trials=trials, headroom=headroom)
     if compile not in (True, False, "auto"):
@@ -412,6 +408,47 @@ def tune(
     advice = missing_calibration(prof) if headroom is None else None
     if advice:
         warnings.warn(advice, stacklevel=2)
+    return tune_profiles(
+        prof,
+        budget_bytes,
+        regions=region_runs,
+        trials=trials,
+        seed=seed,
+        optimizer=optimizer,
+        headroom=headroom,
+        progress=progress,
+    )
+
+
+def tune_profiles(
+    prof: Profile,
+    budget_bytes: int,
+    *,
+    regions: Sequence[RegionProfile] = (),
+    trials: int = 300,
+    seed: int = 0,
+    optimizer: str = "sgd",
+    headroom: float | None = None,
+    progress: bool = True,
+) -> Tuned:
+    """The search half of ``tune``, on profiles already measured (NOTE [ Compiled-region candidates ] in
+    ``tuner.regions``): ``prof`` (eager, with any compiler points) and each compiled-region profile of ``regions``,
+    each searched within ``budget_bytes``; the fastest best plan of them all is served. A benchmark that measures
+    once and tunes at several budgets calls it directly.
+
+    Args:
+        prof: the eager profile.
+        budget_bytes: bytes one step may use.
+        regions: compiled-region profiles (``profiler.region_profile.profile_regions``); failed ones are listed.
+        trials, seed, optimizer, headroom, progress: as ``tune``.
+    """
+    import optuna
+
+    from tuner import Simulator
+    from tuner import tune as run_tune
+    from tuner.bound import step_lower_bound
+    from tuner.regions import fastest, region_trial
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     def search(p: Profile, label: str) -> TuneResult:
@@ -430,7 +467,7 @@ def tune(
 
     result = search(prof, "tuning")
     results, trials_done = [result], []
-    for run in region_runs:  # NOTE [ Compiled-region candidates ] (tuner.regions)
+    for run in regions:  # NOTE [ Compiled-region candidates ] (tuner.regions)
         found = search(run.profile, f"tuning regions at {run.budget:g}") if run.profile is not None else None
         results += [found] if found is not None else []
         trials_done.append(

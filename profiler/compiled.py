@@ -23,6 +23,7 @@ dynamo silently runs the stages past the limit eagerly, and a profile of them wo
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -33,12 +34,24 @@ from torch import nn
 
 from profiler.chain import ModelChain, Stage, may_write_input
 
-__all__ = ["COMPILE_BUDGETS", "CompiledStage", "budget_backend", "compiled_chain", "configure_dynamo", "eager_module"]
+__all__ = [
+    "COMPILE_BUDGETS",
+    "GRAPHS_COMPILED",
+    "CompiledStage",
+    "budget_backend",
+    "compiled_chain",
+    "configure_dynamo",
+    "eager_module",
+]
 
 #: the compiler's activation budgets a compiled profile is measured at by default (``memtune profile --compile``)
 COMPILE_BUDGETS: tuple[float, ...] = (0.0, 0.5, 1.0)
 
 _RECOMPILE_LIMIT = 256
+
+#: graphs ``budget_backend`` compiled in this process, per activation budget: one per graph dynamo hands it (its
+#: backward is compiled with it); a count that stays put across calls means nothing recompiled
+GRAPHS_COMPILED: collections.Counter[float] = collections.Counter()
 
 
 def configure_dynamo() -> None:
@@ -63,6 +76,7 @@ def budget_backend(budget: float) -> Callable[..., Any]:
         import torch._functorch.config as functorch_config
         from torch._inductor.compile_fx import compile_fx
 
+        GRAPHS_COMPILED[budget] += 1
         with functorch_config.patch(activation_memory_budget=budget):
             return compile_fx(gm, example_inputs, config_patches={"keep_output_stride": False})
 
