@@ -64,6 +64,7 @@ import queue as queue_module
 import random
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -82,6 +83,7 @@ from tuner.plan import Action, Plan, stage_actions
 from tuner.prefetch_trigger import prefetch_trigger
 from tuner.simulator import OPTIMIZERS, SimResult, Simulator
 from tuner.spatial_search import STRIP_CHOICES, split_descent, splittable, valid_splits, with_strips
+from tuner.trials import FixedTrial, TrialQueue, run_trials
 
 __all__ = [
     "CONSTRAINTS",
@@ -304,7 +306,7 @@ class _Search:
         return self.sim.run(plan, check=False)
 
     # ---- Optuna objective ------------------------------------------------------------------------
-    def suggest(self, trial: optuna.Trial) -> Plan:
+    def suggest(self, trial: optuna.Trial | FixedTrial) -> Plan:
         params: dict[str, Any] = {"threshold": trial.suggest_float("threshold", *_THRESHOLD_RANGE, log=True)}
         for k in range(self.n):
             params[f"a{k:03d}"] = trial.suggest_categorical(f"a{k:03d}", self.choices[k])
@@ -317,7 +319,7 @@ class _Search:
         trial.suggest_categorical("per_layer_prefetch", _PER_LAYER)  # applied after the descent (objective)
         return decode_params(params, self.n, self.threshold_actions)
 
-    def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
+    def objective(self, trial: optuna.Trial | FixedTrial) -> float | tuple[float, float]:
         start = self.suggest(trial)
         budget = self.budget
         if self.mode == "pareto" and self.peak_range is not None:  # aim each descent at a random budget
@@ -999,6 +1001,7 @@ def tune(
         study = optuna.create_study(sampler=sampler, directions=directions)
         study.add_trials(existing)
         mirror = _Mirror(kept, study, storage)
+    queue: TrialQueue = deque()  # trials enqueued for the sampler's study (NOTE [ Fixed trials ] in tuner.trials)
     if not existing:
         seen: set[str] = set()
         for c in policies:
@@ -1006,14 +1009,14 @@ def tune(
             key = repr(sorted(params.items()))
             if key not in seen:
                 seen.add(key)
-                study.enqueue_trial(params, user_attrs={"policy": c.name})
+                queue.append((params, {"policy": c.name}))
         for plan in seeds:
             plan.check(profile)
             params = _params_for(plan, search.has_conv_algos)
             key = repr(sorted(params.items()))
             if key not in seen:
                 seen.add(key)
-                study.enqueue_trial(params, user_attrs={"policy": "seed"})
+                queue.append((params, {"policy": "seed"}))
         if search.has_conv_algos and trials >= 4 * _PRE_TRIALS_MIN:
             # NOTE [ Rule basins ]: a short search without algorithm choice first; its best starts this one
             pre = tune(
@@ -1028,7 +1031,7 @@ def tune(
                 placement=False,
             ).best
             if pre is not None:
-                study.enqueue_trial(_params_for(pre.plan, True), user_attrs={"policy": "no algorithm choice"})
+                queue.append((_params_for(pre.plan, True), {"policy": "no algorithm choice"}))
 
     # NOTE [ Exact trial count ]: the last of ``trials`` is the served plan, recorded after the search
     finished = sum(1 for t in existing if t.state is TrialState.COMPLETE)
@@ -1039,7 +1042,7 @@ def tune(
     # keeps the incumbent and the count from the trials it sees.
     state: dict[str, Any] = {"done": finished, "seen": 0, "incumbent": search.incumbent(existing), "best": None}
 
-    def callback(st: optuna.Study, trial: FrozenTrial) -> None:
+    def callback(trial: FrozenTrial) -> bool:
         state["seen"] += 1
         if mirror is not None:
             mirror.write()
@@ -1058,15 +1061,15 @@ def tune(
         if progress is not None:
             progress(min(done, trials), trials, state["best"])
         if done >= searched or (should_stop is not None and should_stop()):
-            st.stop()
-            return
+            return True
         if inc is not None and done >= finished + n_baselines + 10 and search.rng.random() < 0.8:
             parent = search.pick_parent(inc)
-            st.enqueue_trial(search.mutate(_params_for(search._candidate(parent).plan, search.has_conv_algos)))
+            queue.append((search.mutate(_params_for(search._candidate(parent).plan, search.has_conv_algos)), None))
+        return False
 
     if remaining > 0 and not (should_stop is not None and should_stop()):
         try:
-            study.optimize(search.objective, n_trials=remaining, callbacks=[callback], gc_after_trial=False)
+            run_trials(study, search.objective, remaining, queue, search.distributions(), callback, _constraint_list)
         finally:
             if mirror is not None:
                 mirror.close()

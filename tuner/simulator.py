@@ -304,6 +304,8 @@ class Simulator:
         # NOTE [ Inline fetches ]: inline plans hold one storage at a time, so merged storages would over-count
         self._unmerged = self._tables if not merge else None
         self._fast = FastPath(self)  # NOTE [ Fast path ]
+        self._last_plan: Plan | None = None  # the plan ``run_bounded`` priced last (held, so its id stays its own)
+        self._last_costs = self.fwd, self.bwd, self.ws_f, self.ws_b
 
     @property
     def tables(self) -> StorageTables:
@@ -349,7 +351,11 @@ class Simulator:
         decide the same way as full simulations.
         """
         if self._fast_applies(actions, plan):
-            costs = self.stage_costs(plan)
+            if plan is self._last_plan:  # a descent prices most moves with one plan's knobs
+                costs = self._last_costs
+            else:
+                costs = self.stage_costs(plan)
+                self._last_plan, self._last_costs = plan, costs
             numbers = self._fast.run(
                 actions, plan, costs, peak_limit=peak_limit, step_limit=step_limit, step_limit_peak=step_limit_peak
             )
