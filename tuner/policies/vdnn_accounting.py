@@ -55,12 +55,16 @@ class PaperMemory:
         avg_bytes: the mean over the layers' forward and backward steps (Figure 9's "average").
         offloaded_bytes: the maps copied to pinned host memory (Figure 10).
         peak_layer: ``"fwd <n>"`` or ``"bwd <n>"``, where the maximum falls.
+        peak_parts: the maximum's bytes by what holds them: ``W and dW`` (weights and their gradients), ``feature
+            maps`` (every map live then, prefetched ones included), ``gradient maps`` (the layer's ``dY`` and ``dX``)
+            and ``workspace``; they sum to ``max_bytes``.
     """
 
     max_bytes: int
     avg_bytes: float
     offloaded_bytes: int
     peak_layer: str
+    peak_parts: tuple[tuple[str, int], ...] = ()
 
 
 def _is_activation(st: StageProfile) -> bool:
@@ -134,17 +138,19 @@ def paper_memory(profile: Profile, plan: Plan) -> PaperMemory:
     offloaded = [plan.actions[k] is Action.OFFLOAD and not stages[k].inplace for k in range(n)]
     if not any(offloaded):
         grad = max(st.output_bytes for st in stages)
-        total = weights + sum(size) + 2 * grad + max(ws_f + ws_b)
-        return PaperMemory(total, float(total), 0, "network-wide")
+        parts = _parts(weights, sum(size), 2 * grad, max(ws_f + ws_b))
+        total = sum(b for _, b in parts)
+        return PaperMemory(total, float(total), 0, "network-wide", parts)
     reads = [_reads_backward(st, xs[k], ys[k]) for k, st in enumerate(stages)]
     last_bwd = {b: min(k for k in range(n) if b in reads[k]) for r in reads for b in r}  # lowest layer reading b
     first_bwd = {b: max(k for k in range(n) if b in reads[k]) for r in reads for b in r}
     off_buf = {xs[k] for k in range(n) if offloaded[k]}
-    samples: list[tuple[int, str]] = []
+    samples: list[tuple[int, str, tuple[tuple[str, int], ...]]] = []
     live: set[int] = {0}
     for k in range(n):  # forward
         live.add(ys[k])
-        samples.append((weights + sum(size[b] for b in live) + ws_f[k], f"fwd {k}"))
+        parts = _parts(weights, sum(size[b] for b in live), 0, ws_f[k])
+        samples.append((sum(b for _, b in parts), f"fwd {k}", parts))
         if offloaded[k] and xs[k] != ys[k]:
             live.discard(xs[k])
         live = {b for b in live if b in first_bwd and (b not in off_buf or b == ys[k])} | {ys[k]}
@@ -157,9 +163,15 @@ def paper_memory(profile: Profile, plan: Plan) -> PaperMemory:
             live.add(xs[p])
         live |= set(reads[k]) & off_buf  # brought back on demand if no search found it
         grad_out = 0 if _is_activation(stages[k]) else size[xs[k]]
-        samples.append((weights + sum(size[b] for b in live) + grad_in + grad_out + ws_b[k], f"bwd {k}"))
+        parts = _parts(weights, sum(size[b] for b in live), grad_in + grad_out, ws_b[k])
+        samples.append((sum(b for _, b in parts), f"bwd {k}", parts))
         live = {b for b in live if last_bwd.get(b, n) < k}  # Y and dY go; X stays while a lower layer reads it
         grad_in = grad_in if _is_activation(stages[k]) else grad_out
-    peak, where = max(samples)
+    peak, where, parts = max(samples, key=lambda s: (s[0], s[1]))  # ties: the later label
     offloaded_bytes = sum(size[b] for b in off_buf)
-    return PaperMemory(peak, sum(s for s, _ in samples) / len(samples), offloaded_bytes, where)
+    return PaperMemory(peak, sum(s[0] for s in samples) / len(samples), offloaded_bytes, where, parts)
+
+
+def _parts(weights: int, maps: int, grads: int, workspace: int) -> tuple[tuple[str, int], ...]:
+    """``PaperMemory.peak_parts`` of one sample, bytes."""
+    return (("W and dW", weights), ("feature maps", maps), ("gradient maps", grads), ("workspace", workspace))

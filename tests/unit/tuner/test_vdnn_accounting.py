@@ -39,6 +39,8 @@ def test_the_baseline_is_network_wide(small: Profile) -> None:
     maps = small.input_bytes + sum(b for b, s in zip(sizes, small.stages, strict=True) if not s.inplace)
     m = paper_memory(small, Plan.uniform(small.n_stages))
     assert m.max_bytes == m.avg_bytes == weights + maps + 2 * max(sizes)  # one dX and one dY, no workspace
+    assert dict(m.peak_parts) == {"W and dW": weights, "feature maps": maps, "gradient maps": 2 * max(sizes),
+                                  "workspace": 0}  # fmt: skip
     assert m.offloaded_bytes == 0
 
 
@@ -50,6 +52,8 @@ def test_vdnn_all_by_hand(small: Profile) -> None:
     m = paper_memory(small, vdnn_all(small, 0))
     # the pool's backward: its X (conv0's map) and Y, the input prefetched for conv0, dY 512 and dX 2048
     assert (m.max_bytes, m.peak_layer) == (w + 6656, "bwd 2")
+    # its parts: W and dW; X, Y and the prefetched input (2048 + 512 + 1536); dY 512 and dX 2048; no workspace
+    assert m.peak_parts == (("W and dW", w), ("feature maps", 4096), ("gradient maps", 2560), ("workspace", 0))
     assert m.offloaded_bytes == 1536 + 2048 + 512 + 1024 + 1024
     forward = [3584, 2048, 2560, 1536, 1024, 1024, 2048, 1104]
     backward = [3232, 3584, 3584, 2560, 4096, 6656, 5632, 5120]
