@@ -1,0 +1,398 @@
+"""Users' models beside every peer, on one GPU: the compiler's sweep, Hugging Face checkpointing, checkpoint_sequential,
+side-stream activation offload, and memtune's plans at fractions of the compiled unconstrained peak.
+
+    python -m benchmarks.module_peers --models resnet50,gpt2 --out benchmarks/results/h100/module-peers
+    python -m benchmarks.module_peers --table benchmarks/results/h100/module-peers   # the Markdown tables
+    python -m benchmarks.peer_curves benchmarks/results/h100/module-peers/*.json --out docs/images   # the pictures
+
+Per model, in one process, built as users build them (torchvision models as shipped; Hugging Face models from their
+default configurations, as ``benchmarks.promises`` builds them, the Llama-style decoder under bf16 autocast), in
+train mode; every step is forward, loss, backward and the optimizer's update (SGD with momentum; AdamW for the
+language models), the output held through the backward (the profile's default), the median of ``--steps`` after
+``--warmup`` by CUDA events, with the peak bytes allocated and reserved:
+
+1. ``unplanned``: the eager step (``tuner.runtime.module_bench.measure_step``).
+2. ``peers``: every peer of NOTE [ Module peers ] (``tuner.runtime.module_peers``), uncapped, each measured as
+   NOTE [ Peer measurement ] says (the first step's seconds include compiling), those that do not apply with their
+   reason: ``torch.compile`` of the whole model at each ``--compiler-sweep`` budget, Hugging Face checkpointing,
+   ``checkpoint_sequential``, ``OffloadActivations``.
+3. ``plans``: ``memtune.profile`` of the model with the sweep's points as its compiler points (so that a plan may
+   compile the whole model where that is fastest, NOTE [ Whole-model compile ]); at each of ``--fractions`` of the
+   compiled unconstrained peak (the allocated peak at activation budget 1; the eager peak where that did not run)
+   ``tuner.tune`` with the default headroom (``tuner.planning_headroom``), the plans searched in parallel processes;
+   each plan measured under ``budget_guard`` at its budget (an out-of-memory is a result) and without the cap, beside
+   the simulator's prediction. A compiled plan runs at a budget of the sweep, so its compiled graph is the sweep's
+   (``profiler.compiled.budget_backend``).
+
+``<out>/<model>.json`` is written after every measurement (with NOTE [ Run record ] and the versions of transformers
+and torchvision), so a run stopped by a time limit keeps what it measured, and the same command run again continues
+where it stopped (``--fresh`` starts over). A line per model goes to standard output when it is done.
+
+# NOTE [ Torch and library names the peer benchmark relies on ]
+No private torch name is called here. Through memtune: ``torch._functorch.config.activation_memory_budget`` and
+``torch._dynamo.config`` recompile limits (``profiler.compiled``), as the compiled measurements of torch 2.11 used.
+Public: ``torch.utils.checkpoint.checkpoint_sequential(functions, segments, input, use_reentrant=False)`` (a list of
+callables or an ``nn.Sequential``), ``saved_tensors_hooks``, ``torch.OutOfMemoryError``. transformers: a model's
+``activation_checkpointing_enable(activation_checkpointing_kwargs=...)`` where it has it (5.24 here), else
+``gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)`` (transformers 4 and 5; a deprecated alias in
+5.24), and ``supports_gradient_checkpointing``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MODELS", "fastest_peer_within", "main", "run_model", "table"]
+
+GiB = float(1 << 30)
+
+#: torchvision models and their batch (images of 224 x 224)
+VISION = {"resnet50": 128, "efficientnet_b0": 128, "mobilenet_v2": 128, "vit_b_16": 64}
+#: Hugging Face models (``benchmarks.promises.language_model``: batch and sequence from ``promises.SIZES``)
+LANGUAGE = ("gpt2", "bert_mlm", "llama")
+MODELS = (*LANGUAGE, *VISION)
+FRACTIONS = (0.9, 0.75, 0.6, 0.45, 0.3)
+
+
+def build(name: str) -> tuple[Any, Any, Callable[[Any], Any], str, int]:
+    """The model ``name`` on CUDA in train mode: (model, batch, loss, optimizer, batch size)."""
+    import torch
+    from torch import nn
+
+    if name in VISION:
+        import torchvision
+
+        n = VISION[name]
+        model = getattr(torchvision.models, name)().cuda().train()
+        x = torch.randn(n, 3, 224, 224, device="cuda")
+        y = torch.randint(0, 1000, (n,), device="cuda")
+        return model, x, lambda out: nn.functional.cross_entropy(out, y), "sgd", n
+    # benchmarks.promises sets CUBLAS_WORKSPACE_CONFIG for its deterministic math when imported; these steps are timed
+    # with cuBLAS's default workspace, as users run them
+    before = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    from benchmarks import promises
+
+    if before is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    model, inputs, loss, opt = promises.language_model(name)
+    return model.train(), inputs, loss, opt, promises.SIZES[name][1]
+
+
+def _error(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:400] if text else ''}"
+
+
+def _libraries() -> dict[str, str]:
+    from importlib import metadata
+
+    found = {}
+    for name in ("transformers", "torchvision"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            found[name] = metadata.version(name)
+    return found
+
+
+class _Run:
+    """One model's row, saved after every measurement (see the module docstring)."""
+
+    def __init__(self, name: str, args: argparse.Namespace) -> None:
+        self.name, self.args = name, args
+        self.path: Path = args.out / f"{name}.json"
+        self.row: dict[str, Any] = {}
+        if not args.fresh and self.path.exists():
+            old = json.loads(self.path.read_text())
+            if old.get("model") == name:
+                self.row = old
+
+    def save(self) -> None:
+        from profiler.provenance import run_record
+
+        self.row["run"] = run_record()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.row, indent=1) + "\n")
+
+    def measure(self) -> dict[str, Any]:
+        """Measure what the row lacks; an unexpected failure is the row's ``error``, what it held before stays."""
+        try:
+            self._measure()
+        except Exception as exc:
+            self.row.update(model=self.name, error=_error(exc))
+            self.save()
+        return self.row
+
+    def _measure(self) -> None:
+        import torch
+
+        from tuner.runtime.module_bench import measure_step
+        from tuner.runtime.module_peers import applicable_peers
+        from tuner.runtime.peer_measure import measure_peers
+
+        args, row = self.args, self.row
+        torch.manual_seed(0)
+        try:
+            model, inputs, loss, opt, batch = build(self.name)
+        except Exception as exc:  # a missing library: the row says so, what it held before stays
+            row.update(model=self.name, error=_error(exc))
+            return
+        row.pop("error", None)
+        row.update(model=self.name, batch=batch, optimizer=opt, output_held=True, libraries=_libraries())
+        row["device"] = torch.cuda.get_device_name()
+        if "unplanned" not in row:
+            row["unplanned"] = measure_step(model, model, inputs, loss, warmup=args.warmup, steps=args.steps,
+                                            output_held=True, optimizer=opt)  # fmt: skip
+            self.save()
+        done = {p["name"]: p for p in row.get("peers", []) if "step_ms" in p or "error" in p or not p["applies"]}
+        peers = applicable_peers(model, inputs, compiler_budgets=args.compiler_sweep)
+        for i, peer in enumerate(peers):
+            if peer.name not in done:
+                print(f"{self.name}: {peer.name} ({i + 1} of {len(peers)})", flush=True)
+                done[peer.name] = measure_peers(model, inputs, peers=[peer], loss_fn=loss, optimizer=opt,  # type: ignore[arg-type]
+                                                warmup=args.warmup, steps=args.steps, output_held=True)[0]  # fmt: skip
+            row["peers"] = [done[p.name] for p in peers[: i + 1]]
+            self.save()
+        try:
+            self._plans(model, inputs, loss, opt)
+        except Exception as exc:  # the peers stand; the plans' failure is the row's
+            row["plans_error"] = _error(exc)
+        self.save()
+
+    def _plans(self, model: Any, inputs: Any, loss: Callable[[Any], Any], opt: str) -> None:
+        import gc
+
+        import torch
+
+        import memtune
+        from profiler import CompilerPoint, Profile
+        from tuner import Plan, planning_headroom
+        from tuner.runtime import budget_guard, planned
+        from tuner.runtime.module_bench import measure_step
+        from tuner.runtime.whole import with_compiler_points
+
+        args, row = self.args, self.row
+        kept = {e["fraction"]: e for e in row.get("plans", []) if "capped" in e or "plan_json" not in e}
+        todo = [f for f in args.fractions if f not in kept]
+        if not todo:
+            return
+        row.pop("plans_error", None)
+        if "profile" in row:
+            prof = Profile.from_json(json.dumps(row["profile"]))
+        else:
+            t0 = time.perf_counter()
+            prof = memtune.profile(model, inputs, loss_fn=loss, progress=False)
+            row["profile_s"] = round(time.perf_counter() - t0, 1)
+            row.update(stages=prof.n_stages, profile=json.loads(prof.to_json()))
+            self.save()
+        compiled = [p for p in row["peers"] if p["family"] == "compiler" and "step_ms" in p]
+        points = [
+            CompilerPoint(activation_budget=p["activation_budget"], step_ms=p["step_ms"], peak_bytes=p["peak_bytes"],
+                          reserved_bytes=p["reserved_bytes"], optimizer=opt)  # type: ignore[arg-type]
+            for p in compiled
+        ]  # fmt: skip
+        prof = with_compiler_points(prof, points)
+        top = next((p for p in compiled if p["activation_budget"] == 1.0), None)
+        reference = top["peak_bytes"] if top is not None else row["unplanned"]["peak_bytes"]
+        row["reference"] = {"of": "compiled, budget 1" if top is not None else "eager", "peak_bytes": reference}
+        headroom = planning_headroom(prof)
+        row["headroom"] = headroom
+        budgets = [int(f * reference) for f in todo]
+        with ProcessPoolExecutor(max_workers=min(len(budgets), 5)) as pool:
+            found = list(pool.map(_tune, [(prof.to_json(), b, headroom, args.trials, opt) for b in budgets]))
+        for fraction, budget, best in zip(todo, budgets, found, strict=True):
+            entry: dict[str, Any] = {"fraction": fraction, "budget_bytes": budget, **best}
+            if "plan_json" in entry:
+                plan = Plan.model_validate(entry["plan_json"])
+                entry["compiled"] = plan.whole_compile is not None or plan.compile_budget is not None
+                pm = planned(model, plan)
+
+                def step(run: Any) -> dict[str, Any]:
+                    return measure_step(model, run, inputs, loss, warmup=args.warmup, steps=args.steps,
+                                        output_held=True, optimizer=opt)  # fmt: skip
+
+                entry["uncapped"] = step(pm)
+                try:
+                    with budget_guard(budget, pm):
+                        entry["capped"] = step(pm)
+                except Exception as exc:  # an out-of-memory under the cap is a result
+                    entry["capped"] = {"error": _error(exc)}
+                del pm
+                gc.collect()
+                torch.cuda.empty_cache()
+            kept[fraction] = entry
+            row["plans"] = [kept[f] for f in args.fractions if f in kept]
+            self.save()
+
+
+def _tune(job: tuple[str, int, float, int, str]) -> dict[str, Any]:
+    """One search in a worker process: ``(profile JSON, budget bytes, headroom, trials, optimizer)``."""
+    from profiler import Profile
+    from tuner import tune
+
+    profile_json, budget, headroom, trials, optimizer = job
+    result = tune(Profile.from_json(profile_json), budget, trials=trials, seed=0, headroom=headroom,
+                  optimizer=optimizer)  # fmt: skip
+    if result.best is None:
+        return {"error": "no plan fits"}
+    best = result.best
+    return {
+        "plan": best.plan.compact(),
+        "plan_json": best.plan.model_dump(mode="json"),
+        "predicted": {"step_ms": best.step_ms, "peak_bytes": best.peak_bytes},
+    }
+
+
+def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The row of one model (see the module docstring); what ``<out>/<name>.json`` held is continued."""
+    row = _Run(name, args).measure()
+    return {k: v for k, v in row.items() if k != "run"}  # benchmarks.common.model_rows adds this process's
+
+
+# ---- the tables (from the committed JSON alone) ------------------------------------------------------------------
+
+
+def _ran(r: dict[str, Any] | None) -> bool:
+    return r is not None and "error" not in r and r.get("step_ms") is not None
+
+
+def _cell(text: str) -> str:
+    """``text`` safe inside a Markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _ms_gib(r: dict[str, Any]) -> str:
+    return f"{r['step_ms']:.1f} / {r['peak_bytes'] / GiB:.2f}"
+
+
+def fastest_peer_within(row: dict[str, Any], budget_bytes: int) -> dict[str, Any] | None:
+    """The fastest of the model's peers and its unplanned eager step whose measured reserved peak is within
+    ``budget_bytes`` (what a cap at that budget lets run without retries), or None where none is."""
+    candidates = [p for p in row.get("peers", []) if p.get("applies") and _ran(p)]
+    un = row.get("unplanned")
+    if un is not None and _ran(un):
+        candidates.append({"name": "eager, unplanned", **un})
+    fits = [p for p in candidates if p.get("reserved_bytes") is not None and p["reserved_bytes"] <= budget_bytes]
+    return min(fits, key=lambda p: p["step_ms"], default=None)
+
+
+def _peer_rows(row: dict[str, Any]) -> list[str]:
+    un = row["unplanned"]
+    model = row["model"]
+    lines = [
+        f"| {model} | eager, unplanned | {un['step_ms']:.1f} | 1.00 | {un['peak_bytes'] / GiB:.2f} | "
+        f"{un['reserved_bytes'] / GiB:.2f} | - |"
+    ]
+    for p in row.get("peers", []):
+        if not p["applies"]:
+            lines.append(f"| {model} | {p['name']} | does not apply: {_cell(p['note'])} | | | | |")
+        elif "error" in p:
+            lines.append(f"| {model} | {p['name']} | {_cell(p['error'][:160])} | | | | |")
+        else:
+            lines.append(
+                f"| {model} | {p['name']} | {p['step_ms']:.1f} | {p['step_ms'] / un['step_ms']:.2f} | "
+                f"{p['peak_bytes'] / GiB:.2f} | {p['reserved_bytes'] / GiB:.2f} | {p['first_step_s']:.0f} |"
+            )
+    return lines
+
+
+def _plan_rows(row: dict[str, Any], ratios: list[float]) -> list[str]:
+    lines = []
+    for e in row.get("plans", []):
+        head = f"| {row['model']} | {e['fraction']:.0%} ({e['budget_bytes'] / GiB:.2f}) |"
+        peer = fastest_peer_within(row, e["budget_bytes"])
+        peer_text = f"{peer['name']}: {peer['step_ms']:.1f} / {peer['reserved_bytes'] / GiB:.2f}" if peer else "none"
+        if "plan_json" not in e:
+            lines.append(f"{head} {_cell(e.get('error', 'no plan'))} | - | - | {peer_text} | - |")
+            continue
+        kind = "compiled" if e.get("compiled") else "eager"
+        pr, cap = e["predicted"], e.get("capped")
+        measured = _ms_gib(cap) if _ran(cap) else _cell((cap or {}).get("error", "not measured")[:120])
+        ratio = "-"
+        if _ran(cap) and peer is not None:
+            assert cap is not None
+            ratios.append(cap["step_ms"] / peer["step_ms"])
+            ratio = f"{ratios[-1]:.2f}"
+        lines.append(
+            f"{head} {kind} `{e['plan']}` | {pr['step_ms']:.1f} / {pr['peak_bytes'] / GiB:.2f} | {measured} | "
+            f"{peer_text} | {ratio} |"
+        )
+    return lines
+
+
+def table(folder: Path) -> str:
+    """The Markdown tables of the rows in ``folder``: every peer of every model, then memtune at each budget beside
+    the fastest peer within it, with their geometric mean; a note where the folder holds no measurement yet."""
+    rows = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    rows = [r for r in rows if _ran(r.get("unplanned"))]
+    peers = [
+        "| model | configuration | step ms | x eager | peak GiB allocated | peak GiB reserved | first step s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    plans = [
+        "| model | budget (GiB) | memtune's plan | predicted ms / GiB | under the cap ms / GiB "
+        "| fastest peer within the budget: ms / GiB reserved | memtune / peer |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ratios: list[float] = []
+    for r in rows:
+        peers += _peer_rows(r)
+        plans += _plan_rows(r, ratios)
+    out = ["## Peers", "", *peers, "", "## memtune at fractions of the compiled peak", "", *plans, ""]
+    if ratios:
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        out.append(f"memtune / fastest peer within the budget, geometric mean over {len(ratios)} budgets: {geo:.3f}")
+    if not rows:
+        out.append(f"No measurement in {folder} yet: `python -m benchmarks.module_peers --out {folder}` on a GPU.")
+    for r in rows:
+        run = r.get("run") or {}
+        out.append(f"- {r['model']}: batch {r['batch']}, {r['device']}, {run.get('date', '?')}, "
+                   f"commit {str(run.get('commit'))[:10]}")  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def _floats(text: str, option: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"{option} {text!r}: give comma-separated numbers, e.g. 0.9,0.6,0.3") from None
+    if not values:
+        raise SystemExit(f"{option}: give at least one number")
+    return values
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from benchmarks.common import model_rows
+    from tuner.runtime.module_peers import COMPILER_SWEEP
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--compiler-sweep", default=",".join(f"{b:g}" for b in COMPILER_SWEEP))
+    parser.add_argument("--fractions", default=",".join(f"{f:g}" for f in FRACTIONS),
+                        help="memtune's budgets, as fractions of the compiled unconstrained peak")  # fmt: skip
+    parser.add_argument("--trials", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h100/module-peers"))
+    parser.add_argument("--fresh", action="store_true", help="start over instead of continuing what --out holds")
+    parser.add_argument("--table", type=Path, help="print the Markdown tables of the rows in this folder and stop")
+    args = parser.parse_args(argv)
+    if args.table is not None:
+        print(table(args.table), end="")
+        return
+    args.compiler_sweep = _floats(args.compiler_sweep, "--compiler-sweep")
+    args.fractions = _floats(args.fractions, "--fractions")
+    if any(not 0.0 <= b <= 1.0 for b in args.compiler_sweep):
+        raise SystemExit("--compiler-sweep: activation budgets are shares from 0 to 1")
+    model_rows(args.models, MODELS, lambda name: run_model(name, args), args.out)
+
+
+if __name__ == "__main__":
+    main()

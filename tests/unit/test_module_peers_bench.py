@@ -1,0 +1,120 @@
+"""``benchmarks.module_peers``: its tables from JSON alone, and one model's run on the CPU with the GPU's own pieces
+stood in for (the unplanned step's CUDA meter, the cap), continued where a stopped run left it."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import module_peers
+
+GiB = 1 << 30
+
+
+def _peer(name: str, family: str, step_ms: float, reserved_gib: float, **more: Any) -> dict[str, Any]:
+    return {"name": name, "family": family, "applies": True, "note": "", "step_ms": step_ms,
+            "peak_bytes": int((reserved_gib - 0.5) * GiB), "reserved_bytes": int(reserved_gib * GiB),
+            "first_step_s": 2.0, **more}  # fmt: skip
+
+
+def _row() -> dict[str, Any]:
+    return {
+        "model": "resnet50",
+        "batch": 128,
+        "device": "NVIDIA H100 80GB HBM3",
+        "unplanned": {"step_ms": 70.0, "peak_bytes": 10 * GiB, "reserved_bytes": 11 * GiB},
+        "peers": [
+            _peer("torch.compile budget 1", "compiler", 45.0, 10.5, activation_budget=1.0),
+            _peer("torch.compile budget 0.5", "compiler", 52.0, 6.2, activation_budget=0.5),
+            {"name": "HF gradient checkpointing", "family": "hf_checkpointing", "applies": False,
+             "note": "no gradient checkpointing in this model class (ResNet is no Hugging Face model)"},
+            _peer("checkpoint_sequential (5 segments)", "checkpoint_sequential", 93.0, 6.0, segments=5),
+            {"name": "offload activations (side stream)", "family": "offload_activations", "applies": True,
+             "note": "", "error": "out of memory: CUDA out of memory | twice"},
+        ],
+        "plans": [
+            {"fraction": 0.6, "budget_bytes": int(6.3 * GiB), "plan": "compiled whole, budget 0.5",
+             "plan_json": {}, "compiled": True, "predicted": {"step_ms": 52.0, "peak_bytes": int(5.7 * GiB)},
+             "capped": {"step_ms": 58.0, "peak_bytes": int(5.9 * GiB)}},
+            {"fraction": 0.3, "budget_bytes": int(3.2 * GiB), "plan": "rrrrooo", "plan_json": {}, "compiled": False,
+             "predicted": {"step_ms": 140.0, "peak_bytes": int(3.0 * GiB)},
+             "capped": {"step_ms": 142.0, "peak_bytes": int(3.1 * GiB)}},
+            {"fraction": 0.1, "budget_bytes": GiB, "error": "no plan fits"},
+        ],
+        "run": {"date": "2026-11-27T10:00:00Z", "commit": "0123456789abcdef"},
+    }  # fmt: skip
+
+
+def test_the_fastest_peer_within_a_budget_is_judged_by_its_reserved_peak() -> None:
+    row = _row()
+    assert module_peers.fastest_peer_within(row, int(6.3 * GiB))["name"] == "torch.compile budget 0.5"  # type: ignore[index]
+    assert module_peers.fastest_peer_within(row, int(6.1 * GiB))["name"] == "checkpoint_sequential (5 segments)"  # type: ignore[index]
+    assert module_peers.fastest_peer_within(row, 11 * GiB)["name"] == "torch.compile budget 1"  # type: ignore[index]
+    assert module_peers.fastest_peer_within(row, 5 * GiB) is None
+
+
+def test_the_tables_render_from_the_json_alone(tmp_path: Path) -> None:
+    assert "No measurement in" in module_peers.table(tmp_path)
+    (tmp_path / "resnet50.json").write_text(json.dumps(_row()))
+    text = module_peers.table(tmp_path)
+    assert "| resnet50 | eager, unplanned | 70.0 | 1.00 | 10.00 | 11.00 | - |" in text
+    assert "| resnet50 | torch.compile budget 0.5 | 52.0 | 0.74 | 5.70 | 6.20 | 2 |" in text
+    assert ("| resnet50 | HF gradient checkpointing | does not apply: no gradient checkpointing in this model class "
+            "(ResNet is no Hugging Face model) | | | | |") in text  # fmt: skip
+    assert (
+        "| resnet50 | offload activations (side stream) | out of memory: CUDA out of memory \\| twice | | | | |" in text
+    )
+    assert ("| resnet50 | 60% (6.30) | compiled `compiled whole, budget 0.5` | 52.0 / 5.70 | 58.0 / 5.90 | "
+            "torch.compile budget 0.5: 52.0 / 6.20 | 1.12 |") in text  # fmt: skip
+    assert "| resnet50 | 30% (3.20) | eager `rrrrooo` | 140.0 / 3.00 | 142.0 / 3.10 | none | - |" in text
+    assert "| resnet50 | 10% (1.00) | no plan fits | - | - | none | - |" in text
+    assert "geometric mean over 1 budgets: 1.115" in text
+    assert "- resnet50: batch 128, NVIDIA H100 80GB HBM3, 2026-11-27T10:00:00Z, commit 0123456789" in text
+
+
+@pytest.mark.slow  # profiles and tunes a small model on the CPU
+def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from torch import nn
+
+    import tuner.runtime
+    import tuner.runtime.module_bench
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(m for _ in range(4) for m in (nn.Linear(32, 32), nn.Tanh())), nn.Linear(32, 4))
+    x = torch.randn(64, 32)
+
+    def build(name: str) -> tuple[Any, Any, Any, str, int]:
+        return model, x, lambda out: out.square().mean(), "sgd", 64
+
+    steps: list[str] = []
+
+    def measure_step(model: nn.Module, run: nn.Module, *_a: Any, **_k: Any) -> dict[str, Any]:
+        steps.append(type(run).__name__)
+        return {"step_ms": 10.0, "peak_bytes": 4 << 20, "reserved_bytes": 6 << 20, "alloc_retries_per_step": 0.0}
+
+    monkeypatch.setattr(module_peers, "build", build)
+    monkeypatch.setattr(tuner.runtime.module_bench, "measure_step", measure_step)
+    monkeypatch.setattr(tuner.runtime, "budget_guard", lambda *_a, **_k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
+    args = argparse.Namespace(out=tmp_path, fresh=False, warmup=1, steps=1, trials=10, compiler_sweep=[],
+                              fractions=[0.9, 0.5])  # fmt: skip
+    row = module_peers.run_model("mlp", args)
+    assert "error" not in row and "plans_error" not in row, row
+    assert [p["family"] for p in row["peers"]] == ["hf_checkpointing", "checkpoint_sequential", "offload_activations"]
+    assert row["peers"][1]["step_ms"] > 0  # measured on the CPU
+    assert row["reference"] == {"of": "eager", "peak_bytes": 4 << 20}
+    assert [p["fraction"] for p in row["plans"]] == [0.9, 0.5]
+    assert all("capped" in p or p.get("error") == "no plan fits" for p in row["plans"]), row["plans"]
+    saved = json.loads((tmp_path / "mlp.json").read_text())
+    assert saved["run"]["command"] and saved["profile"]["model"]
+    measured = len(steps)
+    again = module_peers.run_model("mlp", args)  # continues: everything is there, nothing is measured again
+    assert len(steps) == measured and again["plans"] == row["plans"]
