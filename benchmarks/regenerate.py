@@ -238,6 +238,14 @@ GENERATED: tuple[Generated, ...] = (
         "gpu",
         5,
     ),
+    Generated(
+        "module-peers-table",
+        f"{_R}/h100/module-peers/table.md",
+        ("benchmarks.module_peers", "--table", f"{_R}/h100/module-peers"),
+        "gpu",
+        5,
+        quoted_in=("docs/results/torch-compile.md",),
+    ),
 )
 
 KEPT: tuple[Kept, ...] = (
