@@ -341,7 +341,8 @@ class Profile(_Frozen):
         ge=0.0,
         le=1.0,
         description="every stage measured compiled by torch.compile under this activation-memory budget (NOTE "
-        "[ Compiled stages ] in profiler.compiled); None: eager stages",
+        "[ Compiled stages ] in profiler.compiled; module stages are then regions, NOTE [ Regions ] in "
+        "profiler.regions, except eager_stages); None: eager stages",
     )
     eager_stages: tuple[int, ...] = Field(
         default=(),

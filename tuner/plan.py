@@ -166,7 +166,8 @@ class Plan(BaseModel):
         ge=0.0,
         le=1.0,
         description="every stage runs compiled by torch.compile, partitioned under this activation-memory budget "
-        "(NOTE [ Compiled stages ] in profiler.compiled); the plan is priced on the compiled profile of that "
+        "(NOTE [ Compiled stages ] in profiler.compiled; module stages are then regions, each wrapped once, NOTE "
+        "[ Regions ] in profiler.regions, except eager_stages); the plan is priced on the compiled profile of that "
         "budget. None: eager stages",
     )
     eager_stages: tuple[int, ...] = Field(
