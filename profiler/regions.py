@@ -60,6 +60,7 @@ release the planned model first.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -337,6 +338,7 @@ class RegionForward:
         self.previous: Callable[..., Any] | None = module.__dict__.get("forward")
         self._runners: list[weakref.ref[Any]] = []
         self._compiled: dict[float, Callable[..., Any]] = {}
+        _sign(self, module)
 
     @property
     def module(self) -> nn.Module:
@@ -397,6 +399,7 @@ class RegionForward:
         fresh.previous = None
         fresh._runners = []
         fresh._compiled = {}
+        _sign(fresh, copy_of)
         return fresh
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -412,7 +415,16 @@ def _fresh_region_forward(module: nn.Module) -> RegionForward:
     fresh.previous = None
     fresh._runners = []
     fresh._compiled = {}
+    _sign(fresh, module)
     return fresh
+
+
+def _sign(region: RegionForward, module: nn.Module) -> None:
+    """Give ``region`` the signature of the forward it stands for: code that inspects a module's ``forward`` (a
+    library choosing which keyword arguments to pass) sees the module's own parameters."""
+    own = region.previous if region.previous is not None else types.MethodType(type(module).forward, module)
+    with contextlib.suppress(TypeError, ValueError):  # a forward without one: the wrapper's own is shown then
+        region.__signature__ = inspect.signature(own)  # type: ignore[attr-defined]
 
 
 def install_region(module: nn.Module) -> RegionForward:

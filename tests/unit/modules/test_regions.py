@@ -9,6 +9,8 @@ under the same budget, every region kept: ``CompiledRegions``): keep, offload (a
 from __future__ import annotations
 
 import copy
+import inspect
+import pickle
 
 import pytest
 import torch
@@ -186,6 +188,10 @@ def test_a_region_is_wrapped_once_and_compiles_once() -> None:
     assert counters["stats"]["unique_graphs"] == graphs
     clone = copy.deepcopy(model)  # a copy gets a wrapper of its own that runs eagerly
     assert isinstance(clone.encoder.forward, RegionForward) and clone.encoder.forward.module is clone.encoder
+    pickled = pickle.loads(pickle.dumps(model))  # torch.save of the whole model: the same
+    assert pickled.encoder.forward.module is pickled.encoder
+    torch.testing.assert_close(pickled(x), model(x))
+    assert list(inspect.signature(model.encoder.forward).parameters) == ["x"]  # the module's own, for inspectors
     run.release()
     assert model.encoder.forward is wrapped  # ``again`` still runs it
     again.release()
