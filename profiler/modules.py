@@ -91,6 +91,7 @@ __all__ = [
     "find_stages",
     "held_tensors",
     "mark_exported_classes",
+    "module_calls",
     "module_class",
     "module_kind",
     "rebuild",
@@ -309,24 +310,42 @@ def call_model(model: nn.Module, inputs: Inputs) -> Any:
 
 def _run_counts(model: nn.Module, inputs: Inputs) -> tuple[dict[str, int], list[str]]:
     """How many times each named module runs in one forward (no grad), and the order of first runs."""
+    counts, order, _ = module_calls(model, inputs)
+    return counts, order
+
+
+def module_calls(model: nn.Module, inputs: Inputs) -> tuple[dict[str, int], list[str], dict[str, tuple[int, int]]]:
+    """One forward without grad with every named module hooked: how many times each runs, the order of first runs,
+    and the (start, end) event numbers of each one's first call (a module's call covers the calls numbered between:
+    NOTE [ Regions ] in ``profiler.regions``)."""
     counts: dict[str, int] = {}
     order: list[str] = []
+    spans: dict[str, list[int]] = {}
+    clock = [0]  # events so far: every call's start and end
     handles = []
     for name, m in model.named_modules():
 
-        def hook(_m: nn.Module, _a: Any, name: str = name) -> None:
+        def pre(_m: nn.Module, _a: Any, name: str = name) -> None:
+            clock[0] += 1
             if name not in counts:
                 order.append(name)
+                spans[name] = [clock[0], -1]
             counts[name] = counts.get(name, 0) + 1
 
-        handles.append(m.register_forward_pre_hook(hook))
+        def post(_m: nn.Module, _a: Any, _o: Any, name: str = name) -> None:
+            clock[0] += 1
+            if spans[name][1] < 0:
+                spans[name][1] = clock[0]
+
+        handles.append(m.register_forward_pre_hook(pre))
+        handles.append(m.register_forward_hook(post, always_call=True))
     try:
         with torch.no_grad():
             call_model(model, inputs)
     finally:
         for h in handles:
             h.remove()
-    return counts, order
+    return counts, order, {n: (s, e) for n, (s, e) in spans.items()}
 
 
 #: the attribute ``profiler.exported.load_exported`` sets on every module of an unflattened exported program: the

@@ -73,7 +73,7 @@ from torch import nn
 from profiler.chain import may_write_input
 from profiler.compiled import budget_backend, configure_dynamo
 from profiler.errors import ProfilerError
-from profiler.modules import Inputs, _plain_container, _run_counts, call_model, find_stages, tensor_leaves
+from profiler.modules import Inputs, _plain_container, call_model, find_stages, module_calls, tensor_leaves
 
 __all__ = [
     "CompiledRegions",
@@ -112,37 +112,6 @@ class RegionPartition:
         return f"depth {self.depth}: {len(self.names)} regions ({shown})"
 
 
-def _call_spans(model: nn.Module, inputs: Inputs) -> dict[str, tuple[int, int]]:
-    """Per named module, the (start, end) event numbers of its first call in one forward without grad."""
-    spans: dict[str, list[int]] = {}
-    clock = [0]
-    handles = []
-
-    def tick() -> int:
-        clock[0] += 1
-        return clock[0]
-
-    for name, m in model.named_modules():
-
-        def pre(_m: nn.Module, _a: Any, name: str = name) -> None:
-            if name not in spans:
-                spans[name] = [tick(), -1]
-
-        def post(_m: nn.Module, _a: Any, _o: Any, name: str = name) -> None:
-            if spans[name][1] < 0:
-                spans[name][1] = tick()
-
-        handles.append(m.register_forward_pre_hook(pre))
-        handles.append(m.register_forward_hook(post, always_call=True))
-    try:
-        with torch.no_grad():
-            call_model(model, inputs)
-    finally:
-        for h in handles:
-            h.remove()
-    return {n: (s, e) for n, (s, e) in spans.items()}
-
-
 def _ancestor(name: str, depth: int) -> str:
     atoms = name.split(".")
     return ".".join(atoms[:depth]) if len(atoms) > depth else name
@@ -165,8 +134,7 @@ def region_partitions(model: nn.Module, inputs: Inputs, stages: Sequence[str] | 
         ProfilerError: as ``profiler.modules.find_stages``.
     """
     finest, _ = find_stages(model, inputs, stages)
-    counts, _ = _run_counts(model, inputs)
-    spans = _call_spans(model, inputs)
+    counts, _, spans = module_calls(model, inputs)
     starts = {n: spans[n][0] for n in finest}
     depth_max = max(len(n.split(".")) for n in finest)
     out: list[RegionPartition] = []
@@ -394,13 +362,7 @@ class RegionForward:
         copy_of = memo.get(id(m)) if m is not None else None
         if copy_of is None:
             raise ProfilerError("a region's forward is copied only with its module")
-        fresh = RegionForward.__new__(RegionForward)
-        fresh._module = weakref.ref(copy_of)
-        fresh.previous = None
-        fresh._runners = []
-        fresh._compiled = {}
-        _sign(fresh, copy_of)
-        return fresh
+        return _fresh_region_forward(copy_of)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_fresh_region_forward, (self.module,))

@@ -21,7 +21,7 @@ from torch import nn
 
 import memtune
 from profiler.regions import CompiledRegions, edge_writes, region_partitions
-from tests.unit.modules.region_models import TinyEncoder, TinyResNet
+from tests.unit.modules.region_models import TinyEncoder, TinyResNet, square, taken_grads
 from tuner.plan import Plan
 from tuner.runtime import planned
 from tuner.runtime.verify import relative_error
@@ -30,16 +30,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-
-def _square(out: torch.Tensor) -> torch.Tensor:
-    return out.float().square().mean()
-
-
-def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
-    got = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return got
 
 
 def _resnet() -> tuple[nn.Module, torch.Tensor]:
@@ -52,8 +42,8 @@ def _resnet() -> tuple[nn.Module, torch.Tensor]:
 def _compiled_step(model: nn.Module, names: tuple[str, ...], eager: list[int], x: torch.Tensor) -> dict[str, Any]:
     state = copy.deepcopy(model.state_dict())
     with CompiledRegions([model.get_submodule(n) for n in names], 0.5, eager, names):
-        _square(model(x)).backward()
-    grads = _grads(model)
+        square(model(x)).backward()
+    grads = taken_grads(model)
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     model.load_state_dict(state)
     return {**grads, **{f"buffer:{n}": b for n, b in buffers.items()}}
@@ -74,13 +64,13 @@ def _spy(contiguous: list[bool]) -> Any:
 def test_offload_and_recompute_around_compiled_regions_keep_the_compiled_math_on_cuda(deterministic: None) -> None:
     model, x = _resnet()
     names = region_partitions(model, ((x,), {}))[0].names
-    eager = sorted(edge_writes(model, list(names), ((x,), {}), loss_fn=_square))
+    eager = sorted(edge_writes(model, list(names), ((x,), {}), loss_fn=square))
     reference = _compiled_step(model, names, eager, x)
     noise = _noise(reference, _compiled_step(model, names, eager, x))
     saved_strides: list[bool] = []
     regions = CompiledRegions([model.get_submodule(n) for n in names], 0.5, eager, names)
     with regions, torch.autograd.graph.saved_tensors_hooks(_spy(saved_strides), lambda t: t):
-        _square(model(x)).backward()
+        square(model(x)).backward()
     model.zero_grad(set_to_none=True)
     assert not all(saved_strides), "no region saved a non-contiguous tensor: the strides check tests nothing"
     state = copy.deepcopy(model.state_dict())
@@ -88,8 +78,8 @@ def test_offload_and_recompute_around_compiled_regions_keep_the_compiled_math_on
     for actions in ("k" * n, "o" * n, "r" * n, ("okr" * n)[:n]):
         model.load_state_dict(state)
         run = planned(model, Plan.from_actions(actions, stages=names, compile_budget=0.5, eager_stages=tuple(eager)))
-        _square(run(x)).backward()
-        got = {**_grads(model), **{f"buffer:{k}": b.detach().clone() for k, b in model.named_buffers()}}
+        square(run(x)).backward()
+        got = {**taken_grads(model), **{f"buffer:{k}": b.detach().clone() for k, b in model.named_buffers()}}
         worst = _noise(got, reference)
         assert worst <= max(1e-6, 10 * noise), (actions, worst, noise)
         if "o" in actions:
@@ -108,10 +98,10 @@ def test_a_region_compiles_once_across_steps_on_cuda() -> None:
     ids = torch.randint(0, 256, (8, 128), device="cuda")
     run = planned(model, Plan.from_actions("kor", stages=("embed", "encoder", "head"), compile_budget=1.0))
     wrapped = model.encoder.forward
-    _square(run(ids)).backward()
+    square(run(ids)).backward()
     graphs = sum(GRAPHS_COMPILED.values())
     for _ in range(3):
-        _square(run(ids)).backward()
+        square(run(ids)).backward()
         assert model.encoder.forward is wrapped
     assert sum(GRAPHS_COMPILED.values()) == graphs
     run.release()
@@ -124,7 +114,7 @@ def test_a_compiled_region_plan_that_tune_serves_runs_within_its_budget_on_cuda(
 
     monkeypatch.setattr(api.python, "COMPILE_BUDGETS", (1.0, 0.5))
     model, x = _resnet()
-    tuned = memtune.tune(model, "60% of peak", example_inputs=x, loss_fn=_square, compile=True, trials=60,
+    tuned = memtune.tune(model, "60% of peak", example_inputs=x, loss_fn=square, compile=True, trials=60,
                          progress=False, calibrate=False)  # fmt: skip
     assert tuned.regions and all(t.error is None for t in tuned.regions), [t.line() for t in tuned.regions]
     plans = [t.plan for t in tuned.regions if t.plan is not None]
@@ -136,6 +126,6 @@ def test_a_compiled_region_plan_that_tune_serves_runs_within_its_budget_on_cuda(
         torch.cuda.synchronize()
         with memtune.budget_guard(budget, run):
             for _ in range(2):
-                _square(run(x)).backward()
+                square(run(x)).backward()
                 model.zero_grad(set_to_none=True)
         run.release()

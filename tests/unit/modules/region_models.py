@@ -16,7 +16,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SiLUAfter", "TinyEncoder", "TinyResNet", "encoder_batch", "resnet_batch"]
+__all__ = ["SiLUAfter", "TinyEncoder", "TinyResNet", "encoder_batch", "resnet_batch", "square", "taken_grads"]
+
+
+def square(out: torch.Tensor) -> torch.Tensor:
+    """The tests' loss: the mean square of the output, in fp32."""
+    return out.float().square().mean()
+
+
+def taken_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the parameters' gradients by name, the gradients then cleared."""
+    got = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return got
 
 
 class BasicBlock(nn.Module):

@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 import memtune
 from profiler.module_profile import profile_module
 from profiler.region_profile import profile_regions
 from profiler.regions import CompiledRegions, RegionPartition
-from tests.unit.modules.region_models import TinyResNet
+from tests.unit.modules.region_models import TinyResNet, square, taken_grads
 from tuner.plan import Action, Plan
 from tuner.regions import fastest
 from tuner.runtime import planned
@@ -33,26 +32,16 @@ torch.set_num_threads(1)
 LAYERS = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "avgpool", "fc")
 
 
-def _square(out: torch.Tensor) -> torch.Tensor:
-    return out.float().square().mean()
-
-
 def _batch() -> torch.Tensor:
     return torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(3))
-
-
-def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
-    got = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return got
 
 
 @pytest.mark.slow  # CPU inductor: six graphs per budget
 def test_a_profile_of_compiled_regions_prices_plans_that_train_with_the_compiled_math() -> None:
     torch.manual_seed(0)
     model, x = TinyResNet(), _batch()
-    low = profile_module(model, x, loss_fn=_square, stages=list(LAYERS), warmup=0, repeats=1, compile_budget=0.0)
-    high = profile_module(model, x, loss_fn=_square, stages=list(LAYERS), warmup=0, repeats=1, compile_budget=1.0)
+    low = profile_module(model, x, loss_fn=square, stages=list(LAYERS), warmup=0, repeats=1, compile_budget=0.0)
+    high = profile_module(model, x, loss_fn=square, stages=list(LAYERS), warmup=0, repeats=1, compile_budget=1.0)
     assert all("forward" not in m.__dict__ for m in model.modules())  # left as found
     for p, budget in ((low, 0.0), (high, 1.0)):
         assert (p.compile_budget, p.eager_stages) == (budget, (1, 2))  # the BN the in-place ReLU writes, the ReLU
@@ -71,12 +60,12 @@ def test_a_profile_of_compiled_regions_prices_plans_that_train_with_the_compiled
     assert Action.SELECTIVE not in plan.actions
     state = copy.deepcopy(model.state_dict())
     with CompiledRegions([model.get_submodule(n) for n in LAYERS], 0.0, plan.eager_stages):
-        _square(model(x)).backward()
-    reference = _grads(model)
+        square(model(x)).backward()
+    reference = taken_grads(model)
     model.load_state_dict(state)
     run = planned(model, plan)
-    _square(run(x)).backward()
-    for name, grad in _grads(model).items():
+    square(run(x)).backward()
+    for name, grad in taken_grads(model).items():
         torch.testing.assert_close(grad, reference[name], rtol=1e-5, atol=1e-6, msg=name)
     run.release()
 
@@ -98,14 +87,14 @@ def test_a_region_that_fails_to_compile_is_named_and_the_eager_plans_stand(monke
     monkeypatch.setattr(api.python, "COMPILE_BUDGETS", (1.0,))
     model, x = TinyResNet(), _batch()
     parts = [RegionPartition(1, LAYERS)]
-    (run,) = profile_regions(model, x, (1.0,), partitions=parts, loss_fn=_square, warmup=0, repeats=1)
+    (run,) = profile_regions(model, x, (1.0,), partitions=parts, loss_fn=square, warmup=0, repeats=1)
     assert run.profile is None and run.error is not None
     assert "region 'conv1' failed under torch.compile at activation budget 1" in run.error
     assert "no kernel for this graph at budget 1" in run.error and "second line" not in run.error
     assert all("forward" not in m.__dict__ for m in model.modules())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tuned = memtune.tune(model, "100% of peak", example_inputs=x, loss_fn=_square, compile=True, trials=10,
+        tuned = memtune.tune(model, "100% of peak", example_inputs=x, loss_fn=square, compile=True, trials=10,
                              progress=False)  # fmt: skip
     said = [str(w.message) for w in caught if "failed" in str(w.message)]
     assert any("at activation budget 1 failed" in s and "region 'conv1'" in s for s in said), said
@@ -122,7 +111,7 @@ def test_tune_with_compile_measures_every_partition_and_serves_the_fastest(monke
     monkeypatch.setattr(api.python, "COMPILE_BUDGETS", (1.0,))
     torch.manual_seed(0)
     model, x = TinyResNet(), _batch()
-    tuned = memtune.tune(model, "90% of peak", example_inputs=x, loss_fn=_square, compile=True, trials=30,
+    tuned = memtune.tune(model, "90% of peak", example_inputs=x, loss_fn=square, compile=True, trials=30,
                          progress=False)  # fmt: skip
     assert [t.regions for t in tuned.regions] == [
         LAYERS,
@@ -134,7 +123,7 @@ def test_tune_with_compile_measures_every_partition_and_serves_the_fastest(monke
     region = next(t for t in tuned.regions if t.plan is not None)
     assert region.plan is not None and region.plan.compile_budget == 1.0 and region.plan.stages == region.regions
     run = memtune.planned(model, region.plan)  # a compiled-region plan the user picks from the printout
-    _square(run(x)).backward()
+    square(run(x)).backward()
     assert "compiled regions (each partition" in str(tuned)
     run.release()
 

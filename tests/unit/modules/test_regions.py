@@ -18,22 +18,20 @@ from torch import nn
 
 from profiler.modules import find_stages
 from profiler.regions import CompiledRegions, RegionForward, edge_writes, region_partitions
-from tests.unit.modules.region_models import SiLUAfter, TinyEncoder, TinyResNet, encoder_batch, resnet_batch
+from tests.unit.modules.region_models import (
+    SiLUAfter,
+    TinyEncoder,
+    TinyResNet,
+    encoder_batch,
+    resnet_batch,
+    square,
+    taken_grads,
+)
 from tuner.errors import PlanError
 from tuner.plan import Plan
 from tuner.runtime import load_plan, planned
 
 torch.set_num_threads(1)
-
-
-def _square(out: torch.Tensor) -> torch.Tensor:
-    return out.float().square().mean()
-
-
-def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
-    got = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return got
 
 
 def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -89,13 +87,13 @@ def test_a_module_whose_call_does_not_cover_its_stages_is_not_a_region() -> None
 
 def test_writes_in_place_at_region_edges_are_found_with_who_wrote() -> None:
     x = torch.randn(4, 16)
-    reasons = edge_writes(SiLUAfter(), ["a", "b", "head"], ((x,), {}), loss_fn=_square)
+    reasons = edge_writes(SiLUAfter(), ["a", "b", "head"], ((x,), {}), loss_fn=square)
     assert list(reasons) == [0]
     assert "output is written in place after it returned, by the model's own code before stage 'b'" in reasons[0]
-    stem = edge_writes(TinyResNet(), ["conv1", "bn1", "relu", "maxpool"], ((resnet_batch(),), {}), loss_fn=_square)
+    stem = edge_writes(TinyResNet(), ["conv1", "bn1", "relu", "maxpool"], ((resnet_batch(),), {}), loss_fn=square)
     assert sorted(stem) == [1, 2]  # the in-place ReLU writes the BN's output
     assert "by stage 'relu'" in stem[1] and "inplace=True" in stem[2]
-    assert edge_writes(TinyEncoder(), ["embed", "encoder", "head"], ((encoder_batch(),), {}), loss_fn=_square) == {}
+    assert edge_writes(TinyEncoder(), ["embed", "encoder", "head"], ((encoder_batch(),), {}), loss_fn=square) == {}
 
 
 # ---- plans ---------------------------------------------------------------------------------------------
@@ -117,7 +115,7 @@ def test_a_compiled_region_plan_is_checked_against_its_profile() -> None:
     from profiler.module_profile import profile_module
 
     model = SiLUAfter()
-    eager = profile_module(model, torch.randn(4, 16), loss_fn=_square, stages=["a", "b", "head"], warmup=0, repeats=1)
+    eager = profile_module(model, torch.randn(4, 16), loss_fn=square, stages=["a", "b", "head"], warmup=0, repeats=1)
     compiled = eager.model_copy(update={"compile_budget": 0.5, "eager_stages": (0,)})
     plan = Plan.from_actions("kkk").named(compiled)
     assert (plan.compile_budget, plan.eager_stages, plan.stages) == (0.5, (0,), ("a", "b", "head"))
@@ -138,8 +136,8 @@ def _reference(
 ) -> dict[str, torch.Tensor]:
     """Gradients of the unplanned compiled run: the same regions compiled under ``budget``, every region kept."""
     with CompiledRegions([model.get_submodule(n) for n in names], budget, eager):
-        _square(model(x)).backward()
-    return _grads(model)
+        square(model(x)).backward()
+    return taken_grads(model)
 
 
 @pytest.mark.slow  # CPU inductor compiles six graphs (seconds from its cache, minutes cold on a busy machine)
@@ -148,15 +146,15 @@ def test_planned_compiled_regions_give_the_unplanned_compiled_gradients(actions:
     torch.manual_seed(0)
     model, x = TinyResNet(), resnet_batch()
     names = list(region_partitions(model, ((x,), {}))[0].names)
-    eager = sorted(edge_writes(model, names, ((x,), {}), loss_fn=_square))
+    eager = sorted(edge_writes(model, names, ((x,), {}), loss_fn=square))
     assert eager == [1, 2]
     state = copy.deepcopy(model.state_dict())
     reference = _reference(model, names, eager, x, 0.5)
     model.load_state_dict(state)
     plan = Plan.from_actions(actions, stages=tuple(names), compile_budget=0.5, eager_stages=tuple(eager))
     run = planned(model, plan)
-    _square(run(x)).backward()
-    _close(_grads(model), reference)
+    square(run(x)).backward()
+    _close(taken_grads(model), reference)
     if "o" in actions:
         assert run.stats.d2h_copies > 0
     assert list(run.state_dict()) == list(model.state_dict()) == list(state)  # the model's own keys
@@ -174,17 +172,17 @@ def test_a_region_is_wrapped_once_and_compiles_once() -> None:
     run = planned(model, Plan.from_actions("kor", stages=names, compile_budget=1.0))
     wrapped = model.encoder.forward
     assert isinstance(wrapped, RegionForward)
-    _square(run(x)).backward()
+    square(run(x)).backward()
     graphs = counters["stats"]["unique_graphs"]
     for _ in range(2):
-        _square(run(x)).backward()
+        square(run(x)).backward()
         assert model.encoder.forward is wrapped  # the same attribute between calls, never re-patched
     assert counters["stats"]["unique_graphs"] == graphs  # no recompile
     with torch.no_grad():
         torch.testing.assert_close(model(x), type(model).forward(model, x))  # called directly: the model's own math
     again = planned(model, Plan.from_actions("kkk", stages=names, compile_budget=1.0))
     assert model.encoder.forward is wrapped  # a second planned model shares the wrapper and its compiled callables
-    _square(again(x)).backward()
+    square(again(x)).backward()
     assert counters["stats"]["unique_graphs"] == graphs
     clone = copy.deepcopy(model)  # a copy gets a wrapper of its own that runs eagerly
     assert isinstance(clone.encoder.forward, RegionForward) and clone.encoder.forward.module is clone.encoder
@@ -205,13 +203,13 @@ def test_a_region_is_wrapped_once_and_compiles_once() -> None:
 def test_an_in_place_write_after_a_region_runs_it_eager_with_correct_gradients(actions: str) -> None:
     torch.manual_seed(0)
     model, x = SiLUAfter(), torch.randn(4, 16, generator=torch.Generator().manual_seed(2))
-    _square(model(x)).backward()
-    eager_grads = _grads(model)
+    square(model(x)).backward()
+    eager_grads = taken_grads(model)
     names = ("a", "b", "head")
-    eager = tuple(sorted(edge_writes(model, list(names), ((x,), {}), loss_fn=_square)))
+    eager = tuple(sorted(edge_writes(model, list(names), ((x,), {}), loss_fn=square)))
     run = planned(model, Plan.from_actions(actions, stages=names, compile_budget=0.0, eager_stages=eager))
-    _square(run(x)).backward()
-    _close(_grads(model), eager_grads)  # region 'a' eager, 'b' and 'head' compiled: the compiler's math, close
+    square(run(x)).backward()
+    _close(taken_grads(model), eager_grads)  # region 'a' eager, 'b' and 'head' compiled: the compiler's math, close
     run.release()
 
 
