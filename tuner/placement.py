@@ -190,12 +190,17 @@ class AllocatorModel:
     # ---- the allocator's rules --------------------------------------------------------------------
     def _best_fit(self, seg: _Segment, size: int) -> int | None:
         """The index of the free block a request of ``size`` bytes takes, or None (``get_free_block``)."""
-        fits = sorted((b.size, b.start) for b in seg.free.values() if b.size >= size)
+        fits = [(b.size, b.start) for b in seg.free.values() if b.size >= size]
         if not fits:
             return None
         bl = seg.blocks
         if len(fits) == 1:
             return bisect_left(bl, fits[0][1], key=_START)
+        first = min(fits)
+        i = bisect_left(bl, first[1], key=_START)
+        if i + 1 == len(bl) or bl[i + 1].state != "unmapped":
+            return i  # it cannot grow, so no later fit grows less than it: the loop below would stop at once
+        fits.sort()
 
         def expandable(i: int) -> int:  # a block followed by unmapped space counts as able to grow into it
             nxt = bl[i + 1] if i + 1 < len(bl) else None
