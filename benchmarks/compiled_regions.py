@@ -169,7 +169,7 @@ class Bench:
         from profiler.module_profile import as_inputs
         from profiler.region_profile import profile_regions
         from profiler.regions import install_region, region_partitions
-        from tuner.plan import Plan
+        from tuner import Plan
         from tuner.runtime import planned
         from tuner.runtime.whole import measure_module_points, with_compiler_points
 
@@ -248,7 +248,7 @@ class Bench:
         from profiler import Profile
         from profiler.region_profile import RegionProfile
         from profiler.regions import RegionPartition
-        from tuner.runtime.errors import PlanOutOfMemoryError
+        from tuner.runtime import PlanOutOfMemoryError
 
         prof = Profile.from_json((self.out / f"{self.name}-profile.json").read_text())
         runs = [
