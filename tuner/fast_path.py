@@ -30,8 +30,11 @@ selective stages' extras; waiting for copies only adds to it. Where a bounded si
 simulations ] in ``tuner.simulator``) is below that sum, the plan loses whatever its memory, so ``run`` answers None
 before its storage pass: 7,252 of the 51,378 bounded simulations of the README's VGG-16 job at 13 GiB. It does so only
 where ``run`` would answer None too: no time is negative, and ``step_limit_peak`` is at most the base bytes, which
-every peak reaches. The sum is taken in another order than the step's clock, so it must exceed the limit by more
-than their rounding can differ (``_ROUNDING``, 1e-9 of the sum, against some 1e-14 for a hundred additions).
+every peak reaches; over a larger ``step_limit_peak`` (an incumbent that does not fit) the same test follows the
+peak, before the step is timed. Once the forward has run, its end plus the rest's compute bounds the step as well,
+so the backward is not timed where that sum is over the limit. The sums are taken in another order than the step's
+clock, so they must exceed the limit by more than their rounding can differ (``_ROUNDING``, 1e-9 of the sum, against
+some 1e-14 for a hundred additions); every answer is the one ``run`` gave without them (the 51,378 calls replayed).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class _CostTables(NamedTuple):
     bwd_end: list[int]  # the backward's end, before the plan's frees: workspace and gradients freed
     monotone: bool  # no time is negative, so the step's clock never runs back (a bound on it holds early)
     busy_ms: float  # every stage's forward and backward and the loss: the compute of a plan without re-runs
+    fwd_ms: float  # of it, the forward's
     sel_busy: list[float]  # what a selective stage adds to it, ms
 
 
@@ -181,6 +185,7 @@ class FastPath:
             [-(w + g) for g, w in zip(self.grad_gone, ws_b, strict=True)],
             min((*fwd, *bwd, *self.sel_extra_fwd_ms, *self.sel_extra_ms, *self.rec_extra_ms_or_zero, self.half)) >= 0,
             sum(fwd) + 2 * self.half + sum(bwd),
+            sum(fwd),
             [e + x for e, x in zip(self.sel_extra_fwd_ms, self.sel_extra_ms, strict=True)],
         )
         self._by_costs[id(costs[0])] = tables
@@ -226,14 +231,16 @@ class FastPath:
                 except ValueError:
                     break
         # NOTE [ Compute bound ]: a step is at least its compute, whatever waits for copies
-        if step_limit is not None and ct.monotone and step_limit_peak <= self.base:
-            busy = ct.busy_ms
+        busy = fwd_busy = -1.0
+        if step_limit is not None and ct.monotone:
+            busy, fwd_busy = ct.busy_ms, ct.fwd_ms
             rerun = ct.rerun
             for i, j in segs:
                 busy += sum(rerun[i : j + 1])
             for k in sels:
                 busy += ct.sel_busy[k]
-            if busy - step_limit > _ROUNDING * busy:
+                fwd_busy += self.sel_extra_fwd_ms[k]
+            if step_limit_peak <= self.base and busy - step_limit > _ROUNDING * busy:
                 return None
         # memory by stage, in program order: the forward's start and end, the backward's prefetches and re-run,
         # start and end (NOTE [ Fast path ]); each list gets the plan's bytes added where they are allocated or freed
@@ -491,6 +498,8 @@ class FastPath:
             return None
         if step_limit is not None and (peak < step_limit_peak or not ct.monotone):
             step_limit = None  # a negative time: the clock may run back, so no bound holds before the end
+        if step_limit is not None and step_limit_peak > self.base and busy - step_limit > _ROUNDING * busy:
+            return None  # NOTE [ Compute bound ], once the peak is known to reach ``step_limit_peak``
 
         # ---- forward ---------------------------------------------------------------------------------------
         s_d2h = self.s_d2h
@@ -519,6 +528,10 @@ class FastPath:
                         fstall[k] = wait - t
                         t = wait
         forward_ms = t
+        if step_limit is not None:  # NOTE [ Compute bound ]: the forward as it ran, then the rest's compute
+            at_least = t + (busy - fwd_busy)
+            if at_least - step_limit > _ROUNDING * at_least:
+                return None
         half = self.half
         if self.loss_saved is not None:
             t = t + 2 * half

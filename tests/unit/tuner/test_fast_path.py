@@ -109,7 +109,8 @@ def test_inline_points_and_timelines_take_the_reference() -> None:
 
 def test_a_bounded_simulation_is_none_exactly_where_a_full_one_breaks_its_limits() -> None:
     """NOTE [ Bounded simulations ]: with the limits a descent sets over a fitting incumbent (peak and step) and over
-    one that does not fit (no higher peak, and no slower step at the same peak)."""
+    one that does not fit (no higher peak, and no slower step at the same peak); and step limits at and just below
+    the plan's compute, and at its forward plus the rest's compute, where NOTE [ Compute bound ] answers early."""
     profile = conv_profile()
     sim = Simulator(profile)
     plans = _random_plans(profile, 80, seed=5)
@@ -124,6 +125,11 @@ def test_a_bounded_simulation_is_none_exactly_where_a_full_one_breaks_its_limits
             (r.peak_bytes, r.step_ms - 1e-9, r.peak_bytes),
             (r.peak_bytes, r.step_ms - 1e-9, r.peak_bytes + 1),
             (r.peak_bytes - 1, None, 0),
+            (peaks[-1], r.step_ms - r.stall_ms, 0),
+            (peaks[-1], (r.step_ms - r.stall_ms) * (1 - 1e-7), 0),
+            (peaks[-1], (r.step_ms - r.stall_ms) * (1 - 1e-7), r.peak_bytes),
+            (peaks[-1], r.step_ms - sum(r.backward_stalls_ms), r.peak_bytes),
+            (peaks[-1], (r.step_ms - sum(r.backward_stalls_ms)) * (1 - 1e-7), 0),
         ):
             bounded = sim.run_bounded(
                 plan.actions, plan, peak_limit=peak_limit, step_limit=step_limit, step_limit_peak=at_peak
