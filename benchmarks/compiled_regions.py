@@ -344,7 +344,8 @@ def table(folder: Path) -> str:
                 continue
             ratio = f"{m['step_ms'] / p['whole_step_ms']:.2f}" if p.get("whole_step_ms") else ""
             lines.append(f"| {label} | {m['step_ms']:.1f} | {m['peak_bytes'] / GiB:.2f} | {ratio} |")
-        lines += ["", "| budget | plan | predicted ms / GiB | measured ms / GiB |", "|---|---|---|---|"]
+        if row.get("plans"):  # the plans phase ran
+            lines += ["", "| budget | plan | predicted ms / GiB | measured ms / GiB |", "|---|---|---|---|"]
         for p in row.get("plans", []):
             m = p.get("measured", {})
             measured = f"{m['step_ms']:.1f} / {m['peak_bytes'] / GiB:.2f}" if "step_ms" in m else m.get("error", "")

@@ -195,6 +195,14 @@ GENERATED: tuple[Generated, ...] = (
         quoted_in=("docs/results/promises.md",),
     ),
     Generated(
+        "compiled-regions-table",
+        f"{_R}/h100/compiled-regions/table.md",
+        ("benchmarks.compiled_regions", "--table", f"{_R}/h100/compiled-regions"),
+        "gpu",
+        5,
+        quoted_in=("docs/results/torch-compile.md",),
+    ),
+    Generated(
         "step-time-table",
         f"{_R}/h100/step-time/table.md",
         ("benchmarks.step_time", "--table", f"{_R}/h100/step-time"),
@@ -262,6 +270,10 @@ KEPT: tuple[Kept, ...] = (
     ),
     Kept(f"{_R}/h100/promises/*.txt", "`scripts/uniform_steps.py` on the H100: measurement"),
     Kept(f"{_R}/h100/step-time/*.json", "`benchmarks.step_time` on the H100: measurement"),
+    Kept(
+        f"{_R}/h100/compiled-regions/*.json",
+        "`benchmarks.compiled_regions` on the H100: measurement (the per-model rows and the profiles they measured)",
+    ),
     Kept(
         f"{_R}/h100/modeled-modules/*.json",
         "`benchmarks.modeled_modules`: module profiles timed on the CPU (their "
