@@ -8,7 +8,10 @@ headroom), both profiles are tuned at 40 to 80% of the measured unplanned peak w
 (seed 0). Per fraction: each best plan's actions, how many stages the two plans give the same action and the same
 family (kept or offloaded: the stage's tensors stay; recomputed or selective: they are made again), and the CPU-made
 plan priced on the measured profile against the measured profile's own best (the step a user of the CPU profile
-gets, as the H100's profile prices it). Writes ``modeled-check.md`` in the folder and prints it.
+gets, as the H100's profile prices it). Then, per model, every stage's transients on both profiles (forward, and
+backward kept, recomputed and selective, MiB): the CPU-made profile models the GPU's convolution workspaces (NOTE
+[ GPU transients from the CPU's allocator ] in ``profiler.memory_meter``), and a transient below the H100's is
+marked. Writes ``modeled-check.md`` in the folder and prints it.
 """
 
 from __future__ import annotations
@@ -97,6 +100,59 @@ def table(found: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: a CPU-made transient further below the H100's than this is marked
+SHORT_BYTES = 2**20
+#: each stage's transients, as ``StageProfile`` names them, and their column titles
+_TRANSIENTS = (
+    ("forward_workspace_bytes", "forward"),
+    ("chained_backward_bytes", "backward"),
+    ("recompute_backward_bytes", "recomputed backward"),
+    ("selective_backward_bytes", "selective backward"),
+)
+
+
+def transients(folder: Path) -> str:
+    """Per model of ``folder``, every stage's transients on the H100-measured and the CPU-made profile (MiB), each
+    CPU-made one more than ``SHORT_BYTES`` below the H100's in bold, and a line counting them."""
+    out = []
+    for path in sorted(folder.glob("modeled-*.json")):
+        kind = json.loads(path.read_text())["model"]
+        made = Profile.model_validate(json.loads(path.read_text())["profile"])
+        measured = Profile.model_validate(json.loads((folder / f"{kind}.json").read_text())["profile"])
+        lines = [
+            f"{kind}: stage transients, MiB, H100-measured / CPU-made (bold: the CPU-made one is more than "
+            f"{SHORT_BYTES / 2**20:.0f} MiB below the H100's)",
+            "",
+            "| stage | " + " | ".join(title for _, title in _TRANSIENTS) + " |",
+            "|---|" + "---|" * len(_TRANSIENTS),
+        ]
+        below: list[tuple[float, str]] = []
+        count = 0
+        for a, b in zip(measured.stages, made.stages, strict=True):
+            cells = []
+            for field, title in _TRANSIENTS:
+                h100, cpu = getattr(a, field), getattr(b, field)
+                if h100 is None or cpu is None:
+                    cells.append("")
+                    continue
+                count += 1
+                cell = f"{h100 / 2**20:.1f} / {cpu / 2**20:.1f}"
+                if cpu < h100 - SHORT_BYTES:
+                    below.append(((h100 - cpu) / 2**20, f"{a.name} {title}"))
+                    cell = f"**{cell}**"
+                cells.append(cell)
+            lines.append(f"| {a.name} | " + " | ".join(cells) + " |")
+        worst = max(below, default=None)
+        lines += [
+            "",
+            f"{kind}: {count - len(below)} of {count} CPU-made transients at or above the H100's, or less than "
+            f"{SHORT_BYTES / 2**20:.0f} MiB below"
+            + (f"; the largest shortfall {worst[0]:.1f} MiB ({worst[1]})" if worst else ""),
+        ]
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
 def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -106,6 +162,8 @@ def main() -> None:
     text = (
         f"<!-- python -m benchmarks.modeled_check {a.folder} --trials {a.trials} -->\n"
         + table(rows(a.folder, a.trials))
+        + "\n\n"
+        + transients(a.folder)
         + "\n"
     )
     (a.folder / "modeled-check.md").write_text(text)
