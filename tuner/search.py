@@ -15,8 +15,9 @@ the counts are refined per segment after it (NOTE [ Searching splits ] in ``tune
 
 Every baseline policy is evaluated and enqueued as one of the first trials, so the result is never worse than
 the best feasible baseline (a baseline whose knobs the space cannot express, e.g. HMMS sync points, is also
-kept as it is and wins if nothing beats it). After the baselines and a few TPE trials, most trials are local
-edits of the incumbent (1–3 stage overrides, a knob), enqueued into the same study; the rest come from TPE.
+kept as it is and wins if nothing beats it); the same holds for every seed plan given to ``tune``
+(NOTE [ Seeds kept as they are ]). After the baselines and a few TPE trials, most trials are local edits of the
+incumbent (1–3 stage overrides, a knob), enqueued into the same study; the rest come from TPE.
 Infeasible plans are reported to the sampler as trial constraints (NOTE [ One objective ]).
 
 # NOTE [ One objective ]
@@ -795,6 +796,31 @@ def _params_for(plan: Plan, with_conv: bool = False) -> dict[str, Any]:
     return params
 
 
+def evaluate_seeds(profile: Profile, seeds: Sequence[Plan], budget_bytes: int, sim: Simulator) -> list[Candidate]:
+    """Each seed plan as it is, simulated, named ``seed`` (NOTE [ Seeds kept as they are ]).
+
+    # NOTE [ Seeds kept as they are ]
+    A seed is enqueued as a trial like a baseline, and a trial records where its descent ends, not its start
+    (NOTE [ Local descent ]). The descent ranks by the simulator alone and the end plan is priced once (NOTE
+    [ Placement ranking ]), so a seed the allocator model places well can descend to a neighbour it cannot place, and
+    no trial then holds the seed. ResNet-50 b256 fp32 on the H200 profile at 40% of its peak, 300 trials,
+    ``benchmarks.conv_joint``: the seed (the best plan without algorithm choice, 156.8 ms simulated, 157.5 priced)
+    descended to 155.7 ms by keeping one more stage and taking ``fastest_within``; the allocator model found that plan
+    out of memory, every feasible trial was slower, and the joint search served 210.7 ms. So each seed is also
+    kept as it is, simulated and priced as the baselines are, and ranked beside the trials: the result is never
+    worse than a feasible seed, as it is never worse than a feasible baseline.
+
+    Raises:
+        PlanError: a seed does not fit the profile (``Plan.check``).
+    """
+    out = []
+    for plan in seeds:
+        plan.check(profile)
+        r = sim.run(plan)
+        out.append(Candidate("seed", plan, r.step_ms, r.peak_bytes, r.peak_bytes <= budget_bytes))
+    return out
+
+
 def evaluate_policies(profile: Profile, budget_bytes: int, sim: Simulator) -> list[Candidate]:
     """Run every baseline policy and simulate its plan."""
     from tuner.policies import POLICIES
@@ -969,6 +995,7 @@ def tune(
     search = _Search(profile, budget_bytes, mode, seed, optimizer, cap=requested_budget, priced=priced)
     policies = evaluate_policies(profile, budget_bytes, search.sim)
     unconstrained = next(c for c in policies if c.name == "none")
+    seeded = evaluate_seeds(profile, seeds, budget_bytes, search.sim)  # NOTE [ Seeds kept as they are ]
 
     with warnings.catch_warnings():  # the list form of constraints is deprecated in Optuna 5 (NOTE [ One objective ])
         warnings.simplefilter("ignore", FutureWarning)
@@ -1011,7 +1038,6 @@ def tune(
                 seen.add(key)
                 queue.append((params, {"policy": c.name}))
         for plan in seeds:
-            plan.check(profile)
             params = _params_for(plan, search.has_conv_algos)
             key = repr(sorted(params.items()))
             if key not in seen:
@@ -1080,10 +1106,12 @@ def tune(
     cands = [search._candidate(t) for t in done_trials]
     if priced:  # NOTE [ One objective ]: baselines, and trials of a study searched without prices, are priced here
         policies = [search.price(c) if c.feasible else c for c in policies]
+        seeded = [search.price(c) if c.feasible else c for c in seeded]
         cands = [search.price(c) if c.feasible and c.alloc_retries is None else c for c in cands]
-    feasible = [c for c in cands + policies if c.feasible]
+    as_is = policies + seeded  # evaluated as they are, beside the trials (NOTE [ Seeds kept as they are ])
+    feasible = [c for c in cands + as_is if c.feasible]
     if priced and not feasible:  # the allocator model fits none: keep its ranking, not its verdict
-        feasible = [dataclasses.replace(c, feasible=True) for c in cands + policies if c.peak_bytes <= budget_bytes]
+        feasible = [dataclasses.replace(c, feasible=True) for c in cands + as_is if c.peak_bytes <= budget_bytes]
     best: Candidate | None = None
     no_choice: Candidate | None = None
     if feasible:
@@ -1096,13 +1124,13 @@ def tune(
         framework = [c for c in feasible if leaves_convs_to_framework(c.plan)]
         if search.has_conv_algos and framework and not leaves_convs_to_framework(best.plan):
             no_choice = dataclasses.replace(min(framework, key=lambda c: (c.step_ms, c.peak_bytes)), name=NO_CHOICE)
-    elif cands or policies:  # NOTE [ Exact trial count ]: the plan closest to the budget, recorded as not fitting
-        search.record(study, min(cands + policies, key=lambda c: (c.peak_bytes, c.step_ms)), served=False)
+    elif cands or as_is:  # NOTE [ Exact trial count ]: the plan closest to the budget, recorded as not fitting
+        search.record(study, min(cands + as_is, key=lambda c: (c.peak_bytes, c.step_ms)), served=False)
     compiled = compiler_candidates(profile, requested_budget, budget_bytes, optimizer)  # NOTE [ Whole-model compile ]
     fastest = min((c for c in compiled if c.feasible), key=lambda c: (c.step_ms, c.peak_bytes), default=None)
     if fastest is not None and (best is None or fastest.step_ms < best.step_ms):
         best, no_choice = fastest, None
-    front = pareto_front(cands + policies + compiled)
+    front = pareto_front(cands + as_is + compiled)
     if profile.modules or profile.compile_budget is not None:  # NOTE [ Module stages ], NOTE [ Compiled stages ]
         unconstrained = _named(unconstrained, profile)  # type: ignore[assignment]
         best, no_choice = _named(best, profile), _named(no_choice, profile)

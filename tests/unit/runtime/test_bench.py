@@ -40,7 +40,9 @@ def test_bench_refuses_without_a_gpu() -> None:
 
 
 def test_the_bench_json_carries_the_run_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """NOTE [ Run record ]: the factory path's file, with the GPU's measurement stood in for on the CPU."""
+    """NOTE [ Run record ]: the factory path's file, with the GPU's measurements (memtune's rows and the peers, which
+    ``memtune bench`` measures by default) stood in for on the CPU."""
+    import api.cli_peers as cli_peers
     import profiler
     import profiler.factory
     import tuner.runtime.module_bench as module_bench
@@ -55,12 +57,17 @@ def test_the_bench_json_carries_the_run_record(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(profiler, "build_factory", lambda ref, params: torch.nn.Sequential())
     monkeypatch.setattr(profiler.factory, "factory_inputs", lambda *a, **k: torch.zeros(2, 3))
     monkeypatch.setattr(module_bench, "bench_module", fake_bench)
+    peer = {"name": "torch.compile budget 1", "applies": True, "step_ms": 1.0, "peak_bytes": 1 << 20,
+            "reserved_bytes": 1 << 20, "first_step_s": 1.0}  # fmt: skip
+    monkeypatch.setattr(cli_peers, "bench_peers", lambda *a, **k: [peer])
     out = tmp_path / "bench.json"
     args = ["bench", "mine.py:build", "--batch", "2", "--input-shape", "3", "--json-out", str(out)]
     monkeypatch.setattr(sys, "argv", ["/venv/bin/memtune", *args])  # as the console script starts
     monkeypatch.setattr(sys.modules["__main__"], "__spec__", None)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    run = json.loads(out.read_text())["run"]
+    written = json.loads(out.read_text())
+    assert written["peers"] == [peer]
+    run = written["run"]
     assert run["command"] == f"memtune bench mine.py:build --batch 2 --input-shape 3 --json-out {out}"
     assert run["commit"] and run["date"] and run["versions"]["torch"] == torch.__version__

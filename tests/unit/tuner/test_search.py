@@ -347,3 +347,56 @@ def test_the_database_lags_the_search_by_a_bounded_number_of_trials(
     url = f"sqlite:///{tmp_path / 'study.db'}"
     result = tune(p, _budget(p, 0.7), trials=30, storage=url, study_name="lag")
     assert result.n_trials == 30 and lags and max(lags) <= 2, lags
+
+
+def test_a_feasible_seed_is_served_when_every_trial_descends_away_from_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ Seeds kept as they are ]: a trial records where its descent ends, so a seed whose descent ends at a plan
+    that does not fit was lost. Here every descent ends at keeping everything, over the budget; the seed is served."""
+    from tuner.search import _Search
+
+    p = linear_chain(8, forward_ms=3.0)
+    budget = _budget(p, 0.6)
+    everything = Plan.uniform(p.n_stages)
+    monkeypatch.setattr(_Search, "descend", lambda self, plan, b: (everything, self.sim.run(everything)))
+    seed = tune(p, budget, trials=60, seed=0, placement=False).best
+    assert seed is not None
+    monkeypatch.setattr(
+        "tuner.search.evaluate_policies", lambda profile, b, sim: [_none_policy(profile, sim)]
+    )  # no baseline to fall back on but the unplanned step
+    result = tune(p, budget, trials=12, seed=1, placement=False, seeds=[seed.plan])
+    assert result.best is not None and result.best.name == "seed" and result.best.plan == seed.plan
+    assert result.best.step_ms == pytest.approx(seed.step_ms)
+    assert any(c.name == "seed" for c in result.pareto)
+
+
+def _none_policy(profile, sim):  # type: ignore[no-untyped-def]
+    from tuner.search import Candidate
+
+    plan = Plan.uniform(profile.n_stages)
+    r = sim.run(plan)
+    return Candidate("none", plan, r.step_ms, r.peak_bytes, False)
+
+
+@pytest.mark.slow
+def test_the_joint_search_is_never_slower_than_its_seed_on_resnet50_at_40_percent() -> None:
+    """NOTE [ Seeds kept as they are ]: ``benchmarks.conv_joint`` seeds the joint search on the committed ResNet-50
+    fp32 H200 profile at 40% of its peak with the best plan without algorithm choice (157.5 ms priced). Its trial
+    descended to a plan the allocator model cannot place, and the search served 210.7 ms."""
+    from api.cli import resolve_profile
+    from profiler.zoo import build
+    from tuner.placement import allocator_cost
+    from tuner.plan import Action
+
+    prof = resolve_profile(build("resnet50", {}), 256, "float32", "h200")
+    budget = int(0.4 * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes)
+    letters = {"k": Action.KEEP, "o": Action.OFFLOAD, "r": Action.RECOMPUTE}
+    seed = Plan(
+        actions=tuple(letters[c] for c in "rroorrkrrkrrkrkrrkkroko"), sync="deferred", sync_delay=11,
+        prefetch_lookahead=1,
+    )  # fmt: skip
+    r = simulate(prof, seed)
+    placed, priced = allocator_cost(prof, seed, budget)
+    seeded_ms = r.step_ms + (priced or 0.0)
+    assert r.peak_bytes <= budget and placed.out_of_memory is None and seeded_ms < 158.0
+    best = tune(prof, budget, trials=300, seeds=[seed]).best
+    assert best is not None and best.step_ms <= seeded_ms + 1e-9
