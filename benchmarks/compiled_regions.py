@@ -35,10 +35,10 @@ line per model goes to standard output.
 This script calls no private torch name itself. Through memtune it relies on ``torch._functorch.config.
 activation_memory_budget`` (patched while the partitioner runs), ``torch._inductor.compile_fx.compile_fx`` with
 ``config_patches={"keep_output_stride": False}``, and ``torch._dynamo.config.recompile_limit`` /
-``accumulated_recompile_limit`` (``profiler.compiled``): the names memtune's compiled stages and compiler points used
-for the H100 measurements of torch 2.11 that DESIGN.md records, and present in torch 2.13 (the CPU image; read there).
-The searchable source index holds no torch 2.11 tree to read them in, so a run on a new torch checks them by running:
-a missing name fails the first compile, and that error is the row's. ``torch.nn.Module._call_impl`` calling the
+``accumulated_recompile_limit`` (``profiler.compiled``): the names memtune's compiled stages and compiler points ran
+with in the H100 measurements on torch 2.11 (docs/results/torch-compile.md, each table's environment line), and present
+in torch 2.13, whose source the CPU tests run against. A run on another torch checks them by running: a missing name
+fails the first compile, and that error is the row's. ``torch.nn.Module._call_impl`` calling the
 instance's ``forward`` (NOTE [ Regions are wrapped once ]) is long-standing behaviour of every torch 2.x. Graph counts
 come from ``profiler.compiled.GRAPHS_COMPILED`` (memtune's own backend), not from dynamo's counters.
 """
