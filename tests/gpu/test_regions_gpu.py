@@ -1,9 +1,9 @@
 """Compiled regions on a CUDA GPU (NOTE [ Regions ] in ``profiler.regions``): keep / offload / recompute around
 regions compiled by ``torch.compile`` give the gradients and buffers of the same regions compiled without a plan,
 within ``max(1e-6, 10 x the noise of two unplanned compiled runs)``; offload copies on the side stream into the pinned
-pool and brings storages back ahead of need, with their strides (inductor hands channels-last tensors between the
-convolutions of a region, and the compiled backward asserts strides); each region compiles once; a plan that
-``memtune.tune(..., compile=True)`` serves runs within its budget under ``budget_guard``. Skipped without CUDA
+pool and brings storages back ahead of need, with their strides (the model and its input are channels-last, so the
+compiled regions save channels-last tensors, and the compiled backward asserts strides); each region compiles once; a
+plan that ``memtune.tune(..., compile=True)`` serves runs within its budget under ``budget_guard``. Skipped without CUDA
 (``pytest -m gpu tests/gpu/test_regions_gpu.py``).
 """
 
@@ -32,11 +32,14 @@ pytestmark = [
 ]
 
 
-def _resnet() -> tuple[nn.Module, torch.Tensor]:
+def _resnet(batch: int = 16, size: int = 64) -> tuple[nn.Module, torch.Tensor]:
+    """TinyResNet and its input, both channels-last: every convolution, eager or compiled, then works in that layout,
+    so the regions' saved activations are channels-last tensors (not contiguous), whatever inductor's own layout
+    heuristics would choose for contiguous inputs (on the H100 they kept this small model's tensors contiguous)."""
     torch.manual_seed(0)
-    model = TinyResNet(width=32, classes=10).cuda()
-    x = torch.randn(16, 3, 64, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    return model, x
+    model = TinyResNet(width=32, classes=10).cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(batch, 3, size, size, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    return model, x.contiguous(memory_format=torch.channels_last)
 
 
 def _compiled_step(model: nn.Module, names: tuple[str, ...], eager: list[int], x: torch.Tensor) -> dict[str, Any]:
@@ -53,12 +56,26 @@ def _noise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(relative_error(a[n], b[n]) for n in a)
 
 
-def _spy(contiguous: list[bool]) -> Any:
+def _spy(model: nn.Module, regions: list[nn.Module], contiguous: list[bool]) -> tuple[Any, list[Any]]:
+    """A pack hook that records, for each activation a compiled region saves (parameters left out), whether it is
+    contiguous, and the hooks on the regions' calls that tell it when a compiled region runs; remove the hooks."""
+    params = {p.data_ptr() for p in model.parameters()}
+    inside = [0]
+
+    def enter(*_: Any) -> None:
+        inside[0] += 1
+
+    def leave(*_: Any) -> None:
+        inside[0] -= 1
+
+    handles = [h for m in regions for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+
     def pack(t: torch.Tensor) -> torch.Tensor:
-        contiguous.append(t.is_contiguous())
+        if inside[0] and t.data_ptr() not in params:
+            contiguous.append(t.is_contiguous())
         return t
 
-    return pack
+    return pack, handles
 
 
 def test_offload_and_recompute_around_compiled_regions_keep_the_compiled_math_on_cuda(deterministic: None) -> None:
@@ -69,10 +86,15 @@ def test_offload_and_recompute_around_compiled_regions_keep_the_compiled_math_on
     noise = _noise(reference, _compiled_step(model, names, eager, x))
     saved_strides: list[bool] = []
     regions = CompiledRegions([model.get_submodule(n) for n in names], 0.5, eager, names)
-    with regions, torch.autograd.graph.saved_tensors_hooks(_spy(saved_strides), lambda t: t):
+    compiled = [model.get_submodule(n) for k, n in enumerate(names) if k not in eager]
+    pack, handles = _spy(model, compiled, saved_strides)
+    with regions, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         square(model(x)).backward()
+    for h in handles:
+        h.remove()
     model.zero_grad(set_to_none=True)
-    assert not all(saved_strides), "no region saved a non-contiguous tensor: the strides check tests nothing"
+    assert saved_strides, f"no compiled region saved an activation (regions {names}, eager {eager})"
+    assert not all(saved_strides), "no compiled region saved a non-contiguous tensor: the strides check tests nothing"
     state = copy.deepcopy(model.state_dict())
     n = len(names)
     for actions in ("k" * n, "o" * n, "r" * n, ("okr" * n)[:n]):
