@@ -154,6 +154,20 @@ class Bench:
         got["seconds"] = round(time.perf_counter() - began, 2)
         return got
 
+    def first_step(self, run: nn.Module) -> dict[str, Any]:
+        """One training step of ``run``, uncapped: it compiles a plan's regions and tunes their kernels (NOTE
+        [ Regions compile at their first call ] in ``tuner.runtime.modules``); ``{}`` or its error."""
+        from tuner.runtime.module_bench import measure_step
+
+        try:
+            measure_step(self.model, run, self.inputs, self.loss, warmup=0, steps=1, optimizer=self.optimizer)
+        except Exception as exc:  # a compile error is the row's result
+            return {"error": _error(exc)}
+        finally:
+            self.model.zero_grad(set_to_none=True)
+            _clean()
+        return {}
+
     # ---- phases ----------------------------------------------------------------------------------
     def eager(self) -> None:
         self.row["eager"] = self.step(self.model)
@@ -293,11 +307,15 @@ class Bench:
                 predicted_peak_bytes=best.peak_bytes,
             )
             run = memtune.planned(self.model, plan)
-            try:
-                with memtune.budget_guard(budget, run):
-                    entry["measured"] = self.step(run)
-            except PlanOutOfMemoryError as exc:
-                entry["measured"] = {"error": f"out of memory: {exc}"[:600]}
+            first = self.first_step(run)  # NOTE [ Regions compile at their first call ]: before the cap
+            if "error" in first:
+                entry["measured"] = first
+            else:
+                try:
+                    with memtune.budget_guard(budget, run):
+                        entry["measured"] = self.step(run)
+                except PlanOutOfMemoryError as exc:
+                    entry["measured"] = {"error": f"out of memory: {exc}"[:600]}
             run.release()
             rows.append(entry)
             self.row["plans"] = rows

@@ -69,7 +69,10 @@ def budget_guard(
     Uses ``torch.cuda.set_per_process_memory_fraction(budget / total memory)`` after emptying the
     cache, and restores the previous fraction in ``finally``. The cap covers everything the caching
     allocator reserves (parameters, gradients, optimizer state, activations, prefetch buffers,
-    workspaces), not the CUDA context; call ``configure_allocator`` first (NOTE [ Allocator retries ]).
+    workspaces), not the CUDA context, and what was allocated before the block counts against it; call
+    ``configure_allocator`` first (NOTE [ Allocator retries ]). A planned model of compiled regions compiles and
+    tunes them at its first step, outside the plan's memory: run that step before the block (NOTE [ Regions compile
+    at their first call ] in ``tuner.runtime.modules``).
     With ``model``, an out-of-memory error inside the block, in forward or backward, becomes
     ``PlanOutOfMemoryError`` naming the plan label and the stage that was running; the runtime's
     in-flight state is dropped and the cache emptied, so the next step runs.

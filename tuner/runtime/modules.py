@@ -28,6 +28,17 @@ once, when the planned model is made, not at each forward (NOTE [ Regions are wr
 budget (eager for ``Plan.eager_stages``), with the stage's action around it while this planned model steps, and the
 module's own forward otherwise. Each region compiles once, on its first planned call.
 
+NOTE [ Regions compile at their first call ]
+A planned model of compiled regions compiles each region (dynamo's trace, the partitioner, inductor) at its first
+planned call, and inductor tunes its kernels when they first run: the autotuner times each candidate configuration
+on the real arguments, allocating on the GPU what no plan accounts for (copies of arguments it mutates, and a buffer
+of the GPU's L2 size, 50 MiB on an H100, that it writes to flush the cache between timings;
+``torch._inductor.runtime.benchmarking``). Under ``budget_guard``'s cap that first step can run out of memory where
+the plan fits. So run one step before the cap (``memtune bench``'s warm-up steps and the compiled-region benchmark do),
+then cap the steps that follow: a region compiles once (NOTE [ Regions are wrapped once ]), and later steps allocate
+only what the plan does. Memory held before the cap counts against it too (the cap is on everything the process's
+caching allocator reserves; cuBLAS keeps its workspace there once a matrix product ran).
+
 NOTE [ Sharded parameters ]
 Under FSDP2 (``torch.distributed.fsdp.fully_shard`` on the stage modules and the root) a parameter outside its
 module's forward is a ``DTensor`` shard, and the module's pre-forward hook, which runs before the stage's wrapper,
