@@ -15,9 +15,9 @@ development without a GPU; its times are the CPU's, not the GPU's.
 Each stage is timed alone on the input the chain really feeds it. Its input is detached and, unless it
 is the model input, made to require grad; every repeat runs on a fresh clone (untimed) so in-place
 stages never see their own output. Forward is timed under autocast when ``dtype`` is bf16/fp16
-(parameters stay fp32, as in DESIGN's bf16 numbers); backward is ``torch.autograd.grad`` of the output
-with a random output gradient, with respect to the input and the stage's parameters. ``warmup`` untimed
-rounds, then the median of ``repeats``.
+(parameters stay fp32, as in the bf16 measured facts of docs/concepts.md); backward is
+``torch.autograd.grad`` of the output with a random output gradient, with respect to the input and the
+stage's parameters. ``warmup`` untimed rounds, then the median of ``repeats``.
 """
 
 from __future__ import annotations

@@ -151,7 +151,8 @@ def test_cpu_profile_refuses_conv_algos() -> None:
 
 
 # ---- plan -> algorithms -----------------------------------------------------------------------------
-#: a 64->64 3x3 conv like DESIGN's: PRECOMP fastest with a big workspace, FFT_TILING between, GEMM lean
+#: a 64->64 3x3 conv like the measured facts' (docs/concepts.md): PRECOMP fastest with a big workspace, FFT_TILING
+#: between, GEMM lean
 TABLE = (
     _algo("fwd", 0, 10.5, 0),
     _algo("fwd", 1, 2.2, 1568),
