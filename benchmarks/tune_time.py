@@ -5,13 +5,17 @@
 
 Each run is a fresh process (imports and profile loading included), as a user would see it. With ``--against`` (a
 checkout of another commit) each run times the other tree's command and then this one's, and the table gives both
-medians and their ratio: on a shared machine only interleaved runs compare two commits.
+medians and their ratio: on a shared machine only interleaved runs compare two commits. Beside the wall time each
+run's CPU time (user and system, of the process and its children) is given, and the machine's load average over the
+runs: where others' work shares the cores, the wall time grows with it, the CPU time far less.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,12 +45,25 @@ COMMAND = [
 ]
 
 
-def _timed(tree: Path | None = None) -> tuple[float, dict[str, Any]]:
-    """One run of ``COMMAND`` (in ``tree``, with that tree's code, when given): wall seconds and its JSON."""
+def _timed(tree: Path | None = None) -> tuple[float, float, dict[str, Any]]:
+    """One run of ``COMMAND`` (in ``tree``, with that tree's code, when given): wall seconds, CPU seconds (user and
+    system) and its JSON."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(COMMAND, check=True, capture_output=True, text=True, cwd=tree)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     result: dict[str, Any] = json.loads(done.stdout)
-    return time.perf_counter() - t0, result
+    return wall, cpu, result
+
+
+def _load() -> float:
+    """The one-minute load average (runnable processes, all cores), or 0 where the system does not say."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
 
 
 def _best(result: dict[str, Any]) -> str:
@@ -58,21 +75,31 @@ def side_by_side(other: Path, runs: int) -> None:
     """The table of ``--against``: each tree's median wall time over ``runs`` interleaved runs, their ratio."""
     here = Path(__file__).resolve().parents[1]
     times: dict[Path, list[float]] = {other: [], here: []}
+    cpus: dict[Path, list[float]] = {other: [], here: []}
     results: dict[Path, dict[str, Any]] = {}
+    loads = [_load()]
     for _ in range(runs):
         for tree in (other, here):
-            seconds, results[tree] = _timed(tree)
+            seconds, cpu, results[tree] = _timed(tree)
             times[tree].append(seconds)
+            cpus[tree].append(cpu)
+            loads.append(_load())
     names = {tree: subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
                                   text=True).stdout.strip() or str(tree) for tree in (other, here)}  # fmt: skip
     print(f"environment: {environment()}")
-    print(f"{runs} runs of each, interleaved ({names[other]} first), each a fresh process")
-    print("| commit | wall s (median) | min | max | best plan |")
-    print("|---|---|---|---|---|")
+    print(f"{runs} runs of each, interleaved ({names[other]} first), each a fresh process; load average "
+          f"{min(loads):.1f}-{max(loads):.1f} over the runs")  # fmt: skip
+    print("| commit | wall s (median) | min | max | CPU s (median) | min | max | best plan |")
+    print("|---|---|---|---|---|---|---|---|")
     for tree in (other, here):
-        t = times[tree]
-        print(f"| {names[tree]} | {statistics.median(t):.2f} | {min(t):.2f} | {max(t):.2f} | {_best(results[tree])} |")
-    print(f"ratio of medians: {statistics.median(times[other]) / statistics.median(times[here]):.2f}x")
+        t, c = times[tree], cpus[tree]
+        walls = f"{statistics.median(t):.2f} | {min(t):.2f} | {max(t):.2f}"
+        cpu_s = f"{statistics.median(c):.2f} | {min(c):.2f} | {max(c):.2f}"
+        print(f"| {names[tree]} | {walls} | {cpu_s} | {_best(results[tree])} |")
+    print(
+        f"ratio of medians: wall {statistics.median(times[other]) / statistics.median(times[here]):.2f}x, "
+        f"CPU {statistics.median(cpus[other]) / statistics.median(cpus[here]):.2f}x"
+    )
 
 
 def main() -> None:
@@ -84,22 +111,26 @@ def main() -> None:
         side_by_side(args.against, args.runs)
         return
     times = []
-    result = {}
+    cpus = []
+    result: dict[str, Any] = {}
+    loads = [_load()]
     for _ in range(args.runs):
-        t0 = time.perf_counter()
-        done = subprocess.run(COMMAND, check=True, capture_output=True, text=True)
-        times.append(time.perf_counter() - t0)
-        result = json.loads(done.stdout)
+        seconds, cpu, result = _timed()
+        times.append(seconds)
+        cpus.append(cpu)
+        loads.append(_load())
     best = result["best"]
     if best is None:
         raise SystemExit(f"{' '.join(COMMAND[2:])} found no plan within the budget; nothing to time")
-    print(f"environment: {environment()}")
-    print("| command | runs | wall s (median) | min | max | best plan | step ms | peak GiB | profile |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"environment: {environment()}; load average {min(loads):.1f}-{max(loads):.1f} over the runs")
+    print(
+        "| command | runs | wall s (median) | min | max | CPU s (median) | best plan | step ms | peak GiB | profile |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print(
         f"| `memtune tune vgg16 --batch 256 --gpu h200 --budget 13GiB --trials 300` | {args.runs} | "
-        f"{statistics.median(times):.2f} | {min(times):.2f} | {max(times):.2f} | {best['name']} | "
-        f"{best['step_ms']:.1f} | {best['peak_bytes'] / 2**30:.2f} | {result['profile_source']} |"
+        f"{statistics.median(times):.2f} | {min(times):.2f} | {max(times):.2f} | {statistics.median(cpus):.2f} | "
+        f"{best['name']} | {best['step_ms']:.1f} | {best['peak_bytes'] / 2**30:.2f} | {result['profile_source']} |"
     )
 
 
