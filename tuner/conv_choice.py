@@ -24,7 +24,7 @@ must name algorithms the table lists as working, else ``PlanError``. The simulat
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from profiler import ConvAlgo, ConvProfile
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from profiler import Profile
     from tuner.plan import Plan
 
-__all__ = ["PASSES", "ConvTriple", "choose_algorithms", "conv_key", "select_algo", "working_algos"]
+__all__ = ["PASSES", "ConvTriple", "RuleChoices", "choose_algorithms", "conv_key", "select_algo", "working_algos"]
 
 PASSES = ("fwd", "bwd_data", "bwd_filter")
 
@@ -73,7 +73,12 @@ def select_algo(algos: Iterable[ConvAlgo], pass_: str, rule: str, limit_bytes: i
     Raises:
         PlanError: ``rule`` is unknown, or ``fastest_within`` without ``limit_bytes``.
     """
-    usable = working_algos(algos, pass_, split=rule == "fastest_within")
+    return _pick(working_algos(algos, pass_, split=rule == "fastest_within"), rule, limit_bytes)
+
+
+def _pick(usable: Sequence[ConvAlgo], rule: str, limit_bytes: int | None) -> ConvAlgo | None:
+    """``select_algo`` among ``usable``, the pass's working algorithms (with the batch-split runs for
+    ``fastest_within``)."""
     if rule == "default" or not usable:
         return None
 
@@ -149,3 +154,32 @@ def choose_algorithms(profile: Profile, plan: Plan, *, check: bool = True) -> di
             if picked[0] is not None and picked[1] is not None and picked[2] is not None:
                 out[key] = ConvTriple(picked[0], picked[1], picked[2])
     return out
+
+
+class RuleChoices:
+    """``choose_algorithms`` for many plans of one profile: each convolution's working algorithms per pass are
+    listed once, not per plan (the budget bound prices every workspace cap of a profile, some 330 for VGG-16).
+
+    Args:
+        profile: the profile whose algorithm tables are chosen from.
+    """
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        convs = [(conv_key(st.index, c), c) for st in profile.stages for c in st.convs]
+        self._working = {
+            split: [(key, [working_algos(c.algos, p, split=split) for p in PASSES]) for key, c in convs]
+            for split in (False, True)
+        }
+
+    def choose(self, plan: Plan) -> dict[str, ConvTriple]:
+        """What ``choose_algorithms(profile, plan, check=False)`` returns."""
+        rule, limit = plan.conv_rule, plan.conv_workspace_limit_bytes
+        if plan.conv_algos or rule == "default":
+            return choose_algorithms(self.profile, plan, check=False)
+        out: dict[str, ConvTriple] = {}
+        for key, usable in self._working[rule == "fastest_within"]:
+            f, d, w = (_pick(u, rule, limit) for u in usable)
+            if f is not None and d is not None and w is not None:
+                out[key] = ConvTriple(f, d, w)
+        return out

@@ -52,10 +52,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from profiler import CompilerPoint, ConvProfile, Profile, SavedStorage
+from profiler import CompilerPoint, ConvAlgo, ConvProfile, Profile, SavedStorage
 from profiler.loss_model import profile_loss_ms
 from tuner.calibration import calibration_for
-from tuner.conv_choice import PASSES, ConvTriple, choose_algorithms, select_algo, working_algos
+from tuner.conv_choice import PASSES, ConvTriple, RuleChoices, select_algo, working_algos
 from tuner.fast_path import FastPath
 from tuner.plan import Action, Plan, StorageFate, resolve_storages, segments, selective_gain_bytes, storage_copy_ms
 from tuner.spatial import SplitPricing, parse_segment_key
@@ -304,6 +304,8 @@ class Simulator:
         # NOTE [ Inline fetches ]: inline plans hold one storage at a time, so merged storages would over-count
         self._unmerged = self._tables if not merge else None
         self._fast = FastPath(self)  # NOTE [ Fast path ]
+        self._choices: RuleChoices | None = None  # each convolution's working algorithms, listed on first use
+        self._lean: dict[tuple[int, str], list[ConvAlgo | None]] = {}
         self._last_plan: Plan | None = None  # the plan ``run_bounded`` priced last (held, so its id stays its own)
         self._last_costs = self.fwd, self.bwd, self.ws_f, self.ws_b
 
@@ -428,7 +430,9 @@ class Simulator:
         if cached is not None:
             return cached
         fwd, bwd, ws_f, ws_b = list(self._fwd0), list(self._bwd0), list(self.ws_f), list(self.ws_b)
-        chosen = choose_algorithms(self.profile, plan, check=False)
+        if self._choices is None:
+            self._choices = RuleChoices(self.profile)
+        chosen = self._choices.choose(plan)
         by_stage: dict[int, list[tuple[ConvProfile, ConvTriple]]] = {}
         for ckey, triple in chosen.items():
             stage_s, _, name = ckey.partition(".")
@@ -442,7 +446,9 @@ class Simulator:
             for conv, tr in items:
                 if conv.default_ms is not None and tr.fwd.ms is not None:
                     fwd[k] = max(0.0, fwd[k] + tr.fwd.ms - conv.default_ms)
-                lean = [select_algo(conv.algos, p, "memory_optimal") for p in PASSES]
+                lean = self._lean.get((k, conv.name))
+                if lean is None:  # the memory-optimal algorithms, the same under every plan
+                    lean = self._lean[k, conv.name] = [select_algo(conv.algos, p, "memory_optimal") for p in PASSES]
                 lean_f = max(lean_f, lean[0].workspace_bytes if lean[0] else 0)
                 if k == 0 and conv.name == first and conv.default_bwd_ms is not None:
                     # the model input needs no gradient: only the weight pass runs (the stage was timed so),

@@ -364,3 +364,22 @@ def test_the_choice_bound_takes_the_largest_workspace_memory_optimal_algorithms_
     sim = Simulator(p.model_copy(update={"stages": tuple(stages)}))
     free, where = freeable_bytes(sim)
     assert (free, where) == (100 * MiB, "conv1.0")  # memory-optimal conv1 forward needs none
+
+
+@pytest.mark.parametrize("model", ["vgg16", pytest.param("resnet50", marks=pytest.mark.slow)])
+def test_rule_choices_choose_as_choose_algorithms_at_every_cap(model: str) -> None:
+    """``RuleChoices`` (the simulator's and the budget bound's chooser) lists each convolution's working algorithms
+    once and then picks as ``choose_algorithms`` does, for every rule and every workspace cap of a measured profile's
+    algorithm tables (with its batch-split runs), plus caps between, below and above them."""
+    from profiler import find_profile
+    from tuner.conv_choice import RuleChoices, choose_algorithms
+
+    profile = find_profile(model, 256, "float32", "h200")
+    assert profile is not None and profile.has_conv_algos
+    sizes = sorted({a.workspace_bytes for st in profile.stages for c in st.convs for a in c.algos})
+    caps = {0, 1, *sizes, *(w + 1 for w in sizes), *(w - 1 for w in sizes if w), 1 << 50}
+    plans = [Plan.uniform(profile.n_stages, conv_rule=r) for r in ("default", "fastest", "memory_optimal")]
+    plans += [Plan.uniform(profile.n_stages, conv_rule="fastest_within", conv_workspace_limit_bytes=c) for c in caps]
+    choices = RuleChoices(profile)
+    for plan in plans:
+        assert choices.choose(plan) == choose_algorithms(profile, plan, check=False)
