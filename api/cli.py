@@ -26,6 +26,7 @@ from tuner.budget import Budget, bytes_unit, profile_budget, search_budget
 from tuner.calibration import calibration_for
 
 if TYPE_CHECKING:
+    from api.bound_beside import BoundBeside
     from profiler import ModelChain
 
 __all__ = ["app", "load_chain", "resolve_profile"]
@@ -880,9 +881,11 @@ def _print_peak_check(prof: Profile) -> None:
         out.print(f"[{'bold red' if check.reported else 'dim'}]memory check: {check}[/]")
 
 
-def _print_tuned(result: Any, prof: Profile, budget_bytes: int, optimizer: str, pareto: bool) -> None:
-    """``tune``'s report: the baselines, the best plan in words or stage by stage, its bound, the Pareto front; every
-    size in one unit, the table's."""
+def _print_tuned(
+    result: Any, prof: Profile, budget_bytes: int, optimizer: str, pareto: bool, bound: BoundBeside | None = None
+) -> None:
+    """``tune``'s report: the baselines, the best plan in words or stage by stage, its bound (``bound``'s where
+    given, NOTE [ Bound beside the search ]), the Pareto front; every size in one unit, the table's."""
     from api.python import bound_words, compute_words, device_label, retries_words
     from tuner import Simulator
     from tuner.bound import step_lower_bound
@@ -924,9 +927,8 @@ def _print_tuned(result: Any, prof: Profile, budget_bytes: int, optimizer: str, 
     if best.alloc_retries:
         out.print(f"  [dim]{retries_words(best.step_ms - best.allocator_ms, best.allocator_ms, best.alloc_retries)}[/]")
     try:
-        out.print(
-            f"  [dim]{bound_words(step_lower_bound(Simulator(prof, optimizer), budget_bytes), fmt(budget_bytes))}[/]"
-        )
+        lower = bound.result() if bound is not None else step_lower_bound(Simulator(prof, optimizer), budget_bytes)
+        out.print(f"  [dim]{bound_words(lower, fmt(budget_bytes))}[/]")
     except RuntimeError as exc:  # the solver gave no answer: the plan stands, without its bound
         out.print(f"  [dim]no lower bound: {exc}[/]")
     if pareto:
@@ -1040,6 +1042,7 @@ def tune(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from tuner.calibration import missing_calibration
 
+    beside: BoundBeside | None = None
     try:
         if profile_file is None and is_factory(model):
             described = (gpu or "h200") if device == "cpu" else None  # on CUDA the device is the GPU type
@@ -1057,6 +1060,10 @@ def tune(
         advice = missing_calibration(prof) if headroom is None else None
         if advice:
             err.print(f"[yellow]warning:[/] {advice}")
+        if not as_json:  # NOTE [ Bound beside the search ]
+            from api.bound_beside import BoundBeside
+
+            beside = BoundBeside(prof, optimizer, budget_bytes)
         with Progress(
             TextColumn("[bold]tuning[/] {task.description}"),
             BarColumn(),
@@ -1086,13 +1093,23 @@ def tune(
                 headroom=planning_headroom(prof) if headroom is None else headroom,
             )
     except (ProfilerError, TunerError, ValueError, OSError) as exc:
+        if beside is not None:
+            beside.close()
         raise _fail(str(exc)) from exc
+    except BaseException:
+        if beside is not None:
+            beside.close()
+        raise
     if plan_out is not None and result.best is not None:
         plan_out.write_text(result.best.plan.model_dump_json(indent=1) + "\n")
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
         return
-    _print_tuned(result, prof, budget_bytes, optimizer, pareto)
+    try:
+        _print_tuned(result, prof, budget_bytes, optimizer, pareto, beside)
+    finally:
+        if beside is not None:
+            beside.close()
 
 
 @app.command()
