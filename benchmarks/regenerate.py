@@ -79,7 +79,7 @@ GENERATED: tuple[Generated, ...] = (
         10,
         quoted_in=("docs/results/seed-systems.md",),
     ),
-    Generated("vdnn", f"{_R}/vdnn-repro.md", ("benchmarks.vdnn_repro",), "cpu", 65),
+    Generated("vdnn", f"{_R}/vdnn-repro.md", ("benchmarks.vdnn_repro",), "cpu", 120),
     Generated(
         "layup",
         f"{_R}/layup-fig4.md",
