@@ -9,7 +9,8 @@ search and reads its answer when it prints: on a machine with a second core idle
 ends. The child runs at a lower priority (``nice``), so it takes no time from the search where the cores are busy.
 The answer is the one computed in the command's own process (the same code on the same profile); where no child can
 be forked (no ``fork`` start method), it failed, or it gave no answer, the bound is computed in the process as
-before, so a failure there shows as it did.
+before, so a failure there shows as it did. ``tuner.bound`` imports SciPy's solver only to solve (about a second of
+the command's own time before: the child imports it, the command's process no longer does).
 """
 
 from __future__ import annotations

@@ -44,13 +44,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import coo_array
 
 from tuner.plan import Plan, selective_gain_bytes
 from tuner.simulator import Simulator
+
+if TYPE_CHECKING:
+    from scipy.sparse import coo_array
 
 __all__ = ["StepBound", "lower_envelope", "step_lower_bound"]
 
@@ -177,6 +179,9 @@ class _Program:
         Raises:
             RuntimeError: the solver stopped without an answer (iteration limit, numerical trouble).
         """
+        from scipy.optimize import linprog  # imported here: about a second (NOTE [ Bound beside the search ])
+        from scipy.sparse import coo_array
+
         nv = len(self.cost)
 
         def matrix(rows: list[tuple[list[int], list[float]]]) -> coo_array:
