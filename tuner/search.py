@@ -78,6 +78,7 @@ from optuna.trial import FrozenTrial, TrialState
 from profiler import CompilerPoint, Profile
 from tuner.budget import search_budget
 from tuner.calibration import calibration_for
+from tuner.collection import collecting_less
 from tuner.errors import SearchError
 from tuner.placement import AllocatorPricer
 from tuner.plan import Action, Plan, stage_actions
@@ -930,6 +931,7 @@ def _write_trials(url: str, engine_kwargs: dict[str, Any], study_name: str, queu
                 committed.value += 1
 
 
+@collecting_less  # NOTE [ Garbage collection in a search ]
 def tune(
     profile: Profile,
     budget_bytes: int,

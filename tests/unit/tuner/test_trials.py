@@ -141,3 +141,41 @@ def test_the_callback_stops_the_loop() -> None:
     study = _study(1)
     run_trials(study, _objective, 10, deque(), SPACE, lambda t: t.number == 2, _constraints)
     assert len(study.trials) == 3
+
+
+def test_a_search_collects_garbage_less_often_and_restores_the_thresholds() -> None:
+    """NOTE [ Garbage collection in a search ]: raised while searches run (nested, or in two threads), restored after
+    the last one, also when it raises."""
+    import gc
+    import threading
+
+    from tuner.collection import SEARCH_THRESHOLDS, collecting_less, fewer_collections
+
+    before = gc.get_threshold()
+    raised = tuple(max(a, b) for a, b in zip(before, SEARCH_THRESHOLDS, strict=True))
+    seen: list[tuple[int, int, int]] = []
+    inside = threading.Event()
+    release = threading.Event()
+
+    def other() -> None:
+        with fewer_collections():
+            inside.set()
+            release.wait(10)
+
+    @collecting_less
+    def search(depth: int) -> int:
+        seen.append(gc.get_threshold())
+        if depth:
+            return search(depth - 1)
+        raise ValueError("the search failed")
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    inside.wait(10)
+    with pytest.raises(ValueError, match="failed"):
+        search(2)
+    assert gc.get_threshold() == raised  # the other thread's search still runs
+    release.set()
+    thread.join()
+    assert seen == [raised] * 3
+    assert gc.get_threshold() == before
