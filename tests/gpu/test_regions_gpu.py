@@ -86,6 +86,7 @@ def test_offload_and_recompute_around_compiled_regions_keep_the_compiled_math_on
     eager = sorted(edge_writes(model, list(names), ((x,), {}), loss_fn=square))
     reference = _compiled_step(model, names, eager, x)
     noise = _noise(reference, _compiled_step(model, names, eager, x))
+    state = copy.deepcopy(model.state_dict())  # before the spy's step moves the batch norms' running statistics
     saved_strides: list[bool] = []
     regions = CompiledRegions([model.get_submodule(n) for n in names], 0.5, eager, names)
     compiled = [model.get_submodule(n) for k, n in enumerate(names) if k not in eager]
@@ -97,7 +98,6 @@ def test_offload_and_recompute_around_compiled_regions_keep_the_compiled_math_on
     model.zero_grad(set_to_none=True)
     assert saved_strides, f"no compiled region saved an activation (regions {names}, eager {eager})"
     assert not all(saved_strides), "no compiled region saved a non-contiguous tensor: the strides check tests nothing"
-    state = copy.deepcopy(model.state_dict())
     n = len(names)
     for actions in ("k" * n, "o" * n, "r" * n, ("okr" * n)[:n]):
         model.load_state_dict(state)
@@ -134,7 +134,9 @@ def test_a_region_compiles_once_across_steps_on_cuda() -> None:
 def test_a_compiled_region_plan_that_tune_serves_runs_within_its_budget_on_cuda(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """At batch 64 and 128 x 128 images the step's activations are hundreds of MiB, so the budget (60% of the peak)
+    """At batch 64 and 128 x 128 images the step's activations are hundreds of MiB, so the budget (80% of the peak:
+    on the H100 every plan of this model, eager or compiled, needs at least 65% of it, 531 of 813 MiB with every stage
+    offloaded, and plans must fit 90% of the budget)
     stands far above what the process holds anyway (cuBLAS's workspace, 32 MiB with this module's
     ``CUBLAS_WORKSPACE_CONFIG``; the model and its input), which is asserted before the cap; each plan's first step,
     which compiles its regions and runs inductor's autotuning (NOTE [ Regions compile at their first call ]), runs
@@ -146,11 +148,11 @@ def test_a_compiled_region_plan_that_tune_serves_runs_within_its_budget_on_cuda(
     gc.collect()
     torch.cuda.empty_cache()  # what earlier tests left in the cache does not count against the cap
     model, x = _resnet(batch=64, size=128)
-    tuned = memtune.tune(model, "60% of peak", example_inputs=x, loss_fn=square, compile=True, trials=60,
+    tuned = memtune.tune(model, "80% of peak", example_inputs=x, loss_fn=square, compile=True, trials=60,
                          progress=False, calibrate=False)  # fmt: skip
     assert tuned.regions and all(t.error is None for t in tuned.regions), [t.line() for t in tuned.regions]
     plans = [t.plan for t in tuned.regions if t.plan is not None]
-    assert plans, "no compiled-region plan fits 60% of the peak"
+    assert plans, ("no compiled-region plan fits 80% of the peak", tuned.result.budget_bytes, str(tuned))
     budget = tuned.result.budget_bytes
     assert budget > 256 << 20, f"a budget of {budget / 2**20:.1f} MiB is too small to test a plan against"
     for plan in [tuned.plan, plans[0]]:
