@@ -1,11 +1,11 @@
-"""How fast any plan can be, per budget, beside the search's best (NOTE [ Budget bound ] in ``tuner.bound``).
+"""How fast any plan can be, per budget, beside the search's best (NOTE [ Budget bound ] in ``memtune.tuner.bound``).
 
     python -m benchmarks.budget_bound vgg16:256:float32 resnet50:256:float32 gpt:16:bfloat16 --fractions 0.6
 
 Printed per budget: the bound's step and its ratio to the unconstrained step (the goal is 1.10× at
 60% of the peak), how it pays (offload, re-made bytes, algorithm, waits), and the search's best plan: its simulated
 step, and in brackets what the search ranked it by (the step plus the allocator retries the placement model
-predicts under the budget, NOTE [ Placement ranking ] in ``tuner.search``; ``--no-placement``: the step alone).
+predicts under the budget, NOTE [ Placement ranking ] in ``memtune.tuner.search``; ``--no-placement``: the step alone).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 
 from benchmarks.common import budget_table_args
-from tuner import Plan, Simulator, tune
-from tuner.bound import step_lower_bound
+from memtune.tuner import Plan, Simulator, tune
+from memtune.tuner.bound import step_lower_bound
 
 __all__ = ["main"]
 

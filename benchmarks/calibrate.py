@@ -1,9 +1,9 @@
 """Derive the H200 calibration of the cost model from committed ``memtune bench`` runs.
 
     python -m benchmarks.calibrate benchmarks/results/bench-*.json            # print
-    python -m benchmarks.calibrate --write benchmarks/results/bench-*.json    # and update tuner/data
+    python -m benchmarks.calibrate --write benchmarks/results/bench-*.json    # and update memtune/tuner/data
 
-Two numbers come from measurements (``tuner.calibration``):
+Two numbers come from measurements (``memtune.tuner.calibration``):
 
 - per measured profile, the compute scale (NOTE [ Compute scale ]): the median over the files of that profile of
   the measured unconstrained step divided by the simulated one (the simulator run with no scale);
@@ -24,8 +24,8 @@ from importlib.resources import files
 from pathlib import Path
 
 from benchmarks.retry_cost import fit_ms_per_gib, read_run, rows_of
-from tuner import Plan, Simulator
-from tuner.calibration import profile_key
+from memtune.tuner import Plan, Simulator
+from memtune.tuner.calibration import profile_key
 
 __all__ = ["compute_scales"]
 
@@ -46,7 +46,7 @@ def compute_scales(paths: list[Path]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path)
-    ap.add_argument("--write", action="store_true", help="update tuner/data/calibration-h200.json")
+    ap.add_argument("--write", action="store_true", help="update memtune/tuner/data/calibration-h200.json")
     args = ap.parse_args()
     scales = compute_scales(args.files)
     rows = []
@@ -58,7 +58,7 @@ def main() -> None:
         print(f"compute scale {key}: {value}")
     print(f"ms per GiB unmapped by retries: {remap} ({len(rows)} rows)")
     if args.write:
-        target = Path(str(files("tuner").joinpath("data", "calibration-h200.json")))
+        target = Path(str(files("memtune.tuner").joinpath("data", "calibration-h200.json")))
         data = json.loads(target.read_text())
         today = datetime.date.today().isoformat()
         names = ", ".join(sorted(p.name for p in args.files))

@@ -13,7 +13,7 @@ can gain. Printed for each budget: F, the no-choice best at B and at B + F, the 
 from __future__ import annotations
 
 from benchmarks.common import budget_table_args
-from tuner import Plan, Simulator, tune
+from memtune.tuner import Plan, Simulator, tune
 
 __all__ = ["freeable_bytes", "main"]
 

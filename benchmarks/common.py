@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from profiler import Profile
+from memtune.profiler import Profile
 
 __all__ = ["budget_table_args", "config_profile", "environment", "model_rows", "zoo_profile"]
 
@@ -20,7 +20,7 @@ def zoo_profile(
     model: str, batch: int, dtype: str = "float32", gpu: str = "h200", params: Mapping[str, object] | None = None
 ) -> Profile:
     """The committed measured profile when there is one, else a modeled one."""
-    from profiler import build, find_profile, modeled_profile
+    from memtune.profiler import build, find_profile, modeled_profile
 
     chain = build(model, params or {})
     found = find_profile(chain.name, batch, dtype, gpu, params=chain.params)
@@ -105,8 +105,8 @@ def model_rows(names: str, known: Collection[str], run: Callable[[str], dict[str
     import optuna
     import torch
 
-    from profiler.provenance import run_record
-    from tuner.runtime.guard import configure_allocator
+    from memtune.profiler.provenance import run_record
+    from memtune.tuner.runtime.guard import configure_allocator
 
     configure_allocator()
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -9,21 +9,21 @@ Per model, in one process, built as users build them (torchvision models as ship
 models from their default configurations, as ``benchmarks.promises`` builds them), in train mode; every step is
 forward, loss, backward and the optimizer's update (SGD with momentum; AdamW for the language models), the output held
 through the backward (the profile's default), the median of ``--steps`` after ``--warmup`` by CUDA events, with the
-peak bytes allocated and reserved (``tuner.runtime.module_bench.measure_step``):
+peak bytes allocated and reserved (``memtune.tuner.runtime.module_bench.measure_step``):
 
 1. ``eager``: the unplanned step.
-2. ``whole``: the whole model compiled (``profiler.compiled.CompiledStage``) at each of ``--budgets``
+2. ``whole``: the whole model compiled (``memtune.profiler.compiled.CompiledStage``) at each of ``--budgets``
    (``activation_memory_budget``), with its first step's seconds (compiling).
 3. ``regions``: memtune's eager profile (saved as ``<model>-profile.json``, with the whole model's compiler points
-   measured by ``tuner.runtime.whole.measure_module_points``), then every candidate region partition
-   (``profiler.regions.region_partitions``; ``--depths`` picks some) profiled compiled at each of
-   ``--region-budgets`` (``profiler.module_profile.profile_module(..., compile_budget=b)``, saved as
+   measured by ``memtune.tuner.runtime.whole.measure_module_points``), then every candidate region partition
+   (``memtune.profiler.regions.region_partitions``; ``--depths`` picks some) profiled compiled at each of
+   ``--region-budgets`` (``memtune.profiler.module_profile.profile_module(..., compile_budget=b)``, saved as
    ``<model>-regions-d<depth>-b<budget>.json``): its regions' forward and backward summed, the profile's step (that
    sum and the time outside the regions, measured), the whole model's compiled step at the same budget, the
    partition's measured training step with every region kept (a planned model), the graphs it compiled, its compile
    and profile seconds, the regions it runs eager and why; or its error.
 4. ``plans``: at each of ``--fractions`` of the whole model's compiled peak (allocated, budget 1), memtune's search
-   over all of them (``api.python.tune_profiles``: the eager plans, the compiler's points, every compiled-region
+   over all of them (``memtune.api.python.tune_profiles``: the eager plans, the compiler's points, every compiled-region
    profile); the plan served (its kind, its regions and budget), its predicted step and peak, and the same plan
    measured under ``budget_guard`` at that budget (an out-of-memory is a result), with every candidate's line.
 
@@ -35,12 +35,13 @@ line per model goes to standard output.
 This script calls no private torch name itself. Through memtune it relies on ``torch._functorch.config.
 activation_memory_budget`` (patched while the partitioner runs), ``torch._inductor.compile_fx.compile_fx`` with
 ``config_patches={"keep_output_stride": False}``, and ``torch._dynamo.config.recompile_limit`` /
-``accumulated_recompile_limit`` (``profiler.compiled``): the names memtune's compiled stages and compiler points ran
-with in the H100 measurements on torch 2.11 (docs/results/torch-compile.md, each table's environment line), and present
+``accumulated_recompile_limit`` (``memtune.profiler.compiled``): the names memtune's compiled stages and compiler points
+ran with in the H100 measurements on torch 2.11 (docs/results/torch-compile.md, each table's environment line), and
+present
 in torch 2.13, whose source the CPU tests run against. A run on another torch checks them by running: a missing name
 fails the first compile, and that error is the row's. ``torch.nn.Module._call_impl`` calling the
 instance's ``forward`` (NOTE [ Regions are wrapped once ]) is long-standing behaviour of every torch 2.x. Graph counts
-come from ``profiler.compiled.GRAPHS_COMPILED`` (memtune's own backend), not from dynamo's counters.
+come from ``memtune.profiler.compiled.GRAPHS_COMPILED`` (memtune's own backend), not from dynamo's counters.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def build(name: str, batch: int | None) -> Built:
 def _error(exc: BaseException) -> str:
     if isinstance(exc, torch.OutOfMemoryError):
         return "out of memory: " + str(exc).split(" If reserved but unallocated")[0].strip()[:400]
-    from profiler.regions import first_line
+    from memtune.profiler.regions import first_line
 
     return first_line(exc)
 
@@ -122,8 +123,8 @@ class Bench:
         self.row.update(optimizer=self.optimizer, batch=args.batch or VISION.get(name))
 
     def save(self) -> None:
-        from profiler.identity import cuda_identity
-        from profiler.provenance import run_record
+        from memtune.profiler.identity import cuda_identity
+        from memtune.profiler.provenance import run_record
 
         self.row["run"] = run_record(module="benchmarks.compiled_regions")
         self.row["device"] = cuda_identity(torch.cuda.current_device()).model_dump(mode="json")
@@ -132,7 +133,7 @@ class Bench:
 
     def step(self, run: nn.Module) -> dict[str, Any]:
         """One measured training step of ``run`` (sharing the model's parameters), or its error."""
-        from tuner.runtime.module_bench import measure_step
+        from memtune.tuner.runtime.module_bench import measure_step
 
         began = time.perf_counter()
         try:
@@ -156,8 +157,8 @@ class Bench:
 
     def first_step(self, run: nn.Module) -> dict[str, Any]:
         """One training step of ``run``, uncapped: it compiles a plan's regions and tunes their kernels (NOTE
-        [ Regions compile at their first call ] in ``tuner.runtime.modules``); ``{}`` or its error."""
-        from tuner.runtime.module_bench import measure_step
+        [ Regions compile at their first call ] in ``memtune.tuner.runtime.modules``); ``{}`` or its error."""
+        from memtune.tuner.runtime.module_bench import measure_step
 
         try:
             measure_step(self.model, run, self.inputs, self.loss, warmup=0, steps=1, optimizer=self.optimizer)
@@ -173,19 +174,19 @@ class Bench:
         self.row["eager"] = self.step(self.model)
 
     def whole(self) -> None:
-        from profiler.compiled import CompiledStage
+        from memtune.profiler.compiled import CompiledStage
 
         self.row["whole"] = [{"budget": b, **self.step(CompiledStage(self.model, b))} for b in self.args.budget_list]
 
     def regions(self) -> None:
         import memtune
-        from profiler.compiled import GRAPHS_COMPILED
-        from profiler.module_profile import as_inputs
-        from profiler.region_profile import profile_regions
-        from profiler.regions import install_region, region_partitions
-        from tuner import Plan
-        from tuner.runtime import planned
-        from tuner.runtime.whole import measure_module_points, with_compiler_points
+        from memtune.profiler.compiled import GRAPHS_COMPILED
+        from memtune.profiler.module_profile import as_inputs
+        from memtune.profiler.region_profile import profile_regions
+        from memtune.profiler.regions import install_region, region_partitions
+        from memtune.tuner import Plan
+        from memtune.tuner.runtime import planned
+        from memtune.tuner.runtime.whole import measure_module_points, with_compiler_points
 
         began = time.perf_counter()
         prof = memtune.profile(self.model, self.inputs, loss_fn=self.loss, progress=False)
@@ -258,11 +259,11 @@ class Bench:
 
     def plans(self) -> None:
         import memtune
-        from api.python import tune_profiles
-        from profiler import Profile
-        from profiler.region_profile import RegionProfile
-        from profiler.regions import RegionPartition
-        from tuner.runtime import PlanOutOfMemoryError
+        from memtune.api.python import tune_profiles
+        from memtune.profiler import Profile
+        from memtune.profiler.region_profile import RegionProfile
+        from memtune.profiler.regions import RegionPartition
+        from memtune.tuner.runtime import PlanOutOfMemoryError
 
         prof = Profile.from_json((self.out / f"{self.name}-profile.json").read_text())
         runs = [
@@ -418,7 +419,7 @@ def main() -> None:
     bad = [p for p in args.phase_list if p not in PHASES] + [m for m in args.models.split(",") if m not in MODELS]
     if bad:
         raise SystemExit(f"unknown phase or model: {', '.join(bad)}")
-    from tuner.runtime.guard import configure_allocator
+    from memtune.tuner.runtime.guard import configure_allocator
 
     configure_allocator()
     for name in args.models.split(","):

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import optuna
 
-from profiler import CompilerPoint, find_profile
-from tuner import tune
-from tuner.calibration import calibration_for
-from tuner.runtime.whole import with_compiler_points
+from memtune.profiler import CompilerPoint, find_profile
+from memtune.tuner import tune
+from memtune.tuner.calibration import calibration_for
+from memtune.tuner.runtime.whole import with_compiler_points
 
 GiB = 1 << 30
 

@@ -17,7 +17,7 @@ import argparse
 import optuna
 
 from benchmarks.common import environment, zoo_profile
-from tuner import POLICIES, Plan, simulate, tune
+from memtune.tuner import POLICIES, Plan, simulate, tune
 
 __all__ = ["main"]
 

@@ -2,8 +2,8 @@
 
     python -m benchmarks.conv_workspace_check
 
-For each stage of a committed measured zoo profile (``profiler/data``, H100 and H200) that is one convolution,
-the measured transients are set beside ``profiler.conv_workspace.conv_workspace_bytes`` (NOTE [ GPU convolution
+For each stage of a committed measured zoo profile (``memtune/profiler/data``, H100 and H200) that is one convolution,
+the measured transients are set beside ``memtune.profiler.conv_workspace.conv_workspace_bytes`` (NOTE [ GPU convolution
 workspaces ]): the forward's (``forward_workspace_bytes``) and, where measured, the backward's
 (``chained_backward_bytes`` less the output's gradient, which the stage holds anyway). T is the NHWC copies of the
 input, output and filter; the model is T plus its slack. The model must be at or above every measured transient (a
@@ -16,11 +16,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from profiler.conv_workspace import conv_copies_bytes, conv_workspace_bytes, output_shape
+from memtune.profiler.conv_workspace import conv_copies_bytes, conv_workspace_bytes, output_shape
 
 __all__ = ["Measured", "main", "measured", "summary"]
 
-DATA = Path(__file__).resolve().parent.parent / "profiler" / "data"
+DATA = Path(__file__).resolve().parent.parent / "memtune" / "profiler" / "data"
 MiB = 2**20
 
 

@@ -2,26 +2,27 @@
 
     python -m benchmarks.ddp_plans OUT --nproc 4 --model resnet50 --budget 12GiB --batches 64,96,128,160,192
 
-Per method, in N processes of one group (``tuner.runtime.ddp.spawn_ranks``: NCCL with NVLink multicast off, or gloo
-on CPU), each GPU runs its own share of the global batch (``--batches`` are per GPU) for ``--warmup`` then ``--steps``
-timed steps (NOTE [ Bench step ] in ``tuner.runtime.bench``: forward, cross-entropy, backward, SGD momentum) under
-``budget_guard`` at ``--budget``, from the smallest batch up to the first that does not train:
+Per method, in N processes of one group (``memtune.tuner.runtime.ddp.spawn_ranks``: NCCL with NVLink multicast off, or
+gloo on CPU), each GPU runs its own share of the global batch (``--batches`` are per GPU) for ``--warmup`` then
+``--steps``
+timed steps (NOTE [ Bench step ] in ``memtune.tuner.runtime.bench``: forward, cross-entropy, backward, SGD momentum)
+under ``budget_guard`` at ``--budget``, from the smallest batch up to the first that does not train:
 
 * ``unplanned``: ``DistributedDataParallel`` on the plain model;
 * ``checkpoint``: ``checkpoint_sequential`` (√n segments, non-reentrant) under DDP;
 * ``plan``: memtune's plan for that batch (tuned within the budget less DDP's gradient buckets) under DDP
-  (``tuner.runtime.ddp.planned_ddp``);
+  (``memtune.tuner.runtime.ddp.planned_ddp``);
 * ``staggered``: the same plan with its copies staggered over ``--stagger-slots`` slots (NOTE [ Staggered copies ]);
 * ``triggered``: the staggered plan with per-layer swap-in triggers chosen at the contended copy rate
-  (``tuner.ranks_prefetch_trigger``), the multi-GPU vDNN paper's two changes together.
+  (``memtune.tuner.ranks_prefetch_trigger``), the multi-GPU vDNN paper's two changes together.
 
 Each row: per-GPU batch, the step (median ms, the slowest rank's), samples per second of all GPUs, the largest peak
-allocated on any rank, and beside it the prediction of ``tuner.simulate_ranks`` (NOTE [ Shared host link ]) for the
-plans and the unplanned model. Plans are tuned on the committed measured profile of that batch where there is one,
+allocated on any rank, and beside it the prediction of ``memtune.tuner.simulate_ranks`` (NOTE [ Shared host link ]) for
+the plans and the unplanned model. Plans are tuned on the committed measured profile of that batch where there is one,
 else a modeled one, without whole-model compile plans; their convolution choices are dropped (the runtime leaves
 convolutions to the framework here), and the prediction is for the plan as run. Copy rates with several GPUs copying
 at once and the all-reduce rate come from the GPU type's calibration, else they are measured here first
-(``tuner.runtime.link_share``). Writes ``OUT/ddp-plans-<model>-<dtype>-x<N>.json`` and prints the table.
+(``memtune.tuner.runtime.link_share``). Writes ``OUT/ddp-plans-<model>-<dtype>-x<N>.json`` and prints the table.
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ from benchmarks.ranked import (
     spawn_rows,
     start_ranks,
 )
-from profiler import Profile
-from tuner import Plan, SharedLink, parse_budget, ranks_prefetch_trigger, simulate_ranks, stagger_for, tune
-from tuner.calibration import calibration_for
+from memtune.profiler import Profile
+from memtune.tuner import Plan, SharedLink, parse_budget, ranks_prefetch_trigger, simulate_ranks, stagger_for, tune
+from memtune.tuner.calibration import calibration_for
 
 __all__ = ["METHODS", "main"]
 
@@ -78,8 +79,8 @@ def _wrap(cfg: _Config, chain: Any, batch: int, rank: int, world: int) -> tuple[
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.checkpoint import checkpoint_sequential
 
-    from tuner.runtime.bench import checkpoint_segments
-    from tuner.runtime.ddp import planned_ddp, planned_of
+    from memtune.tuner.runtime.bench import checkpoint_segments
+    from memtune.tuner.runtime.ddp import planned_ddp, planned_of
 
     seq = chain.as_sequential()
     device = next(seq.parameters()).device
@@ -109,10 +110,10 @@ def _measure(cfg: _Config, batch: int, rank: int, world: int) -> dict[str, Any]:
     """One batch on this rank: median step ms, peak bytes allocated, or the error that stopped it."""
     import torch
 
-    from profiler import build
-    from profiler.loss import step_loss
-    from tuner.runtime import PlanOutOfMemoryError, budget_guard
-    from tuner.runtime.bench import make_batch
+    from memtune.profiler import build
+    from memtune.profiler.loss import step_loss
+    from memtune.tuner.runtime import PlanOutOfMemoryError, budget_guard
+    from memtune.tuner.runtime.bench import make_batch
 
     cuda = torch.cuda.is_available() and cfg.budget_bytes is not None
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -154,7 +155,7 @@ def _link_and_bus(profile: Profile, nproc: int, measure: bool) -> tuple[SharedLi
     link, bus = cal.shared_link, cal.allreduce_gbps(nproc)
     note = "calibration"
     if (link is None or (bus is None and nproc > 1)) and measure:
-        from tuner.runtime.link_share import measure_allreduce, measure_shared_link
+        from memtune.tuner.runtime.link_share import measure_allreduce, measure_shared_link
 
         devices = list(range(nproc))
         if link is None:
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     allocator = start_ranks(args.nproc, args.cpu)
 
-    from profiler.devices import gpu_key
+    from memtune.profiler.devices import gpu_key
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     args.backend = "gloo" if args.cpu else "nccl"

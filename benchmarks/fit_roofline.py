@@ -1,13 +1,15 @@
-"""Fit the roofline's constants (NOTE [ Roofline ] in ``profiler.modeled``) to the measured profiles of the zoo.
+"""Fit the roofline's constants (NOTE [ Roofline ] in ``memtune.profiler.modeled``) to the measured profiles of the zoo.
 
     python -m benchmarks.fit_roofline
 
-For every committed measured profile ``profiler/data/<model>-b<batch>-<dtype>-<gpu>.json`` (the H100 and the H200)
-the zoo model is traced once on the meta device (``profiler.modeled.meta_facts``: its ATen ops, FLOPs, bytes and
+For every committed measured profile ``memtune/profiler/data/<model>-b<batch>-<dtype>-<gpu>.json`` (the H100 and the
+H200) the zoo model is traced once on the meta device (``memtune.profiler.modeled.meta_facts``: its ATen ops, FLOPs,
+bytes and
 channels per stage) and the roofline is evaluated with candidate constants, by the same code ``modeled_profile``
-runs (``profiler.modeled.roofline_ms``). The targets are the measured times as the simulator uses them: each
+runs (``memtune.profiler.modeled.roofline_ms``). The targets are the measured times as the simulator uses them: each
 stage's forward and backward and the loss times the profile's compute scale (NOTE [ Compute scale ] in
-``tuner.calibration``; 1 where the GPU type's calibration has none for it), and the simulated unconstrained step.
+``memtune.tuner.calibration``; 1 where the GPU type's calibration has none for it), and the simulated unconstrained
+step.
 
 Two bounded least-squares fits (``scipy.optimize.least_squares``), from fixed starting values, not from the
 committed constants:
@@ -17,9 +19,9 @@ committed constants:
    step ((modeled - measured) / step: a stage counts as much as it weighs in the step) and the log of the modeled
    over the measured step.
 
-It prints the constants as ``profiler/modeled.py`` spells them (paste them there, the two ``LOSS_`` ones into
-``profiler/loss_model.py``; nothing is written), the error of every profile's step, and two hold-outs: the constants
-fitted on one GPU type alone and the errors they give on the other, and, for each model, the constants fitted
+It prints the constants as ``memtune/profiler/modeled.py`` spells them (paste them there, the two ``LOSS_`` ones into
+``memtune/profiler/loss_model.py``; nothing is written), the error of every profile's step, and two hold-outs: the
+constants fitted on one GPU type alone and the errors they give on the other, and, for each model, the constants fitted
 without it and the errors they give on its profiles. Tracing the models takes about half a minute, each fit a few
 seconds.
 
@@ -39,13 +41,13 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 from scipy.optimize import least_squares
 
-from profiler import GPUSpec, Profile, build, get_gpu
-from profiler.library import list_profiles
-from profiler.loss_model import roofline_loss_ms
-from profiler.modeled import ROOFLINE, Roofline, meta_facts, roofline_ms
-from profiler.stagefacts import ChainFacts
-from tuner import Plan, Simulator
-from tuner.calibration import calibration_for
+from memtune.profiler import GPUSpec, Profile, build, get_gpu
+from memtune.profiler.library import list_profiles
+from memtune.profiler.loss_model import roofline_loss_ms
+from memtune.profiler.modeled import ROOFLINE, Roofline, meta_facts, roofline_ms
+from memtune.profiler.stagefacts import ChainFacts
+from memtune.tuner import Plan, Simulator
+from memtune.tuner.calibration import calibration_for
 
 __all__ = [
     "LOSS_FIELDS",
@@ -255,7 +257,8 @@ def summary(errors: Sequence[tuple[Sample, float, float]], limit: float = 0.15) 
 
 
 def python_constants(rl: Roofline) -> str:
-    """``rl`` as the constant lines of ``profiler/modeled.py`` and, ``LOSS_*``, ``profiler/loss_model.py`` (3
+    """``rl`` as the constant lines of ``memtune/profiler/modeled.py`` and, ``LOSS_*``,
+    ``memtune/profiler/loss_model.py`` (3
     significant digits)."""
     return "\n".join(f"{f.name.upper()} = {float(f'{getattr(rl, f.name):.3g}')!r}" for f in fields(rl))
 
@@ -266,7 +269,7 @@ def main() -> None:
     gpus = sorted({s.gpu for s in samples})
     print(f"{len(samples)} measured profiles ({', '.join(gpus)}), meta facts in {time.perf_counter() - t0:.0f} s")
     fitted = fit(samples)
-    print("\nfitted on every GPU type (profiler/modeled.py; LOSS_* in profiler/loss_model.py):")
+    print("\nfitted on every GPU type (memtune/profiler/modeled.py; LOSS_* in memtune/profiler/loss_model.py):")
     print(python_constants(fitted))
     if fitted != ROOFLINE:
         drift = max(

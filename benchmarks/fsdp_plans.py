@@ -11,12 +11,14 @@ running its own share of the global batch (``--batches`` are per GPU):
 * ``fsdp``: FSDP2 alone;
 * ``hf_checkpointing``: FSDP2 with Hugging Face gradient checkpointing (``gradient_checkpointing_enable``,
   non-reentrant), the usual answer;
-* ``plan``: FSDP2 with memtune's activation plan on each rank (``tuner.runtime.fsdp.planned_fsdp``): the model is
+* ``plan``: FSDP2 with memtune's activation plan on each rank (``memtune.tuner.runtime.fsdp.planned_fsdp``): the model
+is
   profiled unsharded on one GPU at the per-rank batch (``memtune.profile``), the profile rewritten as one rank's
-  (``tuner.sharding.sharded_profile``, NOTE [ Sharded ranks ]) and searched within the budget with AdamW's state.
+  (``memtune.tuner.sharding.sharded_profile``, NOTE [ Sharded ranks ]) and searched within the budget with AdamW's
+  state.
 
-Per method, in N processes of one group (``tuner.runtime.ddp.spawn_ranks``: NCCL with NVLink multicast off, or gloo
-on CPU), from the smallest batch up to the first that does not train: ``--warmup`` then ``--steps`` timed steps
+Per method, in N processes of one group (``memtune.tuner.runtime.ddp.spawn_ranks``: NCCL with NVLink multicast off, or
+gloo on CPU), from the smallest batch up to the first that does not train: ``--warmup`` then ``--steps`` timed steps
 (forward with labels, Hugging Face's loss, backward, AdamW) under ``budget_guard`` at ``--budget``. Each row: the
 step (median ms, the slowest rank's), tokens per second of all GPUs, the largest peak allocated on any rank, and for
 ``fsdp`` and ``plan`` the simulated step and peak of one rank (collectives not priced). Writes
@@ -95,9 +97,9 @@ def _measure(cfg: _Config, batch: int, rank: int) -> dict[str, Any]:
     """One batch on this rank: median step ms, peak bytes allocated, or the error that stopped it."""
     import torch
 
-    from tuner import Plan, shard_units
-    from tuner.runtime import PlanOutOfMemoryError, budget_guard
-    from tuner.runtime.fsdp import planned_fsdp, shard
+    from memtune.tuner import Plan, shard_units
+    from memtune.tuner.runtime import PlanOutOfMemoryError, budget_guard
+    from memtune.tuner.runtime.fsdp import planned_fsdp, shard
 
     cuda = torch.cuda.is_available() and cfg.budget_bytes is not None
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -145,7 +147,7 @@ def _plans(args: argparse.Namespace, cfg: _Config) -> tuple[dict[int, Any], dict
     import torch
 
     import memtune
-    from tuner import Plan, planning_headroom, sharded_profile, simulate, tune
+    from memtune.tuner import Plan, planning_headroom, sharded_profile, simulate, tune
 
     device = torch.device("cpu" if args.cpu else "cuda", 0)
     plans: dict[int, Any] = {}
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     import optuna
     import torch
 
-    from tuner import parse_budget
+    from memtune.tuner import parse_budget
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     allocator = start_ranks(args.nproc, args.cpu)

@@ -1,5 +1,5 @@
-"""HMMS as published (NOTE [ HMMS offload cap ] in ``tuner/policies/hmms.py``): VGG-19 and ResNet-50 at batch 64 on a
-modeled P100 whose host link runs at 12, 20 and 34.1 GB/s, the plan with the paper's offload cap and without it.
+"""HMMS as published (NOTE [ HMMS offload cap ] in ``memtune/tuner/policies/hmms.py``): VGG-19 and ResNet-50 at batch 64
+on a modeled P100 whose host link runs at 12, 20 and 34.1 GB/s, the plan with the paper's offload cap and without it.
 
 Prints one markdown row per model and link rate: the theoretical limit, and for each plan the simulated slowdown over
 the unplanned step, the stall, the peak against the unplanned peak and the number of sync points. The paper reports
@@ -10,9 +10,9 @@ ResNet-50 able to offload 40% of its data and a 5.1% overhead, VGG-19 all of it.
 
 from __future__ import annotations
 
-from profiler import Profile, build, modeled_profile
-from tuner import Plan, simulate
-from tuner.policies.hmms import hmms, offload_limit
+from memtune.profiler import Profile, build, modeled_profile
+from memtune.tuner import Plan, simulate
+from memtune.tuner.policies.hmms import hmms, offload_limit
 
 GiB = 1 << 30
 RATES_GBPS = (12.0, 20.0, 34.1)

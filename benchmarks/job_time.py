@@ -41,8 +41,8 @@ def _free_port() -> int:
 
 
 def _key(url: str) -> str:
-    from storage import Database, upgrade
-    from storage.repositories import KeyRepository
+    from memtune.storage import Database, upgrade
+    from memtune.storage.repositories import KeyRepository
 
     db = Database(url)
     upgrade(db)
@@ -74,7 +74,7 @@ def time_job(base: str, key: str, trials: int, budget_bytes: int) -> tuple[float
 
 def time_cli(trials: int, budget_bytes: int) -> float:
     """Seconds ``memtune tune`` takes for the job's search (same model, budget, trials and seed) in a fresh process."""
-    cmd = [sys.executable, "-m", "api", "tune", "vgg16", "--batch", "256", "--gpu", "h200",
+    cmd = [sys.executable, "-m", "memtune.api", "tune", "vgg16", "--batch", "256", "--gpu", "h200",
            "--budget", f"{budget_bytes}B", "--trials", str(trials), "--json"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
@@ -97,7 +97,7 @@ def _run_backend(backend: str, runs: int, trials: int) -> tuple[list[float], lis
     port = _free_port()
     log = tmp / "serve.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MEMTUNE_POLL_INTERVAL_S": "0.1"}
-    cmd = [sys.executable, "-m", "api.cli_service", "serve", "--port", str(port), "--database-url", url]
+    cmd = [sys.executable, "-m", "memtune.api.cli_service", "serve", "--port", str(port), "--database-url", url]
     out = log.open("wb")
     proc = subprocess.Popen([*cmd, "--log-level", "warning"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

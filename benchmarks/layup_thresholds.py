@@ -2,12 +2,13 @@
 
 The Layup cumulative-threshold report ("Compute vs Data Transfer: Memory Optimizations for Neural Networks", Figs.
 4.1–4.4) plots, for VGG-16 on a Tesla P100 and a GeForce Titan X at batch 10 and 20, each layer's
-``Threshold = T_transfer / T_compute`` and ``Cumulative_Threshold = T_transfer / T_cumulative_compute`` (Algorithm 1; ``tuner.policies.layup_cumulative``).
-Its figures are images that the text copy of the report does not hold, so only their shape can be compared: a
+``Threshold = T_transfer / T_compute`` and ``Cumulative_Threshold = T_transfer / T_cumulative_compute`` (Algorithm 1;
+``memtune.tuner.policies.layup_cumulative``). Its figures are images that the text copy of the report does not hold, so
+only their shape can be compared: a
 layer becomes a checkpoint where the cumulative curve drops below 1.
 
-This draws the same four panels from roofline profiles of the zoo's VGG-16 (``profiler.modeled``: the GPU's spec,
-no GPU needed), writes ``docs/images/layup-fig4.png`` and prints one markdown row per panel (with how many stages,
+This draws the same four panels from roofline profiles of the zoo's VGG-16 (``memtune.profiler.modeled``: the GPU's
+spec, no GPU needed), writes ``docs/images/layup-fig4.png`` and prints one markdown row per panel (with how many stages,
 and how many of the 13 convolutions, have a Threshold below 1). T_transfer is what a
 checkpoint at the stage copies to the host (its saved storages and output); T_compute its forward time.
 
@@ -21,9 +22,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from profiler import Profile, build, modeled_profile
-from tuner.policies._storage import StorageMap
-from tuner.policies.layup_cumulative import checkpoint_transfer_ms, cumulative_steps
+from memtune.profiler import Profile, build, modeled_profile
+from memtune.tuner.policies._storage import StorageMap
+from memtune.tuner.policies.layup_cumulative import checkpoint_transfer_ms, cumulative_steps
 
 PANELS = (("p100", 10), ("p100", 20), ("titanx", 10), ("titanx", 20))
 

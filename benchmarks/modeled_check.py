@@ -10,7 +10,7 @@ family (kept or offloaded: the stage's tensors stay; recomputed or selective: th
 plan priced on the measured profile against the measured profile's own best (the step a user of the CPU profile
 gets, as the H100's profile prices it). Then, per model, every stage's transients on both profiles (forward, and
 backward kept, recomputed and selective, MiB): the CPU-made profile models the GPU's convolution workspaces (NOTE
-[ GPU transients from the CPU's allocator ] in ``profiler.memory_meter``), and a transient below the H100's is
+[ GPU transients from the CPU's allocator ] in ``memtune.profiler.memory_meter``), and a transient below the H100's is
 marked. Writes ``modeled-check.md`` in the folder and prints it.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 import optuna
 
-from profiler import Profile
-from tuner import Plan, simulate, tune
+from memtune.profiler import Profile
+from memtune.tuner import Plan, simulate, tune
 
 FRACTIONS = (0.4, 0.5, 0.6, 0.7, 0.8)
 _FAMILY = {"keep": "stays", "offload": "stays", "recompute": "remade", "selective": "remade"}

@@ -9,11 +9,13 @@ Per model, built on the CPU with ``torch.manual_seed(0)`` as ``benchmarks.promis
 configuration, batch, loss and optimizer; Hugging Face models from their default configurations, train mode):
 
 1. ``memtune.profile(model, batch, gpu="h100", warmup=0, repeats=1)`` on the CPU: every stage's compute priced by
-   the H100's roofline (NOTE [ Modeled module profiles ] in ``profiler.module_roofline``), the copies the spec's;
+   the H100's roofline (NOTE [ Modeled module profiles ] in ``memtune.profiler.module_roofline``), the copies the
+   spec's;
 2. the measured H100 profile of the same model, ``<measured>/<model>.json`` (a ``benchmarks.promises`` row: its
    ``profile``, and ``unplanned.peak_bytes``, the measured unplanned peak; ``--measured`` defaults to
    ``benchmarks/results/h100/promises``);
-3. at each fraction of that measured peak, ``tuner.tune(profile, budget, trials, seed=0, optimizer, headroom)`` on
+3. at each fraction of that measured peak, ``memtune.tuner.tune(profile, budget, trials, seed=0, optimizer, headroom)``
+on
    both profiles with the same budget and the same headroom (``--headroom``, 0.05: not the calibrated headroom, which
    differs between a measured and a modeled profile), in parallel processes; per fraction, each best plan (compact
    form, counts of each action), its simulated step and peak, its plan family (below), whether the families agree,
@@ -106,9 +108,9 @@ def _tune(args: tuple[str, str, int, float, int, str, str]) -> dict[str, Any]:
     """One search in a worker process: ``(side, profile JSON, budget, headroom, trials, optimizer, weights JSON)``."""
     import optuna
 
-    from api.python import Tuned
-    from profiler import Profile
-    from tuner import tune
+    from memtune.api.python import Tuned
+    from memtune.profiler import Profile
+    from memtune.tuner import tune
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     side, profile_json, budget, headroom, trials, optimizer, weights_json = args
@@ -141,7 +143,7 @@ def _tune(args: tuple[str, str, int, float, int, str, str]) -> dict[str, Any]:
 
 def _cross(entry: dict[str, Any], measured: Any, optimizer: str, headroom: float) -> dict[str, Any] | None:
     """The CPU-modeled best plan simulated on the measured profile: step, peak, whether it fits there."""
-    from tuner import Plan, simulate
+    from memtune.tuner import Plan, simulate
 
     if "plan" not in entry["modeled"]:
         return None
@@ -193,12 +195,13 @@ def counted_times(model: nn.Module, inputs: Any, loss_fn: Loss, small: Any, gpu:
 
     The stages and which of their inputs need a gradient come from ``small`` (the same model on a smaller batch:
     neither depends on the batch); the ops of one forward and loss on ``inputs`` are counted without grad and priced
-    as ``profile_module`` prices them (``profiler.module_roofline``). Returns the stage names, each stage's modeled
+    as ``profile_module`` prices them (``memtune.profiler.module_roofline``). Returns the stage names, each stage's
+    modeled
     forward and backward ms, ``loss_ms`` and the step (stages plus ``loss_ms``, the simulated unplanned step)."""
-    from profiler import find_stages, get_gpu
-    from profiler.module_profile import as_inputs
-    from profiler.module_roofline import count_module_step, modeled_stage_ms, outside_ms
-    from profiler.modules import trace_stages
+    from memtune.profiler import find_stages, get_gpu
+    from memtune.profiler.module_profile import as_inputs
+    from memtune.profiler.module_roofline import count_module_step, modeled_stage_ms, outside_ms
+    from memtune.profiler.modules import trace_stages
 
     spec = get_gpu(gpu)
     small_in = as_inputs(small)
@@ -225,9 +228,9 @@ def count_row(kind: str, measured_dir: Path, small_seq: int) -> dict[str, Any]:
     import optuna
 
     import memtune
-    from api.python import Tuned, device_label
-    from profiler import Profile
-    from tuner import Action, Plan, simulate, tune
+    from memtune.api.python import Tuned, device_label
+    from memtune.profiler import Profile
+    from memtune.tuner import Action, Plan, simulate, tune
 
     source = measured_dir / f"{kind}.json"
     ref = json.loads(source.read_text())
@@ -315,8 +318,8 @@ def run_model(
     """The row of one model (see the module docstring)."""
 
     import memtune
-    from api.python import device_label
-    from profiler import Profile
+    from memtune.api.python import device_label
+    from memtune.profiler import Profile
 
     source = measured_dir / f"{kind}.json"
     ref = json.loads(source.read_text())

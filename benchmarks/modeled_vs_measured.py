@@ -3,12 +3,12 @@ profile's, for every committed measured zoo profile (H200 and H100).
 
     python -m benchmarks.modeled_vs_measured
 
-For each ``profiler/data/<model>-b<batch>-<dtype>-<gpu>.json``: the zoo model is built, profiled by the roofline
-(``profiler.modeled.modeled_profile``, the same GPU type, batch and dtype) and both are simulated with every
+For each ``memtune/profiler/data/<model>-b<batch>-<dtype>-<gpu>.json``: the zoo model is built, profiled by the roofline
+(``memtune.profiler.modeled.modeled_profile``, the same GPU type, batch and dtype) and both are simulated with every
 activation kept. The measured side is the measured profile's own simulated step: the sum of its timed stages and
 loss times its GPU type's compute scale where the calibration has one for that profile (NOTE [ Compute scale ] in
-``tuner.calibration``), as ``memtune tune`` would use it. The error is (modeled - measured) / measured. The roofline's
-constants (NOTE [ Roofline ] in ``profiler.modeled``) were fitted to these same profiles by
+``memtune.tuner.calibration``), as ``memtune tune`` would use it. The error is (modeled - measured) / measured. The
+roofline's constants (NOTE [ Roofline ] in ``memtune.profiler.modeled``) were fitted to these same profiles by
 ``python -m benchmarks.fit_roofline``, which also reports how well constants fitted on one GPU type predict the other.
 """
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from benchmarks.common import environment
-from profiler import Profile, build, modeled_profile
-from profiler.library import list_profiles
-from tuner import Plan, Simulator
-from tuner.calibration import calibration_for
+from memtune.profiler import Profile, build, modeled_profile
+from memtune.profiler.library import list_profiles
+from memtune.tuner import Plan, Simulator
+from memtune.tuner.calibration import calibration_for
 
 __all__ = ["LIMIT", "Row", "main", "rows", "summary"]
 

@@ -11,18 +11,19 @@ train mode; every step is forward, loss, backward and the optimizer's update (SG
 language models), the output held through the backward (the profile's default), the median of ``--steps`` after
 ``--warmup`` by CUDA events, with the peak bytes allocated and reserved:
 
-1. ``unplanned``: the eager step (``tuner.runtime.module_bench.measure_step``).
-2. ``peers``: every peer of NOTE [ Module peers ] (``tuner.runtime.module_peers``), uncapped, each measured as
+1. ``unplanned``: the eager step (``memtune.tuner.runtime.module_bench.measure_step``).
+2. ``peers``: every peer of NOTE [ Module peers ] (``memtune.tuner.runtime.module_peers``), uncapped, each measured as
    NOTE [ Peer measurement ] says (the first step's seconds include compiling), those that do not apply with their
    reason: ``torch.compile`` of the whole model at each ``--compiler-sweep`` budget, Hugging Face checkpointing,
    ``checkpoint_sequential``, ``OffloadActivations``.
 3. ``plans``: ``memtune.profile`` of the model with the sweep's points as its compiler points (so that a plan may
    compile the whole model where that is fastest, NOTE [ Whole-model compile ]); at each of ``--fractions`` of the
    compiled unconstrained peak (the allocated peak at activation budget 1; the eager peak where that did not run)
-   ``tuner.tune`` with the default headroom (``tuner.planning_headroom``), the plans searched in parallel processes;
-   each plan measured under ``budget_guard`` at its budget (an out-of-memory is a result) and without the cap, beside
+   ``memtune.tuner.tune`` with the default headroom (``memtune.tuner.planning_headroom``), the plans searched in
+   parallel processes; each plan measured under ``budget_guard`` at its budget (an out-of-memory is a result) and
+   without the cap, beside
    the simulator's prediction. A compiled plan runs at a budget of the sweep, so its compiled graph is the sweep's
-   (``profiler.compiled.budget_backend``).
+   (``memtune.profiler.compiled.budget_backend``).
 
 ``<out>/<model>.json`` is written after every measurement (with NOTE [ Run record ] and the versions of transformers
 and torchvision), so a run stopped by a time limit keeps what it measured, and the same command run again continues
@@ -30,8 +31,9 @@ where it stopped (``--fresh`` starts over). A line per model goes to standard ou
 
 # NOTE [ Torch and library names the peer benchmark relies on ]
 No private torch name is called here. Through memtune: ``torch._functorch.config.activation_memory_budget`` and
-``torch._dynamo.config`` recompile limits (``profiler.compiled``), as the compiled measurements of torch 2.11 used.
-Public: ``torch.utils.checkpoint.checkpoint_sequential(functions, segments, input, use_reentrant=False)`` (a list of
+``torch._dynamo.config`` recompile limits (``memtune.profiler.compiled``), as the compiled measurements of torch 2.11
+used. Public: ``torch.utils.checkpoint.checkpoint_sequential(functions, segments, input, use_reentrant=False)`` (a list
+of
 callables or an ``nn.Sequential``), ``saved_tensors_hooks``, ``torch.OutOfMemoryError``. transformers: a model's
 ``activation_checkpointing_enable(activation_checkpointing_kwargs=...)`` where it has it (5.24 here), else
 ``gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)`` (transformers 4 and 5; a deprecated alias in
@@ -115,7 +117,7 @@ class _Run:
                 self.row = old
 
     def save(self) -> None:
-        from profiler.provenance import run_record
+        from memtune.profiler.provenance import run_record
 
         self.row["run"] = run_record()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,9 +135,9 @@ class _Run:
     def _measure(self) -> None:
         import torch
 
-        from tuner.runtime.module_bench import measure_step
-        from tuner.runtime.module_peers import applicable_peers
-        from tuner.runtime.peer_measure import measure_peers
+        from memtune.tuner.runtime.module_bench import measure_step
+        from memtune.tuner.runtime.module_peers import applicable_peers
+        from memtune.tuner.runtime.peer_measure import measure_peers
 
         args, row = self.args, self.row
         torch.manual_seed(0)
@@ -172,11 +174,11 @@ class _Run:
         import torch
 
         import memtune
-        from profiler import CompilerPoint, Profile
-        from tuner import Plan, planning_headroom
-        from tuner.runtime import budget_guard, planned
-        from tuner.runtime.module_bench import measure_step
-        from tuner.runtime.whole import with_compiler_points
+        from memtune.profiler import CompilerPoint, Profile
+        from memtune.tuner import Plan, planning_headroom
+        from memtune.tuner.runtime import budget_guard, planned
+        from memtune.tuner.runtime.module_bench import measure_step
+        from memtune.tuner.runtime.whole import with_compiler_points
 
         args, row = self.args, self.row
         kept = {e["fraction"]: e for e in row.get("plans", []) if "capped" in e or "plan_json" not in e}
@@ -234,8 +236,8 @@ class _Run:
 
 def _tune(job: tuple[str, int, float, int, str]) -> dict[str, Any]:
     """One search in a worker process: ``(profile JSON, budget bytes, headroom, trials, optimizer)``."""
-    from profiler import Profile
-    from tuner import tune
+    from memtune.profiler import Profile
+    from memtune.tuner import tune
 
     profile_json, budget, headroom, trials, optimizer = job
     result = tune(Profile.from_json(profile_json), budget, trials=trials, seed=0, headroom=headroom,
@@ -370,7 +372,7 @@ def _floats(text: str, option: str) -> list[float]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     from benchmarks.common import model_rows
-    from tuner.runtime.module_peers import COMPILER_SWEEP
+    from memtune.tuner.runtime.module_peers import COMPILER_SWEEP
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")

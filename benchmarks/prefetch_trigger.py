@@ -6,12 +6,14 @@
 For each config (a zoo model, batch and dtype, and the budget as a fraction of the unconstrained simulated peak;
 by default ResNet-50 and VGG-16, batch 128, fp32), on this GPU type's measured profile (the shipped one, or the one
 ``memtune bench`` would measure), plans are searched at the budget less the GPU type's calibrated headroom, as ``memtune
-bench`` does (NOTE [ Headroom ] in ``tuner.search``). The candidates are the tuned plan and the offloading baselines
-(``vdnn_all_p``, ``vdnn_conv_p``, ``vdnn_dyn``, ``hmms``, ``layup_cumulative``); for each the per-layer trigger
-(NOTE [ Per-layer prefetch trigger ] in ``tuner.prefetch_trigger``) is chosen at the search budget, and the ``--plans``
-candidates where it gains the most over the best global lookahead within the budget (simulated step saved, then peak)
+bench`` does (NOTE [ Headroom ] in ``memtune.tuner.search``). The candidates are the tuned plan and the offloading
+baselines (``vdnn_all_p``, ``vdnn_conv_p``, ``vdnn_dyn``, ``hmms``, ``layup_cumulative``); for each the per-layer
+trigger
+(NOTE [ Per-layer prefetch trigger ] in ``memtune.tuner.prefetch_trigger``) is chosen at the search budget, and the
+``--plans`` candidates where it gains the most over the best global lookahead within the budget (simulated step saved,
+then peak)
 are kept. Each kept plan runs three ways, each row in
-a fresh process under the budget's cap (NOTE [ Bench isolation ] in ``tuner.runtime.bench``):
+a fresh process under the budget's cap (NOTE [ Bench isolation ] in ``memtune.tuner.runtime.bench``):
 
 * ``own``: the plan with its own global lookahead;
 * ``best global``: the same actions with the global lookahead the trigger starts from (the fastest that fits);
@@ -36,10 +38,10 @@ from typing import Any
 
 import optuna
 
-from profiler import Profile
-from tuner import POLICIES, Plan, SimResult, Simulator, prefetch_trigger, tune
-from tuner.budget import search_budget
-from tuner.calibration import calibration_for
+from memtune.profiler import Profile
+from memtune.tuner import POLICIES, Plan, SimResult, Simulator, prefetch_trigger, tune
+from memtune.tuner.budget import search_budget
+from memtune.tuner.calibration import calibration_for
 
 __all__ = ["CONFIGS", "Config", "Variant", "main", "parse_config", "variants_for"]
 
@@ -154,8 +156,8 @@ def _measure(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Measure the unconstrained step and every variant on the GPU, until the deadline; rows as dicts, skipped
     names."""
-    from profiler import build
-    from tuner.runtime.bench import bench_plans
+    from memtune.profiler import build
+    from memtune.tuner.runtime.bench import bench_plans
 
     factory = functools.partial(build, cfg.model, {})
     measured: list[dict[str, Any]] = []
@@ -193,7 +195,7 @@ def _profile(cfg: Config, simulate_only: bool, gpu: str) -> Profile:
         from benchmarks.common import zoo_profile
 
         return zoo_profile(cfg.model, cfg.batch, cfg.dtype, gpu=gpu)
-    from tuner.runtime.first_use import zoo_profile as present_profile
+    from memtune.tuner.runtime.first_use import zoo_profile as present_profile
 
     return present_profile(cfg.model, None, cfg.batch, cfg.dtype, progress=lambda what: print(f"{what} …"))
 
@@ -261,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(str(exc))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if not args.simulate_only:
-        from tuner.runtime.guard import configure_allocator
+        from memtune.tuner.runtime.guard import configure_allocator
 
         print(f"allocator: PYTORCH_CUDA_ALLOC_CONF={configure_allocator()}")
     from benchmarks.common import environment

@@ -9,14 +9,15 @@ caches on; torchvision models as shipped), in train mode:
 1. the unplanned step (median of ``--steps`` after ``--warmup``, CUDA events; the output held through the backward,
    the profile's default; SGD with momentum, AdamW for the language models), its peak allocated and reserved bytes;
 2. ``memtune.profile`` on CUDA (module stages found by default) and its self-check (NOTE [ Profile self-check ]);
-3. the memory: at each fraction of the measured unplanned peak, ``tuner.tune`` with the default headroom (the GPU
-   type's calibration widened by the profile's measured gap, ``tuner.planning_headroom``), the best plan run without
-   a cap, then under ``budget_guard`` at that budget (an out-of-memory is a result, measured last), beside the
+3. the memory: at each fraction of the measured unplanned peak, ``memtune.tuner.tune`` with the default headroom (the
+GPU
+   type's calibration widened by the profile's measured gap, ``memtune.tuner.planning_headroom``), the best plan run
+   without a cap, then under ``budget_guard`` at that budget (an out-of-memory is a result, measured last), beside the
    simulator's prediction. The five searches run in parallel processes (pure Python);
-4. the math, last, with deterministic kernels and TF32 off (``tuner.runtime.verify.deterministic_math``, which
+4. the math, last, with deterministic kernels and TF32 off (``memtune.tuner.runtime.verify.deterministic_math``, which
    changes what the allocator sees, hence after the memory): one unplanned step's gradients against every uniform
    plan (keep, offload, recompute, selective) and every tuned plan, beside the stages wrapped with ``keep`` (the
-   run-to-run spread), with the same seed, dropout drawing its masks (``tuner.runtime.verify``).
+   run-to-run spread), with the same seed, dropout drawing its masks (``memtune.tuner.runtime.verify``).
 
 One JSON object per model goes to ``<out>/<model>.json``, a line per model to standard output.
 """
@@ -132,8 +133,8 @@ MODELS: dict[str, Callable[[str], Built]] = {
 
 def _tune(args: tuple[str, int, float, int, str]) -> dict[str, Any]:
     """One search in a worker process: ``(profile JSON, budget bytes, headroom, trials, optimizer)``."""
-    from profiler import Profile
-    from tuner import tune
+    from memtune.profiler import Profile
+    from memtune.tuner import tune
 
     profile_json, budget, headroom, trials, optimizer = args
     result = tune(
@@ -148,10 +149,10 @@ def _tune(args: tuple[str, int, float, int, str]) -> dict[str, Any]:
 def run_model(kind: str, fractions: list[float], trials: int, warmup: int, steps: int) -> dict[str, Any]:
     """The row of one model (see the module docstring)."""
     import memtune
-    from tuner import Plan, peak_check, planning_headroom
-    from tuner.runtime import budget_guard, planned
-    from tuner.runtime.module_bench import measure_step
-    from tuner.runtime.verify import deterministic_math
+    from memtune.tuner import Plan, peak_check, planning_headroom
+    from memtune.tuner.runtime import budget_guard, planned
+    from memtune.tuner.runtime.module_bench import measure_step
+    from memtune.tuner.runtime.verify import deterministic_math
 
     torch.manual_seed(0)
     model, inputs, loss_fn, opt = MODELS[kind](kind)
@@ -202,8 +203,8 @@ def run_model(kind: str, fractions: list[float], trials: int, warmup: int, steps
 
 def _math(row: dict[str, Any], model: nn.Module, inputs: Any, loss_fn: Loss, prof: Any) -> None:
     """Gradient errors of every uniform plan and every tuned plan against one unplanned step, and the spread."""
-    from tuner import Action, Plan
-    from tuner.runtime import check_equivalence, reference_step
+    from memtune.tuner import Action, Plan
+    from memtune.tuner.runtime import check_equivalence, reference_step
 
     ref = reference_step(model, inputs, loss_fn=loss_fn)
 

@@ -73,10 +73,11 @@ def spawn_rows(
     backend: str,
     timeout_s: float,
 ) -> list[dict[str, Any]]:
-    """Rank 0's rows of ``fn(rank, world, cfg)`` in ``world`` fresh processes (``tuner.runtime.ddp.spawn_ranks``);
-    ``cfg`` is a dataclass with a ``rows_file`` field, which this fills. If the group dies, the rows written so far
+    """Rank 0's rows of ``fn(rank, world, cfg)`` in ``world`` fresh processes
+    (``memtune.tuner.runtime.ddp.spawn_ranks``); ``cfg`` is a dataclass with a ``rows_file`` field, which this fills. If
+    the group dies, the rows written so far
     and one for the batch that did not train (NOTE [ A rank out of memory ])."""
-    from tuner.runtime.ddp import spawn_ranks
+    from memtune.tuner.runtime.ddp import spawn_ranks
 
     with tempfile.TemporaryDirectory(prefix="memtune-rows-") as tmp:
         rows_file = Path(tmp, "rows.jsonl")
@@ -102,11 +103,11 @@ def spawn_rows(
 
 def start_ranks(nproc: int, cpu: bool) -> str:
     """Before CUDA starts in a benchmark's parent: memtune's allocator settings, which the spawned ranks inherit
-    (``tuner.runtime.guard.configure_allocator``); exits when the host has fewer GPUs than ranks. Returns the
+    (``memtune.tuner.runtime.guard.configure_allocator``); exits when the host has fewer GPUs than ranks. Returns the
     settings in force."""
     import torch
 
-    from tuner.runtime.guard import configure_allocator
+    from memtune.tuner.runtime.guard import configure_allocator
 
     allocator = configure_allocator()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -123,7 +124,7 @@ def measure_steps(
     or, when a step runs out of memory, ``ok`` False with the error's first line."""
     import torch
 
-    from tuner.runtime import PlanOutOfMemoryError
+    from memtune.tuner.runtime import PlanOutOfMemoryError
 
     times: list[float] = []
     try:
@@ -190,7 +191,7 @@ def result_fields(benchmark: str, argv: Sequence[str] | None, allocator: str) ->
     it (``python -m benchmarks.<benchmark> ...``), its NOTE [ Run record ] (``run``) and the empty ``methods`` and
     ``largest`` that ``record_method`` fills."""
     from benchmarks.common import environment
-    from profiler.provenance import run_record
+    from memtune.profiler.provenance import run_record
 
     run = run_record(argv, module=f"benchmarks.{benchmark}")
     return {

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from profiler.provenance import run_of
+from memtune.profiler.provenance import run_of
 
 __all__ = ["main", "render", "render_sweep"]
 

@@ -6,7 +6,7 @@ A bench row's prediction is the simulator's at the time of the run. When the cos
 measurements stay valid but the predictions beside them do not; this prints, for every row that ran, the
 measured step and peak beside the prediction stored with the run and today's (for rows under the cap, the
 simulator on the plan as PyTorch's convolutions run it under the cap, plus the calibrated price of the retries
-the placement model predicts: ``tuner.capped.predict_capped``, as ``memtune bench`` prints).
+the placement model predicts: ``memtune.tuner.capped.predict_capped``, as ``memtune bench`` prints).
 A row's plan is rebuilt from ``plan_json`` when the run stored it, else (runs before that field) by running
 the baseline policy again at the row's budget (policies are deterministic); tuned rows of older runs are
 skipped (their knobs are not all in the file). Nothing is measured here: it reads JSON and simulates on the CPU.
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.retry_cost import read_run
-from profiler import Profile
-from tuner import Plan, run_policy, simulate
-from tuner.capped import predict_capped
+from memtune.profiler import Profile
+from memtune.tuner import Plan, run_policy, simulate
+from memtune.tuner.capped import predict_capped
 
 __all__ = ["repredict_file"]
 

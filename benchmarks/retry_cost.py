@@ -1,16 +1,16 @@
 """Allocator retries: the placement model's predictions beside committed H200 measurements, and the fit of
-their cost (NOTE [ Allocator placement ] in ``tuner.placement``).
+their cost (NOTE [ Allocator placement ] in ``memtune.tuner.placement``).
 
     python -m benchmarks.retry_cost benchmarks/results/bench-*.json            # table, current calibration
     python -m benchmarks.retry_cost --fit FILE...                               # least-squares ms per GiB
 
 For every row of a ``memtune bench --json-out`` file that ran one of our plans under the cap and stored its
 plan (``plan_json``), it takes the plan as PyTorch's convolutions run it under the cap (NOTE [ Framework fallback ]
-in ``tuner.capped``), replays as many steps as the bench ran (warm-up + timed) through the allocator model
+in ``memtune.tuner.capped``), replays as many steps as the bench ran (warm-up + timed) through the allocator model
 at the row's budget and prints the measured and predicted retries per step, the GiB the predicted retries
 unmap per timed step, and the step error of the simulator alone and with the retries priced. ``--fit`` finds
 the ms per GiB unmapped that best explains measured-minus-simulated step time over the rows (least squares
-through the origin) — the number ``tuner/data/calibration-h200.json`` holds. Nothing is measured here.
+through the origin) — the number ``memtune/tuner/data/calibration-h200.json`` holds. Nothing is measured here.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.cli import resolve_profile
-from profiler import Profile, build
-from tuner import Plan, Simulator
-from tuner.calibration import calibration_for
-from tuner.capped import framework_fallback
-from tuner.placement import predict_retries
+from memtune.api.cli import resolve_profile
+from memtune.profiler import Profile, build
+from memtune.tuner import Plan, Simulator
+from memtune.tuner.calibration import calibration_for
+from memtune.tuner.capped import framework_fallback
+from memtune.tuner.placement import predict_retries
 
 __all__ = ["RetryRow", "fit_ms_per_gib", "read_run", "rows_of"]
 
@@ -112,7 +112,7 @@ def main() -> None:
     elif args.ms_per_gib is not None:
         cost, where = args.ms_per_gib, "--ms-per-gib"
     else:
-        cost, where = calibration_for("h200").remap_ms_per_gib or 0.0, "tuner/data calibration"
+        cost, where = calibration_for("h200").remap_ms_per_gib or 0.0, "memtune/tuner/data calibration"
     print(f"ms per GiB unmapped: {cost:.2f} ({where})\n")
     print(
         "| run | configuration | measured ms | retries measured / predicted | GiB unmapped per step | "

@@ -3,19 +3,19 @@
     python -m benchmarks.selective gpt:16:bfloat16 gpt:16:float32 resnet50:256:float32 resnet50:256:bfloat16
 
 For each profile (its ``selective_*`` fields measured by ``scripts/selective_fields.py``): the stage that frees the
-most under ``selective`` (NOTE [ Selective stages ] in ``profiler.selective``), what it frees and what it costs
+most under ``selective`` (NOTE [ Selective stages ] in ``memtune.profiler.selective``), what it frees and what it costs
 (extra forward and backward ms), the same stage's cost and bytes under ``recompute`` alone, and then, per budget
 (fractions of the unconstrained simulated peak), the fastest plan of the trials' Pareto front with and without the
-action (the simulator alone; the final pick also prices allocator retries, ``tuner.placement``), and how many
+action (the simulator alone; the final pick also prices allocator retries, ``memtune.tuner.placement``), and how many
 stages the first one makes selective.
 """
 
 from __future__ import annotations
 
 from benchmarks.common import budget_table_args
-from profiler import Profile
-from tuner import Action, Candidate, Plan, simulate, tune
-from tuner.plan import selective_gain_bytes
+from memtune.profiler import Profile
+from memtune.tuner import Action, Candidate, Plan, simulate, tune
+from memtune.tuner.plan import selective_gain_bytes
 
 __all__ = ["main"]
 

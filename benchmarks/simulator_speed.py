@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import environment, zoo_profile
-from tuner import Plan, Simulator
-from tuner.plan import stage_actions
+from memtune.tuner import Plan, Simulator
+from memtune.tuner.plan import stage_actions
 
 __all__ = ["main"]
 
@@ -59,8 +59,8 @@ def measure(model: str, plans: int, seed: int = 0) -> tuple[int, float, str]:
 _PROBE = """
 import json, random, statistics, sys, time
 from benchmarks.common import zoo_profile
-from tuner.plan import Plan
-from tuner.simulator import Simulator
+from memtune.tuner.plan import Plan
+from memtune.tuner.simulator import Simulator
 plans = int(sys.argv[1])
 rates = {}
 for model in sys.argv[2:]:

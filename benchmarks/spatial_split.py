@@ -3,7 +3,7 @@
     python -m benchmarks.spatial_split OUT                       # both cases, on this CUDA GPU
     python -m benchmarks.spatial_split OUT --simulate-only       # no GPU: the plans and the simulator's figures
 
-Two cases (NOTE [ Spatial splitting ] in ``tuner.spatial``):
+Two cases (NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``):
 
 * ``vgg16``: the zoo's VGG-16, 224x224 images, batch 32, fp32; the segment is its first two blocks (stages 0-9,
   ``features.0`` to ``features.9``: four convolutions, their ReLUs and two max-pools).
@@ -13,9 +13,9 @@ Two cases (NOTE [ Spatial splitting ] in ``tuner.spatial``):
 Each case runs five ways: ``unplanned`` (the ``nn.Sequential`` itself), ``recompute`` (stages 0-9 one recompute
 segment, every other stage ``keep``) and the same segment ``split 2``, ``split 4`` and ``split 8``. A row holds the
 median step ms (CUDA events around forward, loss, backward and an SGD momentum update, NOTE [ Bench step ] in
-``tuner.runtime.bench``, after warm-up steps) and the peak bytes (``max_memory_allocated`` over the timed steps,
+``memtune.tuner.runtime.bench``, after warm-up steps) and the peak bytes (``max_memory_allocated`` over the timed steps,
 reset after warm-up; ``max_memory_reserved`` beside it), with the simulator's step and peak on the profile measured
-here (``--profile measured``, ``profiler.measure.profile`` on this GPU; ``modeled`` takes the roofline profile).
+here (``--profile measured``, ``memtune.profiler.measure.profile`` on this GPU; ``modeled`` takes the roofline profile).
 Then the gradients: each planned row's loss and parameter gradients against an unplanned step (cuDNN deterministic,
 TF32 off), in float32 and in float64, elementwise within rtol 1e-5 / atol 1e-6 or not, with the largest relative
 error beside float32's noise: two unplanned steps, and an unplanned step with autotuned convolution algorithms.
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from profiler import ModelChain, Profile
-from tuner import Plan, Simulator
+from memtune.profiler import ModelChain, Profile
+from memtune.tuner import Plan, Simulator
 
 __all__ = ["CASES", "Case", "build_case", "case_plans", "main"]
 
@@ -65,8 +65,8 @@ def build_case(case: Case) -> ModelChain:
     import torch
     from torch import nn
 
-    from profiler import build
-    from profiler.chain import Stage
+    from memtune.profiler import build
+    from memtune.profiler.chain import Stage
 
     torch.manual_seed(0)
     if not case.head_only:
@@ -118,9 +118,9 @@ def _measure(
     """Median step ms, peak allocated and reserved bytes of every row (NOTE [ Bench step ])."""
     import torch
 
-    from profiler.loss import step_loss
-    from tuner.runtime import planned
-    from tuner.runtime.bench import make_batch, measure_step
+    from memtune.profiler.loss import step_loss
+    from memtune.tuner.runtime import planned
+    from memtune.tuner.runtime.bench import make_batch, measure_step
 
     device = torch.device(DEVICE)
     seq = chain.as_sequential().to(device)
@@ -150,16 +150,17 @@ def _measure(
 
 def _gradients(chain: ModelChain, plans: list[tuple[str, Plan | None]], batch: int) -> dict[str, Any]:
     """Each planned row's loss and gradients against an unplanned step's, cuDNN deterministic and TF32 off, in float32
-    and in float64: the largest relative error (``tuner.runtime.verify.relative_error``, per parameter) and whether
-    every element is within rtol 1e-5 / atol 1e-6. Beside them, the float32 noise floors: two unplanned steps, and an
+    and in float64: the largest relative error (``memtune.tuner.runtime.verify.relative_error``, per parameter) and
+    whether every element is within rtol 1e-5 / atol 1e-6. Beside them, the float32 noise floors: two unplanned steps,
+    and an
     unplanned step whose convolution algorithms PyTorch autotunes (``cudnn.benchmark``), i.e. the same math summed in
     another order."""
     import torch
 
-    from profiler.loss import step_loss
-    from tuner.runtime import planned, reference_step
-    from tuner.runtime.bench import make_batch
-    from tuner.runtime.verify import deterministic_math, relative_error
+    from memtune.profiler.loss import step_loss
+    from memtune.tuner.runtime import planned, reference_step
+    from memtune.tuner.runtime.bench import make_batch
+    from memtune.tuner.runtime.verify import deterministic_math, relative_error
 
     device = torch.device(DEVICE)
     seq = chain.as_sequential().to(device)
@@ -204,7 +205,7 @@ def _gradients(chain: ModelChain, plans: list[tuple[str, Plan | None]], batch: i
 
 def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     """Profile, simulate, measure and check one case."""
-    from profiler import modeled_profile
+    from memtune.profiler import modeled_profile
 
     chain = build_case(case)
     plans = case_plans(case, len(chain))
@@ -212,7 +213,7 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     if args.simulate_only or args.profile == "modeled":
         profile = modeled_profile(chain, case.batch, "float32", args.gpu)
     else:
-        from profiler.measure import profile as measure_profile
+        from memtune.profiler.measure import profile as measure_profile
 
         profile = measure_profile(chain, case.batch, "float32", device="cuda")
     profile_s = time.monotonic() - t0
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         ap.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
     if not args.simulate_only:
-        from tuner.runtime.guard import configure_allocator
+        from memtune.tuner.runtime.guard import configure_allocator
 
         print(f"allocator: PYTORCH_CUDA_ALLOC_CONF={configure_allocator()}")
     from benchmarks.common import environment

@@ -24,7 +24,7 @@ stages kept (``recompute->keep``), which splits the host time a plan adds betwee
 
 Per model ``<out>/<model>.json`` with NOTE [ Run record ] (``benchmarks.common.model_rows``); T5 also gets the spread
 of the whole-step recompute measurement that prices its recompute (NOTE [ Recompute priced as measured ] in
-``tuner.simulator``): the plain and the every-stage-recomputed step measured four times in this process, and the
+``memtune.tuner.simulator``): the plain and the every-stage-recomputed step measured four times in this process, and the
 simulated step of the tuned ``rkk`` plan priced with each.
 """
 
@@ -84,8 +84,8 @@ def _times(step: Any, steps: int, cycles_per_ms: float) -> dict[str, float]:
 def measure(model: nn.Module, run: nn.Module, inputs: Any, loss_fn: Any, optimizer: str, steps: int) -> dict[str, Any]:
     """The three times of one training step of ``run`` (sharing ``model``'s parameters), with the garbage collector
     on, then off (``*_gc_off``), after two warm-up steps; the output held through the backward, as the promises run."""
-    from profiler.module_profile import as_inputs
-    from profiler.modules import call_model
+    from memtune.profiler.module_profile import as_inputs
+    from memtune.profiler.modules import call_model
 
     params = model.parameters()
     opt = torch.optim.AdamW(params, lr=1e-6) if optimizer == "adam" else torch.optim.SGD(params, lr=1e-6, momentum=0.9)
@@ -116,7 +116,7 @@ def measure(model: nn.Module, run: nn.Module, inputs: Any, loss_fn: Any, optimiz
 
 def _variants(plan: Any) -> dict[str, Any]:
     """The plan, and the plan with its offloaded, then its recomputed, stages kept."""
-    from tuner import Action
+    from memtune.tuner import Action
 
     acts = plan.actions
     out = {"plan": plan}
@@ -129,10 +129,10 @@ def _variants(plan: Any) -> dict[str, Any]:
 def run_model(kind: str, steps: int) -> dict[str, Any]:
     """The row of one model: every tuned plan of its promises row and its variants (NOTE [ Host-bound steps ])."""
     from benchmarks.promises import MODELS as BUILD
-    from profiler import Profile
-    from tuner import Action, Plan, simulate
-    from tuner.plan import resolve_storages
-    from tuner.runtime import planned
+    from memtune.profiler import Profile
+    from memtune.tuner import Action, Plan, simulate
+    from memtune.tuner.plan import resolve_storages
+    from memtune.tuner.runtime import planned
 
     committed = json.loads((PROMISES / f"{kind}.json").read_text())
     prof = Profile.from_json(json.dumps(committed["profile"]))
@@ -172,8 +172,8 @@ def run_model(kind: str, steps: int) -> dict[str, Any]:
 
 def _recompute_spread(model: nn.Module, inputs: Any, loss_fn: Any, prof: Any, opt: str, tuned: list[Any]) -> dict:
     """The plain and every-stage-recomputed steps measured four times, and each tuned plan simulated with each."""
-    from profiler.module_profile import _recompute_step_ms, _step_ms, as_inputs
-    from tuner import simulate
+    from memtune.profiler.module_profile import _recompute_step_ms, _step_ms, as_inputs
+    from memtune.tuner import simulate
 
     dev = torch.device("cuda")
     args = as_inputs(inputs)

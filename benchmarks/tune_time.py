@@ -33,7 +33,7 @@ __all__ = ["main"]
 COMMAND = [
     sys.executable,
     "-m",
-    "api",
+    "memtune.api",
     "tune",
     "vgg16",
     "--batch",

@@ -1,11 +1,14 @@
 """vDNN as published (Rhu et al. 2016): VGG-16 at batch 64, 128 and 256 and the very deep VGGs at batch 32 on a
 modeled 12 GB Tesla K40, by vDNN's own accounting and by memtune's simulator, the paper's figures beside them.
 
-The K40 profile is the roofline's (``profiler.modeled``) with algorithm tables carried over from the measured H100
-profile of VGG-16 (NOTE [ Transplanted algorithm tables ] in ``profiler.algo_transplant``); memory by vDNN's rules is
-NOTE [ vDNN accounting ] in ``tuner/policies/vdnn_accounting.py``. For vDNN_dyn on the very deep VGGs it also prints
-where the bytes go at the peak, by vDNN's accounting (``PaperMemory.peak_parts``) and by the simulator (NOTE [ Peak
-parts ] in ``tuner.peak_parts``), and where the simulated step's time goes (compute against waits for copies).
+The K40 profile is the roofline's (``memtune.profiler.modeled``) with algorithm tables carried over from the measured
+H100 profile of VGG-16 (NOTE [ Transplanted algorithm tables ] in ``memtune.profiler.algo_transplant``); memory by
+vDNN's
+rules is NOTE [ vDNN accounting ] in ``memtune/tuner/policies/vdnn_accounting.py``. For vDNN_dyn on the very deep VGGs
+it also
+prints where the bytes go at the peak, by vDNN's accounting (``PaperMemory.peak_parts``) and by the simulator (NOTE [
+Peak
+parts ] in ``memtune.tuner.peak_parts``), and where the simulated step's time goes (compute against waits for copies).
 Prints markdown; CPU only, a minute or two.
 
     python -m benchmarks.vdnn_repro > benchmarks/results/vdnn-repro.md
@@ -16,14 +19,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from profiler import Profile, build, find_profile, modeled_profile
-from profiler.algo_transplant import transplant_algos
-from tuner import Plan, SimResult, Simulator, prefetch_trigger
-from tuner.peak_parts import peak_parts, step_parts
-from tuner.plan import resolve_storages
-from tuner.policies.vdnn import vdnn_all, vdnn_conv
-from tuner.policies.vdnn_accounting import paper_memory
-from tuner.policies.vdnn_dyn import vdnn_dyn_passes
+from memtune.profiler import Profile, build, find_profile, modeled_profile
+from memtune.profiler.algo_transplant import transplant_algos
+from memtune.tuner import Plan, SimResult, Simulator, prefetch_trigger
+from memtune.tuner.peak_parts import peak_parts, step_parts
+from memtune.tuner.plan import resolve_storages
+from memtune.tuner.policies.vdnn import vdnn_all, vdnn_conv
+from memtune.tuner.policies.vdnn_accounting import paper_memory
+from memtune.tuner.policies.vdnn_dyn import vdnn_dyn_passes
 
 GB = 1e9
 K40_BYTES = 12 << 30  # the K40's 12 GB are 12 GiB
@@ -177,7 +180,9 @@ def prefetch_rows(source: Profile) -> list[str]:
 def main() -> None:
     source = find_profile("vgg16", 256, "float32", "h100")
     if source is None:
-        raise SystemExit("the measured VGG-16 H100 profile (profiler/data/vgg16-b256-float32-h100.json) is missing")
+        raise SystemExit(
+            "the measured VGG-16 H100 profile (memtune/profiler/data/vgg16-b256-float32-h100.json) is missing"
+        )
     print("GB are 1e9 bytes; * marks a peak above the K40's 12 GiB (12.88 GB). step: simulated, over base_p's.\n")
     print("| model | policy | vDNN max GB | vDNN avg GB | offloaded GB | simulated peak GB | step | paper |")
     print("|---|---|---|---|---|---|---|---|")

@@ -4,7 +4,7 @@ their measured unconstrained peak, run under ``budget_guard``, and checked for e
     python -m benchmarks.your_models --models resnet50,mobilenet_v2 --fraction 0.6 --out results/
 
 Per model, in one process: the unplanned step (median of ``--steps`` after ``--warmup``, CUDA events, SGD with
-momentum, its peak allocated bytes); ``memtune.profile`` on CUDA; ``tuner.search.tune`` at ``fraction`` x that
+momentum, its peak allocated bytes); ``memtune.profile`` on CUDA; ``memtune.tuner.search.tune`` at ``fraction`` x that
 peak (``--headroom`` of it kept free for the allocator); the best plan run under ``budget_guard`` (step, peak
 allocated and reserved, allocator retries, out-of-memory if any) and once more without the cap; the simulator's
 prediction beside it; the largest relative gradient and buffer errors of the plan against the unplanned step,
@@ -101,7 +101,7 @@ def _sequential_peer(kind: str, model: nn.Module) -> nn.Module | None:
 
 def run_model(kind: str, fraction: float, headroom: float, trials: int, warmup: int, steps: int) -> dict[str, Any]:
     """NOTE [ Module bench ] for one model of ``MODELS``, with PyTorch's built-in checkpointing beside it."""
-    from tuner.runtime.module_bench import bench_module
+    from memtune.tuner.runtime.module_bench import bench_module
 
     build, batch = MODELS[kind]
     torch.manual_seed(0)
@@ -113,7 +113,7 @@ def run_model(kind: str, fraction: float, headroom: float, trials: int, warmup: 
     row = bench_module(model, inputs, loss_fn=loss_fn, fraction=fraction, headroom=headroom, trials=trials,
                        warmup=warmup, steps=steps, builtins=peers)  # fmt: skip
     if peer is None and hasattr(model, "gradient_checkpointing_enable"):
-        from tuner.runtime.module_bench import measure_step
+        from memtune.tuner.runtime.module_bench import measure_step
 
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         row["hf_gradient_checkpointing"] = measure_step(model, model, inputs, loss_fn, warmup=warmup, steps=steps)

@@ -17,8 +17,8 @@ import optuna
 import torch
 from configs import read_config
 
-from tuner import Action, Plan, tune
-from tuner.runtime.bench import BenchRow, bench_plans
+from memtune.tuner import Action, Plan, tune
+from memtune.tuner.runtime.bench import BenchRow, bench_plans
 
 __all__: list[str] = []
 

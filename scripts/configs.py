@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from api.cli import resolve_profile
-from profiler import ModelChain, Profile, build
-from tuner import Plan, simulate
+from memtune.api.cli import resolve_profile
+from memtune.profiler import ModelChain, Profile, build
+from memtune.tuner import Plan, simulate
 
 __all__ = ["Config", "read_config", "rewrite_profiles"]
 
@@ -51,7 +51,7 @@ def rewrite_profiles(usage: str, measure: Callable[[Profile], tuple[Profile, str
     Raises:
         SystemExit: no file named (``usage`` is printed), or a profile of another GPU type.
     """
-    from profiler.identity import cuda_identity
+    from memtune.profiler.identity import cuda_identity
 
     paths = [Path(p) for p in sys.argv[1:]]
     if not paths:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from configs import read_config
 
-from tuner import POLICIES
-from tuner.runtime.bench import BenchRow, bench_plans
-from tuner.runtime.guard import configure_allocator
+from memtune.tuner import POLICIES
+from memtune.tuner.runtime.bench import BenchRow, bench_plans
+from memtune.tuner.runtime.guard import configure_allocator
 
 __all__: list[str] = []
 

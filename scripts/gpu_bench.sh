@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a GPU machine: (1) batch-256 profiles with cuDNN algorithm tables into profiler/data, (2) GPU tests,
+# On a GPU machine: (1) batch-256 profiles with cuDNN algorithm tables into memtune/profiler/data, (2) GPU tests,
 # (3) `memtune bench` for the models of BENCHMARKS.md. Everything lands in $OUT/bench.tgz.
 # Usage (repository root, wheels from scripts/gpu_wheels.sh in .whl/):
 #   bash scripts/h200_bench.sh STEPS [model:batch:dtype[:budget] ...]   STEPS: comma list of profiles,tests,bench
@@ -13,14 +13,14 @@ configs=("$@")
 mkdir -p "$OUT" /tmp/bench/profiles
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 COLUMNS=200
-# the allocator settings are memtune bench's own (NOTE [ Allocator retries ] in tuner/runtime/guard.py)
+# the allocator settings are memtune bench's own (NOTE [ Allocator retries ] in memtune/tuner/runtime/guard.py)
 pack() { tar czf "$OUT/bench.tgz" -C /tmp/bench .; }
 if [[ $steps == *profiles* ]]; then
   models=$(printf '%s\n' "${configs[@]}" | cut -d: -f1 | grep -v gpt | sort -u | paste -sd,)
   dtypes=$(printf '%s\n' "${configs[@]}" | cut -d: -f3 | sort -u | paste -sd,)
   [ -n "$models" ] && timeout 200 python3 scripts/profile_zoo.py --models "$models" --batches 256 --dtypes "$dtypes" \
-    --conv-algos --out profiler/data 2>&1 | grep -v "stage [0-9]" | tail -6
-  cp profiler/data/*.json /tmp/bench/profiles/
+    --conv-algos --out memtune/profiler/data 2>&1 | grep -v "stage [0-9]" | tail -6
+  cp memtune/profiler/data/*.json /tmp/bench/profiles/
   pack
 fi
 if [[ $steps == *tests* ]]; then

@@ -2,7 +2,7 @@
 # On a GPU machine: measured profiles of the zoo for this GPU type (the set memtune ships for every GPU type:
 # VGG-16 and ResNet-50 at batch 64, 128 and 256 — batch 256 with cuDNN algorithm tables —, GPT at 8 and 16,
 # VGG-19, AlexNet, OverFeat and ResNet-18 at 256; float32 and bfloat16), then the GPU tests.
-# Everything lands in $OUT (profiles.tgz, the log, versions); copy the profiles into profiler/data.
+# Everything lands in $OUT (profiles.tgz, the log, versions); copy the profiles into memtune/profiler/data.
 # Usage (repository root, wheels from scripts/gpu_wheels.sh in .whl/):
 #   bash scripts/gpu_profiles.sh [STEPS]      STEPS: comma list of algos,plain,tests (default: algos,plain)
 set -uo pipefail

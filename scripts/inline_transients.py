@@ -1,9 +1,9 @@
 """Measure every stage's inline backward transient into committed H200 profiles (NOTE [ Inline fetches ]).
 
-    python3 scripts/inline_transients.py profiler/data/*-h200.json
+    python3 scripts/inline_transients.py memtune/profiler/data/*-h200.json
 
 For each profile (on a GPU of the profile's type): rebuild its model, feed each stage the input the chain
-gives it, and measure ``profiler.measure.inline_backward_bytes`` (the stage's backward with every saved
+gives it, and measure ``memtune.profiler.measure.inline_backward_bytes`` (the stage's backward with every saved
 activation fetched from host memory on demand) into ``StageProfile.backward_inline_bytes``. Every other number
 of the profile stays as it was measured; the file is rewritten in place. Profiles measured after this field
 existed have it already (``memtune profile --device cuda``).
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from configs import rewrite_profiles
 
-from profiler import Profile, build
-from profiler.measure import chain_inline_backward_bytes
+from memtune.profiler import Profile, build
+from memtune.profiler.measure import chain_inline_backward_bytes
 
 
 def measure(prof: Profile) -> tuple[Profile, str]:

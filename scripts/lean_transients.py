@@ -1,12 +1,12 @@
 """Measure every convolution stage's lean transients into committed H200 profiles (NOTE [ Lean transients ]).
 
-    python3 scripts/lean_transients.py profiler/data/resnet50-b256-float32-h200.json ...
+    python3 scripts/lean_transients.py memtune/profiler/data/resnet50-b256-float32-h200.json ...
 
 For each profile (on a GPU of the profile's type): rebuild its model, feed each stage the input the chain gives
 it, and measure its backward as a chain runs it into ``StageProfile.chained_backward_bytes``; where the profile has
 cuDNN algorithm tables, swap every convolution for the memory-optimal one of its table and measure the forward
 and backward transients again into ``StageProfile.lean_{forward,backward}_workspace_bytes``
-(``tuner.runtime.lean.measure_lean_transients``). Every other number stays as measured; the file is rewritten in
+(``memtune.tuner.runtime.lean.measure_lean_transients``). Every other number stays as measured; the file is rewritten in
 place.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from configs import rewrite_profiles
 
-from profiler import Profile, build
-from tuner.runtime.lean import measure_lean_transients
+from memtune.profiler import Profile, build
+from memtune.tuner.runtime.lean import measure_lean_transients
 
 
 def measure(prof: Profile) -> tuple[Profile, str]:

@@ -1,10 +1,10 @@
 """Measure the step loss's time on this GPU and write it into committed measured profiles (``loss_ms``).
 
-    python scripts/measure_loss.py profiler/data/*-h200.json
+    python scripts/measure_loss.py memtune/profiler/data/*-h200.json
 
 Profiles measured before ``Profile.loss_ms`` existed lack it, and the simulator then falls back to the
-roofline estimate (``profiler.loss_model.profile_loss_ms``). For each file whose device is this GPU, this runs
-``profiler.loss.measure_loss_ms`` at the profile's output shape and dtype and adds ``loss_ms`` to the JSON,
+roofline estimate (``memtune.profiler.loss_model.profile_loss_ms``). For each file whose device is this GPU, this runs
+``memtune.profiler.loss.measure_loss_ms`` at the profile's output shape and dtype and adds ``loss_ms`` to the JSON,
 changing nothing else in the file. Prints the measurement beside the roofline estimate.
 """
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from profiler import Profile, build
-from profiler.identity import cuda_identity
-from profiler.loss import loss_classes, measure_loss_ms, output_shape
-from profiler.loss_model import profile_loss_ms
-from profiler.stagefacts import torch_dtype
+from memtune.profiler import Profile, build
+from memtune.profiler.identity import cuda_identity
+from memtune.profiler.loss import loss_classes, measure_loss_ms, output_shape
+from memtune.profiler.loss_model import profile_loss_ms
+from memtune.profiler.stagefacts import torch_dtype
 
 __all__: list[str] = []
 

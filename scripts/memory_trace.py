@@ -13,7 +13,7 @@ the allocator's whole message and statistics; with ``MEMTRACE_HISTORY=1`` it als
 (``torch.cuda.memory``) in OUT_DIR for ``python -m torch.cuda._memory_viz``, and always the capped run's
 allocator events (from before its warm-up, so every block's life is in it) as ``events-*.json.gz``: one
 ``[action, addr, size, stream]`` row per event (a retry shows as a run of ``segment_unmap`` events before
-the allocation that needed it; NOTE [ Allocator retries ] in ``tuner/runtime/guard.py``).
+the allocation that needed it; NOTE [ Allocator retries ] in ``memtune/tuner/runtime/guard.py``).
 Everything goes to OUT_DIR/trace-*.json as it comes.
 """
 
@@ -32,15 +32,15 @@ from typing import Any
 import optuna
 import torch
 
-from api.cli import resolve_profile
-from profiler import build
-from profiler.loss import step_loss
-from tuner import Plan, run_policy, simulate, tune
-from tuner.calibration import calibration_for
-from tuner.runtime import budget_guard, planned
-from tuner.runtime.bench import _autocast, make_batch
-from tuner.runtime.conv import apply_conv_choices
-from tuner.runtime.offload import StepState
+from memtune.api.cli import resolve_profile
+from memtune.profiler import build
+from memtune.profiler.loss import step_loss
+from memtune.tuner import Plan, run_policy, simulate, tune
+from memtune.tuner.calibration import calibration_for
+from memtune.tuner.runtime import budget_guard, planned
+from memtune.tuner.runtime.bench import _autocast, make_batch
+from memtune.tuner.runtime.conv import apply_conv_choices
+from memtune.tuner.runtime.offload import StepState
 
 __all__: list[str] = []
 

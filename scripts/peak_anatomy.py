@@ -75,7 +75,7 @@ class Markers:
                 self.mark(f"fwd {k} {name}")
 
             def post(_m: nn.Module, _args: Any, out: Any, k: int = k, name: str = name) -> None:
-                from profiler.modules import tensor_leaves
+                from memtune.profiler.modules import tensor_leaves
 
                 first = next((t for t in tensor_leaves(out) if t.grad_fn is not None), None)
                 if first is not None:
@@ -161,13 +161,13 @@ def measure_plan(
     warmup: int,
 ) -> dict[str, Any]:
     """One plan's anatomy (see the module docstring)."""
-    from tuner import simulate
-    from tuner.runtime import budget_guard, planned
-    from tuner.runtime.module_bench import measure_step
+    from memtune.tuner import simulate
+    from memtune.tuner.runtime import budget_guard, planned
+    from memtune.tuner.runtime.module_bench import measure_step
 
     args = (inputs,) if isinstance(inputs, torch.Tensor) else ()
     kwargs = inputs if isinstance(inputs, dict) else {}
-    from tuner import Action, Plan
+    from memtune.tuner import Action, Plan
 
     pm = model if plan is None else planned(model, plan)
     sim = simulate(prof, plan or Plan.uniform(prof.n_stages, Action.KEEP).named(prof), optimizer=opt, timeline=True)
@@ -274,8 +274,8 @@ def run(
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import memtune
     from benchmarks.promises import MODELS
-    from tuner import Plan, peak_check
-    from tuner.runtime.guard import configure_allocator
+    from memtune.tuner import Plan, peak_check
+    from memtune.tuner.runtime.guard import configure_allocator
 
     configure_allocator()
     torch.manual_seed(0)

@@ -27,10 +27,10 @@ MiB = float(1 << 20)
 
 def main() -> None:
     from benchmarks.promises import MODELS
-    from profiler import Profile
-    from tuner import Plan, simulate
-    from tuner.runtime import planned
-    from tuner.runtime.guard import configure_allocator
+    from memtune.profiler import Profile
+    from memtune.tuner import Plan, simulate
+    from memtune.tuner.runtime import planned
+    from memtune.tuner.runtime.guard import configure_allocator
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?", default="unet", choices=sorted(MODELS))

@@ -1,4 +1,4 @@
-"""Measure the zoo on this CUDA GPU and write the profiles memtune ships (``profiler/data``).
+"""Measure the zoo on this CUDA GPU and write the profiles memtune ships (``memtune/profiler/data``).
 
 Usage (on the GPU machine, from the repository root)::
 
@@ -6,7 +6,7 @@ Usage (on the GPU machine, from the repository root)::
     python scripts/profile_zoo.py --models vgg16 --batches 64,256 --out /tmp/profiles
     python scripts/profile_zoo.py --models vgg16,resnet50 --conv-algos   # with cuDNN algorithm tables
 
-Each combination is measured with ``profiler.measure.profile(..., device="cuda")`` and written as
+Each combination is measured with ``memtune.profiler.measure.profile(..., device="cuda")`` and written as
 ``<model>-b<batch>-<dtype>-<gpu>.json``. A combination that runs out of GPU memory is skipped (the
 cache is emptied and the script says so); the others go on.
 """
@@ -20,15 +20,15 @@ import time
 from pathlib import Path
 
 try:
-    import profiler  # noqa: F401
+    import memtune.profiler  # noqa: F401
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from profiler import ZOO_NAMES, ProfilerError, build
-from profiler.library import data_dir, profile_filename
-from profiler.measure import profile
+from memtune.profiler import ZOO_NAMES, ProfilerError, build
+from memtune.profiler.library import data_dir, profile_filename
+from memtune.profiler.measure import profile
 
 __all__ = ["DEFAULT_BATCHES", "main"]
 
@@ -46,7 +46,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--models", default="vgg16,resnet50,gpt", help=f"comma-separated, from {', '.join(ZOO_NAMES)}")
     p.add_argument("--batches", default=None, help="comma-separated batch sizes (default: per model)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16, float16")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: profiler/data)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: memtune/profiler/data)")
     p.add_argument("--device", default="cuda", help="cuda or cuda:N")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds per stage")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds per stage (median kept)")
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"\r{label}: {exc}", file=sys.stderr, flush=True)
                     return 1
                 if args.conv_algos:  # NOTE [ Lean transients ]: needs the runtime's convolution, so measured here
-                    from tuner.runtime.lean import measure_lean_transients
+                    from memtune.tuner.runtime.lean import measure_lean_transients
 
                     prof = measure_lean_transients(chain, prof)
                 path = out_dir / profile_filename(model, batch, dtype, prof.device.key)

@@ -1,6 +1,6 @@
 """Measure every stage under selective checkpointing into committed H200 profiles (NOTE [ Selective stages ]).
 
-    python3 scripts/selective_fields.py profiler/data/gpt-b16-bfloat16-h200.json ...
+    python3 scripts/selective_fields.py memtune/profiler/data/gpt-b16-bfloat16-h200.json ...
 
 For each profile (on a GPU of the profile's type): rebuild its model, feed each stage the input the chain gives
 it, and measure what a ``selective`` stage keeps (``StageProfile.selective_saved_bytes``, counted by storage and
@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 from configs import rewrite_profiles
 
-from profiler import Profile, build
-from profiler.measure import model_input, selective_held_bytes, time_stage
-from profiler.selective import selective_saved_bytes
-from profiler.stagefacts import torch_dtype
+from memtune.profiler import Profile, build
+from memtune.profiler.measure import model_input, selective_held_bytes, time_stage
+from memtune.profiler.selective import selective_saved_bytes
+from memtune.profiler.stagefacts import torch_dtype
 
 
 def measure(prof: Profile) -> tuple[Profile, str]:

@@ -1,9 +1,9 @@
 """Measure the batch-split runs of every convolution into committed H200 profiles (NOTE [ Batch split ]).
 
-    python3 scripts/split_algos.py profiler/data/vgg16-b256-float32-h200.json ...
+    python3 scripts/split_algos.py memtune/profiler/data/vgg16-b256-float32-h200.json ...
 
 For each profile with cuDNN algorithm tables (on a GPU of the profile's type): for every convolution, run
-``profiler.conv_split.enumerate_splits`` at the batch, shapes and dtype its table was measured at, and add the
+``memtune.profiler.conv_split.enumerate_splits`` at the batch, shapes and dtype its table was measured at, and add the
 split rows to the table (earlier split rows are replaced). Nothing else in the profile changes; the file is
 rewritten in place. Profiles measured with ``conv_algos=True`` after this existed have the rows already.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from configs import rewrite_profiles
 
-from profiler import Profile
-from profiler.conv_split import profile_with_splits
+from memtune.profiler import Profile
+from memtune.profiler.conv_split import profile_with_splits
 
 
 def measure(prof: Profile) -> tuple[Profile, str]:

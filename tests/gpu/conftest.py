@@ -1,6 +1,6 @@
 """GPU tests run with memtune's caching-allocator settings from the process's first CUDA allocation.
 
-``configure_allocator`` (NOTE [ Allocator retries ] in ``tuner.runtime.guard``) is what ``memtune bench``, the
+``configure_allocator`` (NOTE [ Allocator retries ] in ``memtune.tuner.runtime.guard``) is what ``memtune bench``, the
 worker and measured validation use. Applied only when a test first needs it, the settings reach segments made
 from then on, while segments an earlier test made stay ordinary ones, and a live block in such a segment pins
 all of it: measured on the H200 (2026-11-21, run twice), the validation test then ran out of memory under its
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tuner.runtime.guard import configure_allocator
-from tuner.runtime.verify import deterministic_math
+from memtune.tuner.runtime.guard import configure_allocator
+from memtune.tuner.runtime.verify import deterministic_math
 
 configure_allocator()  # before CUDA is initialized: the settings go into the environment
 

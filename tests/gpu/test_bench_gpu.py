@@ -10,10 +10,10 @@ import functools
 import pytest
 import torch
 
-from profiler import zoo
-from profiler.modeled import modeled_profile
-from tuner.plan import Action, Plan
-from tuner.runtime.bench import bench_plans
+from memtune.profiler import zoo
+from memtune.profiler.modeled import modeled_profile
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime.bench import bench_plans
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,4 +1,4 @@
-"""Compiled plans on a CUDA GPU (NOTE [ Compiled stages ] in ``profiler.compiled``): keep / offload / recompute
+"""Compiled plans on a CUDA GPU (NOTE [ Compiled stages ] in ``memtune.profiler.compiled``): keep / offload / recompute
 around stages compiled by ``torch.compile`` give the loss, gradients and buffers of the same model run compiled
 without a plan (offload keeps strides, which the compiled backward asserts), within ``max(1e-6, 10 x the noise of two
 unplanned compiled runs)``: bitwise where the kernels are deterministic (ResNet-18 was), not where a kernel adds
@@ -14,14 +14,14 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS sta
 import pytest
 import torch
 
-from profiler import zoo
-from profiler.compiled import compiled_chain
-from profiler.measure import model_input, profile
-from tuner.plan import Action, Plan
-from tuner.runtime import check_equivalence, reference_step
-from tuner.runtime.verify import relative_error
-from tuner.search import tune
-from tuner.simulator import simulate
+from memtune.profiler import zoo
+from memtune.profiler.compiled import compiled_chain
+from memtune.profiler.measure import model_input, profile
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime import check_equivalence, reference_step
+from memtune.tuner.runtime.verify import relative_error
+from memtune.tuner.search import tune
+from memtune.tuner.simulator import simulate
 
 pytestmark = [
     pytest.mark.gpu,
@@ -77,9 +77,9 @@ def test_whole_compile_plans_are_measured_chosen_and_run_on_cuda() -> None:
     ``planned`` running it gives the compiler's own run at that budget (within the noise of two such runs)."""
     import functools
 
-    from tuner.runtime.peers import compiled_model
-    from tuner.runtime.planned import CompiledWhole
-    from tuner.runtime.whole import measure_compiler_points, with_compiler_points
+    from memtune.tuner.runtime.peers import compiled_model
+    from memtune.tuner.runtime.planned import CompiledWhole
+    from memtune.tuner.runtime.whole import measure_compiler_points, with_compiler_points
 
     params = {"image_size": 64, "num_classes": 10}
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """cuDNN algorithms on a real GPU: enumeration, every working algorithm's numerics, workspaces, the swap.
 
-Skipped without CUDA. Each case enumerates one convolution with ``profiler.cudnn.enumerate_conv`` and
+Skipped without CUDA. Each case enumerates one convolution with ``memtune.profiler.cudnn.enumerate_conv`` and
 runs every algorithm the profile lists as working through ``CudnnConv2dFunction``; forward, input
 gradient and weight gradient are compared with ``F.conv2d`` (and ``torch.nn.grad``) in float64 on the same
 values, as the largest error over the largest reference value.
@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.grad import conv2d_input, conv2d_weight
 
-from profiler.chain import ModelChain, flatten
-from profiler.conv_split import enumerate_splits, split_workspace_bytes
-from profiler.cudnn import (
+from memtune.profiler.chain import ModelChain, flatten
+from memtune.profiler.conv_split import enumerate_splits, split_workspace_bytes
+from memtune.profiler.cudnn import (
     ALGO_NAMES,
     MATH_FMA,
     PASSES,
@@ -29,10 +29,10 @@ from profiler.cudnn import (
     enumerate_conv,
     enumerate_stage_convs,
 )
-from profiler.profile import ConvAlgo, ConvProfile
-from tuner.conv_choice import select_algo
-from tuner.plan import ConvChoice, Plan
-from tuner.runtime.conv import AlgoChoice, CudnnConv2dFunction, apply_conv_choices
+from memtune.profiler.profile import ConvAlgo, ConvProfile
+from memtune.tuner.conv_choice import select_algo
+from memtune.tuner.plan import ConvChoice, Plan
+from memtune.tuner.runtime.conv import AlgoChoice, CudnnConv2dFunction, apply_conv_choices
 
 pytestmark = [
     pytest.mark.gpu,
@@ -197,7 +197,8 @@ def test_runs_on_the_current_stream(fp32_strict: None) -> None:
 
 
 def test_design_fact_64_to_64_3x3_batch64() -> None:
-    """The measured case of docs/concepts.md's measured facts (fp32, TF32 as PyTorch defaults): the table is printed for the record."""
+    """The measured case of docs/concepts.md's measured facts (fp32, TF32 as PyTorch defaults): the table is printed for
+    the record."""
     conv = nn.Conv2d(64, 64, 3, padding=1, bias=False).cuda()
     prof = enumerate_conv(conv, (64, 64, 224, 224), "float32", warmup=1, repeats=5, allow_tf32=True)
     _print_table("design 64->64 3x3, 224x224, batch 64, fp32 (TF32 allowed)", prof)
@@ -234,7 +235,7 @@ def _chain() -> ModelChain:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_planned_convs_give_the_unplanned_gradients(dtype: str, fp32_strict: None) -> None:
-    from profiler.measure import profile
+    from memtune.profiler.measure import profile
 
     chain = _chain()
     prof = profile(chain, 4, dtype, device="cuda", warmup=1, repeats=2, conv_algos=True)
@@ -309,8 +310,8 @@ def _print_table(title: str, prof: ConvProfile) -> None:
 def test_lean_transients_are_measured_for_convolution_stages() -> None:
     """NOTE [ Lean transients ]: each convolution stage measured with its memory-optimal algorithms; a stage that is
     a convolution then holds no more than that algorithm's workspace (up to the allocator's 2 MiB rounding)."""
-    from profiler.measure import profile
-    from tuner.runtime.lean import measure_lean_transients
+    from memtune.profiler.measure import profile
+    from memtune.tuner.runtime.lean import measure_lean_transients
 
     chain = _chain()
     prof = profile(chain, 4, "float32", device="cuda", warmup=1, repeats=2, conv_algos=True)
@@ -328,8 +329,8 @@ def test_lean_transients_are_measured_for_convolution_stages() -> None:
 
 
 def test_a_profile_without_tables_gets_the_chained_transients_only() -> None:
-    from profiler.measure import profile
-    from tuner.runtime.lean import measure_lean_transients
+    from memtune.profiler.measure import profile
+    from memtune.tuner.runtime.lean import measure_lean_transients
 
     chain = _chain()
     prof = profile(chain, 4, "float32", device="cuda", warmup=1, repeats=2)

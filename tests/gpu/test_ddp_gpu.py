@@ -18,15 +18,15 @@ import pytest
 import torch
 from torch import nn
 
-from profiler import zoo
-from profiler.loss import step_loss
-from tuner import Action, Plan, SharedLink, stagger_for
-from tuner.calibration import Calibration
-from tuner.runtime import planned
-from tuner.runtime.ddp import planned_ddp, planned_of, spawn_ranks
-from tuner.runtime.link_share import copier_counts, measure_allreduce, measure_shared_link
-from tuner.runtime.stagger import StaggeredRuntime
-from tuner.runtime.verify import relative_error
+from memtune.profiler import zoo
+from memtune.profiler.loss import step_loss
+from memtune.tuner import Action, Plan, SharedLink, stagger_for
+from memtune.tuner.calibration import Calibration
+from memtune.tuner.runtime import planned
+from memtune.tuner.runtime.ddp import planned_ddp, planned_of, spawn_ranks
+from memtune.tuner.runtime.link_share import copier_counts, measure_allreduce, measure_shared_link
+from memtune.tuner.runtime.stagger import StaggeredRuntime
+from memtune.tuner.runtime.verify import relative_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

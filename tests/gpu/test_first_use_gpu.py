@@ -14,11 +14,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from api.cli import app
-from profiler.library import user_data_dir, user_profile_dir
-from profiler.profile import Profile
-from tuner.calibration import calibration_for
-from tuner.runtime.first_use import present_gpu
+from memtune.api.cli import app
+from memtune.profiler.library import user_data_dir, user_profile_dir
+from memtune.profiler.profile import Profile
+from memtune.tuner.calibration import calibration_for
+from memtune.tuner.runtime.first_use import present_gpu
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,6 +1,6 @@
 """A job with ``compile`` ``auto`` on a worker with a CUDA GPU of the job's type: the worker measures the whole model
-compiled at ``COMPILE_BUDGETS`` on that GPU (NOTE [ Compiler points in the service ] in ``api.worker``), keeps the
-points with the stored profile, and serves the faster of the compiled points that fit and the searched eager plans;
+compiled at ``COMPILE_BUDGETS`` on that GPU (NOTE [ Compiler points in the service ] in ``memtune.api.worker``), keeps
+the points with the stored profile, and serves the faster of the compiled points that fit and the searched eager plans;
 a second job reuses the points. On a migrated SQLite database in the test's folder, the API in process."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.client import MemtuneClient
-from api.main import create_app
-from api.settings import Settings
-from api.worker import COMPILE_BUDGETS, Worker, cuda_gpu_key
-from storage.database import Database
-from storage.migrate import upgrade
-from storage.repositories import KeyRepository, ProfileRepository
-from tuner.calibration import uninstall_calibrations
+from memtune.api.client import MemtuneClient
+from memtune.api.main import create_app
+from memtune.api.settings import Settings
+from memtune.api.worker import COMPILE_BUDGETS, Worker, cuda_gpu_key
+from memtune.storage.database import Database
+from memtune.storage.migrate import upgrade
+from memtune.storage.repositories import KeyRepository, ProfileRepository
+from memtune.tuner.calibration import uninstall_calibrations
 
 pytestmark = pytest.mark.gpu
 

@@ -3,8 +3,9 @@ torchvision ResNet-18 is exact.
 
 Skipped without CUDA (``pytest -m gpu tests/gpu``). Steps run in fp32 with deterministic cuDNN and cuBLAS and TF32
 off; a planned step is compared with the unplanned one at a relative error of at most 1e-4 for the loss, every
-gradient and every buffer (``tuner.runtime.verify.relative_error``). The bar is above the CPU tests' 1e-6 because a
-few CUDA kernels (embedding and index backward) accumulate with atomics, so even two unplanned GPU steps may differ
+gradient and every buffer (``memtune.tuner.runtime.verify.relative_error``). The bar is above the CPU tests' 1e-6
+because a few CUDA kernels (embedding and index backward) accumulate with atomics, so even two unplanned GPU steps may
+differ
 in the last bits; with deterministic kernels the results are bitwise equal.
 """
 
@@ -21,13 +22,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from profiler.module_profile import as_inputs, profile_module
-from profiler.profile import Profile
+from memtune.profiler.module_profile import as_inputs, profile_module
+from memtune.profiler.profile import Profile
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime.verify import check_equivalence, reference_step
+from memtune.tuner.search import tune
+from memtune.tuner.simulator import simulate
 from tests.unit.modules.models import CASES, Case, build_case
-from tuner.plan import Action, Plan
-from tuner.runtime.verify import check_equivalence, reference_step
-from tuner.search import tune
-from tuner.simulator import simulate
 
 pytestmark = [
     pytest.mark.gpu,
@@ -141,8 +142,8 @@ def test_transformer_encoder_profiles_on_cuda_and_every_action_is_exact(stages: 
 def test_the_chain_profiler_leaves_cuda_memory_as_found() -> None:
     """A chain's profile once left about 10 GiB of activations holding their graphs allocated, so profiling, planning
     and running under ``budget_guard`` in one process ran out of memory at the first stage."""
-    from profiler.measure import profile as chain_profile
-    from profiler.zoo import build
+    from memtune.profiler.measure import profile as chain_profile
+    from memtune.profiler.zoo import build
 
     chain = build("resnet18", {"image_size": 64})
     for stage in chain.stages:
@@ -162,7 +163,7 @@ def test_memtune_profile_on_cuda_needs_no_gpu_flag(tmp_path: Any) -> None:
     refused every other GPU)."""
     from typer.testing import CliRunner
 
-    from api.cli import app
+    from memtune.api.cli import app
 
     out = tmp_path / "p.json"
     done = CliRunner().invoke(app, ["profile", "resnet18", "--batch", "8", "--device", "cuda", "-o", str(out)])

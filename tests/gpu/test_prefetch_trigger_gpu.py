@@ -1,5 +1,6 @@
-"""Per-stage prefetch lookaheads on a CUDA GPU (NOTE [ Prefetch lookahead ] in ``tuner.plan``): the same math as the
-unplanned run, prefetches issued at each need stage's own trigger on the copy stream, and the per-layer trigger's plan
+"""Per-stage prefetch lookaheads on a CUDA GPU (NOTE [ Prefetch lookahead ] in ``memtune.tuner.plan``): the same math as
+the unplanned run, prefetches issued at each need stage's own trigger on the copy stream, and the per-layer trigger's
+plan
 measured beside the same plan with one global lookahead (``benchmarks.prefetch_trigger``'s rows, small).
 
 Skipped without CUDA (run on the GPU with ``pytest -m gpu tests/gpu``). Gradients are compared with the tolerance
@@ -18,18 +19,18 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS sta
 import pytest
 import torch
 
-from profiler import zoo
-from profiler.chain import ModelChain
-from profiler.measure import model_input
-from profiler.modeled import modeled_profile
-from tuner import prefetch_trigger
-from tuner.plan import Action, Plan
-from tuner.policies import POLICIES
-from tuner.runtime import check_equivalence, planned, reference_step
-from tuner.runtime.bench import bench_plans
-from tuner.runtime.offload import StepState
-from tuner.runtime.verify import relative_error
-from tuner.simulator import simulate
+from memtune.profiler import zoo
+from memtune.profiler.chain import ModelChain
+from memtune.profiler.measure import model_input
+from memtune.profiler.modeled import modeled_profile
+from memtune.tuner import prefetch_trigger
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.policies import POLICIES
+from memtune.tuner.runtime import check_equivalence, planned, reference_step
+from memtune.tuner.runtime.bench import bench_plans
+from memtune.tuner.runtime.offload import StepState
+from memtune.tuner.runtime.verify import relative_error
+from memtune.tuner.simulator import simulate
 
 pytestmark = [
     pytest.mark.gpu,

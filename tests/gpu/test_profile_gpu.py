@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from profiler.chain import ModelChain, flatten
-from profiler.meta import meta_chain, meta_input
-from profiler.storages import saved_storage_table
+from memtune.profiler.chain import ModelChain, flatten
+from memtune.profiler.meta import meta_chain, meta_input
+from memtune.profiler.storages import saved_storage_table
 
 pytestmark = [
     pytest.mark.gpu,
@@ -37,7 +37,7 @@ def small_chain() -> ModelChain:
 
 
 def test_cuda_profile_is_measured() -> None:
-    from profiler.measure import profile
+    from memtune.profiler.measure import profile
 
     p = profile(small_chain(), 8, device="cuda")
     assert p.source == "measured"
@@ -53,7 +53,7 @@ def test_cuda_profile_is_measured() -> None:
 def test_inline_backward_is_measured_for_every_stage() -> None:
     """NOTE [ Inline fetches ]: the max-pool fetches its input and indices on demand and makes its input's
     gradient; a ReLU fetches its output back (a copy: the chain still holds the original)."""
-    from profiler.measure import profile
+    from memtune.profiler.measure import profile
 
     p = profile(small_chain(), 64, device="cuda")
     inline = [s.backward_inline_bytes for s in p.stages]
@@ -70,7 +70,7 @@ def test_inline_backward_is_measured_for_every_stage() -> None:
 
 
 def test_cuda_profile_bfloat16() -> None:
-    from profiler.measure import profile
+    from memtune.profiler.measure import profile
 
     p = profile(small_chain(), 8, "bfloat16", device="cuda")
     assert p.dtype == "bfloat16" and p.source == "measured"
@@ -90,7 +90,7 @@ def test_meta_emulation_matches_cuda(dtype: torch.dtype | None) -> None:
 
 
 def test_cuda_identity() -> None:
-    from profiler.identity import cuda_identity
+    from memtune.profiler.identity import cuda_identity
 
     ident = cuda_identity()
     props = torch.cuda.get_device_properties(0)
@@ -102,8 +102,8 @@ def test_cuda_identity() -> None:
 
 
 def test_cuda_profile_measures_the_loss_at_the_output_shape() -> None:
-    from profiler.loss import measure_loss_ms
-    from profiler.measure import profile
+    from memtune.profiler.loss import measure_loss_ms
+    from memtune.profiler.measure import profile
 
     p = profile(small_chain(), 8, device="cuda")
     assert p.loss_ms is not None and p.loss_ms > 0
@@ -114,12 +114,13 @@ def test_cuda_profile_measures_the_loss_at_the_output_shape() -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_selective_bytes_are_what_the_allocator_holds(dtype: str) -> None:
-    """A transformer block and a bottleneck at realistic sizes (NOTE [ Selective stages ] in ``profiler.selective``):
-    the storages counted are the bytes allocated (within 1 MiB), and the selective passes and the selective backward's
+    """A transformer block and a bottleneck at realistic sizes (NOTE [ Selective stages ] in
+    ``memtune.profiler.selective``): the storages counted are the bytes allocated (within 1 MiB), and the selective
+    passes and the selective backward's
     transient are measured."""
-    from profiler import zoo
-    from profiler.measure import selective_held_bytes, time_stage
-    from profiler.selective import selective_saved_bytes
+    from memtune.profiler import zoo
+    from memtune.profiler.measure import selective_held_bytes, time_stage
+    from memtune.profiler.selective import selective_saved_bytes
 
     device = torch.device("cuda")
     gpt = zoo.build("gpt", {"layers": 1, "width": 1024, "heads": 16, "seq_len": 1024, "vocab": 1024})

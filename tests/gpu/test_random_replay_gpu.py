@@ -3,8 +3,8 @@
 Hugging Face's T5 calls its encoder and decoder stacks with keyword arguments only, so ``torch.utils.checkpoint``
 saw no CUDA tensor among its positional arguments and replayed only the CPU generator: the re-run drew other dropout
 masks and the gradients were wrong (relative error 0.17-0.89 on an H100) while the loss was right. NOTE [ Random
-state under recompute ] in ``tuner.runtime.rng``. Models keep their default dropout; the bar is that of the other
-GPU tests (1e-4 relative, deterministic kernels).
+state under recompute ] in ``memtune.tuner.runtime.rng``. Models keep their default dropout; the bar is that of the
+other GPU tests (1e-4 relative, deterministic kernels).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 import torch
 from torch import nn
 
-from profiler.module_profile import profile_module
-from tuner.plan import Action, Plan
-from tuner.runtime.verify import check_equivalence, reference_step
+from memtune.profiler.module_profile import profile_module
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime.verify import check_equivalence, reference_step
 
 pytestmark = [
     pytest.mark.gpu,

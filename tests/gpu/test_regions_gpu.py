@@ -1,11 +1,11 @@
-"""Compiled regions on a CUDA GPU (NOTE [ Regions ] in ``profiler.regions``): keep / offload / recompute around
+"""Compiled regions on a CUDA GPU (NOTE [ Regions ] in ``memtune.profiler.regions``): keep / offload / recompute around
 regions compiled by ``torch.compile`` give the gradients and buffers of the same regions compiled without a plan,
 within ``max(1e-6, 10 x the noise of two unplanned compiled runs)``; offload copies on the side stream into the pinned
 pool and brings storages back ahead of need, with their strides (the model and its input are channels-last, so the
 compiled regions save channels-last tensors, and the compiled backward asserts strides); each region compiles once; a
 plan that ``memtune.tune(..., compile=True)`` serves runs within its budget under ``budget_guard``, its regions
-compiled by a first step before the cap (NOTE [ Regions compile at their first call ] in ``tuner.runtime.modules``).
-Skipped without CUDA (``pytest -m gpu tests/gpu/test_regions_gpu.py``).
+compiled by a first step before the cap (NOTE [ Regions compile at their first call ] in
+``memtune.tuner.runtime.modules``). Skipped without CUDA (``pytest -m gpu tests/gpu/test_regions_gpu.py``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import pytest
 import torch
 from torch import nn
 
-import memtune
-from profiler.regions import CompiledRegions, edge_writes, region_partitions
+from memtune.profiler.regions import CompiledRegions, edge_writes, region_partitions
+from memtune.tuner.plan import Plan
+from memtune.tuner.runtime import planned
+from memtune.tuner.runtime.verify import relative_error
 from tests.unit.modules.region_models import TinyEncoder, TinyResNet, square, taken_grads
-from tuner.plan import Plan
-from tuner.runtime import planned
-from tuner.runtime.verify import relative_error
 
 pytestmark = [
     pytest.mark.gpu,
@@ -115,7 +114,7 @@ def test_offload_and_recompute_around_compiled_regions_keep_the_compiled_math_on
 
 
 def test_a_region_compiles_once_across_steps_on_cuda() -> None:
-    from profiler.compiled import GRAPHS_COMPILED
+    from memtune.profiler.compiled import GRAPHS_COMPILED
 
     torch.manual_seed(0)
     model = TinyEncoder(vocab=256, width=128, depth=4).cuda()
@@ -141,10 +140,10 @@ def test_a_compiled_region_plan_that_tune_serves_runs_within_its_budget_on_cuda(
     ``CUBLAS_WORKSPACE_CONFIG``; the model and its input), which is asserted before the cap; each plan's first step,
     which compiles its regions and runs inductor's autotuning (NOTE [ Regions compile at their first call ]), runs
     before the cap, and no graph compiles under it."""
-    import api.python
-    from profiler.compiled import GRAPHS_COMPILED
+    import memtune.api.python
+    from memtune.profiler.compiled import GRAPHS_COMPILED
 
-    monkeypatch.setattr(api.python, "COMPILE_BUDGETS", (1.0, 0.5))
+    monkeypatch.setattr(memtune.api.python, "COMPILE_BUDGETS", (1.0, 0.5))
     gc.collect()
     torch.cuda.empty_cache()  # what earlier tests left in the cache does not count against the cap
     model, x = _resnet(batch=64, size=128)

@@ -17,21 +17,21 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS sta
 import pytest
 import torch
 
-from profiler import zoo
-from profiler.chain import ModelChain
-from profiler.measure import model_input
-from profiler.modeled import modeled_profile
-from tuner.plan import Action, Plan, resolve_storages, segments
-from tuner.policies import POLICIES
-from tuner.runtime import (
+from memtune.profiler import zoo
+from memtune.profiler.chain import ModelChain
+from memtune.profiler.measure import model_input
+from memtune.profiler.modeled import modeled_profile
+from memtune.tuner.plan import Action, Plan, resolve_storages, segments
+from memtune.tuner.policies import POLICIES
+from memtune.tuner.runtime import (
     PlanOutOfMemoryError,
     budget_guard,
     check_equivalence,
     planned,
     reference_step,
 )
-from tuner.runtime.verify import relative_error
-from tuner.simulator import simulate
+from memtune.tuner.runtime.verify import relative_error
+from memtune.tuner.simulator import simulate
 
 pytestmark = [
     pytest.mark.gpu,
@@ -226,7 +226,8 @@ def test_budget_guard_raises_plan_oom_and_the_next_step_runs() -> None:
 
 @pytest.mark.parametrize("name", ["resnet50", "gpt", "vgg16"])
 def test_selective_plans_keep_the_math_on_cuda(name: str) -> None:
-    """Selective stages (NOTE [ Selective stages ] in ``profiler.selective``): all of them, alternating with keep, and
+    """Selective stages (NOTE [ Selective stages ] in ``memtune.profiler.selective``): all of them, alternating with
+    keep, and
     mixed with recompute and offload."""
     chain, x = build(name)
     n = len(chain)

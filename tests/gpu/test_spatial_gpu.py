@@ -1,5 +1,6 @@
-"""Spatially split recompute segments on a CUDA GPU (NOTE [ Spatial splitting ] in ``tuner.spatial``): the same math
-as the unplanned run in fp32 (cuDNN deterministic, TF32 off) and under bf16 autocast, and a lower measured peak than
+"""Spatially split recompute segments on a CUDA GPU (NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``): the same
+math as the unplanned run in fp32 (cuDNN deterministic, TF32 off) and under bf16 autocast, and a lower measured peak
+than
 the same segment re-run whole.
 
 Skipped without CUDA (run on the GPU with ``pytest -m gpu tests/gpu``).
@@ -19,13 +20,13 @@ import torch
 from torch import nn
 
 from benchmarks.spatial_split import CASES, build_case, case_plans
-from profiler.chain import ModelChain
-from profiler.loss import step_loss
-from profiler.modeled import modeled_profile
-from tuner.plan import Plan
-from tuner.runtime import planned, reference_step
-from tuner.runtime.bench import make_batch
-from tuner.runtime.spatial import SpatialSegment
+from memtune.profiler.chain import ModelChain
+from memtune.profiler.loss import step_loss
+from memtune.profiler.modeled import modeled_profile
+from memtune.tuner.plan import Plan
+from memtune.tuner.runtime import planned, reference_step
+from memtune.tuner.runtime.bench import make_batch
+from memtune.tuner.runtime.spatial import SpatialSegment
 
 pytestmark = [
     pytest.mark.gpu,

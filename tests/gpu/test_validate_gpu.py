@@ -14,14 +14,14 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from api.client import MemtuneClient
-from api.main import create_app
-from api.settings import Settings
-from api.worker import Worker
-from profiler.identity import cuda_identity
-from storage.database import Database
-from storage.migrate import upgrade
-from storage.repositories import KeyRepository
+from memtune.api.client import MemtuneClient
+from memtune.api.main import create_app
+from memtune.api.settings import Settings
+from memtune.api.worker import Worker
+from memtune.profiler.identity import cuda_identity
+from memtune.storage.database import Database
+from memtune.storage.migrate import upgrade
+from memtune.storage.repositories import KeyRepository
 
 pytestmark = [
     pytest.mark.gpu,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from live_server import create_key, free_port, spawn
 
-from api.client import MemtuneClient
+from memtune.api.client import MemtuneClient
 
 pytestmark = pytest.mark.integration
 

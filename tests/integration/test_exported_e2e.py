@@ -15,7 +15,7 @@ import torch
 from exported_fixtures import TinyNet, export_archive, hostile_archives
 from live_server import create_key
 
-from api.client import MemtuneClient
+from memtune.api.client import MemtuneClient
 
 pytestmark = pytest.mark.integration
 

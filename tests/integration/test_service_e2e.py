@@ -12,7 +12,7 @@ import httpx
 import pytest
 from live_server import create_key
 
-from api.client import ApiError, MemtuneClient
+from memtune.api.client import ApiError, MemtuneClient
 
 pytestmark = pytest.mark.integration
 

@@ -10,13 +10,13 @@ import pytest
 from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC, FakeValidator, migration_round_trip
 
-from api.client import MemtuneClient
-from api.main import create_app
-from api.settings import Settings
-from api.worker import Worker
-from storage.database import Database
-from storage.migrate import upgrade
-from storage.repositories import KeyRepository
+from memtune.api.client import MemtuneClient
+from memtune.api.main import create_app
+from memtune.api.settings import Settings
+from memtune.api.worker import Worker
+from memtune.storage.database import Database
+from memtune.storage.migrate import upgrade
+from memtune.storage.repositories import KeyRepository
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ import pytest
 from browser import CHROMIUM, HEADLESS
 from live_server import create_key
 
-from api.client import MemtuneClient
+from memtune.api.client import MemtuneClient
 
 pytestmark = pytest.mark.integration
 

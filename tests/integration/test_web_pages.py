@@ -29,10 +29,10 @@ import pytest
 from browser import CHROMIUM, Browser, Tab
 from live_server import create_key, free_port, spawn
 
-from api.client import MemtuneClient
-from storage.database import Database
-from storage.records import ResultIn
-from storage.repositories import JobRepository, ProfileRepository, ResultRepository
+from memtune.api.client import MemtuneClient
+from memtune.storage.database import Database
+from memtune.storage.records import ResultIn
+from memtune.storage.repositories import JobRepository, ProfileRepository, ResultRepository
 
 pytestmark = [
     pytest.mark.integration,
@@ -248,7 +248,7 @@ def test_a_job_with_compiler_points_draws_memtune_beside_the_compiler(site: Site
     """The job's stored profile has no compiler points (this worker has no GPU to measure them on): the figure stays
     hidden and the page is whole. Points are then stored with the profile, as a worker on a GPU of the type stores
     them; the page draws each one, memtune's plans, the budget and the unplanned step, and fits the window."""
-    from profiler import CompilerPoint
+    from memtune.profiler import CompilerPoint
 
     job_id = site.ids["compiled"]
     tab = browser.open(f"{site.base}/jobs/{job_id}", 1400)

@@ -14,9 +14,9 @@ import pytest
 from live_server import create_key, spawn
 from optuna.trial import TrialState
 
-from api.client import MemtuneClient
-from storage.database import Database
-from storage.repositories import JobRepository
+from memtune.api.client import MemtuneClient
+from memtune.storage.database import Database
+from memtune.storage.repositories import JobRepository
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def test_killed_worker_job_resumes_on_the_other(server: str, postgres_url: str, 
                 with db.session() as s:
                     owner = JobRepository(s).get(big.id).worker_id
                 # trials in the database, not the progress: the study is written behind the search
-                # (NOTE [ Written behind ] in tuner.search)
+                # (NOTE [ Written behind ] in memtune.tuner.search)
                 written = job.state == "running" and _written(postgres_url, big.study_name) >= 30
                 if written and owner in workers:
                     victim = owner
@@ -101,7 +101,7 @@ def test_killed_worker_job_resumes_on_the_other(server: str, postgres_url: str, 
         after = _complete(postgres_url, big.study_name)
         assert all(after.get(n) == v for n, v in before.items()), "a trial finished before the kill was lost"
         assert len(after) == 200 and final.progress.trials_done == 200
-        # NOTE [ Exact trial count ] in tuner.search: exactly the trials asked for, the last the served plan
+        # NOTE [ Exact trial count ] in memtune.tuner.search: exactly the trials asked for, the last the served plan
         study = optuna.load_study(study_name=big.study_name, storage=postgres_url)
         trials = study.get_trials(deepcopy=False)
         assert len(trials) == 200 and trials[-1].user_attrs["recorded"] == "best"

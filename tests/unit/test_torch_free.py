@@ -1,10 +1,11 @@
 """The tuner runs without torch: a simulation and a search of a shipped profile with ``import torch`` failing.
 
-The service's search processes import the tuner, never torch (``tuner/__init__.py``; ``profiler/__init__.py`` loads
-its torch names on first use). ``test_layering`` checks the tuner's own imports; this runs the code, so a torch
-import reached through a call (``profiler.loss_model.profile_loss_ms`` estimating a missing ``loss_ms``, once
-``profiler.loss`` -> ``profiler.modeled`` -> ``profiler.chain``) fails here too. The profile's ``loss_ms`` is
-stripped so that the estimate runs.
+The service's search processes import the tuner, never torch (``memtune/tuner/__init__.py``;
+``memtune/profiler/__init__.py`` loads its torch names on first use). ``test_layering`` checks the tuner's own imports;
+this runs the code, so a torch
+import reached through a call (``memtune.profiler.loss_model.profile_loss_ms`` estimating a missing ``loss_ms``, once
+``memtune.profiler.loss`` -> ``memtune.profiler.modeled`` -> ``memtune.profiler.chain``) fails here too. The profile's
+``loss_ms`` is stripped so that the estimate runs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PROFILE = ROOT / "profiler" / "data" / "resnet50-b128-float32-h100.json"
+PROFILE = ROOT / "memtune" / "profiler" / "data" / "resnet50-b128-float32-h100.json"
 
 CODE = f"""
 import sys
@@ -37,11 +38,11 @@ import optuna
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-from profiler.loss_model import profile_loss_ms
-from profiler.profile import Profile
-from tuner.plan import Plan
-from tuner.search import tune
-from tuner.simulator import simulate
+from memtune.profiler.loss_model import profile_loss_ms
+from memtune.profiler.profile import Profile
+from memtune.tuner.plan import Plan
+from memtune.tuner.search import tune
+from memtune.tuner.simulator import simulate
 
 profile = Profile.load({str(PROFILE)!r}).model_copy(update={{"loss_ms": None}})
 loss_ms = profile_loss_ms(profile)
@@ -67,7 +68,7 @@ import sys
 {blocker}
 from typer.testing import CliRunner
 
-from api.cli import app
+from memtune.api.cli import app
 
 args = ["tune", "vgg16", "--batch", "256", "--gpu", "h200", "--budget", "13GiB", "--trials", "3", "--json"]
 done = CliRunner().invoke(app, args)
@@ -80,7 +81,8 @@ print("torch", sorted(m for m in sys.modules if m == "torch" or m.startswith("to
 @pytest.mark.slow  # a fresh interpreter and a three-trial search: about four seconds on two cores
 def test_tune_finds_a_zoo_models_committed_profile_without_torch() -> None:
     """``memtune tune vgg16 …`` without a GPU finds the committed profile from the zoo model's name and parameters
-    and searches it with torch blocked (NOTE [ Zoo names without torch ] in ``profiler.zoo``): importing torch and
+    and searches it with torch blocked (NOTE [ Zoo names without torch ] in ``memtune.profiler.zoo``): importing torch
+    and
     building the model on the meta device took about 5 s of the README job's 21."""
     blocker = CODE.split("import optuna", 1)[0]
     run = subprocess.run([sys.executable, "-c", TUNE.format(blocker=blocker)], cwd=ROOT, capture_output=True,
@@ -95,7 +97,7 @@ import sys
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from api.cli import app
+from memtune.api.cli import app
 
 runner = CliRunner()
 group = get_command(app)

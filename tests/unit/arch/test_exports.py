@@ -7,22 +7,22 @@ import sys
 
 import pytest
 
-import api
 import memtune
-import profiler
-import storage
-import storage.repositories
-import tuner
-import tuner.runtime
+import memtune.api
+import memtune.profiler
+import memtune.storage
+import memtune.storage.repositories
+import memtune.tuner
+import memtune.tuner.runtime
 
 EXPECTED = {
-    profiler: {
+    memtune.profiler: {
         "GPUS", "ZOO_NAMES", "ArchiveTooLargeError", "CompilerPoint", "ConvAlgo", "ConvProfile", "DeviceIdentity",
         "ExportedError", "GPUSpec", "ModelChain", "Profile", "ProfilerError", "RowMap", "SavedStorage", "SpecError",
         "StageProfile", "StepPeak", "UnknownGPUError", "build", "build_factory", "find_profile", "find_stages",
         "from_spec", "get_gpu", "modeled_profile", "profile_module", "spec_hash",
     },
-    tuner: {
+    memtune.tuner: {
         "POLICIES", "Action", "BudgetError", "CalibrationError", "Candidate", "Plan", "PlanError", "PrefetchTrigger",
         "RanksResult", "SearchError", "SharedLink", "SimResult", "Simulator", "Stagger", "TuneResult", "TunerError",
         "exact_front", "exact_optimum", "format_bytes", "parse_budget", "prefetch_trigger", "ranks_prefetch_trigger",
@@ -30,21 +30,21 @@ EXPECTED = {
         "InferenceFacts", "InferencePlan", "InferenceSim", "LayerFitError", "LayerPlan", "plan_inference",
         "simulate_inference", "PeakCheck", "peak_check", "planning_headroom",
     },
-    tuner.runtime: {
+    memtune.tuner.runtime: {
         "Equivalence", "HostPool", "OffloadStats", "PlanOutOfMemoryError", "PlannedModel", "ReferenceStep",
         "budget_guard", "check_equivalence", "load_plan", "planned", "reference_step",
         "InferenceRunner",
     },
-    storage: {
+    memtune.storage: {
         "ConflictError", "Database", "IdempotencyConflictError", "NotFoundError", "StorageError", "UnavailableError",
         "default_url", "normalize_url", "upgrade",
     },
-    storage.repositories: {
+    memtune.storage.repositories: {
         "BestAnswer", "CalibrationRepository", "GpuRepository", "JobLease", "JobRepository", "KeyRepository",
         "LeaderboardPage", "LeaseStatus", "ModelRepository", "ProfileRepository", "ResultRepository",
         "WorkerRecord", "WorkerRepository", "content_hash", "hash_key", "identity_hash", "pareto_flags",
     },
-    api: {"MemtuneClient", "create_app"},
+    memtune.api: {"MemtuneClient", "create_app"},
     memtune: {"Action", "Plan", "Profile", "Tuned", "budget_guard", "load_plan", "planned", "profile", "tune"},
 }  # fmt: skip
 
@@ -57,5 +57,8 @@ def test_exported_names(module: object) -> None:
 
 
 def test_tuner_and_profiler_value_types_import_without_torch() -> None:
-    code = "import sys, tuner, profiler; profiler.Profile; assert 'torch' not in sys.modules, 'torch loaded'"
+    code = (
+        "import sys, memtune, memtune.tuner, memtune.profiler; memtune.profiler.Profile; memtune.Plan; "
+        "assert 'torch' not in sys.modules, 'torch loaded'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

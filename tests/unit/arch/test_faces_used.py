@@ -1,19 +1,22 @@
 """Code in one package imports another package's public names through that package's face, checked on the source.
 
-A face is a package's ``__init__.py`` and its ``__all__`` (``profiler``, ``tuner``, the sub-faces ``tuner.runtime``
-and ``storage.repositories``, ``storage``, ``api`` …). Every module under ``WALKED`` is parsed with ``ast``; for each
-``from pkg.sub import name`` of another top-level package (at the top, inside a function or under
-``TYPE_CHECKING``: a type is a public name too), no ``name`` may be in the ``__all__`` of a face above ``pkg.sub``:
-if the face offers it, the import goes through the face (``from tuner import tune``, not
-``from tuner.search import tune``; ``from tuner.runtime import planned``, not ``from tuner.runtime.planned …``).
-``import pkg.sub`` and ``from pkg import sub`` (a submodule reached through its package) hide which names are used,
-so across packages they are refused too. Imports within one top-level package (``tuner.runtime`` importing
-``tuner.plan``, a face importing its own submodules) are the package's own business and are not checked.
+A face is a package's ``__init__.py`` and its ``__all__`` (``memtune.profiler``, ``memtune.tuner``, the sub-faces
+``memtune.tuner.runtime`` and ``memtune.storage.repositories``, ``memtune.storage``, ``memtune.api`` …). Every module
+under ``WALKED`` is parsed with ``ast``; for each ``from pkg.sub import name`` of another room (at the top, inside a
+function
+or under ``TYPE_CHECKING``: a type is a public name too), no ``name`` may be in the ``__all__`` of a face above
+``pkg.sub``:
+if the face offers it, the import goes through the face (``from memtune.tuner import tune``, not
+``from memtune.tuner.search import tune``; ``from memtune.tuner.runtime import planned``, not ``from
+memtune.tuner.runtime.planned …``). ``import pkg.sub`` and ``from pkg import sub`` (a submodule reached through its
+package) hide which names are used,
+so across packages they are refused too. Imports within one room (``memtune.tuner.runtime`` importing
+``memtune.tuner.plan``, a face importing its own submodules) are the package's own business and are not checked.
 
 Importing through a face costs nothing at run time: ``import pkg.sub`` runs ``pkg/__init__.py`` first anyway, and
 the faces that must stay torch-free (``profiler``, ``api``) load their heavy names lazily (PEP 562 ``__getattr__``).
 
-Names a face does not offer (internals another package needs, such as ``tuner.calibration.calibration_for``) are
+Names a face does not offer (internals another package needs, such as ``memtune.tuner.calibration.calibration_for``) are
 imported from their module; that is allowed without a list. Three lists make the deliberate exceptions explicit:
 
 * ``KEPT_OUT_OF_FACES``: modules that stay out of a face on purpose because importing them loads far more than the
@@ -36,10 +39,10 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-#: the project's importable packages: the targets whose faces are checked
-PACKAGES = ("profiler", "tuner", "storage", "api", "memtune")
-#: the folders whose modules are checked (``memtune`` is a face made only of other packages' names)
-WALKED = ("api", "storage", "tuner", "benchmarks", "scripts", "memtune")
+#: the rooms of the one installed name, and the face above them: the targets whose faces are checked
+PACKAGES = ("memtune.profiler", "memtune.tuner", "memtune.storage", "memtune.api", "memtune")
+#: the folders whose modules are checked (``memtune/__init__.py`` is a face made only of the rooms' names)
+WALKED = ("memtune", "benchmarks", "scripts")
 
 #: (importing module, imported module) -> why the import names a face-offered name from the module itself.
 #: Add an entry only with a reason (an import cycle through the face, a face that cannot deliver the name); other
@@ -55,14 +58,25 @@ KNOWN_SHADOWED: set[tuple[str, str]] = set()
 
 #: (face, module) -> why the module stays out of that face: its names are imported from the module itself.
 KEPT_OUT_OF_FACES: dict[tuple[str, str], str] = {
-    # tuner/runtime/__init__.py's docstring: measuring plans side by side loads the capped-memory model
-    # (tuner.capped), the loss classes (profiler.loss) and the process isolation helpers; the face only applies plans
-    ("tuner.runtime", "tuner.runtime.bench"): "heavy: plan benchmarking (tuner.capped, profiler.loss, isolate)",
+    # memtune/tuner/runtime/__init__.py's docstring: measuring plans side by side loads the capped-memory model
+    # (memtune.tuner.capped), the loss classes (memtune.profiler.loss) and the process isolation helpers; the face only
+    # applies plans
+    (
+        "memtune.tuner.runtime",
+        "memtune.tuner.runtime.bench",
+    ): "heavy: plan benchmarking (memtune.tuner.capped, memtune.profiler.loss, isolate)",
     # the same docstring: validating a job's plans on this GPU runs the bench and reads the CUDA identity
-    ("tuner.runtime", "tuner.runtime.validate"): "heavy: builds on tuner.runtime.bench and profiler.identity",
-    # storage/__init__.py's docstring points to storage.records; those records carry profiles and budgets, so the
-    # module imports profiler and tuner (numpy, optuna), which ``import storage`` (the settings, the CLI) avoids
-    ("storage", "storage.records"): "heavy: imports profiler.profile and tuner.budget (numpy, optuna)",
+    (
+        "memtune.tuner.runtime",
+        "memtune.tuner.runtime.validate",
+    ): "heavy: builds on memtune.tuner.runtime.bench and memtune.profiler.identity",
+    # memtune/storage/__init__.py's docstring points to memtune.storage.records; those records carry profiles and
+    # budgets, so the module imports profiler and tuner (numpy, optuna), which ``import storage`` (the settings, the
+    # CLI) avoids
+    (
+        "memtune.storage",
+        "memtune.storage.records",
+    ): "heavy: imports memtune.profiler.profile and memtune.tuner.budget (numpy, optuna)",
 }
 
 
@@ -83,16 +97,15 @@ def _literal_all(tree: ast.Module) -> set[str] | None:
 def faces() -> dict[str, set[str]]:
     """``package -> its __all__`` for every package (``__init__.py``) of ``PACKAGES`` that declares one."""
     found = {}
-    for package in PACKAGES:
-        for init in sorted((ROOT / package).rglob("__init__.py")):
-            names = _literal_all(ast.parse(init.read_text(), filename=str(init)))
-            if names is not None:
-                found[_module_name(init)] = names
+    for init in sorted((ROOT / "memtune").rglob("__init__.py")):
+        names = _literal_all(ast.parse(init.read_text(), filename=str(init)))
+        if names is not None:
+            found[_module_name(init)] = names
     return found
 
 
 def project_modules() -> set[str]:
-    return {_module_name(p) for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    return {_module_name(p) for p in (ROOT / "memtune").rglob("*.py")}
 
 
 @dataclass(frozen=True)
@@ -107,12 +120,17 @@ class DeepImport:
 
 
 def _top(name: str) -> str:
-    return name.split(".")[0]
+    """The room ``name`` lives in (``memtune.tuner`` for ``memtune.tuner.search``), ``memtune`` for the face, or the
+    top-level folder of a benchmark or script."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "memtune" and len(parts) > 1 else parts[0]
 
 
 def deep_imports(importer: str, source: str, faces: dict[str, set[str]], modules: set[str]) -> list[DeepImport]:
     """The imports in ``importer``'s ``source`` that go around another package's face."""
-    found = []
+    found: list[DeepImport] = []
+    if importer == "memtune":
+        return found  # the users' face is made of the rooms' names
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -123,7 +141,9 @@ def deep_imports(importer: str, source: str, faces: dict[str, set[str]], modules
             if _top(module) not in PACKAGES or _top(module) == _top(importer):
                 continue
             parts = module.split(".")
-            above = [".".join(parts[:i]) for i in range(1, len(parts))]
+            # the faces above the module, within its room: ``memtune`` itself is the users' face, made of the rooms'
+            # names, and no room imports it (the layering test says so)
+            above = [".".join(parts[:i]) for i in range(2 if parts[0] == "memtune" else 1, len(parts))]
             for alias in node.names:
                 offering = [face for face in above if alias.name in faces.get(face, ())]
                 if offering:
@@ -145,29 +165,36 @@ def all_deep_imports() -> list[DeepImport]:
 
 
 def test_the_checker_sees_deep_imports() -> None:
-    face_names = {"tuner": {"tune", "Plan"}, "tuner.runtime": {"planned"}, "profiler": {"Profile"}}
-    modules = {"tuner", "tuner.search", "tuner.runtime", "tuner.runtime.planned", "profiler", "profiler.zoo"}
+    face_names = {
+        "memtune.tuner": {"tune", "Plan"},
+        "memtune.tuner.runtime": {"planned"},
+        "memtune.profiler": {"Profile"},
+    }
+    modules = {"memtune.tuner", "memtune.tuner.search", "memtune.tuner.runtime", "memtune.tuner.runtime.planned",
+               "memtune.profiler", "memtune.profiler.zoo"}  # fmt: skip
     source = """
-from tuner import Plan
-from tuner.search import tune, trial_fits
-from tuner.runtime.planned import planned
-from profiler import zoo
-import profiler.zoo
-import tuner.runtime
+from memtune.tuner import Plan
+from memtune.tuner.search import tune, trial_fits
+from memtune.tuner.runtime.planned import planned
+from memtune.profiler import zoo
+import memtune.profiler.zoo
+import memtune.tuner.runtime
 
 
 def later():
-    from tuner.search import tune as run
+    from memtune.tuner.search import tune as run
 """
-    found = [(d.imported, d.line, d.problem) for d in deep_imports("api.x", source, face_names, modules)]
+    found = [(d.imported, d.line, d.problem) for d in deep_imports("memtune.api.x", source, face_names, modules)]
     assert found == [
-        ("tuner.search", 3, "tune is public in tuner"),
-        ("tuner.runtime.planned", 4, "planned is public in tuner.runtime"),
-        ("profiler.zoo", 5, "zoo is a submodule reached through its package"),
-        ("profiler.zoo", 6, "import names from the module instead"),
-        ("tuner.search", 11, "tune is public in tuner"),
+        ("memtune.tuner.search", 3, "tune is public in memtune.tuner"),
+        ("memtune.tuner.runtime.planned", 4, "planned is public in memtune.tuner.runtime"),
+        ("memtune.profiler.zoo", 5, "zoo is a submodule reached through its package"),
+        ("memtune.profiler.zoo", 6, "import names from the module instead"),
+        ("memtune.tuner.search", 11, "tune is public in memtune.tuner"),
     ]
-    assert deep_imports("tuner.y", source, face_names, modules)[0].imported == "profiler.zoo"  # own package: fine
+    assert (
+        deep_imports("memtune.tuner.y", source, face_names, modules)[0].imported == "memtune.profiler.zoo"
+    )  # own package: fine
 
 
 def test_faces_are_used_across_packages() -> None:
@@ -209,7 +236,7 @@ def test_face_names_are_not_shadowed_by_submodules() -> None:
     modules = project_modules()
     shadowed = set()
     for face, names in faces().items():
-        if face == "api.routes":
+        if face == "memtune.api.routes":
             continue  # its __all__ lists its submodules on purpose
         package = importlib.import_module(face)
         for name in names:

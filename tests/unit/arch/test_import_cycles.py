@@ -4,12 +4,13 @@ Every module under the packages below is parsed with ``ast``; an edge ``a -> b``
 anywhere in ``a`` (at the top or inside a function: a deferred import still runs, and a loop through one means the
 two modules cannot be understood, tested or made torch-free apart) that names project module ``b``
 (``from p import m`` names module ``p.m`` when that is a module, else ``p``). Imports under ``if TYPE_CHECKING:``
-never run and are left out, as are the names a package face loads lazily by string (``profiler/__init__.py``).
+never run and are left out, as are the names a package face loads lazily by string (``memtune/profiler/__init__.py``).
 Importing ``p.m`` is not counted as importing the package ``p`` itself.
 
 A cycle is fixed by moving what both sides need into a module of its own that imports neither (as
-``profiler.loss_model`` for ``profiler.loss`` and ``profiler.modeled``, ``tuner.runtime.planned_base`` for
-``tuner.runtime.planned`` and ``tuner.runtime.modules``), not by an exception here.
+``memtune.profiler.loss_model`` for ``memtune.profiler.loss`` and ``memtune.profiler.modeled``,
+``memtune.tuner.runtime.planned_base`` for ``memtune.tuner.runtime.planned`` and ``memtune.tuner.runtime.modules``), not
+by an exception here.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGES = ("profiler", "tuner", "storage", "api", "memtune")
+PACKAGES = ("memtune",)  # one installed name: its rooms are its subpackages
 
 
 def _module_name(path: Path) -> str:
@@ -168,9 +169,9 @@ def describe_cycles(graph: dict[str, dict[str, int]]) -> list[str]:
 
 def test_the_graph_sees_function_level_imports() -> None:
     graph = import_graph()
-    assert "profiler.loss_model" in graph["profiler.modeled"]
-    assert "tuner.runtime.modules" in graph["tuner.runtime.planned"]  # imported inside ``planned``
-    assert "profiler.chain" not in graph["profiler.loss"]  # under TYPE_CHECKING only
+    assert "memtune.profiler.loss_model" in graph["memtune.profiler.modeled"]
+    assert "memtune.tuner.runtime.modules" in graph["memtune.tuner.runtime.planned"]  # imported inside ``planned``
+    assert "memtune.profiler.chain" not in graph["memtune.profiler.loss"]  # under TYPE_CHECKING only
 
 
 def test_the_cycle_finder_reports_a_loop_with_its_path() -> None:

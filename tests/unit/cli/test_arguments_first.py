@@ -13,11 +13,11 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-import api.cli
-import api.python
 import memtune
-from profiler import ProfilerError
-from tuner import TunerError
+import memtune.api.cli
+import memtune.api.python
+from memtune.profiler import ProfilerError
+from memtune.tuner import TunerError
 
 BAD = [
     ({"budget": "2"}, "has no unit"),
@@ -37,7 +37,7 @@ def _no_profiling(*args: object, **kwargs: object) -> None:
 def test_tune_refuses_a_bad_argument_before_profiling(
     bad: dict[str, Any], message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(api.python, "profile", _no_profiling)
+    monkeypatch.setattr(memtune.api.python, "profile", _no_profiling)
     arguments: dict[str, Any] = {"budget": "60% of peak", **bad}
     budget = arguments.pop("budget")
     with pytest.raises((TunerError, ProfilerError), match=message):
@@ -64,7 +64,7 @@ def test_profile_refuses_a_bad_dtype_or_gpu_before_measuring() -> None:
 def test_the_command_line_refuses_a_bad_option_before_measuring_a_factory(
     options: list[str], message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(api.cli, "_factory_profile", _no_profiling)
-    done = CliRunner().invoke(api.cli.app, ["tune", "my_model.py:build", "--input-shape", "4", *options])
+    monkeypatch.setattr(memtune.api.cli, "_factory_profile", _no_profiling)
+    done = CliRunner().invoke(memtune.api.cli.app, ["tune", "my_model.py:build", "--input-shape", "4", *options])
     assert done.exit_code == 2, done.output
     assert message in " ".join(done.output.split())

@@ -8,11 +8,11 @@ import time
 import pytest
 from profiles import conv_profile
 
-import tuner.bound
-from api.bound_beside import BoundBeside
-from profiler import Profile
-from tuner import Simulator
-from tuner.plan import Plan
+import memtune.tuner.bound
+from memtune.api.bound_beside import BoundBeside
+from memtune.profiler import Profile
+from memtune.tuner import Simulator
+from memtune.tuner.plan import Plan
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="no fork start method")
 
@@ -25,19 +25,19 @@ def _case() -> tuple[Profile, int]:
 
 def test_the_child_gives_the_bound_the_process_computes(monkeypatch: pytest.MonkeyPatch) -> None:
     profile, budget = _case()
-    expected = tuner.bound.step_lower_bound(Simulator(profile, "sgd"), budget)
+    expected = memtune.tuner.bound.step_lower_bound(Simulator(profile, "sgd"), budget)
     beside = BoundBeside(profile, "sgd", budget)  # forked here, with the real bound
     # from now on the process itself could not compute it: the answer must be the child's
-    monkeypatch.setattr(tuner.bound, "step_lower_bound", lambda *a: pytest.fail("computed in the process"))
+    monkeypatch.setattr(memtune.tuner.bound, "step_lower_bound", lambda *a: pytest.fail("computed in the process"))
     assert beside.result() == expected
 
 
 def test_a_child_that_fails_leaves_the_bound_to_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
     profile, budget = _case()
-    real = tuner.bound.step_lower_bound
-    monkeypatch.setattr(tuner.bound, "step_lower_bound", lambda *a: (_ for _ in ()).throw(ValueError("broken")))
+    real = memtune.tuner.bound.step_lower_bound
+    monkeypatch.setattr(memtune.tuner.bound, "step_lower_bound", lambda *a: (_ for _ in ()).throw(ValueError("broken")))
     beside = BoundBeside(profile, "sgd", budget)  # the child inherits the broken bound
-    monkeypatch.setattr(tuner.bound, "step_lower_bound", real)
+    monkeypatch.setattr(memtune.tuner.bound, "step_lower_bound", real)
     assert beside.result() == real(Simulator(profile, "sgd"), budget)
 
 
@@ -47,7 +47,7 @@ def test_the_solvers_failure_in_the_child_is_the_commands(monkeypatch: pytest.Mo
     def no_answer(*args: object) -> None:
         raise RuntimeError("the budget bound's linear program was not solved: test")
 
-    monkeypatch.setattr(tuner.bound, "step_lower_bound", no_answer)
+    monkeypatch.setattr(memtune.tuner.bound, "step_lower_bound", no_answer)
     beside = BoundBeside(profile, "sgd", budget)
     with pytest.raises(RuntimeError, match="not solved: test"):
         beside.result()
@@ -55,7 +55,7 @@ def test_the_solvers_failure_in_the_child_is_the_commands(monkeypatch: pytest.Mo
 
 def test_closing_stops_a_child_still_at_work(monkeypatch: pytest.MonkeyPatch) -> None:
     profile, budget = _case()
-    monkeypatch.setattr(tuner.bound, "step_lower_bound", lambda *a: time.sleep(60))
+    monkeypatch.setattr(memtune.tuner.bound, "step_lower_bound", lambda *a: time.sleep(60))
     beside = BoundBeside(profile, "sgd", budget)
     proc = beside._proc
     assert proc is not None and proc.is_alive()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import app
-from tuner.plan import Plan
+from memtune.api.cli import app
+from memtune.tuner.plan import Plan
 
 runner = CliRunner()
 SMALL = ["--param", "image_size=32", "--batch", "256"]
@@ -18,9 +18,9 @@ SMALL = ["--param", "image_size=32", "--batch", "256"]
 
 def budget(model: str, fraction: float, gpu: str = "h200") -> str:
     """A byte budget at ``fraction`` of the model's simulated unconstrained peak (SMALL settings)."""
-    from profiler.modeled import modeled_profile
-    from profiler.zoo import build
-    from tuner.simulator import simulate
+    from memtune.profiler.modeled import modeled_profile
+    from memtune.profiler.zoo import build
+    from memtune.tuner.simulator import simulate
 
     prof = modeled_profile(build(model, {"image_size": 32}), 256, "float32", gpu)
     return f"{int(fraction * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes)}B"
@@ -67,11 +67,11 @@ def test_tune_prints_the_policy_table_and_the_plan() -> None:
 def test_tune_says_when_its_best_plan_compiles_the_whole_model(tmp_path: Path) -> None:
     """NOTE [ Whole-model compile ]: a profile carrying a measured compiler point that fits and beats every plan of
     offload and recompute gets that compile as its best plan, said in words (no table of per-stage actions)."""
-    from profiler.modeled import modeled_profile
-    from profiler.profile import CompilerPoint
-    from profiler.zoo import build
-    from tuner.runtime.whole import with_compiler_points
-    from tuner.simulator import simulate
+    from memtune.profiler.modeled import modeled_profile
+    from memtune.profiler.profile import CompilerPoint
+    from memtune.profiler.zoo import build
+    from memtune.tuner.runtime.whole import with_compiler_points
+    from memtune.tuner.simulator import simulate
 
     prof = modeled_profile(build("resnet18", {"image_size": 32}), 256, "float32", "h200")
     base = simulate(prof, Plan.uniform(prof.n_stages))
@@ -156,9 +156,9 @@ def test_models_and_gpus_lists() -> None:
 
 def test_a_budget_is_a_fraction_of_the_peak_or_of_the_gpu_as_written() -> None:
     """NOTE [ Budget grammar ]: '60% of peak' is of the model's simulated unconstrained peak, '1% of gpu' of the GPU."""
-    from profiler.modeled import modeled_profile
-    from profiler.zoo import build
-    from tuner.simulator import simulate
+    from memtune.profiler.modeled import modeled_profile
+    from memtune.profiler.zoo import build
+    from memtune.tuner.simulator import simulate
 
     prof = modeled_profile(build("resnet18", {"image_size": 32}), 256, "float32", "h200")
     peak = simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes

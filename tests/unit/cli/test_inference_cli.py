@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import app
-from tuner import InferencePlan
+from memtune.api.cli import app
+from memtune.tuner import InferencePlan
 
 runner = CliRunner()
 

@@ -1,5 +1,6 @@
 """``tune`` and ``simulate --plan`` price a plan alike: the same step, allocator retries under the budget's cap
-stated in both (NOTE [ Placement ranking ] in ``tuner.search``), on a shipped H200 profile, whose calibration prices
+stated in both (NOTE [ Placement ranking ] in ``memtune.tuner.search``), on a shipped H200 profile, whose calibration
+prices
 retries."""
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import app
+from memtune.api.cli import app
 
-PROFILE = Path(__file__).resolve().parents[3] / "profiler" / "data" / "resnet18-b256-float32-h200.json"
+PROFILE = Path(__file__).resolve().parents[3] / "memtune" / "profiler" / "data" / "resnet18-b256-float32-h200.json"
 BUDGET = ["--budget", "50% of peak"]
 
 

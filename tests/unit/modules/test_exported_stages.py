@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 import memtune
-from profiler.exported import load_exported
-from profiler.module_profile import profile_module
-from profiler.modules import find_stages
+from memtune.profiler.exported import load_exported
+from memtune.profiler.module_profile import profile_module
+from memtune.profiler.modules import find_stages
 
 pytestmark = pytest.mark.slow  # an export and a load each: 5 and 14 s on a 2-core machine
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import memtune
-from profiler.module_profile import profile_module
+from memtune.profiler.module_profile import profile_module
+from memtune.tuner.errors import BudgetError, PlanError
+from memtune.tuner.plan import Plan
+from memtune.tuner.simulator import simulate
 from tests.unit.modules.models import build_case
-from tuner.errors import BudgetError, PlanError
-from tuner.plan import Plan
-from tuner.simulator import simulate
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_a_model_planned_coarser_than_its_blocks_says_so() -> None:
 
 def test_scaled_stages_are_said_in_words(unet: tuple[object, memtune.Profile]) -> None:
     """A profile whose stages were scaled to the whole step says why, not ``(stages scaled x0.636 ...)``."""
-    from api.python import compute_words
+    from memtune.api.python import compute_words
 
     _, prof = unet
     scaled = prof.model_copy(update={"compute_source": "measured:h100 (stages scaled x0.636 to the whole step)"})

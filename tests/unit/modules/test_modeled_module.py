@@ -1,5 +1,5 @@
 """Module profiles made on the CPU for a GPU: every time is that GPU's roofline, none the CPU's clock (NOTE
-[ Modeled module profiles ] in ``profiler.module_roofline``), and the printouts name the GPU modeled."""
+[ Modeled module profiles ] in ``memtune.profiler.module_roofline``), and the printouts name the GPU modeled."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import torch
 from torch import nn
 
 import memtune
-from api.python import device_label
-from profiler.devices import get_gpu
-from profiler.flops import count_stage
-from profiler.modeled import SIMT_EFFICIENCY, roofline_ms
-from profiler.module_profile import _capture, as_inputs, profile_module
-from profiler.module_roofline import _OpNames
-from profiler.profile import Profile
-from profiler.stagefacts import StageFacts
+from memtune.api.python import device_label
+from memtune.profiler.devices import get_gpu
+from memtune.profiler.flops import count_stage
+from memtune.profiler.modeled import SIMT_EFFICIENCY, roofline_ms
+from memtune.profiler.module_profile import _capture, as_inputs, profile_module
+from memtune.profiler.module_roofline import _OpNames
+from memtune.profiler.profile import Profile
+from memtune.profiler.stagefacts import StageFacts
+from memtune.tuner.plan import Action
 from tests.unit.modules.models import UNet, build_case, mean_square
-from tuner.plan import Action
 
 H100 = get_gpu("h100")
 MODELED = "modeled for h100 (roofline; compute counted on the CPU)"

@@ -4,7 +4,7 @@ gradients and buffers.
 Each model is profiled once (``profile_module`` on CPU, one timed round: the timings do not matter here), with the
 stages ``find_stages`` finds by default, and run under the uniform plans keep, offload and recompute, one mixed plan
 (the actions in turn over the stages) and, where the profile measured it, selective. Runs on CPU in fp32: the
-tolerance is 1e-6 relative (``tuner.runtime.verify.relative_error``); in practice results are bitwise equal.
+tolerance is 1e-6 relative (``memtune.tuner.runtime.verify.relative_error``); in practice results are bitwise equal.
 GPT-2 and Llama have dropout 0.1, MobileNetV2 0.2 and the tuple model 0.1, so recompute must replay the RNG.
 
 The profiles are also checked for what they must show: the U-Net's skip connections live from an encoder stage to
@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from profiler.module_profile import profile_module
-from profiler.profile import Profile
+from memtune.profiler.module_profile import profile_module
+from memtune.profiler.profile import Profile
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime.planned import load_plan
+from memtune.tuner.runtime.verify import ReferenceStep, check_equivalence, reference_step
+from memtune.tuner.search import tune
+from memtune.tuner.simulator import Simulator
 from tests.unit.modules.models import CASES, Case, build_case
-from tuner.plan import Action, Plan
-from tuner.runtime.planned import load_plan
-from tuner.runtime.verify import ReferenceStep, check_equivalence, reference_step
-from tuner.search import tune
-from tuner.simulator import Simulator
 
 RTOL = 1e-6
 UNIFORM = (Action.KEEP, Action.OFFLOAD, Action.RECOMPUTE)

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from profiler.module_profile import as_inputs, profile_module
+from memtune.profiler.module_profile import as_inputs, profile_module
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime import planned
 from tests.unit.modules.models import build_case
-from tuner.plan import Action, Plan
-from tuner.runtime import planned
 
 
 @pytest.fixture

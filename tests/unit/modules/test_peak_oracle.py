@@ -1,15 +1,15 @@
 """The simulator's unplanned peak against the CPU allocator's own events, for every kind of model users bring.
 
 The oracle is independent of the profile's tables: one forward and backward of the model, as a training loop runs
-it, under ``torch.profiler``'s memory events (``profiler.memory_meter.metered``, NOTE [ Allocator meters ]). The
+it, under ``torch.profiler``'s memory events (``memtune.profiler.memory_meter.metered``, NOTE [ Allocator meters ]). The
 simulator's prediction of the same step is ``simulate(profile, all keep, optimizer="none")`` less the parameters and
 the batch, which were resident before the step. Each model is checked with its output held through the backward
 (``out = model(x); loss(out).backward()``) and dropped before it (``model(x).loss.backward()``): NOTE [ Held output ]
-in ``tuner.simulator``. The language models have a vocabulary large enough for the logits to dominate, as in real
-ones, so that a missing logits tensor shows; their configurations are the defaults otherwise (dropout, caches on).
+in ``memtune.tuner.simulator``. The language models have a vocabulary large enough for the logits to dominate, as in
+real ones, so that a missing logits tensor shows; their configurations are the defaults otherwise (dropout, caches on).
 The profiles keep the CPU's own transients (``transients="cpu"``), not the GPU's convolution workspaces a profile
-for a GPU models (NOTE [ GPU transients from the CPU's allocator ] in ``profiler.memory_meter``): the oracle is the
-CPU's allocator.
+for a GPU models (NOTE [ GPU transients from the CPU's allocator ] in ``memtune.profiler.memory_meter``): the oracle is
+the CPU's allocator.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import pytest
 import torch
 from torch import nn
 
-from profiler.memory_meter import metered
-from profiler.module_profile import as_inputs, profile_module
+from memtune.profiler.memory_meter import metered
+from memtune.profiler.module_profile import as_inputs, profile_module
+from memtune.tuner.peak_check import GAP_TOLERANCE, peak_check
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.simulator import simulate
 from tests.unit.modules.models import UNet, hf_loss, mean_square
-from tuner.peak_check import GAP_TOLERANCE, peak_check
-from tuner.plan import Action, Plan
-from tuner.simulator import simulate
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +120,7 @@ def test_simulated_unplanned_peak_matches_the_allocator(name: str, held: bool) -
 
 def test_a_recompute_plan_lowers_the_peak_the_allocator_sees() -> None:
     """A planned peak, not only the unconstrained one: the Llama-style model with every decoder layer recomputed."""
-    from tuner.runtime import planned
+    from memtune.tuner.runtime import planned
 
     torch.manual_seed(0)
     model, inputs, loss_fn = CASES["llama"]()
@@ -141,7 +141,7 @@ def test_a_selective_decoder_block_holds_its_skip_gradients_storage() -> None:
     backward of the concatenation makes one gradient for both, and the skip's gradient, a slice of it, holds the
     whole storage until the encoder's max-pooled branch adds its part. The simulator once missed it: the selective
     block's planned peak was 4.7% under the allocator's here (7.3% on an H100, out of memory at 60% of the peak)."""
-    from tuner.runtime import planned
+    from memtune.tuner.runtime import planned
 
     torch.manual_seed(0)
     model, x = UNet(width=16), torch.randn(2, 3, 64, 64)

@@ -1,4 +1,5 @@
-"""A recomputed stage priced as measured (NOTE [ Recompute priced as measured ] in ``tuner.simulator``): a module
+"""A recomputed stage priced as measured (NOTE [ Recompute priced as measured ] in ``memtune.tuner.simulator``): a
+module
 profile times each stage's backward under recompute, and the simulator charges that re-run and its transient."""
 
 from __future__ import annotations
@@ -7,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from profiler.module_profile import _recompute_step_ms, as_inputs, profile_module
-from profiler.profile import Profile
-from tuner.bound import step_lower_bound
-from tuner.plan import Action, Plan, selective_pays
-from tuner.simulator import Simulator
+from memtune.profiler.module_profile import _recompute_step_ms, as_inputs, profile_module
+from memtune.profiler.profile import Profile
+from memtune.tuner.bound import step_lower_bound
+from memtune.tuner.plan import Action, Plan, selective_pays
+from memtune.tuner.simulator import Simulator
 
 
 def _loss(out: torch.Tensor) -> torch.Tensor:

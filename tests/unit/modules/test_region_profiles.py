@@ -1,6 +1,6 @@
-"""Profiles of compiled regions (NOTE [ Profiles of compiled regions ] in ``profiler.module_profile``) and
+"""Profiles of compiled regions (NOTE [ Profiles of compiled regions ] in ``memtune.profiler.module_profile``) and
 ``memtune.tune(..., compile=True)`` choosing among eager, whole-compiled and compiled-region plans (NOTE [ Compiled-
-region candidates ] in ``tuner.regions``), on the CPU with CPU inductor.
+region candidates ] in ``memtune.tuner.regions``), on the CPU with CPU inductor.
 
 The CPU profile is modeled for a GPU (its times are the roofline's of the eager operations), so these tests check what
 a compiled-region profile and plan mean, and their memory, not which plan is faster on a GPU.
@@ -16,16 +16,15 @@ from typing import Any
 import pytest
 import torch
 
-import memtune
-from profiler.module_profile import profile_module
-from profiler.region_profile import profile_regions
-from profiler.regions import CompiledRegions, RegionPartition
+from memtune.profiler.module_profile import profile_module
+from memtune.profiler.region_profile import profile_regions
+from memtune.profiler.regions import CompiledRegions, RegionPartition
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.regions import fastest
+from memtune.tuner.runtime import planned
+from memtune.tuner.search import tune
+from memtune.tuner.simulator import simulate
 from tests.unit.modules.region_models import TinyResNet, square, taken_grads
-from tuner.plan import Action, Plan
-from tuner.regions import fastest
-from tuner.runtime import planned
-from tuner.search import tune
-from tuner.simulator import simulate
 
 torch.set_num_threads(1)
 
@@ -78,13 +77,13 @@ def _failing_backend(budget: float) -> Callable[..., Any]:
 
 
 def test_a_region_that_fails_to_compile_is_named_and_the_eager_plans_stand(monkeypatch: pytest.MonkeyPatch) -> None:
-    import api.python
-    import profiler.compiled
-    import profiler.regions
+    import memtune.api.python
+    import memtune.profiler.compiled
+    import memtune.profiler.regions
 
-    monkeypatch.setattr(profiler.regions, "budget_backend", _failing_backend)
-    monkeypatch.setattr(profiler.compiled, "budget_backend", _failing_backend)  # the whole model fails too
-    monkeypatch.setattr(api.python, "COMPILE_BUDGETS", (1.0,))
+    monkeypatch.setattr(memtune.profiler.regions, "budget_backend", _failing_backend)
+    monkeypatch.setattr(memtune.profiler.compiled, "budget_backend", _failing_backend)  # the whole model fails too
+    monkeypatch.setattr(memtune.api.python, "COMPILE_BUDGETS", (1.0,))
     model, x = TinyResNet(), _batch()
     parts = [RegionPartition(1, LAYERS)]
     (run,) = profile_regions(model, x, (1.0,), partitions=parts, loss_fn=square, warmup=0, repeats=1)
@@ -106,9 +105,9 @@ def test_a_region_that_fails_to_compile_is_named_and_the_eager_plans_stand(monke
 
 @pytest.mark.slow
 def test_tune_with_compile_measures_every_partition_and_serves_the_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
-    import api.python
+    import memtune.api.python
 
-    monkeypatch.setattr(api.python, "COMPILE_BUDGETS", (1.0,))
+    monkeypatch.setattr(memtune.api.python, "COMPILE_BUDGETS", (1.0,))
     torch.manual_seed(0)
     model, x = TinyResNet(), _batch()
     tuned = memtune.tune(model, "90% of peak", example_inputs=x, loss_fn=square, compile=True, trials=30,

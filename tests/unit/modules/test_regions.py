@@ -1,5 +1,5 @@
-"""Regions (NOTE [ Regions ] in ``profiler.regions``): candidate partitions from the module tree, in-place writes at
-their edges, and planned models whose regions run compiled (CPU inductor), wrapped once.
+"""Regions (NOTE [ Regions ] in ``memtune.profiler.regions``): candidate partitions from the module tree, in-place
+writes at their edges, and planned models whose regions run compiled (CPU inductor), wrapped once.
 
 Gradients of a planned compiled-region model are compared with the unplanned compiled run (the same regions compiled
 under the same budget, every region kept: ``CompiledRegions``): keep, offload (a copy with strides kept) and recompute
@@ -16,8 +16,11 @@ import pytest
 import torch
 from torch import nn
 
-from profiler.modules import find_stages
-from profiler.regions import CompiledRegions, RegionForward, edge_writes, region_partitions
+from memtune.profiler.modules import find_stages
+from memtune.profiler.regions import CompiledRegions, RegionForward, edge_writes, region_partitions
+from memtune.tuner.errors import PlanError
+from memtune.tuner.plan import Plan
+from memtune.tuner.runtime import load_plan, planned
 from tests.unit.modules.region_models import (
     SiLUAfter,
     TinyEncoder,
@@ -27,9 +30,6 @@ from tests.unit.modules.region_models import (
     square,
     taken_grads,
 )
-from tuner.errors import PlanError
-from tuner.plan import Plan
-from tuner.runtime import load_plan, planned
 
 torch.set_num_threads(1)
 
@@ -112,7 +112,7 @@ def test_a_compiled_region_plan_round_trips_json_and_states_its_eager_regions() 
 
 
 def test_a_compiled_region_plan_is_checked_against_its_profile() -> None:
-    from profiler.module_profile import profile_module
+    from memtune.profiler.module_profile import profile_module
 
     model = SiLUAfter()
     eager = profile_module(model, torch.randn(4, 16), loss_fn=square, stages=["a", "b", "head"], warmup=0, repeats=1)

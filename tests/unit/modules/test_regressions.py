@@ -2,7 +2,7 @@
 models taking two inputs, a profile that must leave the model as found, stage names that cannot be planned, and
 modules whose children run more than once per forward.
 
-CPU, fp32; plans are compared with the unplanned step at 1e-6 relative (``tuner.runtime.verify``).
+CPU, fp32; plans are compared with the unplanned step at 1e-6 relative (``memtune.tuner.runtime.verify``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-from profiler.errors import ProfilerError
-from profiler.module_profile import as_inputs, profile_module
-from profiler.modules import find_stages
-from profiler.profile import Profile
+from memtune.profiler.errors import ProfilerError
+from memtune.profiler.module_profile import as_inputs, profile_module
+from memtune.profiler.modules import find_stages
+from memtune.profiler.profile import Profile
+from memtune.tuner.errors import PlanError
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime.planned import planned
+from memtune.tuner.runtime.verify import check_equivalence, reference_step
 from tests.unit.modules.models import (
     DictStageNet,
     MLPBlock,
@@ -27,10 +31,6 @@ from tests.unit.modules.models import (
     mean_square,
     sum_of_means,
 )
-from tuner.errors import PlanError
-from tuner.plan import Action, Plan
-from tuner.runtime.planned import planned
-from tuner.runtime.verify import check_equivalence, reference_step
 
 RTOL = 1e-6
 ACTIONS = (Action.KEEP, Action.OFFLOAD, Action.RECOMPUTE)
@@ -309,7 +309,7 @@ def test_stage_forwards_are_restored_after_a_step_and_after_an_error() -> None:
 def test_the_chain_profiler_given_a_plain_module_says_to_use_memtune_profile() -> None:
     """A torchvision-style model given to the chain profiler failed with ``AttributeError: 'ResNet' object has no
     attribute 'stages'``; it now says which function profiles any module."""
-    from profiler.measure import profile as chain_profile
+    from memtune.profiler.measure import profile as chain_profile
 
     with pytest.raises(ProfilerError, match=r"memtune\.profile"):
         chain_profile(torch.nn.Linear(4, 4), batch=2)  # type: ignore[arg-type]
@@ -321,7 +321,7 @@ def test_a_stage_is_timed_alone_under_the_autocast_the_model_turns_on() -> None:
     stage keeps its matrix products' bf16 outputs, half the fp32 bytes it was said to keep before."""
     from torch import nn
 
-    from profiler.module_profile import profile_module
+    from memtune.profiler.module_profile import profile_module
 
     class Block(nn.Module):
         def __init__(self) -> None:

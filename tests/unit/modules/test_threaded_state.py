@@ -1,5 +1,6 @@
-"""State a model threads through its stages (NOTE [ State threaded between stages ] in ``profiler.modules``): Hugging
-Face models with their default configs, caches on, profile and every plan is exact; a toy model threading its own
+"""State a model threads through its stages (NOTE [ State threaded between stages ] in ``memtune.profiler.modules``):
+Hugging Face models with their default configs, caches on, profile and every plan is exact; a toy model threading its
+own
 state object does too; state that cannot be copied is refused with an error that names the stage and the type.
 
 The regression: ``GPT2LMHeadModel(GPT2Config(...))`` (``use_cache=True``, the default) failed to profile with
@@ -22,16 +23,16 @@ import pytest
 import torch
 from torch import nn
 
-from profiler.errors import ProfilerError
-from profiler.module_profile import profile_module
-from profiler.modules import copy_structure, tensor_leaves
-from profiler.profile import Profile
+from memtune.profiler.errors import ProfilerError
+from memtune.profiler.module_profile import profile_module
+from memtune.profiler.modules import copy_structure, tensor_leaves
+from memtune.profiler.profile import Profile
+from memtune.tuner.errors import PlanError
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime.planned import planned
+from memtune.tuner.runtime.verify import ReferenceStep, check_equivalence, reference_step
 from tests.unit.modules import models
 from tests.unit.modules.models import hf_loss, mean_square
-from tuner.errors import PlanError
-from tuner.plan import Action, Plan
-from tuner.runtime.planned import planned
-from tuner.runtime.verify import ReferenceStep, check_equivalence, reference_step
 
 RTOL = 1e-6
 #: one letter per plan: every stage keep, offload, recompute, selective; "mixed": the four in turn over the stages

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from profiler.chain import ModelChain, flatten
+from memtune.profiler.chain import ModelChain, flatten
 
 __all__ = ["small_chain", "small_vgg"]
 

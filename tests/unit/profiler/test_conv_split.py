@@ -12,17 +12,17 @@ from algo_tables import MiB
 from algo_tables import algo as _algo
 from torch import nn
 
-import profiler.conv_split as conv_split
-import tuner.runtime.conv as rconv
-from profiler.conv_split import batch_chunks, conv_geometry, split_candidates
-from profiler.cudnn import ConvGeometry
-from profiler.errors import ProfilerError
-from profiler.profile import ConvAlgo, ConvProfile, DeviceIdentity, Profile, StageProfile
-from tuner.conv_choice import choose_algorithms, select_algo
-from tuner.errors import PlanError
-from tuner.plan import ConvChoice, Plan
-from tuner.runtime.conv import AlgoChoice, CudnnConv2dFunction
-from tuner.simulator import Simulator
+import memtune.profiler.conv_split as conv_split
+import memtune.tuner.runtime.conv as rconv
+from memtune.profiler.conv_split import batch_chunks, conv_geometry, split_candidates
+from memtune.profiler.cudnn import ConvGeometry
+from memtune.profiler.errors import ProfilerError
+from memtune.profiler.profile import ConvAlgo, ConvProfile, DeviceIdentity, Profile, StageProfile
+from memtune.tuner.conv_choice import choose_algorithms, select_algo
+from memtune.tuner.errors import PlanError
+from memtune.tuner.plan import ConvChoice, Plan
+from memtune.tuner.runtime.conv import AlgoChoice, CudnnConv2dFunction
+from memtune.tuner.simulator import Simulator
 
 #: like VGG-16's second conv: PRECOMP fast with a workspace that shrinks with the chunk, GEMM lean and slow
 TABLE = (

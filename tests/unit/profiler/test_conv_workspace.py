@@ -1,6 +1,6 @@
 """The GPU's convolution workspace modeled on the CPU (NOTE [ GPU convolution workspaces ] in
-``profiler.conv_workspace``) and read into the CPU allocator's events (NOTE [ GPU transients from the CPU's
-allocator ] in ``profiler.memory_meter``)."""
+``memtune.profiler.conv_workspace``) and read into the CPU allocator's events (NOTE [ GPU transients from the CPU's
+allocator ] in ``memtune.profiler.memory_meter``)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import torch
 from torch import nn
 
 from benchmarks.conv_workspace_check import measured
-from profiler.conv_workspace import (
+from memtune.profiler.conv_workspace import (
     SLACK_CAP_BYTES,
     conv_copies_bytes,
     conv_workspace_bytes,
     event_workspace_bytes,
     output_shape,
 )
-from profiler.memory_meter import gpu_peak, metered
-from profiler.module_profile import profile_module
+from memtune.profiler.memory_meter import gpu_peak, metered
+from memtune.profiler.module_profile import profile_module
 from tests.unit.modules.models import mean_square
 
 MiB = 2**20
@@ -132,7 +132,7 @@ def test_a_cpu_made_profile_for_a_gpu_holds_the_gpus_convolution_workspace() -> 
 
 
 def test_transients_of_the_cpu_are_refused_on_cuda_and_unknown_words_everywhere() -> None:
-    from profiler.errors import ProfilerError
+    from memtune.profiler.errors import ProfilerError
 
     with pytest.raises(ProfilerError, match="transients"):
         profile_module(nn.Linear(4, 4), torch.randn(2, 4), transients="host", warmup=0, repeats=1)  # type: ignore[arg-type]

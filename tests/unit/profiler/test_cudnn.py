@@ -13,15 +13,15 @@ from algo_tables import MiB
 from algo_tables import algo as _algo
 from torch import nn
 
-import profiler.cudnn as cudnn
-import tuner.runtime.conv as rconv
-from profiler.chain import ModelChain, Stage, flatten
-from profiler.errors import ProfilerError
-from profiler.profile import ConvAlgo, ConvProfile, DeviceIdentity, Profile, StageProfile
-from tuner.conv_choice import ConvTriple, choose_algorithms, conv_key, select_algo
-from tuner.errors import PlanError
-from tuner.plan import ConvChoice, Plan
-from tuner.runtime.conv import AlgoChoice, ChosenConv2d, CudnnConv2dFunction, apply_conv_choices, cudnn_conv2d
+import memtune.profiler.cudnn as cudnn
+import memtune.tuner.runtime.conv as rconv
+from memtune.profiler.chain import ModelChain, Stage, flatten
+from memtune.profiler.errors import ProfilerError
+from memtune.profiler.profile import ConvAlgo, ConvProfile, DeviceIdentity, Profile, StageProfile
+from memtune.tuner.conv_choice import ConvTriple, choose_algorithms, conv_key, select_algo
+from memtune.tuner.errors import PlanError
+from memtune.tuner.plan import ConvChoice, Plan
+from memtune.tuner.runtime.conv import AlgoChoice, ChosenConv2d, CudnnConv2dFunction, apply_conv_choices, cudnn_conv2d
 
 
 # ---- the binding's layout and names ----------------------------------------------------------------
@@ -143,7 +143,7 @@ def test_without_cuda_nothing_is_enumerated() -> None:
 
 
 def test_cpu_profile_refuses_conv_algos() -> None:
-    from profiler.measure import profile
+    from memtune.profiler.measure import profile
 
     chain = ModelChain("tiny", flatten(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())), (3, 8, 8))
     with pytest.raises(ProfilerError, match="conv_algos needs a CUDA device"):
@@ -430,7 +430,7 @@ def test_apply_restores_on_error_and_checks_the_model(fresh_warning: None) -> No
 
 def test_planned_warns_only_when_the_plan_s_algorithms_are_not_swapped_in(fresh_warning: None) -> None:
     """planned() alone cannot run a plan's algorithms and says so; built inside apply_conv_choices it is silent."""
-    from tuner.runtime import planned
+    from memtune.tuner.runtime import planned
 
     seq, _ = _model()
     plan = Plan.uniform(3, conv_rule="fastest", conv_algos=OVERRIDE)

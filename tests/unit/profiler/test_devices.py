@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.devices import GPUS, get_gpu, gpu_key
-from profiler.errors import ProfilerError, UnknownGPUError
-from profiler.identity import spec_identity
+from memtune.profiler.devices import GPUS, get_gpu, gpu_key
+from memtune.profiler.errors import ProfilerError, UnknownGPUError
+from memtune.profiler.identity import spec_identity
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from profiler.chain import ModelChain, flatten
-from profiler.errors import ProfilerError
-from profiler.library import data_dir, find_profile, list_profiles, profile_filename
-from profiler.modeled import modeled_profile
+from memtune.profiler.chain import ModelChain, flatten
+from memtune.profiler.errors import ProfilerError
+from memtune.profiler.library import data_dir, find_profile, list_profiles, profile_filename
+from memtune.profiler.modeled import modeled_profile
 
 
 def tiny() -> ModelChain:
@@ -53,7 +53,7 @@ def test_committed_profiles_load() -> None:
 def test_user_profiles_come_before_shipped_ones_and_shipped_data_can_be_ignored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from profiler.library import find_profile, profile_filename, user_profile_dir
+    from memtune.profiler.library import find_profile, profile_filename, user_profile_dir
 
     shipped = find_profile("resnet50", 256, "float32", "h100")
     assert shipped is not None

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from profiler.devices import get_gpu
-from profiler.loss import loss_classes, measure_loss_ms, output_shape, step_loss
-from profiler.loss_model import (
+from memtune.profiler.devices import get_gpu
+from memtune.profiler.loss import loss_classes, measure_loss_ms, output_shape, step_loss
+from memtune.profiler.loss_model import (
     LOSS_KERNELS,
     LOSS_LAUNCH_MS,
     LOSS_MEMORY_EFFICIENCY,
@@ -17,11 +17,11 @@ from profiler.loss_model import (
     profile_loss_ms,
     roofline_loss_ms,
 )
-from profiler.profile import DeviceIdentity
-from profiler.zoo import build
+from memtune.profiler.profile import DeviceIdentity
+from memtune.profiler.zoo import build
+from memtune.tuner.plan import Plan
+from memtune.tuner.simulator import simulate
 from tests.unit.tuner.profiles import conv_profile
-from tuner.plan import Plan
-from tuner.simulator import simulate
 
 
 def test_step_loss_is_fp32_cross_entropy_over_classes_and_over_tokens() -> None:
@@ -84,7 +84,7 @@ def test_measuring_the_loss_needs_cuda() -> None:
 
 
 def test_the_loss_model_keeps_its_old_names_and_the_rooflines_constants() -> None:
-    from profiler import loss, loss_model, modeled
+    from memtune.profiler import loss, loss_model, modeled
 
     for name in ("loss_bytes_moved", "modeled_loss_ms", "profile_loss_ms"):
         assert getattr(loss, name) is getattr(loss_model, name)

@@ -7,11 +7,11 @@ import torch
 from small_chains import small_chain
 from torch import nn
 
-from profiler.chain import ModelChain, flatten
-from profiler.errors import ProfilerError
-from profiler.measure import model_input, profile, time_stage
-from profiler.modeled import modeled_profile
-from profiler.profile import Profile
+from memtune.profiler.chain import ModelChain, flatten
+from memtune.profiler.errors import ProfilerError
+from memtune.profiler.measure import model_input, profile, time_stage
+from memtune.profiler.modeled import modeled_profile
+from memtune.profiler.profile import Profile
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_stage_zero_without_parameters_has_no_backward() -> None:
 
 
 def test_token_models_and_autocast() -> None:
-    from profiler.zoo import build
+    from memtune.profiler.zoo import build
 
     gpt = build("gpt", {"layers": 1, "width": 32, "heads": 2, "seq_len": 8, "vocab": 64})
     x = model_input(gpt, 2)

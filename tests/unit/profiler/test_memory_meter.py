@@ -1,5 +1,5 @@
 """The CPU meter reads the allocator's events and keeps what the metered code writes to standard error, less the
-allocator's own note about blocks made before it (NOTE [ Allocator meters ] in ``profiler.memory_meter``)."""
+allocator's own note about blocks made before it (NOTE [ Allocator meters ] in ``memtune.profiler.memory_meter``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow  # a fresh interpreter that imports torch
 SCRIPT = textwrap.dedent(
     """
     import sys, warnings, torch
-    from profiler.memory_meter import metered
+    from memtune.profiler.memory_meter import metered
 
     before = torch.randn(1000, 1000)  # 4,000,000 bytes made before the meter, freed inside it
     with metered(torch.device("cpu")) as reading:

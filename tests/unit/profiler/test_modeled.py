@@ -8,12 +8,12 @@ import pytest
 from small_chains import small_chain
 from torch import nn
 
-from profiler.chain import ModelChain, flatten
-from profiler.devices import get_gpu
-from profiler.errors import UnknownGPUError
-from profiler.flops import OpCount, StageCount
-from profiler.meta import meta_chain, meta_input
-from profiler.modeled import (
+from memtune.profiler.chain import ModelChain, flatten
+from memtune.profiler.devices import get_gpu
+from memtune.profiler.errors import UnknownGPUError
+from memtune.profiler.flops import OpCount, StageCount
+from memtune.profiler.meta import meta_chain, meta_input
+from memtune.profiler.modeled import (
     BACKWARD_LAUNCH_FACTOR,
     BACKWARD_TRAFFIC_FACTOR,
     BATCH_NORM_BLOCKS_PER_SM,
@@ -35,9 +35,9 @@ from profiler.modeled import (
     queue_ms,
     roofline_ms,
 )
-from profiler.profile import Profile
-from profiler.stagefacts import StageFacts
-from profiler.storages import saved_storage_table
+from memtune.profiler.profile import Profile
+from memtune.profiler.stagefacts import StageFacts
+from memtune.profiler.storages import saved_storage_table
 
 
 def wide_chain() -> ModelChain:
@@ -213,7 +213,7 @@ def test_bad_inputs() -> None:
 
 
 def test_vgg16_batch_256_is_modeled_quickly() -> None:
-    from profiler.zoo import build
+    from memtune.profiler.zoo import build
 
     ch = build("vgg16")
     t0 = time.perf_counter()
@@ -225,7 +225,7 @@ def test_vgg16_batch_256_is_modeled_quickly() -> None:
 
 
 def test_attention_uses_the_fused_kernels_saved_set() -> None:
-    from profiler.zoo import build
+    from memtune.profiler.zoo import build
 
     b, heads, seq = 2, 4, 64
     gpt = build("gpt", {"layers": 1, "width": 32, "heads": heads, "seq_len": seq, "vocab": 48})

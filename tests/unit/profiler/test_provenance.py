@@ -12,8 +12,8 @@ import pytest
 
 from benchmarks.ranked import result_fields
 from benchmarks.render_bench import render
-from profiler import provenance
-from profiler.provenance import command_line, run_of, run_record, source_commit
+from memtune.profiler import provenance
+from memtune.profiler.provenance import command_line, run_of, run_record, source_commit
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -24,13 +24,13 @@ from benchmarks.fit_roofline import (
     modeled_step_ms,
     python_constants,
 )
-from profiler import loss_model, modeled
-from profiler.devices import get_gpu
-from profiler.loss_model import roofline_loss_ms
-from profiler.modeled import ROOFLINE, Roofline, meta_facts, modeled_profile
-from profiler.zoo import build
-from tuner.plan import Plan
-from tuner.simulator import Simulator
+from memtune.profiler import loss_model, modeled
+from memtune.profiler.devices import get_gpu
+from memtune.profiler.loss_model import roofline_loss_ms
+from memtune.profiler.modeled import ROOFLINE, Roofline, meta_facts, modeled_profile
+from memtune.profiler.zoo import build
+from memtune.tuner.plan import Plan
+from memtune.tuner.simulator import Simulator
 
 TABLE = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "modeled-vs-measured.txt"
 _ROW = re.compile(r"^\| (h\d+) \| (\w+) \| (\d+) \| (\w+) \| ([\d.]+) \| ([\d.]+) \| ([+-][\d.]+)% \|")

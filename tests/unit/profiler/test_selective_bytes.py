@@ -1,16 +1,16 @@
-"""What a selective stage keeps, counted by storage (NOTE [ Selective stages ] in ``profiler.selective``)."""
+"""What a selective stage keeps, counted by storage (NOTE [ Selective stages ] in ``memtune.profiler.selective``)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from profiler.measure import profile
-from profiler.meta import meta_chain, meta_input
-from profiler.selective import SAVED_OPS, selective_saved_bytes
-from profiler.stagefacts import chain_facts
-from profiler.zoo import build
-from tuner.plan import selective_gain_bytes
+from memtune.profiler.measure import profile
+from memtune.profiler.meta import meta_chain, meta_input
+from memtune.profiler.selective import SAVED_OPS, selective_saved_bytes
+from memtune.profiler.stagefacts import chain_facts
+from memtune.profiler.zoo import build
+from memtune.tuner.plan import selective_gain_bytes
 
 
 def test_an_mlp_keeps_its_two_matrix_products() -> None:

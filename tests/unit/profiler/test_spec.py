@@ -12,11 +12,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import profiler.spec as spec_module
-from profiler.chain import ModelChain
-from profiler.errors import SpecError
-from profiler.layers import BasicBlock, Bottleneck, TransformerBlock
-from profiler.spec import LAYER_TYPES, SpecLimits, from_spec, spec_hash, validate_spec
+import memtune.profiler.spec as spec_module
+from memtune.profiler.chain import ModelChain
+from memtune.profiler.errors import SpecError
+from memtune.profiler.layers import BasicBlock, Bottleneck, TransformerBlock
+from memtune.profiler.spec import LAYER_TYPES, SpecLimits, from_spec, spec_hash, validate_spec
 
 CNN: dict[str, Any] = {
     "name": "every-image-layer",

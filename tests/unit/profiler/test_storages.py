@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from profiler.chain import ModelChain, flatten
-from profiler.meta import meta_chain, meta_input
-from profiler.profile import SavedStorage
-from profiler.storages import saved_storage_table, stage_saved_bytes
+from memtune.profiler.chain import ModelChain, flatten
+from memtune.profiler.meta import meta_chain, meta_input
+from memtune.profiler.profile import SavedStorage
+from memtune.profiler.storages import saved_storage_table, stage_saved_bytes
 
 F32 = 4
 
@@ -136,7 +136,7 @@ def test_meta_table_equals_cpu_table(dtype: torch.dtype | None) -> None:
 
 
 def test_saved_bytes_sum_to_the_table_total() -> None:
-    from profiler.layers import BasicBlock
+    from memtune.profiler.layers import BasicBlock
 
     ch = ModelChain(
         "blocks",
@@ -156,7 +156,7 @@ def test_saved_bytes_sum_to_the_table_total() -> None:
 
 
 def test_model_parameters_on_another_device_are_refused() -> None:
-    from profiler.errors import ProfilerError
+    from memtune.profiler.errors import ProfilerError
 
     ch = chain_of(nn.Linear(4, 4), input_shape=(4,))
     with pytest.raises(ProfilerError, match="meta_chain"):

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from profiler.chain import ModelChain, conv_modules
-from profiler.errors import SpecError
-from profiler.layers import BasicBlock, Bottleneck, TokenPositionEmbedding, TransformerBlock
-from profiler.spec import SpecLimits, validate_spec
-from profiler.zoo import ZOO, ZOO_NAMES, build, deep_vgg_groups, gpt_param_count, image_spec, zoo_params
+from memtune.profiler.chain import ModelChain, conv_modules
+from memtune.profiler.errors import SpecError
+from memtune.profiler.layers import BasicBlock, Bottleneck, TokenPositionEmbedding, TransformerBlock
+from memtune.profiler.spec import SpecLimits, validate_spec
+from memtune.profiler.zoo import ZOO, ZOO_NAMES, build, deep_vgg_groups, gpt_param_count, image_spec, zoo_params
 
 TINY_GPT = {"layers": 2, "width": 64, "heads": 4, "seq_len": 16, "vocab": 100}
 DEEP_VGGS = ("vgg116", "vgg216", "vgg316", "vgg416", "vgg516")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.runtime.offload import StepState
+from memtune.tuner.runtime.offload import StepState
 
 __all__ = ["record_prefetches"]
 

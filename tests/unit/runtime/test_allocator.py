@@ -1,9 +1,9 @@
-"""The account of reserved segments that out-of-memory errors carry (``tuner.runtime.allocator``)."""
+"""The account of reserved segments that out-of-memory errors carry (``memtune.tuner.runtime.allocator``)."""
 
 from __future__ import annotations
 
-from tuner.runtime.allocator import describe_reserved, group_segments, reserved_summary
-from tuner.runtime.errors import PlanOutOfMemoryError
+from memtune.tuner.runtime.allocator import describe_reserved, group_segments, reserved_summary
+from memtune.tuner.runtime.errors import PlanOutOfMemoryError
 
 GIB = 2**30
 

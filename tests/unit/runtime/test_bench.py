@@ -10,9 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from api.cli import app
-from profiler.zoo import build
-from tuner.runtime.bench import BenchRow, make_batch
+from memtune.api.cli import app
+from memtune.profiler.zoo import build
+from memtune.tuner.runtime.bench import BenchRow, make_batch
 
 
 def test_make_batch_images_and_tokens() -> None:
@@ -42,10 +42,10 @@ def test_bench_refuses_without_a_gpu() -> None:
 def test_the_bench_json_carries_the_run_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [ Run record ]: the factory path's file, with the GPU's measurements (memtune's rows and the peers, which
     ``memtune bench`` measures by default) stood in for on the CPU."""
-    import api.cli_peers as cli_peers
-    import profiler
-    import profiler.factory
-    import tuner.runtime.module_bench as module_bench
+    import memtune.api.cli_peers as cli_peers
+    import memtune.profiler
+    import memtune.profiler.factory
+    import memtune.tuner.runtime.module_bench as module_bench
 
     def fake_bench(net: torch.nn.Module, x: torch.Tensor, **kwargs: object) -> dict[str, object]:
         step = {"step_ms": 1.0, "peak_bytes": 1 << 20}
@@ -54,8 +54,8 @@ def test_the_bench_json_carries_the_run_record(tmp_path: Path, monkeypatch: pyte
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    monkeypatch.setattr(profiler, "build_factory", lambda ref, params: torch.nn.Sequential())
-    monkeypatch.setattr(profiler.factory, "factory_inputs", lambda *a, **k: torch.zeros(2, 3))
+    monkeypatch.setattr(memtune.profiler, "build_factory", lambda ref, params: torch.nn.Sequential())
+    monkeypatch.setattr(memtune.profiler.factory, "factory_inputs", lambda *a, **k: torch.zeros(2, 3))
     monkeypatch.setattr(module_bench, "bench_module", fake_bench)
     peer = {"name": "torch.compile budget 1", "applies": True, "step_ms": 1.0, "peak_bytes": 1 << 20,
             "reserved_bytes": 1 << 20, "first_step_s": 1.0}  # fmt: skip

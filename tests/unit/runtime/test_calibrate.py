@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from memtune.tuner.calibration import calibration_for, profile_key
+from memtune.tuner.errors import TunerError
+from memtune.tuner.plan import Plan
+from memtune.tuner.runtime.bench import BenchRow
+from memtune.tuner.runtime.calibrate import _verified_headroom, _write, simulated_share
+from memtune.tuner.simulator import Simulator
 from tests.unit.tuner.profiles import conv_profile
-from tuner.calibration import calibration_for, profile_key
-from tuner.errors import TunerError
-from tuner.plan import Plan
-from tuner.runtime.bench import BenchRow
-from tuner.runtime.calibrate import _verified_headroom, _write, simulated_share
-from tuner.simulator import Simulator
 
 GiB = 1 << 30
 
@@ -74,7 +74,7 @@ def test_a_calibration_is_written_where_it_is_read_first(tmp_path: Path, monkeyp
 
 
 def test_a_measured_profile_of_an_uncalibrated_gpu_type_gets_advice() -> None:
-    from tuner.calibration import missing_calibration
+    from memtune.tuner.calibration import missing_calibration
 
     prof = conv_profile(1)
     measured = prof.model_copy(update={"source": "measured"})

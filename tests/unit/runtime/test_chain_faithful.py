@@ -1,10 +1,10 @@
 """The chain view computes what the model computes, and refuses stages it cannot carry with a clear error.
 
-``profiler.chain.flatten`` splits only plain ``nn.Sequential`` containers (NOTE [ Which containers are
+``memtune.profiler.chain.flatten`` splits only plain ``nn.Sequential`` containers (NOTE [ Which containers are
 flattened ]): a subclass with its own ``forward`` (here a skip connection) stays one stage, so every plan
 keeps the loss, every parameter gradient and every buffer of the unplanned model (CPU, fp32, 1e-6
 relative). A recompute segment whose stages return a dict raises a ``PlanError`` naming the stage
-(NOTE [ Chain stages return one tensor ] in ``tuner.runtime.segments``).
+(NOTE [ Chain stages return one tensor ] in ``memtune.tuner.runtime.segments``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import pytest
 import torch
 from torch import nn
 
-from profiler.chain import flatten
-from tuner.errors import PlanError
-from tuner.plan import Action, Plan
-from tuner.runtime import check_equivalence, reference_step
-from tuner.runtime.planned import planned
+from memtune.profiler.chain import flatten
+from memtune.tuner.errors import PlanError
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime import check_equivalence, reference_step
+from memtune.tuner.runtime.planned import planned
 
 torch.set_num_threads(1)
 

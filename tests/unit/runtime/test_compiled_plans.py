@@ -1,5 +1,5 @@
-"""Compiled plans (NOTE [ Compiled stages ] in ``profiler.compiled``): every stage run by ``torch.compile`` under the
-plan's activation budget, with keep / offload / recompute around the compiled stages.
+"""Compiled plans (NOTE [ Compiled stages ] in ``memtune.profiler.compiled``): every stage run by ``torch.compile``
+under the plan's activation budget, with keep / offload / recompute around the compiled stages.
 
 A compiled plan never changes the compiled math: loss, gradients and buffers are bitwise those of the same model run
 compiled without a plan (offload is a copy with the strides kept; recompute re-runs the same compiled graph). The
@@ -12,15 +12,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from profiler import zoo
-from profiler.compiled import CompiledStage, compiled_chain
-from profiler.library import find_profile, profile_filename
-from profiler.measure import model_input, profile
-from tuner.errors import PlanError
-from tuner.plan import Action, Plan
-from tuner.runtime import check_equivalence, reference_step
-from tuner.search import tune
-from tuner.simulator import simulate
+from memtune.profiler import zoo
+from memtune.profiler.compiled import CompiledStage, compiled_chain
+from memtune.profiler.library import find_profile, profile_filename
+from memtune.profiler.measure import model_input, profile
+from memtune.tuner.errors import PlanError
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime import check_equivalence, reference_step
+from memtune.tuner.search import tune
+from memtune.tuner.simulator import simulate
 
 torch.set_num_threads(1)
 

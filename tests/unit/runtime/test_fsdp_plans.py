@@ -1,7 +1,8 @@
 """A planned model sharded by FSDP2 keeps the math: two gloo ranks on CPU, each running the plan on half the batch
-with the parameters sharded (``tuner.runtime.fsdp.planned_fsdp``), end the backward with the gradients one process
-gets from the unplanned model on the whole batch, and copy to the host exactly what the same plan copies unsharded
-on that half: no gathered parameter is offloaded (NOTE [ Sharded parameters ] in ``tuner.runtime.modules``).
+with the parameters sharded (``memtune.tuner.runtime.fsdp.planned_fsdp``), end the backward with the gradients one
+process gets from the unplanned model on the whole batch, and copy to the host exactly what the same plan copies
+unsharded
+on that half: no gathered parameter is offloaded (NOTE [ Sharded parameters ] in ``memtune.tuner.runtime.modules``).
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from profiler import find_stages
-from tuner import Action, Plan, TunerError
-from tuner.runtime import planned
-from tuner.runtime.ddp import spawn_ranks
-from tuner.runtime.fsdp import planned_fsdp
+from memtune.profiler import find_stages
+from memtune.tuner import Action, Plan, TunerError
+from memtune.tuner.runtime import planned
+from memtune.tuner.runtime.ddp import spawn_ranks
+from memtune.tuner.runtime.fsdp import planned_fsdp
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # spawned ranks or a profile: seconds each

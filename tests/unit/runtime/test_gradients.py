@@ -3,7 +3,7 @@
 Tiny versions of every zoo model family under every baseline policy (profiles are modeled, budgets half
 the all-keep simulated peak) and with selective stages, and hand-made plans (all keep / offload / recompute /
 selective, alternating, seeded random, every sync mode and several prefetch lookaheads) on small chains.
-Runs on CPU, fp32: the tolerance is 1e-6 relative (``tuner.runtime.verify.relative_error``); in practice
+Runs on CPU, fp32: the tolerance is 1e-6 relative (``memtune.tuner.runtime.verify.relative_error``); in practice
 results are bitwise equal. Dropout (p=0.5 in the VGG/AlexNet/OverFeat classifiers) checks that recompute replays RNG.
 """
 
@@ -17,15 +17,15 @@ import pytest
 import torch
 from torch import nn
 
-from profiler import zoo
-from profiler.chain import ModelChain
-from profiler.measure import model_input
-from profiler.modeled import modeled_profile
+from memtune.profiler import zoo
+from memtune.profiler.chain import ModelChain
+from memtune.profiler.measure import model_input
+from memtune.profiler.modeled import modeled_profile
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.policies import POLICIES
+from memtune.tuner.runtime import check_equivalence, reference_step
+from memtune.tuner.simulator import simulate
 from tests.unit.profiler.small_chains import small_vgg
-from tuner.plan import Action, Plan
-from tuner.policies import POLICIES
-from tuner.runtime import check_equivalence, reference_step
-from tuner.simulator import simulate
 
 torch.set_num_threads(1)
 
@@ -111,7 +111,7 @@ def test_every_policy_keeps_the_math_deep_vgg(name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(TINY))
 def test_selective_stages_keep_the_math(name: str) -> None:
-    """Every stage ``selective`` (NOTE [ Selective stages ] in ``profiler.selective``), then every other one."""
+    """Every stage ``selective`` (NOTE [ Selective stages ] in ``memtune.profiler.selective``), then every other one."""
     params, batch, steps = TINY[name]
     chain = build(name, params)
     torch.manual_seed(1)

@@ -6,11 +6,11 @@ import os
 
 import pytest
 
-from profiler.modeled import modeled_profile
-from profiler.zoo import build
-from tuner.plan import Plan
-from tuner.runtime.bench import row_specs
-from tuner.runtime.isolate import IsolatedProcessError, run_isolated
+from memtune.profiler.modeled import modeled_profile
+from memtune.profiler.zoo import build
+from memtune.tuner.plan import Plan
+from memtune.tuner.runtime.bench import row_specs
+from memtune.tuner.runtime.isolate import IsolatedProcessError, run_isolated
 
 
 def _exit_hard(code: int) -> None:

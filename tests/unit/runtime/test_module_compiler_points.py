@@ -1,6 +1,7 @@
 """``memtune.tune(model, ..., compile=...)`` on a module (NOTE [ Compiler points of a module ] in
-``tuner.runtime.whole``): the whole model compiled at activation budgets 1, 0.5 and 0.25 is measured after profiling
-(CPU inductor here), its points join the search, a whole-model plan applied by ``memtune.planned`` trains with the
+``memtune.tuner.runtime.whole``): the whole model compiled at activation budgets 1, 0.5 and 0.25 is measured after
+profiling (CPU inductor here), its points join the search, a whole-model plan applied by ``memtune.planned`` trains with
+the
 compiler's math, and ``"auto"`` leaves a CPU model eager."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 import memtune
-from tuner import TunerError
+from memtune.tuner import TunerError
 
 pytestmark = pytest.mark.slow  # three compilations by CPU inductor
 
@@ -52,7 +53,7 @@ def test_compiled_points_join_the_search_and_run_with_the_compilers_math() -> No
     compiled = [c for c in tuned.result.pareto if c.plan.whole_compile is not None]
     whole = compiled[0].plan if compiled else None
     if whole is None:  # no point on the front: take one from the profile the way the search does
-        from tuner.search import compiler_candidates
+        from memtune.tuner.search import compiler_candidates
 
         whole = compiler_candidates(tuned.profile, 1 << 40, 1 << 40)[0].plan.named(tuned.profile)
     reference = _model()
@@ -73,7 +74,7 @@ def test_auto_leaves_a_cpu_model_eager_and_a_bad_value_is_refused() -> None:
 def test_cli_tune_compiles_a_factory_model_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from api.cli import app
+    from memtune.api.cli import app
 
     (tmp_path / "compiled_factory.py").write_text(
         "from tests.unit.runtime.test_module_compiler_points import _model\n\ndef build():\n    return _model()\n"
@@ -94,13 +95,13 @@ def test_cli_tune_compiles_a_factory_model_when_asked(tmp_path: Path, monkeypatc
 @pytest.mark.parametrize("budget", ["2", "60%", "12 parsecs"])
 def test_a_bad_budget_is_refused_before_profiling(budget: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A budget not in the grammar is refused at once, not after the model was profiled."""
-    import api.python
-    from tuner import BudgetError
+    import memtune.api.python
+    from memtune.tuner import BudgetError
 
     def no_profiling(*args: object, **kwargs: object) -> None:
         raise AssertionError("profiled before the budget was read")
 
-    monkeypatch.setattr(api.python, "profile", no_profiling)
+    monkeypatch.setattr(memtune.api.python, "profile", no_profiling)
     with pytest.raises(BudgetError):
         memtune.tune(_model(), budget, example_inputs=_batch(), progress=False)
 
@@ -110,7 +111,7 @@ def test_a_factory_models_saved_profile_is_tuned(tmp_path: Path, monkeypatch: py
     loaded again: the file stands for it)."""
     from typer.testing import CliRunner
 
-    from api.cli import app
+    from memtune.api.cli import app
 
     (tmp_path / "saved_factory.py").write_text(
         "from tests.unit.runtime.test_module_compiler_points import _model\n\ndef build():\n    return _model()\n"

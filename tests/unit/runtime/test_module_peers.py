@@ -1,6 +1,7 @@
-"""The peers of a module model (NOTE [ Module peers ] in ``tuner.runtime.module_peers``, NOTE [ Peer measurement ] in
-``tuner.runtime.peer_measure``): which apply and why not, that each one applied keeps the model's math and leaves the
-model as it was, and their measurement on the CPU (``checkpoint_sequential``, Hugging Face checkpointing, activation
+"""The peers of a module model (NOTE [ Module peers ] in ``memtune.tuner.runtime.module_peers``, NOTE [ Peer measurement
+] in ``memtune.tuner.runtime.peer_measure``): which apply and why not, that each one applied keeps the model's math and
+leaves the model as it was, and their measurement on the CPU (``checkpoint_sequential``, Hugging Face checkpointing,
+activation
 offload through the CPU copy path; the compiler's sweep under CPU inductor in the slow test)."""
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from tuner.runtime.module_peers import COMPILER_SWEEP, ModulePeer, applicable_peers, applied
-from tuner.runtime.peer_measure import measure_peers
-from tuner.runtime.sequential_chain import ChainLink
+from memtune.tuner.runtime.module_peers import COMPILER_SWEEP, ModulePeer, applicable_peers, applied
+from memtune.tuner.runtime.peer_measure import measure_peers
+from memtune.tuner.runtime.sequential_chain import ChainLink
 
 
 class _Chain(nn.Module):

@@ -14,14 +14,13 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
-import tuner.runtime as rt
-from profiler import zoo
-from profiler.chain import ModelChain, flatten, may_write_input
-from profiler.modeled import modeled_profile
-from tests.unit.runtime.prefetch_spy import record_prefetches
-from tuner.errors import PlanError, TunerError
-from tuner.plan import Action, Plan, resolve_storages, segments
-from tuner.runtime import (
+import memtune.tuner.runtime as rt
+from memtune.profiler import zoo
+from memtune.profiler.chain import ModelChain, flatten, may_write_input
+from memtune.profiler.modeled import modeled_profile
+from memtune.tuner.errors import PlanError, TunerError
+from memtune.tuner.plan import Action, Plan, resolve_storages, segments
+from memtune.tuner.runtime import (
     HostPool,
     PlannedModel,
     PlanOutOfMemoryError,
@@ -30,7 +29,8 @@ from tuner.runtime import (
     load_plan,
     planned,
 )
-from tuner.runtime.offload import StepState
+from memtune.tuner.runtime.offload import StepState
+from tests.unit.runtime.prefetch_spy import record_prefetches
 
 torch.set_num_threads(1)
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from tuner.plan import Action, Plan
-from tuner.runtime import PlanOutOfMemoryError, planned
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime import PlanOutOfMemoryError, planned
 
 
 class _OomIn(torch.autograd.Function):

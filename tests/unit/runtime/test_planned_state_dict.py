@@ -1,5 +1,6 @@
 """A planned model's state dict is the user's model's (NOTE [ The model's own state dict ] in
-``tuner.runtime.planned_base``): saved from the planned model it loads into the user's own class, and the user's own
+``memtune.tuner.runtime.planned_base``): saved from the planned model it loads into the user's own class, and the user's
+own
 checkpoint loads into the planned model, at the top or inside a larger module."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 
 import memtune
-from tuner import Action, Plan
+from memtune.tuner import Action, Plan
 
 
 class Net(nn.Module):

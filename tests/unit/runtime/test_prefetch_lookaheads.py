@@ -1,4 +1,4 @@
-"""Per-stage prefetch lookaheads on a live model (NOTE [ Prefetch lookahead ] in ``tuner.plan``): each offloaded
+"""Per-stage prefetch lookaheads on a live model (NOTE [ Prefetch lookahead ] in ``memtune.tuner.plan``): each offloaded
 storage comes back at its need stage's own trigger, those issued together by need, and the math never changes:
 loss, gradients and buffers bitwise equal to the unplanned run's on CPU, also for the per-layer trigger's plans."""
 
@@ -10,18 +10,18 @@ import random
 import pytest
 import torch
 
-from profiler import zoo
-from profiler.chain import ModelChain
-from profiler.measure import model_input
-from profiler.modeled import modeled_profile
-from profiler.module_profile import profile_module
+from memtune.profiler import zoo
+from memtune.profiler.chain import ModelChain
+from memtune.profiler.measure import model_input
+from memtune.profiler.modeled import modeled_profile
+from memtune.profiler.module_profile import profile_module
+from memtune.tuner import prefetch_trigger
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime import check_equivalence, planned, reference_step
+from memtune.tuner.simulator import simulate
 from tests.unit.modules.models import build_case
 from tests.unit.profiler.small_chains import small_vgg
 from tests.unit.runtime.prefetch_spy import record_prefetches
-from tuner import prefetch_trigger
-from tuner.plan import Action, Plan
-from tuner.runtime import check_equivalence, planned, reference_step
-from tuner.simulator import simulate
 
 torch.set_num_threads(1)
 
@@ -72,7 +72,7 @@ def _per_stage_plans(n: int, seed: int) -> list[Plan]:
 
 def _trigger_plans(chain: ModelChain, batch: int) -> list[Plan]:
     """The per-layer trigger's plans for every offloading baseline at half the all-keep peak of a modeled profile."""
-    from tuner.policies import POLICIES
+    from memtune.tuner.policies import POLICIES
 
     prof = modeled_profile(chain, batch, "float32", "h200")
     budget = simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes // 2

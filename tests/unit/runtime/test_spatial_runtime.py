@@ -1,5 +1,6 @@
-"""A spatially split segment keeps the math (NOTE [ Spatial splitting ] in ``tuner.spatial``): outputs, input and
-parameter gradients equal the unsplit run's, for strip counts that do not divide odd heights; modules it cannot split
+"""A spatially split segment keeps the math (NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``): outputs, input
+and parameter gradients equal the unsplit run's, for strip counts that do not divide odd heights; modules it cannot
+split
 are refused by stage and type; ``planned`` applies ``spatial_splits`` with gradients equal to the unplanned model's.
 CPU, fp32: rtol 1e-5, atol 1e-6 (the gradients differ from the unsplit run's only in the order of summation)."""
 
@@ -11,15 +12,15 @@ import pytest
 import torch
 from torch import nn
 
-from profiler import zoo
-from profiler.chain import ModelChain, flatten
-from profiler.measure import model_input
-from profiler.modeled import modeled_profile
-from profiler.spatial import leaf_rows, stage_row_map
-from tuner.errors import PlanError
-from tuner.plan import Plan
-from tuner.runtime import check_equivalence, reference_step
-from tuner.runtime.spatial import SpatialSegment
+from memtune.profiler import zoo
+from memtune.profiler.chain import ModelChain, flatten
+from memtune.profiler.measure import model_input
+from memtune.profiler.modeled import modeled_profile
+from memtune.profiler.spatial import leaf_rows, stage_row_map
+from memtune.tuner.errors import PlanError
+from memtune.tuner.plan import Plan
+from memtune.tuner.runtime import check_equivalence, reference_step
+from memtune.tuner.runtime.spatial import SpatialSegment
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""``tuner.runtime.validate`` without a GPU: the refusals (no CUDA, another GPU type, bad arguments) and the
+"""``memtune.tuner.runtime.validate`` without a GPU: the refusals (no CUDA, another GPU type, bad arguments) and the
 glue around ``bench_plans`` (progress indices, stopping between plans), with ``bench_plans`` stood in for."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 import torch
 
-from profiler.devices import GPUS
-from profiler.identity import spec_identity
-from profiler.modeled import modeled_profile
-from profiler.profile import DeviceIdentity
-from profiler.zoo import build
-from tuner.errors import TunerError
-from tuner.plan import Action, Plan
-from tuner.runtime import validate
-from tuner.runtime.bench import BenchRow
-from tuner.runtime.validate import ValidationUnavailable, check_validation_device, validate_plans
+from memtune.profiler.devices import GPUS
+from memtune.profiler.identity import spec_identity
+from memtune.profiler.modeled import modeled_profile
+from memtune.profiler.profile import DeviceIdentity
+from memtune.profiler.zoo import build
+from memtune.tuner.errors import TunerError
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.runtime import validate
+from memtune.tuner.runtime.bench import BenchRow
+from memtune.tuner.runtime.validate import ValidationUnavailable, check_validation_device, validate_plans
 
 PARAMS = {"image_size": 32, "num_classes": 10}
 

@@ -1,8 +1,8 @@
-"""Plans that compile the whole model (NOTE [ Whole-model compile ] in ``tuner.whole``): priced by the profile's
+"""Plans that compile the whole model (NOTE [ Whole-model compile ] in ``memtune.tuner.whole``): priced by the profile's
 measured compiler points, chosen by ``tune`` where one fits and beats the searched plans, and run by ``planned`` as
 ``torch.compile`` of the whole model, bitwise the compiler's own run at that budget.
 
-The compiler points here are written by hand (on a GPU ``tuner.runtime.whole.measure_compiler_points`` measures
+The compiler points here are written by hand (on a GPU ``memtune.tuner.runtime.whole.measure_compiler_points`` measures
 them; ``tests/gpu/test_compiled_gpu.py`` does); what is tested is how they are priced and chosen."""
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from profiler import zoo
-from profiler.measure import model_input
-from profiler.modeled import modeled_profile
-from profiler.profile import CompilerPoint, Profile
-from tuner.errors import PlanError
-from tuner.plan import Plan
-from tuner.runtime import check_equivalence, planned, reference_step
-from tuner.runtime.bench import BenchRow
-from tuner.runtime.peers import compiled_model
-from tuner.runtime.planned import CompiledWhole
-from tuner.runtime.whole import compiler_points, with_compiler_points
-from tuner.search import tune
-from tuner.simulator import simulate
+from memtune.profiler import zoo
+from memtune.profiler.measure import model_input
+from memtune.profiler.modeled import modeled_profile
+from memtune.profiler.profile import CompilerPoint, Profile
+from memtune.tuner.errors import PlanError
+from memtune.tuner.plan import Plan
+from memtune.tuner.runtime import check_equivalence, planned, reference_step
+from memtune.tuner.runtime.bench import BenchRow
+from memtune.tuner.runtime.peers import compiled_model
+from memtune.tuner.runtime.planned import CompiledWhole
+from memtune.tuner.runtime.whole import compiler_points, with_compiler_points
+from memtune.tuner.search import tune
+from memtune.tuner.simulator import simulate
 
 torch.set_num_threads(1)
 
@@ -130,7 +130,7 @@ def test_a_point_measured_with_sgd_serves_an_adam_plan_one_parameter_copy_higher
     """NOTE [ Whole-model compile ]: a compiler point keeps the optimizer of its measured steps; priced for another
     optimizer its peaks move by the change in optimizer state, as the simulator counts it (AdamW holds two copies of
     the parameters, SGD with momentum one), so a point that fits under SGD may not fit an Adam job."""
-    from tuner.search import compiler_candidates
+    from memtune.tuner.search import compiler_candidates
 
     point = CompilerPoint(activation_budget=0.5, step_ms=10.0, peak_bytes=4 << 30, reserved_bytes=5 << 30)
     prof = with_compiler_points(resnet, [point])

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from api.client import MemtuneClient
-from api.main import create_app
-from api.settings import Settings
-from storage.database import Database
-from storage.migrate import upgrade
-from storage.repositories import KeyRepository
-from tuner.calibration import uninstall_calibrations
+from memtune.api.client import MemtuneClient
+from memtune.api.main import create_app
+from memtune.api.settings import Settings
+from memtune.storage.database import Database
+from memtune.storage.migrate import upgrade
+from memtune.storage.repositories import KeyRepository
+from memtune.tuner.calibration import uninstall_calibrations
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,7 @@
 Each hostile archive starts from a real ``torch.export.save`` archive and puts a payload where the stock loader
 (``torch.export.load``, and ``.module()`` on what it returns) would run it: a pickle whose ``__reduce__`` calls
 ``os.system`` to create a marker file, Python source, or a sympy expression. The marker file's name is the
-variant's name, so a test can tell which payload ran (NOTE [ Safe exported programs ] in ``profiler.exported``).
+variant's name, so a test can tell which payload ran (NOTE [ Safe exported programs ] in ``memtune.profiler.exported``).
 """
 
 from __future__ import annotations

@@ -10,13 +10,13 @@ import pytest
 from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 
-from api.client import ApiError, MemtuneClient
-from api.main import create_app
-from api.settings import Settings
-from api.worker import Worker
-from storage.database import Database
-from storage.migrate import head_revision
-from storage.repositories import JobRepository, KeyRepository
+from memtune.api.client import ApiError, MemtuneClient
+from memtune.api.main import create_app
+from memtune.api.settings import Settings
+from memtune.api.worker import Worker
+from memtune.storage.database import Database
+from memtune.storage.migrate import head_revision
+from memtune.storage.repositories import JobRepository, KeyRepository
 
 PROBLEM = "application/problem+json"
 
@@ -171,7 +171,7 @@ def test_an_edited_page_token_is_a_400_on_every_database(database_url: str, tmp_
     """NOTE [ Page tokens ] on SQLite and PostgreSQL: PostgreSQL types a query's parameters, so a token that reached
     a query with ``"abc"`` for an integer column failed there as a 500; each is refused before any query, with a
     stored result for the query to find."""
-    from storage.migrate import upgrade
+    from memtune.storage.migrate import upgrade
 
     database = Database(database_url)
     try:

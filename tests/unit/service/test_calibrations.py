@@ -1,5 +1,5 @@
-"""Calibrations per GPU type in the service (NOTE [ Calibrations in the service ] in ``api.worker``): the table and
-migration 0006 (SQLite, and PostgreSQL when a server answers), ``GET``/``PUT /v1/gpus/{gpu}/calibration``, the
+"""Calibrations per GPU type in the service (NOTE [ Calibrations in the service ] in ``memtune.api.worker``): the table
+and migration 0006 (SQLite, and PostgreSQL when a server answers), ``GET``/``PUT /v1/gpus/{gpu}/calibration``, the
 headroom of new jobs (the database's calibration before the host's files), and the worker that installs the stored
 calibrations and calibrates a new GPU type before the first job it validates (the measurement is a test double)."""
 
@@ -17,15 +17,15 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC, FakeValidator, insert_old_job, schema_diff
 from sqlalchemy import MetaData, Table, inspect
 
-from api.client import ApiError, MemtuneClient
-from api.schemas import JobPublic
-from api.settings import Settings
-from api.worker import Worker
-from storage.database import Database
-from storage.errors import NotFoundError
-from storage.migrate import alembic_config, current_revision, head_revision, upgrade
-from storage.repositories import CalibrationRepository, JobRepository, KeyRepository
-from tuner.calibration import calibration_for
+from memtune.api.client import ApiError, MemtuneClient
+from memtune.api.schemas import JobPublic
+from memtune.api.settings import Settings
+from memtune.api.worker import Worker
+from memtune.storage.database import Database
+from memtune.storage.errors import NotFoundError
+from memtune.storage.migrate import alembic_config, current_revision, head_revision, upgrade
+from memtune.storage.repositories import CalibrationRepository, JobRepository, KeyRepository
+from memtune.tuner.calibration import calibration_for
 
 NEW_GPU = "a100-80gb"  # a roofline spec, no committed calibration
 MEASURED: dict[str, Any] = {
@@ -286,7 +286,8 @@ def _submit(client: MemtuneClient, **kw: Any) -> JobPublic:
 
 
 class FakeCalibrate:
-    """Stands in for ``api.worker.measure_calibration``: reports progress, then returns ``data`` or raises ``fail``;
+    """Stands in for ``memtune.api.worker.measure_calibration``: reports progress, then returns ``data`` or raises
+    ``fail``;
     ``during`` runs at the progress report (to look at the job, or to store a calibration meanwhile)."""
 
     def __init__(

@@ -13,13 +13,13 @@ import torch
 from exported_fixtures import TinyNet, TokenNet, export_archive
 from fastapi.testclient import TestClient
 
-from api.client import ApiError, MemtuneClient
-from api.main import create_app
-from api.settings import Settings
-from api.worker import Worker
-from profiler.exported import check_exported, load_exported
-from storage.database import Database
-from storage.repositories import ModelRepository
+from memtune.api.client import ApiError, MemtuneClient
+from memtune.api.main import create_app
+from memtune.api.settings import Settings
+from memtune.api.worker import Worker
+from memtune.profiler.exported import check_exported, load_exported
+from memtune.storage.database import Database
+from memtune.storage.repositories import ModelRepository
 
 PROBLEM = "application/problem+json"
 OCTET = {"Content-Type": "application/octet-stream"}

@@ -1,5 +1,5 @@
-"""Hostile exported programs (NOTE [ Safe exported programs ] in ``profiler.exported``): each puts a payload where
-``torch.export.load`` (or ``.module()`` on what it returns) would run it; memtune refuses every one, through the
+"""Hostile exported programs (NOTE [ Safe exported programs ] in ``memtune.profiler.exported``): each puts a payload
+where ``torch.export.load`` (or ``.module()`` on what it returns) would run it; memtune refuses every one, through the
 loader and over HTTP, with a problem naming the archive member, and the payload never runs. A control test shows the
 stock loader running the same payloads, so the refusals are tested against real attacks. Also: not a zip, a zip
 bomb, a truncated archive."""
@@ -31,20 +31,20 @@ from exported_fixtures import (
 )
 from fastapi.testclient import TestClient
 
-from api.client import MemtuneClient
-from api.main import create_app
-from api.settings import Settings
-from api.worker import Worker
-from profiler import exported_checks
-from profiler.exported import (
+from memtune.api.client import MemtuneClient
+from memtune.api.main import create_app
+from memtune.api.settings import Settings
+from memtune.api.worker import Worker
+from memtune.profiler import exported_checks
+from memtune.profiler.exported import (
     ArchiveTooLargeError,
     ExportedError,
     TensorTooLargeError,
     check_exported,
     load_exported,
 )
-from storage.database import Database
-from storage.repositories import JobRepository
+from memtune.storage.database import Database
+from memtune.storage.repositories import JobRepository
 
 PROBLEM = "application/problem+json"
 
@@ -181,7 +181,7 @@ def test_the_worker_checks_the_stored_archive_again(
 ) -> None:
     """A hostile archive that reached the database by another way than the API is refused when the worker loads it:
     the job fails naming the member, and the payload never runs."""
-    from storage.repositories import ModelRepository
+    from memtune.storage.repositories import ModelRepository
 
     hostile = hostile_archives(base, markers)["weight_pickle"]
     summary = check_exported(base, max_bytes=1 << 26)

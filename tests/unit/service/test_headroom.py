@@ -1,4 +1,4 @@
-"""Budget headroom on service jobs (NOTE [ Headroom ] in ``tuner.search``), on SQLite: the request field and
+"""Budget headroom on service jobs (NOTE [ Headroom ] in ``memtune.tuner.search``), on SQLite: the request field and
 its default (the GPU type's calibration), what the job stores and shows, the worker searching at the job's
 headroom while results stay filed under the budget asked for, the idempotency hash of requests without it,
 and migration 0003."""
@@ -17,14 +17,14 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC, insert_old_job, schema_diff
 from sqlalchemy import MetaData, Table, inspect
 
-from api.client import MemtuneClient
-from api.routes.jobs import _request_hash
-from api.schemas import JobCreate, JobPublic
-from api.worker import Worker
-from storage.database import Database
-from storage.migrate import alembic_config, current_revision, head_revision, upgrade
-from storage.repositories import JobRepository, ResultRepository
-from tuner.calibration import calibration_for
+from memtune.api.client import MemtuneClient
+from memtune.api.routes.jobs import _request_hash
+from memtune.api.schemas import JobCreate, JobPublic
+from memtune.api.worker import Worker
+from memtune.storage.database import Database
+from memtune.storage.migrate import alembic_config, current_revision, head_revision, upgrade
+from memtune.storage.repositories import JobRepository, ResultRepository
+from memtune.tuner.calibration import calibration_for
 
 JOB: dict[str, Any] = {"model": {"zoo": "vgg16"}, "batch": 32, "gpu": "h200", "budget": "12GiB", "trials": 10}
 

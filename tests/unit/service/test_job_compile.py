@@ -1,5 +1,6 @@
-"""Whole-model compile on service jobs (NOTE [ Compiler points in the service ] in ``api.worker``), on SQLite: the
-request field (422 naming it), what the job stores and shows, the idempotency hash, the worker under ``off``, ``auto``
+"""Whole-model compile on service jobs (NOTE [ Compiler points in the service ] in ``memtune.api.worker``), on SQLite:
+the request field (422 naming it), what the job stores and shows, the idempotency hash, the worker under ``off``,
+``auto``
 and ``on`` (on this CPU machine: stored test points, a stand-in for the GPU measurement, a worker without a GPU), and
 migration 0009.
 
@@ -19,16 +20,16 @@ from fastapi.testclient import TestClient
 from service_fixtures import insert_old_job, schema_diff
 from sqlalchemy import MetaData, Table, inspect
 
-from api.client import MemtuneClient
-from api.routes.jobs import _request_hash
-from api.schemas import JobCreate, JobPublic
-from api.worker import COMPILE_BUDGETS, Worker
-from profiler import CompilerPoint, Profile, find_profile
-from storage.database import Database
-from storage.migrate import alembic_config, current_revision, head_revision, upgrade
-from storage.records import ModelRecord
-from storage.repositories import JobRepository, ProfileRepository, ResultRepository
-from tuner.runtime.whole import with_compiler_points
+from memtune.api.client import MemtuneClient
+from memtune.api.routes.jobs import _request_hash
+from memtune.api.schemas import JobCreate, JobPublic
+from memtune.api.worker import COMPILE_BUDGETS, Worker
+from memtune.profiler import CompilerPoint, Profile, find_profile
+from memtune.storage.database import Database
+from memtune.storage.migrate import alembic_config, current_revision, head_revision, upgrade
+from memtune.storage.records import ModelRecord
+from memtune.storage.repositories import JobRepository, ProfileRepository, ResultRepository
+from memtune.tuner.runtime.whole import with_compiler_points
 
 JOB: dict[str, Any] = {"model": {"zoo": "alexnet"}, "batch": 256, "gpu": "h100", "budget": "1800MB", "trials": 10}
 

@@ -1,4 +1,5 @@
-"""One objective everywhere (NOTE [ One objective ] in ``tuner.search``): a job is searched with the command line's
+"""One objective everywhere (NOTE [ One objective ] in ``memtune.tuner.search``): a job is searched with the command
+line's
 default seed, so the same request gives the same plan and step from ``memtune tune`` and from the service."""
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import app
-from api.client import MemtuneClient
-from api.worker import Worker, job_seed
-from storage.database import Database
-from storage.repositories import JobRepository
-from tuner.search import DEFAULT_SEED
+from memtune.api.cli import app
+from memtune.api.client import MemtuneClient
+from memtune.api.worker import Worker, job_seed
+from memtune.storage.database import Database
+from memtune.storage.repositories import JobRepository
+from memtune.tuner.search import DEFAULT_SEED
 
 
 @pytest.mark.slow

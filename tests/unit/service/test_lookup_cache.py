@@ -13,14 +13,14 @@ import pytest
 from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 
-from api.client import MemtuneClient
-from api.lookup_cache import LookupCache, etag_matches
-from api.main import create_app
-from api.settings import Settings
-from api.worker import Worker
-from storage.database import Database
-from storage.records import ResultIn
-from storage.repositories import JobRepository, ResultRepository
+from memtune.api.client import MemtuneClient
+from memtune.api.lookup_cache import LookupCache, etag_matches
+from memtune.api.main import create_app
+from memtune.api.settings import Settings
+from memtune.api.worker import Worker
+from memtune.storage.database import Database
+from memtune.storage.records import ResultIn
+from memtune.storage.repositories import JobRepository, ResultRepository
 
 BEST = "/v1/gpus/h200/best"
 

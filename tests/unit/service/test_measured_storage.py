@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from service_fixtures import migration_round_trip
 
-from storage.database import Database
-from storage.records import Job, ResultIn
-from storage.repositories import JobRepository, ModelRepository, ResultRepository, content_hash
+from memtune.storage.database import Database
+from memtune.storage.records import Job, ResultIn
+from memtune.storage.repositories import JobRepository, ModelRepository, ResultRepository, content_hash
 
 GiB = 1 << 30
 

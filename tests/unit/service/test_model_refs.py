@@ -1,4 +1,4 @@
-"""``api.model_refs``: the builder a worker hands to a fresh measuring process is text plus a module-level
+"""``memtune.api.model_refs``: the builder a worker hands to a fresh measuring process is text plus a module-level
 function (NOTE [ Bench isolation ]), and it builds the model that was stored."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any, Literal
 import pytest
 from service_fixtures import SMALL_SPEC
 
-from api.model_refs import build_stored_chain, stored_chain_builder
-from profiler.chain import ModelChain
-from profiler.spec import from_spec
-from profiler.zoo import build
-from storage.records import ModelRecord
+from memtune.api.model_refs import build_stored_chain, stored_chain_builder
+from memtune.profiler.chain import ModelChain
+from memtune.profiler.spec import from_spec
+from memtune.profiler.zoo import build
+from memtune.storage.records import ModelRecord
 
 
 def _record(kind: Literal["zoo", "spec"], definition: dict[str, Any]) -> ModelRecord:

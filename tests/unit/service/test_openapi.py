@@ -7,10 +7,10 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from api.problems import PROBLEM_MEDIA_TYPE
-from api.settings import Settings
-from storage.database import Database
+from memtune.api.main import create_app
+from memtune.api.problems import PROBLEM_MEDIA_TYPE
+from memtune.api.settings import Settings
+from memtune.storage.database import Database
 
 
 def _operations(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

@@ -1,5 +1,5 @@
 """Jobs belong to the API key that submitted them, and each key is held to limits (NOTE [ Job limits and
-ownership ] in ``api.routes.jobs``): only the owner or an admin key cancels a job (403 for others); active jobs,
+ownership ] in ``memtune.api.routes.jobs``): only the owner or an admin key cancels a job (403 for others); active jobs,
 jobs per hour and trials per job over their limits are 429, with ``Retry-After`` where waiting helps."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC, schema_diff
 from sqlalchemy import inspect, update
 
-from api.deps import ID_MAX
-from api.main import create_app
-from api.settings import Settings
-from storage.database import Database
-from storage.migrate import upgrade
-from storage.repositories import KeyRepository
-from storage.rows import JobRow
+from memtune.api.deps import ID_MAX
+from memtune.api.main import create_app
+from memtune.api.settings import Settings
+from memtune.storage.database import Database
+from memtune.storage.migrate import upgrade
+from memtune.storage.repositories import KeyRepository
+from memtune.storage.rows import JobRow
 
 PROBLEM = "application/problem+json"
 JOB: dict[str, Any] = {"model": {"spec": SMALL_SPEC}, "batch": 8, "gpu": "h200", "budget": "64MiB", "trials": 5}

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from service_fixtures import SMALL_SPEC
 
-from api.client import MemtuneClient
-from api.worker import Worker
-from storage.database import Database
+from memtune.api.client import MemtuneClient
+from memtune.api.worker import Worker
+from memtune.storage.database import Database
 
 
 def _job(client: MemtuneClient, db: Database, gpu: str) -> Any:

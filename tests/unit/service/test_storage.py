@@ -9,13 +9,13 @@ import pytest
 from service_fixtures import schema_diff
 from sqlalchemy import inspect, update
 
-from profiler.devices import GPUS
-from profiler.identity import spec_identity
-from storage.database import Database
-from storage.errors import ConflictError, IdempotencyConflictError, NotFoundError
-from storage.migrate import current_revision, head_revision, upgrade
-from storage.records import Job, ResultIn
-from storage.repositories import (
+from memtune.profiler.devices import GPUS
+from memtune.profiler.identity import spec_identity
+from memtune.storage.database import Database
+from memtune.storage.errors import ConflictError, IdempotencyConflictError, NotFoundError
+from memtune.storage.migrate import current_revision, head_revision, upgrade
+from memtune.storage.records import Job, ResultIn
+from memtune.storage.repositories import (
     GpuRepository,
     JobRepository,
     KeyRepository,
@@ -25,8 +25,8 @@ from storage.repositories import (
     hash_key,
     pareto_flags,
 )
-from storage.repositories.results import decode_page_token
-from storage.rows import ApiKeyRow, Base, JobRow, ModelRow, utcnow
+from memtune.storage.repositories.results import decode_page_token
+from memtune.storage.rows import ApiKeyRow, Base, JobRow, ModelRow, utcnow
 
 GiB = 1 << 30
 

@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 
-from api.deps import ID_MAX
-from storage.database import Database
-from storage.repositories import JobRepository, KeyRepository, ModelRepository
+from memtune.api.deps import ID_MAX
+from memtune.storage.database import Database
+from memtune.storage.repositories import JobRepository, KeyRepository, ModelRepository
 
 PROBLEM = "application/problem+json"
 #: SMALL_SPEC's 12,226 float32 parameters: 48,904 bytes; with their gradients and SGD momentum, 3x that

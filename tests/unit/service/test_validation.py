@@ -16,16 +16,16 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC, FakeValidator
 from sqlalchemy import update
 
-import tuner.search
-from api.client import MemtuneClient
-from api.routes.jobs import _request_hash
-from api.schemas import JobCreate, JobPublic
-from api.worker import Validator, Worker
-from storage.database import Database
-from storage.records import Job
-from storage.repositories import JobRepository, ResultRepository
-from storage.rows import JobRow
-from tuner.search import NO_CHOICE, TuneResult, leaves_convs_to_framework
+import memtune.tuner.search
+from memtune.api.client import MemtuneClient
+from memtune.api.routes.jobs import _request_hash
+from memtune.api.schemas import JobCreate, JobPublic
+from memtune.api.worker import Validator, Worker
+from memtune.storage.database import Database
+from memtune.storage.records import Job
+from memtune.storage.repositories import JobRepository, ResultRepository
+from memtune.storage.rows import JobRow
+from memtune.tuner.search import NO_CHOICE, TuneResult, leaves_convs_to_framework
 
 BUDGET = "64MiB"
 
@@ -283,15 +283,16 @@ def test_the_best_plan_without_algorithm_choice_is_measured_too_and_served_if_fa
     the top k, and the GPU's verdict decides which one is served.
 
     For some seeds the 60-trial search's best at 11 GiB leaves the algorithms to the framework, and there is then
-    nothing to compare. The seed of the whole search (the pre-search without choice included, since ``tuner.tune``
-    is looked up in ``tuner.search`` on use) is pinned to 1, whose best chooses them (133.8 ms simulated; 136.0
+    nothing to compare. The seed of the whole search (the pre-search without choice included, since
+    ``memtune.tuner.tune`` is looked up in ``memtune.tuner.search`` on use) is pinned to 1, whose best chooses them
+    (133.8 ms simulated; 136.0
     without choice)."""
-    real_tune = tuner.search.tune
+    real_tune = memtune.tuner.search.tune
 
     def seeded_tune(*args: Any, **kwargs: Any) -> TuneResult:
         return real_tune(*args, **{**kwargs, "seed": 1})
 
-    monkeypatch.setattr(tuner.search, "tune", seeded_tune)
+    monkeypatch.setattr(memtune.tuner.search, "tune", seeded_tune)
     fake = FakeValidator(step_scale_of={NO_CHOICE: 0.5})  # here the framework's algorithms measure faster
     job = client.submit_job(
         {"zoo": "resnet50"}, batch=256, gpu="h200", budget="11GiB", trials=60, validate_top_k=1, headroom=0.05

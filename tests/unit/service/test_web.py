@@ -8,9 +8,9 @@ import pytest
 from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 
-from api.client import MemtuneClient
-from api.worker import Worker
-from storage.database import Database
+from memtune.api.client import MemtuneClient
+from memtune.api.worker import Worker
+from memtune.storage.database import Database
 
 PROBLEM = "application/problem+json"
 

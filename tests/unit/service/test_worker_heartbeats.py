@@ -11,10 +11,10 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 from sqlalchemy import update
 
-from api.worker import Worker
-from storage.database import Database
-from storage.repositories import WorkerRepository
-from storage.rows import WorkerRow, utcnow
+from memtune.api.worker import Worker
+from memtune.storage.database import Database
+from memtune.storage.repositories import WorkerRepository
+from memtune.storage.rows import WorkerRow, utcnow
 
 JOB = {"model": {"spec": SMALL_SPEC}, "batch": 8, "gpu": "h200", "budget": "64MiB", "trials": 5}
 

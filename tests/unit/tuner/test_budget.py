@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.budget import format_bytes, parse_budget
-from tuner.errors import BudgetError
+from memtune.tuner.budget import format_bytes, parse_budget
+from memtune.tuner.errors import BudgetError
 
 GPU = 141 * 10**9
 
@@ -70,10 +70,10 @@ def test_a_fraction_needs_what_it_is_a_fraction_of() -> None:
 
 
 def test_a_fraction_of_the_peak_is_of_the_profiles_simulated_unconstrained_peak() -> None:
+    from memtune.tuner.budget import profile_budget
+    from memtune.tuner.plan import Plan
+    from memtune.tuner.simulator import simulate
     from tests.unit.tuner.profiles import conv_profile
-    from tuner.budget import profile_budget
-    from tuner.plan import Plan
-    from tuner.simulator import simulate
 
     prof = conv_profile(2)
     peak = simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes

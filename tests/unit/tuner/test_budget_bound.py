@@ -1,4 +1,4 @@
-"""``tuner.bound`` (NOTE [ Budget bound ]): its envelopes, and that it is a lower bound: no plan the
+"""``memtune.tuner.bound`` (NOTE [ Budget bound ]): its envelopes, and that it is a lower bound: no plan the
 policies, the search or chance make, that fits the budget, is simulated faster than it."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import random
 import optuna
 import pytest
 
-from api.cli import resolve_profile
-from profiler.profile import Profile
-from profiler.zoo import build
-from tuner.bound import lower_envelope, step_lower_bound
-from tuner.plan import Plan, stage_actions
-from tuner.policies import POLICIES, run_policy
-from tuner.search import tune
-from tuner.simulator import Simulator
+from memtune.api.cli import resolve_profile
+from memtune.profiler.profile import Profile
+from memtune.profiler.zoo import build
+from memtune.tuner.bound import lower_envelope, step_lower_bound
+from memtune.tuner.plan import Plan, stage_actions
+from memtune.tuner.policies import POLICIES, run_policy
+from memtune.tuner.search import tune
+from memtune.tuner.simulator import Simulator
 
 
 def test_the_envelope_starts_at_the_fastest_point_and_saves_at_rising_cost() -> None:

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from api.cli import resolve_profile
-from profiler.zoo import build
-from tuner.calibration import calibration_for, profile_key
-from tuner.plan import Action, Plan
-from tuner.simulator import Simulator, backward_transients
+from memtune.api.cli import resolve_profile
+from memtune.profiler.zoo import build
+from memtune.tuner.calibration import calibration_for, profile_key
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.simulator import Simulator, backward_transients
 
 
 @pytest.mark.slow
@@ -52,7 +52,7 @@ def test_profiles_without_a_calibration_keep_their_times() -> None:
 def test_the_calibration_file_says_where_its_numbers_came_from() -> None:
     from importlib.resources import files
 
-    data = json.loads(files("tuner").joinpath("data", "calibration-h200.json").read_text())
+    data = json.loads(files("memtune.tuner").joinpath("data", "calibration-h200.json").read_text())
     assert "benchmarks.calibrate" in data["compute_source"] and "benchmarks.calibrate" in data["remap_source"]
     assert data["remap_ms_per_gib"] > 0
 

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from tuner.calibration import (
+from memtune.tuner.calibration import (
     Calibration,
     calibration_for,
     install_calibration,
     installed_calibrations,
     uninstall_calibrations,
 )
-from tuner.errors import CalibrationError
+from memtune.tuner.errors import CalibrationError
 
 DATA: dict[str, Any] = {
     "gpu": "h100",
@@ -100,7 +100,7 @@ def test_from_data_needs_a_gpu_that_agrees() -> None:
 
 def test_installed_before_user_file_before_committed(_clean: Path) -> None:
     committed = calibration_for("h100")
-    shipped = json.loads(Path(str(files("tuner").joinpath("data", "calibration-h100.json"))).read_text())
+    shipped = json.loads(Path(str(files("memtune.tuner").joinpath("data", "calibration-h100.json"))).read_text())
     assert committed.origin == "committed" and committed.headroom == shipped["headroom"]
 
     _user_file(_clean, "h100", 0.2)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from api.cli import resolve_profile
-from profiler.profile import Profile
-from profiler.zoo import build
-from tuner.capped import framework_fallback, predict_capped
-from tuner.conv_choice import choose_algorithms
-from tuner.plan import Plan
-from tuner.policies import POLICIES
-from tuner.simulator import Simulator
+from memtune.api.cli import resolve_profile
+from memtune.profiler.profile import Profile
+from memtune.profiler.zoo import build
+from memtune.tuner.capped import framework_fallback, predict_capped
+from memtune.tuner.conv_choice import choose_algorithms
+from memtune.tuner.plan import Plan
+from memtune.tuner.policies import POLICIES
+from memtune.tuner.simulator import Simulator
 
 
 @pytest.fixture(scope="module")

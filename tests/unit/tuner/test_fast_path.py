@@ -1,4 +1,4 @@
-"""NOTE [ Fast path ] (``tuner.fast_path``): a plan priced without its timeline gets exactly the numbers of the
+"""NOTE [ Fast path ] (``memtune.tuner.fast_path``): a plan priced without its timeline gets exactly the numbers of the
 reference ``Simulator._run`` (taken with a timeline here, which only the reference makes), to the last bit, on random
 plans of zoo chains (in-place stages at segment boundaries, selective stages, convolution rules) and of committed module
 profiles (stages that keep every input, storages saved outside every stage, a loss of the user's own, a held output,
@@ -16,9 +16,9 @@ import pytest
 from profiles import conv_profile
 
 from benchmarks.common import zoo_profile
-from profiler import Profile
-from tuner.plan import Action, Plan, stage_actions
-from tuner.simulator import SimResult, Simulator
+from memtune.profiler import Profile
+from memtune.tuner.plan import Action, Plan, stage_actions
+from memtune.tuner.simulator import SimResult, Simulator
 
 PROMISES = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "h100" / "promises"
 

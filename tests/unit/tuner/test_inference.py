@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 from pydantic import ValidationError
 
-from tuner import InferenceFacts, InferencePlan, LayerFitError, LayerPlan, plan_inference, simulate_inference
-from tuner.errors import PlanError
-from tuner.inference import LayerFacts, working_sets
-from tuner.inference.facts import part_ms
-from tuner.inference.memory import part_units
+from memtune.tuner import InferenceFacts, InferencePlan, LayerFitError, LayerPlan, plan_inference, simulate_inference
+from memtune.tuner.errors import PlanError
+from memtune.tuner.inference import LayerFacts, working_sets
+from memtune.tuner.inference.facts import part_ms
+from memtune.tuner.inference.memory import part_units
 
 KiB = 1 << 10
 

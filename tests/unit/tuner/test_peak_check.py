@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 import memtune
-from profiler import Profile, StepPeak
-from tuner import peak_check, planning_headroom
-from tuner.calibration import calibration_for
+from memtune.profiler import Profile, StepPeak
+from memtune.tuner import peak_check, planning_headroom
+from memtune.tuner.calibration import calibration_for
 
 
 def small() -> tuple[nn.Module, torch.Tensor]:
@@ -66,7 +66,7 @@ def test_an_over_prediction_is_reported_but_keeps_the_headroom(profile: Profile)
 
 def test_profile_warns_when_the_check_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """``memtune.profile`` warns (never silent) where its own check is above the tolerance."""
-    import api.python as face
+    import memtune.api.python as face
 
     model, x = small()
     monkeypatch.setattr(face, "peak_check", lambda p: peak_check(with_measured(p, 1.5)))
@@ -81,8 +81,8 @@ def test_the_job_pages_profile_carries_the_check(profile: Profile) -> None:
     measured no step carries none."""
     from datetime import UTC, datetime
 
-    from api.views import profile_public
-    from storage.records import ProfileRecord
+    from memtune.api.views import profile_public
+    from memtune.storage.records import ProfileRecord
 
     def public(p: Profile) -> Any:
         record = ProfileRecord(1, "m", p.device.key, p.batch, p.dtype, p.source, p.to_json(), datetime.now(UTC))

@@ -1,4 +1,5 @@
-"""NOTE [ Peak parts ] (``tuner.peak_parts``): what a chain's simulated peak holds, part by part, summing to the peak;
+"""NOTE [ Peak parts ] (``memtune.tuner.peak_parts``): what a chain's simulated peak holds, part by part, summing to the
+peak;
 and where a step's time goes."""
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from pathlib import Path
 import pytest
 from profiles import MiB, conv_profile
 
-from profiler import Profile
-from tuner.peak_parts import PARTS, peak_parts, step_parts
-from tuner.plan import Action, Plan, stage_actions
-from tuner.simulator import Simulator
+from memtune.profiler import Profile
+from memtune.tuner.peak_parts import PARTS, peak_parts, step_parts
+from memtune.tuner.plan import Action, Plan, stage_actions
+from memtune.tuner.simulator import Simulator
 
 PROMISES = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "h100" / "promises"
 

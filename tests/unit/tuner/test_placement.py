@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from api.cli import resolve_profile
-from profiler.zoo import build
-from tuner.calibration import calibration_for
-from tuner.placement import (
+from memtune.api.cli import resolve_profile
+from memtune.profiler.zoo import build
+from memtune.tuner.calibration import calibration_for
+from memtune.tuner.placement import (
     LARGE_PAGE,
     AllocatorModel,
     AllocatorOutOfMemory,
@@ -19,10 +19,10 @@ from tuner.placement import (
     allocator_cost,
     predict_retries,
 )
-from tuner.plan import Action, Plan, stage_actions
-from tuner.policies import POLICIES
-from tuner.search import tune
-from tuner.simulator import Simulator
+from memtune.tuner.plan import Action, Plan, stage_actions
+from memtune.tuner.policies import POLICIES
+from memtune.tuner.search import tune
+from memtune.tuner.simulator import Simulator
 
 MiB = 2**20
 GiB = 2**30

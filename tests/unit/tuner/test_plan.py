@@ -6,9 +6,9 @@ import pytest
 from chains import linear_chain
 from pydantic import ValidationError
 
-from profiler.profile import SavedStorage
-from tuner.errors import PlanError
-from tuner.plan import Action, Plan, resolve_storages, segments
+from memtune.profiler.profile import SavedStorage
+from memtune.tuner.errors import PlanError
+from memtune.tuner.plan import Action, Plan, resolve_storages, segments
 
 
 def test_segments_are_maximal_runs() -> None:

@@ -10,26 +10,26 @@ from collections.abc import Callable
 import pytest
 from profiles import MiB, conv_profile
 
-from profiler.profile import ConvAlgo, DeviceIdentity, Profile
-from tuner.errors import TunerError
-from tuner.plan import Action, ConvChoice, Plan, resolve_storages, segments
-from tuner.policies import POLICIES, run_policy
-from tuner.policies._storage import StorageMap, is_conv
-from tuner.policies.checkpoint_sqrt import checkpoint_sqrt, sqrt_boundaries
-from tuner.policies.hmms import capped_stages, hmms, hmms_schedule, offload_limit
-from tuner.policies.layup import layup, layup_thresholds
-from tuner.policies.layup_cumulative import cumulative_steps, layup_cumulative
-from tuner.policies.none import none
-from tuner.policies.save_on_cpu import save_on_cpu
-from tuner.policies.vdnn import (
+from memtune.profiler.profile import ConvAlgo, DeviceIdentity, Profile
+from memtune.tuner.errors import TunerError
+from memtune.tuner.plan import Action, ConvChoice, Plan, resolve_storages, segments
+from memtune.tuner.policies import POLICIES, run_policy
+from memtune.tuner.policies._storage import StorageMap, is_conv
+from memtune.tuner.policies.checkpoint_sqrt import checkpoint_sqrt, sqrt_boundaries
+from memtune.tuner.policies.hmms import capped_stages, hmms, hmms_schedule, offload_limit
+from memtune.tuner.policies.layup import layup, layup_thresholds
+from memtune.tuner.policies.layup_cumulative import cumulative_steps, layup_cumulative
+from memtune.tuner.policies.none import none
+from memtune.tuner.policies.save_on_cpu import save_on_cpu
+from memtune.tuner.policies.vdnn import (
     conv_offload_stages,
     vdnn_all_m,
     vdnn_all_p,
     vdnn_conv_m,
     vdnn_conv_p,
 )
-from tuner.policies.vdnn_dyn import algo_ladder, conv_ladder, vdnn_dyn, vdnn_dyn_passes
-from tuner.simulator import Simulator, simulate
+from memtune.tuner.policies.vdnn_dyn import algo_ladder, conv_ladder, vdnn_dyn, vdnn_dyn_passes
+from memtune.tuner.simulator import Simulator, simulate
 
 NAMES = {
     "none",
@@ -79,7 +79,9 @@ def test_run_policy_names_the_known_policies_on_a_typo(small: Profile) -> None:
 
 
 def test_policies_import_no_torch() -> None:
-    code = "import sys, tuner.policies; assert 'torch' not in sys.modules, 'tuner.policies imported torch'"
+    code = (
+        "import sys, memtune.tuner.policies; assert 'torch' not in sys.modules, 'memtune.tuner.policies imported torch'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

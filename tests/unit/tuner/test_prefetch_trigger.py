@@ -11,12 +11,12 @@ import pytest
 from chains import MiB, linear_chain
 from profiles import conv_profile
 
-from profiler import Profile
-from tuner import PrefetchTrigger, prefetch_trigger
-from tuner.plan import Action, Plan
-from tuner.prefetch_trigger import need_stages
-from tuner.search import Candidate, _params_for, _Search
-from tuner.simulator import SimResult, Simulator
+from memtune.profiler import Profile
+from memtune.tuner import PrefetchTrigger, prefetch_trigger
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.prefetch_trigger import need_stages
+from memtune.tuner.search import Candidate, _params_for, _Search
+from memtune.tuner.simulator import SimResult, Simulator
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

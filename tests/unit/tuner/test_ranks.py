@@ -1,4 +1,5 @@
-"""Data-parallel plans over a shared host link (NOTE [ Shared host link ] in ``tuner.ranks``) on hand-made profiles.
+"""Data-parallel plans over a shared host link (NOTE [ Shared host link ] in ``memtune.tuner.ranks``) on hand-made
+profiles.
 
 One rank is the single-GPU simulator; lockstep ranks see every copy N-contended; staggering lowers the time copies
 lose to sharing; the all-reduce and DDP's buckets are checked against hand computations.
@@ -11,11 +12,11 @@ from collections.abc import Iterator
 import pytest
 from profiles import DEVICE, Layer, MiB, chain_profile, conv_profile
 
-from profiler import Profile
-from tuner import Action, Plan, SharedLink, ranks_prefetch_trigger, simulate, simulate_ranks, stagger_for
-from tuner.calibration import Calibration, install_calibration, uninstall_calibrations
-from tuner.errors import CalibrationError
-from tuner.link import ring_allreduce_ms
+from memtune.profiler import Profile
+from memtune.tuner import Action, Plan, SharedLink, ranks_prefetch_trigger, simulate, simulate_ranks, stagger_for
+from memtune.tuner.calibration import Calibration, install_calibration, uninstall_calibrations
+from memtune.tuner.errors import CalibrationError
+from memtune.tuner.link import ring_allreduce_ms
 
 BUS = 100.0  # GB/s, the all-reduce rate the tests pass where it is not the subject
 

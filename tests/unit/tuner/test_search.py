@@ -9,11 +9,11 @@ import optuna
 import pytest
 from chains import linear_chain
 
-from tuner.errors import PlanError, SearchError
-from tuner.exact import exact_optimum
-from tuner.plan import Plan
-from tuner.search import pareto_front, tune
-from tuner.simulator import simulate
+from memtune.tuner.errors import PlanError, SearchError
+from memtune.tuner.exact import exact_optimum
+from memtune.tuner.plan import Plan
+from memtune.tuner.search import pareto_front, tune
+from memtune.tuner.simulator import simulate
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -71,7 +71,7 @@ def test_pareto_front_is_non_dominated_and_contains_the_extremes() -> None:
 
 
 def test_pareto_front_helper() -> None:
-    from tuner.search import Candidate
+    from memtune.tuner.search import Candidate
 
     plan = Plan.uniform(1)
     cs = [Candidate(n, plan, t, m, True) for n, t, m in [("a", 1, 9), ("b", 2, 5), ("c", 3, 6), ("d", 4, 1)]]
@@ -177,9 +177,9 @@ def test_the_joint_search_is_never_slower_than_its_search_without_algorithm_choi
     """NOTE [ Rule basins ]: on the committed ResNet-50 H200 profile at 60% of the peak the joint search once
     settled under ``fastest`` at 130.15 ms where the search without algorithm tables found 129.12 ms. It now
     starts from the best plan of a search without algorithm choice over a quarter of its trials."""
-    from api.cli import resolve_profile
-    from profiler.zoo import build
-    from tuner.simulator import simulate
+    from memtune.api.cli import resolve_profile
+    from memtune.profiler.zoo import build
+    from memtune.tuner.simulator import simulate
 
     prof = resolve_profile(build("resnet50", {}), 256, "float32", "h200")
     assert prof.has_conv_algos
@@ -195,10 +195,10 @@ def test_the_joint_search_is_never_slower_than_its_search_without_algorithm_choi
 def test_the_best_plan_without_algorithm_choice_comes_back_beside_the_joint_best() -> None:
     """NOTE [ Measured selection ]: on the committed ResNet-50 fp32 H200 profile at 55% of the peak the joint best
     chooses algorithms, and ``no_choice`` is the fastest feasible plan that leaves them to the framework."""
-    from api.cli import resolve_profile
-    from profiler.zoo import build
-    from tuner.search import NO_CHOICE, leaves_convs_to_framework
-    from tuner.simulator import simulate
+    from memtune.api.cli import resolve_profile
+    from memtune.profiler.zoo import build
+    from memtune.tuner.search import NO_CHOICE, leaves_convs_to_framework
+    from memtune.tuner.simulator import simulate
 
     prof = resolve_profile(build("resnet50", {}), 256, "float32", "h200")
     budget = int(0.55 * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes)
@@ -238,10 +238,10 @@ def test_a_seeded_plan_bounds_the_search() -> None:
 def test_the_placed_descent_leaves_no_cheaper_neighbour_behind() -> None:
     """NOTE [ Placed descent ]: GPT bf16 b16 at 80% of its peak came back at 137.2 ms (the search's fast plans priced
     out by the placement model); descending from the best placed plan keeps more blocks where that costs no retry."""
-    from api.cli import resolve_profile
-    from profiler.zoo import build
-    from tuner.placement import allocator_cost
-    from tuner.simulator import Simulator
+    from memtune.api.cli import resolve_profile
+    from memtune.profiler.zoo import build
+    from memtune.tuner.placement import allocator_cost
+    from memtune.tuner.simulator import Simulator
 
     prof = resolve_profile(build("gpt", {}), 16, "bfloat16", "h200")
     budget = int(0.8 * Simulator(prof).run(Plan.uniform(prof.n_stages)).peak_bytes)
@@ -259,9 +259,9 @@ def test_the_study_best_is_the_reported_best_at_its_priced_step() -> None:
     """NOTE [ One objective ]: VGG-16 fp32 on the H200 at 13 GiB, whose fastest plans do not fit. Every trial's value is
     its priced step, infeasible trials say so in Optuna's constraints (by name, and in the list optuna-dashboard reads),
     and ``study.best_trial`` is the plan ``tune`` returns, at the same step."""
-    from api.cli import resolve_profile
-    from profiler.zoo import build
-    from tuner.search import CONSTRAINTS
+    from memtune.api.cli import resolve_profile
+    from memtune.profiler.zoo import build
+    from memtune.tuner.search import CONSTRAINTS
 
     prof = resolve_profile(build("vgg16", {}), 256, "float32", "h200")
     budget = 13 << 30
@@ -292,7 +292,7 @@ def test_the_study_best_is_the_reported_best_at_its_priced_step() -> None:
 def test_a_trial_fits_as_the_search_judged_it() -> None:
     """The trials chart reads feasibility as the search does: a plan within the budget that the allocator model cannot
     place is infeasible (the chart drew it feasible from its peak alone)."""
-    from tuner.search import trial_fits
+    from memtune.tuner.search import trial_fits
 
     assert trial_fits({"peak_bytes": 10}, 10)
     assert not trial_fits({"peak_bytes": 11}, 10)
@@ -304,7 +304,7 @@ def test_a_stopped_search_writes_every_trial_before_it_returns(tmp_path: Path, m
     """NOTE [ Written behind ]: trials are held back for the whole search here (a write interval longer than it), then
     the search is stopped as a worker stopping for shutdown stops it: every trial searched is in the database when
     ``tune`` returns, as it is when a search runs to its end."""
-    from tuner import search as search_module
+    from memtune.tuner import search as search_module
 
     monkeypatch.setattr(search_module._Mirror, "interval_s", 3600.0)
     p = linear_chain(6, forward_ms=3.0)
@@ -331,7 +331,7 @@ def test_the_database_lags_the_search_by_a_bounded_number_of_trials(
 ) -> None:
     """NOTE [ Written behind ]: after every write the trials sent and not yet in the database are at most
     ``_Mirror.max_lag``; a process killed mid-search loses no more than those and the last interval's."""
-    from tuner import search as search_module
+    from memtune.tuner import search as search_module
 
     lags: list[int] = []
     write = search_module._Mirror.write
@@ -352,7 +352,7 @@ def test_the_database_lags_the_search_by_a_bounded_number_of_trials(
 def test_a_feasible_seed_is_served_when_every_trial_descends_away_from_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [ Seeds kept as they are ]: a trial records where its descent ends, so a seed whose descent ends at a plan
     that does not fit was lost. Here every descent ends at keeping everything, over the budget; the seed is served."""
-    from tuner.search import _Search
+    from memtune.tuner.search import _Search
 
     p = linear_chain(8, forward_ms=3.0)
     budget = _budget(p, 0.6)
@@ -361,7 +361,7 @@ def test_a_feasible_seed_is_served_when_every_trial_descends_away_from_it(monkey
     seed = tune(p, budget, trials=60, seed=0, placement=False).best
     assert seed is not None
     monkeypatch.setattr(
-        "tuner.search.evaluate_policies", lambda profile, b, sim: [_none_policy(profile, sim)]
+        "memtune.tuner.search.evaluate_policies", lambda profile, b, sim: [_none_policy(profile, sim)]
     )  # no baseline to fall back on but the unplanned step
     result = tune(p, budget, trials=12, seed=1, placement=False, seeds=[seed.plan])
     assert result.best is not None and result.best.name == "seed" and result.best.plan == seed.plan
@@ -370,7 +370,7 @@ def test_a_feasible_seed_is_served_when_every_trial_descends_away_from_it(monkey
 
 
 def _none_policy(profile, sim):  # type: ignore[no-untyped-def]
-    from tuner.search import Candidate
+    from memtune.tuner.search import Candidate
 
     plan = Plan.uniform(profile.n_stages)
     r = sim.run(plan)
@@ -382,10 +382,10 @@ def test_the_joint_search_is_never_slower_than_its_seed_on_resnet50_at_40_percen
     """NOTE [ Seeds kept as they are ]: ``benchmarks.conv_joint`` seeds the joint search on the committed ResNet-50
     fp32 H200 profile at 40% of its peak with the best plan without algorithm choice (157.5 ms priced). Its trial
     descended to a plan the allocator model cannot place, and the search served 210.7 ms."""
-    from api.cli import resolve_profile
-    from profiler.zoo import build
-    from tuner.placement import allocator_cost
-    from tuner.plan import Action
+    from memtune.api.cli import resolve_profile
+    from memtune.profiler.zoo import build
+    from memtune.tuner.placement import allocator_cost
+    from memtune.tuner.plan import Action
 
     prof = resolve_profile(build("resnet50", {}), 256, "float32", "h200")
     budget = int(0.4 * simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes)

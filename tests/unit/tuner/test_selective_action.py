@@ -1,17 +1,18 @@
-"""The ``selective`` action (NOTE [ Selective stages ] in ``profiler.selective``): what it means for storages, the
+"""The ``selective`` action (NOTE [ Selective stages ] in ``memtune.profiler.selective``): what it means for storages,
+the
 simulator's accounting of it, and the search offering it only where it frees memory."""
 
 from __future__ import annotations
 
 import pytest
 
-from api.cli import resolve_profile
-from profiler.profile import Profile
-from profiler.zoo import build
-from tuner.errors import PlanError
-from tuner.plan import Action, Plan, resolve_storages, selective_gain_bytes, selective_pays, stage_actions
-from tuner.search import Candidate, tune
-from tuner.simulator import Simulator, simulate
+from memtune.api.cli import resolve_profile
+from memtune.profiler.profile import Profile
+from memtune.profiler.zoo import build
+from memtune.tuner.errors import PlanError
+from memtune.tuner.plan import Action, Plan, resolve_storages, selective_gain_bytes, selective_pays, stage_actions
+from memtune.tuner.search import Candidate, tune
+from memtune.tuner.simulator import Simulator, simulate
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,8 @@ def test_a_plan_cannot_make_an_unmeasured_stage_selective() -> None:
 def test_the_search_takes_selective_stages_where_they_are_cheap(gpt: Profile) -> None:
     """With the measured costs the search's trials leave GPT bf16's blocks to keep, offload and recompute (the
     caching mode costs more than a block's forward); made as cheap as a plain pass, selective stages win at 60% of
-    the peak in the simulator (searched without allocator prices: NOTE [ One objective ] in ``tuner.search``)."""
+    the peak in the simulator (searched without allocator prices: NOTE [ One objective ] in
+    ``memtune.tuner.search``)."""
     budget = int(0.6 * simulate(gpt, Plan.uniform(gpt.n_stages)).peak_bytes)
 
     def fastest(prof: Profile) -> Candidate:

@@ -1,4 +1,4 @@
-"""One FSDP2 rank's profile (NOTE [ Sharded ranks ] in ``tuner.sharding``): shards, gathered units, the root."""
+"""One FSDP2 rank's profile (NOTE [ Sharded ranks ] in ``memtune.tuner.sharding``): shards, gathered units, the root."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import memtune
-from profiler import Profile
-from tuner import Plan, TunerError, shard_units, sharded_profile, simulate
+from memtune.profiler import Profile
+from memtune.tuner import Plan, TunerError, shard_units, sharded_profile, simulate
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # spawned ranks or a profile: seconds each

@@ -8,8 +8,8 @@ import random
 import pytest
 from chains import MiB, linear_chain
 
-from tuner.plan import Action, Plan, stage_actions
-from tuner.simulator import Simulator, simulate
+from memtune.tuner.plan import Action, Plan, stage_actions
+from memtune.tuner.simulator import Simulator, simulate
 
 
 def unplanned_peak(profile, optimizer_factor: float = 1.0) -> int:
@@ -146,9 +146,9 @@ def test_simulator_is_deterministic() -> None:
 
 def test_merging_storages_changes_no_number() -> None:
     """merge_storages changes no number under any sync mode (members are freed together)."""
-    from profiler.modeled import modeled_profile
-    from profiler.zoo import build
-    from tuner.simulator import merge_storages
+    from memtune.profiler.modeled import modeled_profile
+    from memtune.profiler.zoo import build
+    from memtune.tuner.simulator import merge_storages
 
     profile = modeled_profile(build("resnet18", {"image_size": 32}), 8, "float32", "h200")
     assert len(merge_storages(profile).storages) < len(profile.storages)
@@ -237,10 +237,10 @@ def test_the_backward_transient_does_not_count_the_gradients_twice() -> None:
     import json
     from pathlib import Path
 
-    from api.cli import resolve_profile
-    from profiler.zoo import build
-    from tuner.policies import POLICIES
-    from tuner.simulator import backward_transients
+    from memtune.api.cli import resolve_profile
+    from memtune.profiler.zoo import build
+    from memtune.tuner.policies import POLICIES
+    from memtune.tuner.simulator import backward_transients
 
     prof = resolve_profile(build("vgg16", {}), 256, "bfloat16", "h200")
     assert all(s.chained_backward_bytes is not None for s in prof.stages)  # measured as in a chain too
@@ -371,8 +371,8 @@ def test_rule_choices_choose_as_choose_algorithms_at_every_cap(model: str) -> No
     """``RuleChoices`` (the simulator's and the budget bound's chooser) lists each convolution's working algorithms
     once and then picks as ``choose_algorithms`` does, for every rule and every workspace cap of a measured profile's
     algorithm tables (with its batch-split runs), plus caps between, below and above them."""
-    from profiler import find_profile
-    from tuner.conv_choice import RuleChoices, choose_algorithms
+    from memtune.profiler import find_profile
+    from memtune.tuner.conv_choice import RuleChoices, choose_algorithms
 
     profile = find_profile(model, 256, "float32", "h200")
     assert profile is not None and profile.has_conv_algos

@@ -1,4 +1,5 @@
-"""Spatial splitting's decision side (NOTE [ Spatial splitting ] in ``tuner.spatial``): halo arithmetic, the plan's
+"""Spatial splitting's decision side (NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``): halo arithmetic, the
+plan's
 ``spatial_splits`` field, ``Plan.check``, the simulator's price and the search's strip counts. Torch-free."""
 
 from __future__ import annotations
@@ -6,14 +7,14 @@ from __future__ import annotations
 import pytest
 from profiles import MiB, conv_profile
 
-from profiler import Profile, RowMap
-from profiler.rows import compose_rows
-from tuner.errors import PlanError
-from tuner.plan import Action, Plan
-from tuner.search import tune
-from tuner.simulator import Simulator
-from tuner.spatial import parse_segment_key, strip_bounds, strip_cost, strip_windows
-from tuner.spatial_search import split_descent, splittable_segments, valid_splits
+from memtune.profiler import Profile, RowMap
+from memtune.profiler.rows import compose_rows
+from memtune.tuner.errors import PlanError
+from memtune.tuner.plan import Action, Plan
+from memtune.tuner.search import tune
+from memtune.tuner.simulator import Simulator
+from memtune.tuner.spatial import parse_segment_key, strip_bounds, strip_cost, strip_windows
+from memtune.tuner.spatial_search import split_descent, splittable_segments, valid_splits
 
 CONV3 = RowMap(kernel=3, stride=1, padding=1, in_rows=32, out_rows=32)
 POINT = RowMap(kernel=1, stride=1, padding=0, in_rows=32, out_rows=32)

@@ -1,4 +1,5 @@
-"""The search's trial loop (NOTE [ Fixed trials ] in ``tuner.trials``) leaves a study as Optuna's own loop does."""
+"""The search's trial loop (NOTE [ Fixed trials ] in ``memtune.tuner.trials``) leaves a study as Optuna's own loop
+does."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.trials import TrialQueue, run_trials
+from memtune.tuner.trials import TrialQueue, run_trials
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -52,7 +53,7 @@ def _fixed(rng: random.Random) -> dict[str, Any]:
 
 
 def _study(seed: int) -> optuna.Study:
-    with pytest.warns(FutureWarning):  # the list form of constraints (as tuner.search uses it)
+    with pytest.warns(FutureWarning):  # the list form of constraints (as memtune.tuner.search uses it)
         sampler = optuna.samplers.TPESampler(
             seed=seed, n_startup_trials=5, multivariate=True, constraints_func=_constraints
         )
@@ -149,7 +150,7 @@ def test_a_search_collects_garbage_less_often_and_restores_the_thresholds() -> N
     import gc
     import threading
 
-    from tuner.collection import SEARCH_THRESHOLDS, collecting_less, fewer_collections
+    from memtune.tuner.collection import SEARCH_THRESHOLDS, collecting_less, fewer_collections
 
     before = gc.get_threshold()
     raised = tuple(max(a, b) for a, b in zip(before, SEARCH_THRESHOLDS, strict=True))

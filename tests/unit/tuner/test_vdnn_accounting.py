@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from profiler import Profile, modeled_profile
-from profiler.algo_transplant import CUDNN_V4, transplant_algos
+from memtune.profiler import Profile, modeled_profile
+from memtune.profiler.algo_transplant import CUDNN_V4, transplant_algos
+from memtune.tuner import Plan, Simulator
+from memtune.tuner.policies.vdnn import vdnn_all
+from memtune.tuner.policies.vdnn_accounting import find_prefetch_layer, paper_memory
 from tests.unit.profiler.algo_tables import algo
 from tests.unit.profiler.small_chains import small_chain
-from tuner import Plan, Simulator
-from tuner.policies.vdnn import vdnn_all
-from tuner.policies.vdnn_accounting import find_prefetch_layer, paper_memory
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,133 @@
+"""Choosing among eager plans, whole-model compiles and plans of compiled regions (NOTE [ Regions ] in
+``memtune.profiler.regions``).
+
+# NOTE [ Compiled-region candidates ]
+``memtune.tune(model, ..., compile=...)`` with compiling on tunes, besides the eager profile (whose search also sees
+the whole model compiled, NOTE [ Whole-model compile ] in ``memtune.tuner.whole``), one compiled profile per candidate
+region partition and activation budget (``memtune.profiler.region_profile.profile_regions``), each searched alone within
+the
+same budget bytes. The plan served is the fastest feasible best of them all (``fastest``): a compiled-region plan only
+where it beats the eager plans and the compiler's own points, which stay candidates. A ``RegionTrial`` records each
+one for the printout: its unplanned step against the whole model compiled at the same budget (a partition that loses
+the compiler's fusions across region edges shows a ratio above 1), its best plan, its compile and measuring seconds,
+or why it failed (the region and the compiler's first line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from memtune.tuner.plan import Plan
+
+if TYPE_CHECKING:
+    from memtune.profiler import CompilerPoint, Profile
+    from memtune.tuner.search import TuneResult
+
+__all__ = ["RegionTrial", "fastest", "region_trial"]
+
+
+@dataclass(frozen=True)
+class RegionTrial:
+    """One compiled-region profile and what its search found (NOTE [ Compiled-region candidates ]). Times in ms.
+
+    Attributes:
+        label: the partition, in words (``depth 1: 8 regions (conv1, …)``).
+        regions: the region names.
+        budget: the activation budget its regions were compiled under.
+        step_ms: its unplanned step, every region kept (the simulator's, from the profile); None where it failed.
+        whole_ms: the whole model compiled at the same budget, measured; None where not measured, or where the
+            region profile is modeled (on the CPU for a GPU: its times are the roofline's, not comparable).
+        best_ms, best_peak_bytes: its best plan within the budget; None where none fits or it failed.
+        plan: that plan (for ``memtune.planned``), named with the regions; None where none fits or it failed.
+        eager_regions: regions run eager (written in place at their edges).
+        compile_seconds: its first step's wall seconds (compiling); seconds: its whole measurement's.
+        error: why it failed, naming the region and the compiler's first line; None where it did not.
+    """
+
+    label: str
+    regions: tuple[str, ...]
+    budget: float
+    step_ms: float | None
+    whole_ms: float | None
+    best_ms: float | None
+    best_peak_bytes: int | None
+    plan: Plan | None
+    eager_regions: tuple[str, ...]
+    compile_seconds: float | None
+    seconds: float
+    error: str | None = None
+
+    @property
+    def against_whole(self) -> float | None:
+        """The unplanned step over the whole model's compiled step at the same budget (1: no fusion lost)."""
+        if self.step_ms is None or not self.whole_ms:
+            return None
+        return self.step_ms / self.whole_ms
+
+    def line(self) -> str:
+        """One line for a printout."""
+        head = f"{self.label} at activation budget {self.budget:g}"
+        if self.error is not None:
+            return f"{head}: failed ({self.error}); planned eager instead"
+        ratio = self.against_whole
+        versus = f" ({ratio:.2f}x the whole model compiled)" if ratio is not None else ""
+        best = (
+            f"best plan {self.best_ms:.2f} ms at {self.best_peak_bytes / 2**30:.2f} GiB"
+            if self.best_ms is not None and self.best_peak_bytes is not None
+            else "no plan fits"
+        )
+        eager = f"; eager: {', '.join(self.eager_regions)}" if self.eager_regions else ""
+        took = f"; compiled in {self.compile_seconds:.0f} s" if self.compile_seconds is not None else ""
+        return f"{head}: unplanned {self.step_ms:.2f} ms{versus}, {best}{eager}{took}"
+
+
+def _whole_ms(points: Sequence[CompilerPoint], budget: float) -> float | None:
+    return next((p.step_ms for p in points if p.activation_budget == budget), None)
+
+
+def region_trial(
+    label: str,
+    regions: Sequence[str],
+    budget: float,
+    seconds: float,
+    *,
+    result: TuneResult | None = None,
+    points: Sequence[CompilerPoint] = (),
+    error: str | None = None,
+) -> RegionTrial:
+    """The ``RegionTrial`` of one compiled-region profile: from its search's ``result`` (None: it failed with
+    ``error``), compared with the whole-model compiler ``points`` measured at the same budget."""
+    prof: Profile | None = result.profile if result is not None else None
+    best = result.best if result is not None else None
+    return RegionTrial(
+        label=label,
+        regions=tuple(regions),
+        budget=budget,
+        step_ms=result.unconstrained.step_ms if result is not None else None,
+        # a profile modeled for a GPU on the CPU has the roofline's times, not the points' measured ones
+        whole_ms=_whole_ms(points, budget) if prof is not None and prof.source == "measured" else None,
+        best_ms=best.step_ms if best is not None else None,
+        best_peak_bytes=best.peak_bytes if best is not None else None,
+        plan=best.plan if best is not None else None,
+        eager_regions=tuple(prof.stages[k].name for k in prof.eager_stages) if prof is not None else (),
+        compile_seconds=prof.compile_seconds if prof is not None else None,
+        seconds=seconds,
+        error=error,
+    )
+
+
+def fastest(results: Sequence[TuneResult]) -> TuneResult:
+    """The result whose best plan steps fastest (ties: the smaller peak, then the earlier result); the first result
+    where none has a plan that fits.
+
+    Raises:
+        ValueError: ``results`` is empty.
+    """
+    if not results:
+        raise ValueError("no result to choose from")
+    with_best = [r for r in results if r.best is not None]
+    if not with_best:
+        return results[0]
+    return min(with_best, key=lambda r: (r.best.step_ms, r.best.peak_bytes))  # type: ignore[union-attr]

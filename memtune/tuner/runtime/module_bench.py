@@ -1,0 +1,175 @@
+"""Measuring any model's training step on its CUDA device, unplanned, tuned under a cap and beside built-ins: what
+``memtune bench`` does for a factory model and ``benchmarks.your_models`` tabulates.
+
+# NOTE [ Module bench ]
+One process, in this order: the unplanned step (median of ``steps`` after ``warmup``, CUDA events, SGD with momentum,
+peak allocated and reserved bytes, allocator retries); the profile by module stages
+(``memtune.profiler.module_profile``); the search at ``fraction`` x the unplanned peak, ``headroom`` of it kept free;
+the best plan under ``budget_guard``
+at that budget (an out-of-memory is a result), again without the cap, and the stages wrapped with every action
+``keep`` (what wrapping costs by itself); the simulator's prediction; the largest relative loss, gradient and buffer
+errors of the plan against the unplanned step beside those of a second unplanned step (the run-to-run spread); and
+each given built-in (a module sharing the model's parameters, e.g. ``checkpoint_sequential`` over a trunk), uncapped.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from memtune.profiler import profile_module
+from memtune.profiler.module_profile import as_inputs, default_loss
+from memtune.profiler.modules import call_model
+from memtune.tuner.plan import Plan
+from memtune.tuner.runtime.bench import measure_step as measure_chain_step
+from memtune.tuner.runtime.guard import budget_guard
+from memtune.tuner.runtime.planned import planned
+from memtune.tuner.runtime.verify import check_equivalence, reference_step
+from memtune.tuner.search import tune
+from memtune.tuner.simulator import Simulator
+
+__all__ = ["bench_module", "measure_step"]
+
+Loss = Callable[[Any], torch.Tensor]
+
+
+def measure_step(
+    model: nn.Module,
+    run: nn.Module,
+    inputs: Any,
+    loss_fn: Loss,
+    *,
+    warmup: int,
+    steps: int,
+    output_held: bool = False,
+    optimizer: str = "sgd",
+) -> dict[str, Any]:
+    """Train ``run`` (which shares ``model``'s parameters) for ``warmup + steps`` steps with SGD and momentum (or
+    AdamW, ``optimizer="adam"``): the median step ms and the peaks of the timed steps
+    (``memtune.tuner.runtime.bench.measure_step``), and allocator retries per step. ``output_held``: the loop holds the
+    model's output until its backward ends (NOTE [ Held output ] in ``memtune.tuner.simulator``)."""
+    if optimizer == "adam":
+        opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
+    args = as_inputs(inputs)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        out = call_model(run, args)
+        loss = loss_fn(out)
+        if not output_held:
+            del out
+        loss.backward()
+        opt.step()
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+    step_ms, peak, reserved = measure_chain_step(step, warmup=warmup, iters=steps)
+    out = {
+        "step_ms": step_ms,
+        "peak_bytes": peak,
+        "reserved_bytes": reserved,
+        "alloc_retries_per_step": (torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries) / (warmup + steps),
+    }
+    for p in model.parameters():
+        p.grad = None
+    opt.state.clear()  # the momentum buffers go with the measurement
+    return out
+
+
+def bench_module(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    loss_fn: Loss | None = None,
+    stages: list[str] | None = None,
+    fraction: float = 0.6,
+    headroom: float = 0.05,
+    trials: int = 150,
+    warmup: int = 3,
+    steps: int = 10,
+    builtins: Mapping[str, nn.Module] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """One row of NOTE [ Module bench ] for ``model`` on its CUDA device: a JSON-ready dict.
+
+    Raises:
+        TunerError: CUDA is not available or the model is not on it.
+    """
+    from memtune.tuner.errors import TunerError
+
+    if not torch.cuda.is_available() or not any(p.is_cuda for p in model.parameters()):
+        raise TunerError("bench measures on a GPU: put the model and its inputs on a CUDA device")
+    loss = loss_fn or default_loss
+    note = progress or (lambda _what: None)
+    row: dict[str, Any] = {"fraction": fraction, "headroom": headroom, "torch": torch.__version__}
+    note("unplanned step")
+    row["unplanned"] = measure_step(model, model, inputs, loss, warmup=warmup, steps=steps)
+    note("profile")
+    t0 = time.perf_counter()
+    prof = profile_module(model, inputs, loss_fn=loss, stages=stages)
+    row["profile_s"] = round(time.perf_counter() - t0, 1)
+    row.update(stages=prof.n_stages, stage_names=[s.name for s in prof.stages], device=prof.device.name)
+    row["profile"] = json.loads(prof.to_json())
+    budget = int(fraction * row["unplanned"]["peak_bytes"])
+    row["budget_bytes"] = budget
+    note("tune")
+    result = tune(prof, budget, trials=trials, seed=0, headroom=headroom)
+    if result.best is None:
+        row["error"] = "no plan fits"
+        return row
+    plan = result.best.plan
+    keep = plan.with_(actions=("keep",) * prof.n_stages)
+    sim = Simulator(prof)
+    predicted = sim.run(plan)
+    row.update(
+        plan=plan.compact(),
+        plan_json=plan.model_dump(mode="json"),
+        predicted={"step_ms": predicted.step_ms, "peak_bytes": predicted.peak_bytes},
+        unplanned_simulated={"step_ms": sim.run(keep).step_ms},
+    )
+    note("planned steps")
+    _planned_rows(row, model, inputs, loss, plan, keep, budget, warmup, steps)
+    note("gradients")
+    ref = reference_step(model, inputs, loss_fn=loss)
+    same, _ = check_equivalence(model, keep, inputs, loss_fn=loss, reference=ref, steps=1)
+    eq, _ = check_equivalence(model, plan, inputs, loss_fn=loss, reference=ref, steps=1)
+    row["spread"] = {"loss": same.loss, "grad": same.grad, "buffer": same.buffer}
+    row["equality"] = {"loss": eq.loss, "grad": eq.grad, "buffer": eq.buffer, "worst": eq.worst_grad}
+    for name, peer in (builtins or {}).items():
+        note(name)
+        row[name] = measure_step(model, peer, inputs, loss, warmup=warmup, steps=steps)
+    return row
+
+
+def _planned_rows(
+    row: dict[str, Any],
+    model: nn.Module,
+    inputs: Any,
+    loss: Loss,
+    plan: Plan,
+    keep: Plan,
+    budget: int,
+    warmup: int,
+    steps: int,
+) -> None:
+    pm = planned(model, plan)
+    try:
+        with budget_guard(budget, pm):
+            row["planned"] = measure_step(model, pm, inputs, loss, warmup=warmup, steps=steps)
+    except Exception as exc:  # an out-of-memory under the cap is a result, reported as such
+        row["planned"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    row["planned_uncapped"] = measure_step(model, pm, inputs, loss, warmup=warmup, steps=steps)
+    row["planned_keep"] = measure_step(model, planned(model, keep), inputs, loss, warmup=warmup, steps=steps)
+    row["planned_stats"] = {k: v for k, v in vars(pm.stats).items() if isinstance(v, (int, float))}
+    del pm
+    gc.collect()
+    torch.cuda.empty_cache()

@@ -1,0 +1,187 @@
+"""``PlannedBase``: what every planned model shares (``memtune.tuner.runtime.planned.PlannedModel`` runs a chain,
+``memtune.tuner.runtime.modules.PlannedModule`` any module).
+
+Its own module so that ``memtune.tuner.runtime.modules`` subclasses it without importing
+``memtune.tuner.runtime.planned``, whose ``planned`` builds a ``PlannedModule``: the two would import each other.
+``memtune.tuner.runtime.planned`` re-exports
+it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import traceback
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from memtune.tuner.plan import Plan
+from memtune.tuner.runtime.allocator import reserved_summary
+from memtune.tuner.runtime.errors import Phase, PlanOutOfMemoryError
+from memtune.tuner.runtime.offload import OffloadRuntime, OffloadStats, StepState
+from memtune.tuner.runtime.pool import HostPool
+
+__all__ = ["PlannedBase"]
+
+
+# NOTE [ The model's own state dict ]
+# A planned model holds the user's model as its submodule ``model``, so torch would save its weights under
+# ``model.`` and a checkpoint of the planned model would not load into the user's own class (nor the user's own
+# checkpoint into the planned model). The wrapper has no state of its own, so its state dict is the model's: the
+# ``model.`` step is dropped when saving and added back when loading, at whatever depth the planned model sits
+# (a planned model inside a larger module too). A Hugging Face model whose own keys start with ``model.`` keeps
+# them: only the wrapper's one step is removed.
+_WRAPPED = "model."
+
+
+def _state_dict_without_wrapper(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]
+) -> None:
+    """Rename ``{prefix}model.{key}`` to ``{prefix}{key}`` in place, the version metadata too (NOTE [ The model's
+    own state dict ]); the wrapped model's own metadata takes the wrapper's place."""
+    inner = prefix + _WRAPPED
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner) :]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is None:
+        return
+    if inner[:-1] in metadata:
+        metadata[prefix[:-1]] = metadata.pop(inner[:-1])
+    for key in [k for k in metadata if k.startswith(inner)]:
+        metadata[prefix + key[len(inner) :]] = metadata.pop(key)
+
+
+def _load_into_wrapped(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any], *_: object
+) -> None:
+    """Rename ``{prefix}{key}`` to ``{prefix}model.{key}`` in place before the wrapped model loads (NOTE [ The
+    model's own state dict ]). ``state_dict`` is torch's copy; its metadata is the caller's, so entries are added
+    for the wrapped model, none removed."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        state_dict[prefix + _WRAPPED + key[len(prefix) :]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is None:
+        return
+    if prefix[:-1] in metadata:
+        metadata.setdefault(prefix + _WRAPPED[:-1], metadata[prefix[:-1]])
+    for key in [k for k in metadata if k.startswith(prefix)]:
+        metadata.setdefault(prefix + _WRAPPED + key[len(prefix) :], metadata[key])
+
+
+class PlannedBase(nn.Module):
+    """What every planned model shares: the offload runtime, where a step is, and out-of-memory errors that name
+    the plan and the stage. ``PlannedModel`` runs a chain; ``memtune.tuner.runtime.modules.PlannedModule`` any module.
+
+    Args:
+        model: the wrapped model (parameters shared, no copy).
+        plan: the plan.
+        names: the stage names, for error messages.
+        pool_bytes: host bytes to reserve up front for offloaded storages (0: grow in the first step).
+    """
+
+    def __init__(self, model: nn.Module, plan: Plan, names: Sequence[str], *, pool_bytes: int = 0) -> None:
+        super().__init__()
+        self.model = model
+        self.plan = plan
+        self.stage_names: tuple[str, ...] = tuple(names)
+        self._runtime = OffloadRuntime(reserve_bytes=pool_bytes)
+        self._step: StepState | None = None
+        self._budget_bytes: int | None = None  # set by oom_guard, for error messages
+        self.register_state_dict_post_hook(_state_dict_without_wrapper)  # NOTE [ The model's own state dict ]
+        self.register_load_state_dict_pre_hook(_load_into_wrapped)
+
+    # ---- inspection ------------------------------------------------------------------------------
+    @property
+    def stats(self) -> OffloadStats:
+        """Offload counters since construction (copies, bytes, prefetches, dedupes)."""
+        return self._runtime.stats
+
+    @property
+    def pool(self) -> HostPool | None:
+        """The host pool offloaded storages go to (None before the first offload)."""
+        return self._runtime.pool
+
+    @property
+    def running(self) -> tuple[Phase, int | None]:
+        """Where the current or last step is: (phase, stage index)."""
+        step = self._step
+        if step is None:
+            return "forward", None
+        if step.forward_stage is not None:
+            return "forward", step.forward_stage
+        if not step.forward_ended:
+            return "forward", None
+        return "backward", step.backward_stage
+
+    def _begin_step(self, device: torch.device, exclude_ptrs: set[int]) -> StepState:
+        """A new step of the offload runtime with the plan's knobs; ``exclude_ptrs`` stay on the device."""
+        plan = self.plan
+        self._step = self._runtime.begin_step(
+            device,
+            sync=plan.sync,
+            sync_delay=plan.sync_delay,
+            sync_points=plan.sync_points,
+            lookahead=plan.prefetch_lookahead,
+            exclude_ptrs=exclude_ptrs,
+            lookaheads=plan.stage_lookaheads(),  # NOTE [ Prefetch lookahead ] in memtune.tuner.plan
+        )
+        return self._step
+
+    def release(self) -> None:
+        """Give back what the planned model changed on the wrapped model beyond one step: nothing here; a plan of
+        compiled regions wraps its region modules once (NOTE [ Regions are wrapped once ] in
+        ``memtune.profiler.regions``)
+        and ``PlannedModule.release`` restores them."""
+
+    # ---- out of memory ---------------------------------------------------------------------------
+    def _oom(self, exc: BaseException, phase: Phase, stage: int | None) -> PlanOutOfMemoryError:
+        """Free what the failed step holds and build the error that names plan and stage."""
+        reserved = reserved_summary()  # before anything is freed: where the memory sat when the step failed
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)  # frames keep activations alive
+        self._runtime.abandon(self._step)
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        return PlanOutOfMemoryError(
+            label=self.plan.label,
+            stage=stage,
+            stage_name=self.stage_names[stage] if stage is not None else None,
+            phase=phase,
+            budget_bytes=self._budget_bytes,
+            detail=str(exc),
+            reserved=reserved,
+            outside=None if stage is not None else self._outside(phase),
+        )
+
+    def _outside(self, phase: Phase) -> str:
+        """Where a step is when no stage runs: before the first stage, or after the model returned and before the
+        backward reached the last stage (the loss's forward or backward, or the model's own code after its last
+        stage, such as a Hugging Face model's cross-entropy over its logits)."""
+        n = len(self.stage_names)
+        if phase == "forward":
+            return f"the forward of the model's own code before its first stage, stage 0 ({self.stage_names[0]})"
+        return (
+            f"the loss (its forward or backward) or the backward of the model's own code after its last stage, stage "
+            f"{n - 1} ({self.stage_names[n - 1]}), before the backward reached that stage"
+        )
+
+    @contextlib.contextmanager
+    def oom_guard(self, budget_bytes: int | None = None) -> Iterator[None]:
+        """Turn an out-of-memory error inside the block (forward or backward) into ``PlanOutOfMemoryError``.
+
+        The error names the plan label and the stage that was running; the runtime's in-flight state
+        is dropped and the CUDA cache emptied first, so the next step can run. ``budget_guard`` uses it.
+        """
+        previous = self._budget_bytes
+        self._budget_bytes = budget_bytes
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            phase, stage = self.running
+            raise self._oom(exc, phase, stage) from exc
+        finally:
+            self._budget_bytes = previous

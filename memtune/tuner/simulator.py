@@ -1,0 +1,1125 @@
+"""The cost model: simulate one training step of a chain under a plan.
+
+Three engines run side by side: compute, device-to-host copy (D2H) and host-to-device copy (H2D). The
+forward pass runs the stages in order and issues offload copies; the backward pass runs them in reverse,
+re-running recompute segments and issuing prefetches per the plan. Memory is a timeline of allocations
+and frees; its maximum is the peak. The rules for every storage are NOTE [ Plan semantics ] in
+``memtune.tuner.plan``, which the runtime follows too.
+
+# NOTE [ Simulator memory accounting ]
+Resident for the whole step (``base``): parameters, optimizer state (SGD momentum: 1x parameters, Adam:
+2x) and the batch input. In forward, stage k allocates the storages it produces at its start together
+with its transient workspace, frees the workspace at its end, and frees every storage nobody keeps once
+its last forward reader (the next stage, or a later stage that saves it) has run. Offloaded storages are
+freed where compute waits for their copy (and the forward no longer reads them): at the last reader under
+``layer`` sync, ``sync_delay`` stages after the pack stage under ``deferred``, at the next sync point under
+``points`` (NOTE [ Deferred frees ]).
+In backward, stage k allocates the gradient of its input, its parameters' gradients (kept to the end of
+the step) and its workspace; it frees its output's gradient and its workspace at its end, and the saved
+storages whose last reader it is. Prefetch buffers are allocated when the prefetch is issued.
+
+# NOTE [ Copies during the forward ]
+The runtime issues a storage's device-to-host copy at its pack, i.e. while the stage that saves it is still
+computing (NOTE [ Offload runtime ]). A storage packed by the stage that produces it (a block's internal
+activations) is therefore queued on the copy engine from that stage's start, not its end; it cannot be done
+before the stage's compute ends (its last bytes are made then). Storages packed by a later stage (a stage's
+input) are queued at the end of the stage before it, which is when that pack happens. Before this the
+simulator queued every copy at the stage's end, which serialised compute and copies under ``layer`` sync:
+on the H200 (``scripts/memory_trace.py … policy=vdnn_all_p``, 2026-11-21) a GPT fp32 block's forward took
+19.45 ms against 28.3 ms simulated (10.04 ms compute, 19.51 ms of copies: the measured time is their max),
+and ResNet-50 bf16 ``vdnn_all_m`` forward stages (4–19) took 21–32% less time than simulated, while every backward
+stage was within 3%. Treating every member alike keeps ``merge_storages`` exact.
+
+# NOTE [ Re-made copies ]
+A re-run makes a fresh tensor for everything its stages save, including a storage that is also kept or
+offloaded for a stage after the segment: the last stage's output when it saves it itself (a residual block
+ending in ``ReLU(inplace=True)``, which saves its result) and the next stage saves it as its input. The
+original serves the next stage; the re-run's copy serves the segment's own stages and lives from the re-run
+to the backward of its first saver in the segment. The simulator counted the storage once, under its kept
+or offloaded fate: on the H200 (``scripts/memory_trace.py resnet50:256:float32:0.4:plan=…``) the tuned
+plan's segment ``layer1.0``–``layer1.1`` peaked in ``layer1.1``'s backward at 8.72 GiB against 7.94
+simulated, one 784 MiB block output short, and the bench's run at that budget (8.41 GiB) ran out of memory
+allocating it. With the copy counted the stage is simulated at 8.71 GiB.
+
+The simulator is deterministic and pure Python. ``Simulator(profile)`` precomputes the per-profile
+tables once, so that ``run(plan)`` costs a few hundred microseconds for a 40-stage chain.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from memtune.profiler import CompilerPoint, ConvAlgo, ConvProfile, Profile, SavedStorage
+from memtune.profiler.loss_model import profile_loss_ms
+from memtune.tuner.calibration import calibration_for
+from memtune.tuner.conv_choice import PASSES, ConvTriple, RuleChoices, select_algo, working_algos
+from memtune.tuner.fast_path import FastPath
+from memtune.tuner.plan import (
+    Action,
+    Plan,
+    StorageFate,
+    resolve_storages,
+    segments,
+    selective_gain_bytes,
+    storage_copy_ms,
+)
+from memtune.tuner.spatial import SplitPricing, parse_segment_key
+from memtune.tuner.whole import compiler_point
+
+__all__ = ["OPTIMIZERS", "SimResult", "Simulator", "StorageTables", "backward_transients", "merge_storages", "simulate"]
+
+Optimizer = Literal["sgd", "adam", "none"]
+#: actions that hold the stage's input on the GPU (NOTE [ Plan semantics ])
+_HOLDS = (Action.KEEP, Action.SELECTIVE)
+#: optimizer state bytes per parameter byte
+OPTIMIZERS: dict[str, float] = {"sgd": 1.0, "adam": 2.0, "none": 0.0}
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What one simulated training step costs.
+
+    Attributes:
+        step_ms: wall time of forward + backward, ms.
+        peak_bytes: maximum of the memory timeline, bytes.
+        forward_ms / backward_ms: compute-stream end of each phase, ms (backward_ms is its duration).
+        recompute_ms: extra forward time spent re-running recompute segments and selective stages' cheap operations, ms.
+        stall_ms: total time compute waited for copies, ms.
+        forward_stalls_ms / backward_stalls_ms: per stage, ms.
+        d2h_bytes / h2d_bytes: bytes copied each way.
+        timeline: ``(time ms, live bytes, label)`` after each event, when asked for.
+        blocks: the same events tensor by tensor, ``("alloc" | "free", key, bytes)`` in program order, when a
+            timeline is asked for (NOTE [ Allocator placement ] in ``memtune.tuner.placement`` replays them).
+        spans: when a timeline is asked for, what the copy engines and the backward ran when: ``("d2h" | "h2d",
+            storage id in ``Simulator.tables``, start ms, end ms)`` per copy and ``("backward", stage, start ms, end
+            ms)`` per stage (``memtune.tuner.ranks`` prices a shared host link with them).
+    """
+
+    step_ms: float
+    peak_bytes: int
+    forward_ms: float
+    backward_ms: float
+    recompute_ms: float
+    stall_ms: float
+    forward_stalls_ms: tuple[float, ...]
+    backward_stalls_ms: tuple[float, ...]
+    d2h_bytes: int
+    h2d_bytes: int
+    base_bytes: int
+    timeline: tuple[tuple[float, int, str], ...] = field(default=(), repr=False)
+    blocks: tuple[tuple[str, object, int], ...] = field(default=(), repr=False)
+    spans: tuple[tuple[str, int, float, float], ...] = field(default=(), repr=False)
+
+    def fits(self, budget_bytes: int) -> bool:
+        """True when the simulated peak is within ``budget_bytes``."""
+        return self.peak_bytes <= budget_bytes
+
+
+def backward_transients(profile: Profile) -> list[int]:
+    """Each stage's backward transient as the simulator adds it: bytes above what was live before the stage's
+    backward *and* the gradients it makes (input gradient and parameter gradients).
+
+    # NOTE [ Backward transient ]
+    The profiler measures a stage's backward alone (``memtune.profiler.measure._workspaces``) as W = peak − max(before,
+    after): ``after`` = ``before`` − F + G, where G is the gradients the backward makes and F the bytes of the
+    stage's saved storages that its backward frees (those it produced and saves, but not its output, which the
+    next stage holds). The simulator's stage peak is live-before + G + transient, so the transient is
+    peak − before − G = W + max(0, G − F) − G = W − min(G, F). Taking W itself counted min(G, F) twice: a max-pool
+    frees its int64 indices (F) as it makes its input's gradient (G, the same bytes in bf16 on VGG-16), so its
+    backward was simulated one input-gradient higher than it runs. On the H200 (``scripts/memory_trace.py``,
+    ``benchmarks/results/memtrace/``) VGG-16 bf16 ``checkpoint_sqrt`` peaked at the first max-pool's backward at
+    8.34 GiB against 9.80 simulated; the second and third pools were 0.70 and 0.32 GiB over, their input sizes.
+    A profile without measured workspaces (W = 0) is unchanged.
+
+    W itself is measured with the output's gradient held by the caller. Inside a chain autograd frees that gradient
+    once its first node has used it, and a bottleneck block's in-place ReLU backward makes its own gradient as it
+    frees the incoming one: W counted one output-sized gradient too many for ResNet-50 fp32's ``layer1.1`` (1,568 MiB
+    measured alone; as in a chain, with memory-optimal convolutions, 784 MiB: the output's gradient, which the
+    simulator holds already). Where the profile has
+    ``chained_backward_bytes`` (``memtune.profiler.measure.chained_backward_bytes``: the peak above what was live before
+    and the gradients made, the output's gradient made inside the backward so that autograd frees it once used),
+    the simulator takes that minus the output's gradient, which it holds through the stage's backward, instead.
+    """
+    stages = profile.stages
+    freed = [0] * len(stages)
+    for sid, s in enumerate(profile.storages):
+        k = s.producer
+        if k >= 0 and k in s.saved_by and stages[k].output_storage != sid:
+            freed[k] += s.bytes
+    out = []
+    for k, st in enumerate(stages):
+        grads = (stages[k - 1].output_bytes if k > 0 else 0) + st.param_bytes
+        if st.chained_backward_bytes is not None:  # as the chain runs it, the output's gradient held here
+            out.append(max(0, st.chained_backward_bytes - st.output_bytes))
+        else:
+            out.append(max(0, st.backward_workspace_bytes - min(grads, freed[k])))
+    return out
+
+
+class StorageTables:
+    """Per-storage tables of one profile (see NOTE [ Saved storages ])."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        st = profile.stages
+        n = len(st)
+        storages = profile.storages
+        self.s_bytes = [s.bytes for s in storages]
+        self.s_producer = [s.producer for s in storages]
+        self.s_saved_by = [s.saved_by for s in storages]
+        # last forward reader of each storage: who saves it, and the stage after any stage whose output it is; for
+        # module stages who reads it or holds it as measured (NOTE [ Module stages ] in memtune.profiler.modules)
+        last = [max((*s.saved_by, *s.read_by, s.producer, 0)) for s in storages]
+        if not profile.modules:
+            for k, stage in enumerate(st):
+                if stage.output_storage is not None:
+                    last[stage.output_storage] = max(last[stage.output_storage], min(k + 1, n - 1))
+        self.s_last_use = last
+        # copy times: the first saver's measured ms, shared by bytes; else the device bandwidth
+        self.s_d2h, self.s_h2d = storage_copy_ms(profile)
+        # storages produced by each stage (allocated at its forward start)
+        self.produced: list[list[int]] = [[] for _ in range(n)]
+        for sid, p in enumerate(self.s_producer):
+            if p >= 0:
+                self.produced[p].append(sid)
+        self.output_storage = [s.output_storage for s in st]
+        self.inputs = [profile.stage_inputs(k) for k in range(n)]
+        # NOTE [ Gradients between stages ]: in a chain stage k's backward makes its input's gradient (the
+        # output of stage k-1) and frees its output's; between module stages a tensor's gradient is made by the
+        # backward of its last reader (the first to run backward) and freed at the end of its producer's,
+        # the loss making that of the model's output. By storage: made at, freed at
+        self.grad_made: list[list[int]] = [[] for _ in range(n)]
+        self.grad_freed: list[list[int]] = [[] for _ in range(n)]
+        self.s_grad = [s.grad_bytes for s in storages]
+        # NOTE [ Gradient storages ] (memtune.profiler.module_profile): what a gradient's storage holds beyond its own
+        # bytes, from the end of its maker's backward until the next gradient is summed into it; per stage, what it
+        # leaves
+        self.s_grad_rest = [max(0, (s.grad_storage_bytes or 0) - s.grad_bytes) for s in storages]
+        self.grad_rest_made = [0] * n
+        self.grad_rest_freed: list[list[int]] = [[] for _ in range(n)]
+        if profile.modules:
+            final = st[-1].output_storage
+            for sid, s in enumerate(storages):
+                if s.grad_bytes <= 0 or s.producer < 0:
+                    continue
+                readers = [k for k in range(n) if sid in self.inputs[k]]
+                if sid != final and readers:
+                    self.grad_made[max(readers)].append(sid)
+                    self.grad_freed[s.producer].append(sid)
+                    if self.s_grad_rest[sid]:
+                        self.grad_rest_made[max(readers)] += self.s_grad_rest[sid]
+                        self.grad_rest_freed[self._next_gradient(sid, max(readers))].append(sid)
+                elif sid == final:
+                    self.grad_freed[s.producer].append(sid)
+
+    def _next_gradient(self, sid: int, maker: int) -> int:
+        """The stage at whose backward's end the next gradient reaches storage ``sid`` after ``maker``'s, and autograd
+        sums the two out of place, freeing the view ``maker`` made (NOTE [ Gradient storages ]): the latest stage
+        before ``maker`` that reads another tensor its producer made (the skip's max-pooled copy), else the
+        producer."""
+        p = self.s_producer[sid]
+        return next(
+            (k for k in range(maker - 1, p, -1) if any(i != sid and self.s_producer[i] == p for i in self.inputs[k])),
+            p,
+        )
+
+
+class Simulator:
+    """Simulates plans for one profile; precomputes what does not depend on the plan.
+
+    Args:
+        profile: the chain's profile.
+        optimizer: ``sgd`` (with momentum), ``adam`` or ``none``; sets the optimizer state bytes.
+        merge: use merged storages where that is exact (``merge_storages``); only faster.
+        compute_scale: factor on every compute time (stages, convolution algorithms, loss); None takes the
+            profile's calibrated one (NOTE [ Compute scale ]), 1.0 the profile as measured.
+    """
+
+    def __init__(
+        self, profile: Profile, optimizer: str = "sgd", *, merge: bool = True, compute_scale: float | None = None
+    ) -> None:
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, not {optimizer!r}")
+        self.profile = profile
+        self.optimizer = optimizer
+        st = profile.stages
+        self.n = len(st)
+        # NOTE [ Compute scale ]: stage times are measured one stage at a time; a whole step runs them back to
+        # back. The calibration's factor per profile (measured unconstrained step / simulated) scales compute
+        if compute_scale is None:
+            compute_scale = calibration_for(profile.device.key).compute_scale_for(profile)
+        self.compute_scale = compute_scale
+        self._fwd0 = [s.forward_ms for s in st]
+        self._bwd0 = [s.backward_ms for s in st]
+        self.fwd = [ms * self.compute_scale for ms in self._fwd0]
+        self.bwd = [ms * self.compute_scale for ms in self._bwd0]
+        self.out = [s.output_bytes for s in st]
+        self.ws_f = [s.forward_workspace_bytes for s in st]
+        self.ws_b = backward_transients(profile)  # NOTE [ Backward transient ]
+        # NOTE [ Lean transients ]: measured above the gradients made, the output's gradient counted while it
+        # lives; the simulator holds that gradient (out[k]) through the stage's backward; -1: not measured
+        self.lean_b = [
+            -1 if s.lean_backward_workspace_bytes is None else max(0, s.lean_backward_workspace_bytes - s.output_bytes)
+            for s in st
+        ]
+        # NOTE [ Inline fetches ]: what fetching on demand adds to the stage's transient; the workspace part
+        # stays the plan's (chosen or fallen-back convolution algorithms change it, ``stage_costs``). The
+        # measurement counts the output's gradient only while autograd holds it; the simulator holds it (out[k])
+        # through the stage's backward, so it is taken off here
+        self.inline_extra = [
+            None if s.backward_inline_bytes is None else max(0, s.backward_inline_bytes - s.output_bytes - w)
+            for s, w in zip(st, self.ws_b, strict=True)
+        ]
+        self.pgrad = [s.param_bytes for s in st]
+        # NOTE [ Selective stages ] (memtune.profiler.selective): what a selective stage keeps beyond the table, the
+        # extra time of its forward (the caching mode) and of its backward (the cheap operations re-run), and its
+        # backward's transient; where the transient was not measured (CPU profiles) every storage it re-makes is
+        # taken to live through its backward
+        scale = compute_scale
+        self.sel_keep = [s.selective_saved_bytes or 0 for s in st]
+        self.sel_extra_fwd_ms = [max(0.0, s.selective_extra_ms[0]) * scale for s in st]
+        self.sel_extra_ms = [max(0.0, s.selective_extra_ms[1]) * scale for s in st]
+        self.sel_ws = [
+            max(0, s.selective_backward_bytes - s.output_bytes)
+            if s.selective_backward_bytes is not None
+            else self.ws_b[k] + selective_gain_bytes(profile, k)
+            for k, s in enumerate(st)
+        ]
+        # NOTE [ Recompute priced as measured ]: a recomputed stage's re-run and its backward's transient, where
+        # the profile measured the stage under recompute; None: the re-run costs its forward, the transient its
+        # plain backward's
+        rerun = profile.recompute_rerun_scale * scale
+        self.rec_extra_ms = [None if s.recompute_extra_ms is None else s.recompute_extra_ms * rerun for s in st]
+        self.rec_ws = [
+            None if s.recompute_backward_bytes is None else max(0, s.recompute_backward_bytes - s.output_bytes)
+            for s in st
+        ]
+        # bytes per element of the output: half precision under autocast, else 4 (NOTE [ Loss memory ])
+        self.out_itemsize = 4 if profile.dtype == "float32" else 2
+        # NOTE [ Loss memory ]: its time, measured or estimated
+        self.loss_ms = profile_loss_ms(profile) * self.compute_scale
+        # NOTE [ Held output ]: returned storages the loop holds through the backward
+        self.held = profile.output_held_bytes or 0
+        self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
+        self._conv_costs: dict[object, tuple[list[float], list[float], list[int], list[int]]] = {}
+        # every workspace size an algorithm of the profile takes: caps between two of them choose alike
+        self._ws_sizes = sorted({a.workspace_bytes for s in st for c in s.convs for a in c.algos})
+        self._split_costs: dict[object, SplitPricing] = {}  # NOTE [ Spatial splitting ]: by splits and tables
+        # merged storages give the same numbers under every sync mode (see merge_storages)
+        self._tables = StorageTables(merge_storages(profile) if merge else profile)
+        # NOTE [ Inline fetches ]: inline plans hold one storage at a time, so merged storages would over-count
+        self._unmerged = self._tables if not merge else None
+        self._fast = FastPath(self)  # NOTE [ Fast path ]
+        self._choices: RuleChoices | None = None  # each convolution's working algorithms, listed on first use
+        self._lean: dict[tuple[int, str], list[ConvAlgo | None]] = {}
+        self._last_plan: Plan | None = None  # the plan ``run_bounded`` priced last (held, so its id stays its own)
+        self._last_costs = self.fwd, self.bwd, self.ws_f, self.ws_b
+
+    @property
+    def tables(self) -> StorageTables:
+        """The per-storage tables the simulator runs on (merged storages, NOTE [ Saved storages ])."""
+        return self._tables
+
+    # ------------------------------------------------------------------------------------------------
+    def run(self, plan: Plan, *, timeline: bool = False, check: bool = True) -> SimResult:
+        """Simulate one step under ``plan``. ``check=False`` skips validating it against the profile."""
+        if check:
+            plan.check(self.profile)
+        if plan.whole_compile is not None:
+            return _measured(compiler_point(self.profile, plan))
+        if not timeline and self._fast_applies(plan.actions, plan):
+            return self._run_fast(plan.actions, plan)
+        return self._run(plan.actions, plan, timeline)
+
+    def run_actions(self, actions: Sequence[Action], plan: Plan) -> SimResult:
+        """Simulate ``actions`` with the other knobs of ``plan`` (a fast path for search loops)."""
+        if self._fast_applies(actions, plan):
+            return self._run_fast(actions, plan)
+        return self._run(actions, plan, False)
+
+    def run_bounded(
+        self,
+        actions: Sequence[Action],
+        plan: Plan,
+        *,
+        peak_limit: int | None = None,
+        step_limit: float | None = None,
+        step_limit_peak: int = 0,
+    ) -> SimResult | None:
+        """``run_actions``, or None where the peak exceeds ``peak_limit`` bytes, or the step exceeds ``step_limit`` ms
+        and the peak is at least ``step_limit_peak`` bytes.
+
+        # NOTE [ Bounded simulations ]
+        A search that compares a plan with its incumbent needs the plan's numbers only where it might win. Over a
+        fitting incumbent a plan that does not fit, or whose step is longer, loses whatever its other numbers are;
+        the fast path (NOTE [ Fast path ]) knows the peak before it times anything, and the step's clock only runs
+        forward, so it stops there: the peak over its limit skips the step's timing, a clock past its limit the rest
+        of the backward. Over an incumbent that does not fit, a plan with a higher peak loses, and one with the same
+        peak loses if it is slower (``step_limit_peak``). The answers (None, or the same numbers as ``run_actions``)
+        decide the same way as full simulations.
+        """
+        if self._fast_applies(actions, plan):
+            if plan is self._last_plan:  # a descent prices most moves with one plan's knobs
+                costs = self._last_costs
+            else:
+                costs = self.stage_costs(plan)
+                self._last_plan, self._last_costs = plan, costs
+            numbers = self._fast.run(
+                actions, plan, costs, peak_limit=peak_limit, step_limit=step_limit, step_limit_peak=step_limit_peak
+            )
+            return None if numbers is None else SimResult(*numbers, self.base)
+        r = self._run(actions, plan, False)
+        if peak_limit is not None and r.peak_bytes > peak_limit:
+            return None
+        if step_limit is not None and r.peak_bytes >= step_limit_peak and r.step_ms > step_limit:
+            return None
+        return r
+
+    def _run_fast(self, actions: Sequence[Action], plan: Plan) -> SimResult:
+        numbers = self._fast.run(actions, plan, self.stage_costs(plan))
+        assert numbers is not None  # no limits to break
+        return SimResult(*numbers, self.base)
+
+    def _fast_applies(self, actions: Sequence[Action], plan: Plan) -> bool:
+        """Whether NOTE [ Fast path ] prices ``actions`` under ``plan``: ``layer`` or ``deferred`` sync, no segment
+        split into strips."""
+        if plan.sync != "layer" and plan.sync != "deferred":
+            return False
+        return not plan.spatial_splits or self._split_pricing(plan, actions, self._tables) is None
+
+    def stage_costs(self, plan: Plan) -> tuple[list[float], list[float], list[int], list[int]]:
+        """Per stage forward ms, backward ms, forward and backward workspace bytes under the plan's conv choice.
+
+        # NOTE [ Convolution costs ]
+        A stage's measured times include its convolutions run with the framework's algorithms
+        (``ConvProfile.default_ms``/``default_bwd_ms``, PyTorch's own convolution at the same shapes).
+        A chosen triple (``memtune.tuner.conv_choice``) replaces that time by the chosen algorithms' ms, and the
+        stage's workspace by the chosen algorithms' largest workspace per pass. The first convolution of
+        stage 0 reads the model input, which needs no gradient: its backward is the weight pass alone (the
+        profiler times stage 0 so); counting its data pass too over-predicted ResNet-50 bf16 ``vdnn_all_m``'s
+        last backward stage 4x (29.8 ms simulated, 7.1 ms measured on the H200: the memory-optimal data pass
+        alone takes 27.4 ms).
+
+        # NOTE [ Lean transients ]
+        A stage's measured transient is the framework's convolution workspace *and* what the stage allocates for
+        a moment besides (a batch norm's and a residual sum's gradients in a bottleneck's backward). Taking the
+        chosen algorithms' workspace alone for the stage's transient drops the second part. Where the profile
+        measured the stage with every convolution run by its memory-optimal algorithms (``lean_*_workspace_bytes``,
+        ``memtune.tuner.runtime.lean``), the transient is that, plus what the chosen workspace exceeds the
+        memory-optimal one by: a workspace coexists with whatever the stage holds during that convolution, so the sum
+        bounds it
+        from above. Without the measurement it stays the chosen workspace.
+        The backward is measured as it runs in a chain (``memtune.profiler.measure.chained_backward_bytes``): above the
+        gradients it makes, with the incoming gradient freed once used. Measured like ``backward_workspace_bytes``
+        instead (the incoming gradient held by the caller), ResNet-50 fp32's ``layer1.x`` showed 1,568 MiB with
+        the memory-optimal algorithms as with the framework's, and the H200 trace of a tuned plan
+        (``scripts/memory_trace.py resnet50:256:float32:0.4:plan=…``) ran 0.2-0.75 GiB below that simulation in
+        every backward stage: the in-place ReLU that ends a bottleneck frees the incoming gradient as it makes its
+        own. The forward is measured as ``forward_workspace_bytes`` is; with it ``layer4.0``'s forward is
+        simulated at the 7.15 GiB the trace shows (7.06 with the chosen workspace alone).
+        """
+        if plan.conv_rule == "default" and not plan.conv_algos:
+            return self.fwd, self.bwd, self.ws_f, self.ws_b
+        # ``fastest_within`` takes the fastest algorithm whose workspace is within the cap, so a cap chooses as the
+        # largest workspace size within it does (-1: none); other rules have no cap
+        cap = plan.conv_workspace_limit_bytes
+        if plan.conv_rule != "fastest_within":
+            cap = None
+        elif cap is not None:
+            i = bisect_right(self._ws_sizes, cap)
+            cap = self._ws_sizes[i - 1] if i else -1
+        key = (
+            plan.conv_rule,
+            cap,
+            tuple(sorted((k, (v.fwd, v.bwd_data, v.bwd_filter)) for k, v in plan.conv_algos.items())),
+        )
+        cached = self._conv_costs.get(key)
+        if cached is not None:
+            return cached
+        fwd, bwd, ws_f, ws_b = list(self._fwd0), list(self._bwd0), list(self.ws_f), list(self.ws_b)
+        if self._choices is None:
+            self._choices = RuleChoices(self.profile)
+        chosen = self._choices.choose(plan)
+        by_stage: dict[int, list[tuple[ConvProfile, ConvTriple]]] = {}
+        for ckey, triple in chosen.items():
+            stage_s, _, name = ckey.partition(".")
+            stage = self.profile.stages[int(stage_s)]
+            conv = next(c for c in stage.convs if c.name == name)
+            by_stage.setdefault(stage.index, []).append((conv, triple))
+        for k, items in by_stage.items():
+            first = self.profile.stages[k].convs[0].name
+            ws_bk = 0
+            lean_f = lean_b = 0  # the memory-optimal algorithms' largest workspace per direction
+            for conv, tr in items:
+                if conv.default_ms is not None and tr.fwd.ms is not None:
+                    fwd[k] = max(0.0, fwd[k] + tr.fwd.ms - conv.default_ms)
+                lean = self._lean.get((k, conv.name))
+                if lean is None:  # the memory-optimal algorithms, the same under every plan
+                    lean = self._lean[k, conv.name] = [select_algo(conv.algos, p, "memory_optimal") for p in PASSES]
+                lean_f = max(lean_f, lean[0].workspace_bytes if lean[0] else 0)
+                if k == 0 and conv.name == first and conv.default_bwd_ms is not None:
+                    # the model input needs no gradient: only the weight pass runs (the stage was timed so),
+                    # and the framework's own weight pass is taken to be the fastest one listed
+                    weight_ms = [a.ms or 0.0 for a in working_algos(conv.algos, "bwd_filter")]
+                    fastest = min(weight_ms, default=None)
+                    if fastest is not None and tr.bwd_filter.ms is not None:
+                        bwd[k] = max(0.0, bwd[k] + tr.bwd_filter.ms - fastest)
+                    ws_bk = max(ws_bk, tr.bwd_filter.workspace_bytes)
+                    lean_b = max(lean_b, lean[2].workspace_bytes if lean[2] else 0)
+                    continue
+                if conv.default_bwd_ms is not None:
+                    bwd[k] = max(0.0, bwd[k] + tr.backward_ms - conv.default_bwd_ms)
+                ws_bk = max(ws_bk, tr.bwd_data.workspace_bytes, tr.bwd_filter.workspace_bytes)
+                lean_b = max(lean_b, max((a.workspace_bytes for a in lean[1:] if a is not None), default=0))
+            ws_fk = max(tr.fwd.workspace_bytes for _, tr in items)
+            # NOTE [ Lean transients ]: the stage's own transient with lean convolutions, plus what the chosen
+            # algorithms' workspace adds to theirs
+            measured_f = self.profile.stages[k].lean_forward_workspace_bytes
+            ws_f[k] = ws_fk if measured_f is None else measured_f + max(0, ws_fk - lean_f)
+            ws_b[k] = ws_bk if self.lean_b[k] < 0 else self.lean_b[k] + max(0, ws_bk - lean_b)
+        scale = self.compute_scale
+        result = ([ms * scale for ms in fwd], [ms * scale for ms in bwd], ws_f, ws_b)
+        self._conv_costs[key] = result
+        return result
+
+    def _loss(
+        self,
+        t: float,
+        ev: Callable[[tuple[float, int, str]], None],
+        blk: list[tuple[str, object, int]] | None,
+        tab: StorageTables,
+        fates: Sequence[StorageFate],
+    ) -> float:
+        """The loss's forward and backward between the two passes: its memory events and blocks; returns the time
+        after it, ms.
+
+        # NOTE [ Loss memory ]
+        The step's loss is cross-entropy on the output (NOTE [ Bench step ]), computed in fp32: log_softmax of
+        out.float() (a copy when the output is half precision under autocast), whose output is saved; its backward
+        holds the saved output, the incoming gradient and the gradient it makes (3 fp32 tensors the size of the
+        logits), then leaves the output's gradient. Negligible for 1000 classes; for a language model's (batch,
+        tokens, vocab) logits it is several GiB. The output itself is freed after the loss's forward unless a stage
+        saves it (log_softmax saves its result). Its time is the profile's measured ``loss_ms`` (memtune.profiler.loss),
+        else a roofline estimate (memtune.profiler.loss_model, no torch): ~11 ms of a GPT step on the H200, which the
+        simulator missed before it counted it.
+        A profile of module stages measured the user's own loss function instead (``Profile.loss_saved_bytes``,
+        ``memtune.profiler.modules``): it holds what that function saves from its forward to its backward, and in its
+        backward what was measured there on CUDA (``Profile.loss_backward_bytes``: the loss function's backward and that
+        of the
+        model's own code after its last stage, such as a Hugging Face model's cross-entropy over fp32 logits, which
+        makes two logit-sized gradients; without it GPT-2 and a Llama-style model ran out of memory there under their
+        budget on an H100), then leaves the gradient of the model's output.
+
+        # NOTE [ Held output ]
+        A training loop that keeps the model's output object (``out = model(**batch); out.loss.backward()``, as many
+        loops and Hugging Face's ``Trainer`` do) holds everything the model returned until its backward ends: for a
+        language model one more logits tensor (batch x tokens x vocabulary x 4 bytes), which the step alone would
+        free after the loss's forward. Measured with the CPU allocator's events (NOTE [ Allocator meters ]) on a
+        small ``BertForMaskedLM`` (vocabulary 8192, batch 4 x 128), the held output's peak was 91.5 MiB against 75.5
+        dropped. The profile says what the loop holds (``Profile.output_held_bytes``: the returned storages no
+        stage saves, the worst case unless the user says the loop drops it); the simulator keeps those bytes from
+        the loss's forward to the end of the backward. Returned storages that a stage saves are counted by their
+        saver as before.
+        """
+        n, out, s_bytes = self.n, self.out, tab.s_bytes
+        final_out = tab.output_storage[n - 1]
+        out_dies = s_bytes[final_out] if final_out is not None and fates[final_out].fate == "none" else 0
+        half = self.loss_ms / 2  # the split between its forward and backward does not change the step
+        saved = self.profile.loss_saved_bytes
+        if saved is not None:
+            grad = tab.s_grad[final_out] if final_out is not None else 0
+            transient = self.profile.loss_backward_bytes or 0
+            ev((t, saved, "loss forward"))
+            ev((t + half, -out_dies, "loss forward end"))
+            if self.held:  # NOTE [ Held output ]: what the loop holds comes back until the backward ends
+                ev((t + half, self.held, "output held"))
+            ev((t + half, transient + grad, "loss backward"))
+            ev((t + 2 * half, -transient - saved, "loss backward end"))
+            if blk is not None:
+                blk += [("alloc", "loss", saved)] if saved else []
+                blk += [("free", ("s", final_out), out_dies)] if out_dies else []
+                blk += [("alloc", "held output", self.held)] if self.held else []
+                blk += [("alloc", "loss backward", transient)] if transient else []
+                blk += [("alloc", ("gs", final_out), grad)] if grad else []
+                blk += [("free", "loss backward", transient)] if transient else []
+                blk += [("free", "loss", saved)] if saved else []
+            return t + 2 * half
+        numel = out[n - 1] // self.out_itemsize
+        f32 = 4 * numel
+        cast = f32 if self.out_itemsize != 4 else 0
+        ev((t, cast + f32, "loss forward"))
+        t += half
+        ev((t, -cast - out_dies, "loss forward end"))
+        ev((t, 2 * f32, "loss backward"))
+        t += half
+        ev((t, -2 * f32 + (numel * self.out_itemsize if cast else 0), "loss backward: log_softmax"))
+        ev((t, -cast, "loss grad"))
+        if blk is not None:
+            # the last "loss" block is the gradient of the output, which stage n-1's backward frees as ("g", n-1)
+            blk += [("alloc", "cast", cast)] if cast else []
+            blk += [("alloc", "log_softmax", f32)]
+            blk += [("free", "cast", cast)] if cast else []
+            blk += [("free", ("s", final_out), out_dies)] if out_dies else []
+            blk += [("alloc", "loss grad", f32), ("alloc", "cast grad" if cast else ("g", n - 1), f32)]
+            blk += [("free", "log_softmax", f32), ("free", "loss grad", f32)]
+            if cast:
+                blk += [("alloc", ("g", n - 1), numel * self.out_itemsize), ("free", "cast grad", f32)]
+        return t
+
+    def _grad_blocks(self, k: int) -> tuple[list[tuple[str, object, int]], list[tuple[str, object, int]]]:
+        """Stage ``k``'s backward: the gradient blocks it makes and those it frees (NOTE [ Gradients between
+        stages ])."""
+        if not self.profile.modules:
+            made: list[tuple[str, object, int]] = [("alloc", ("g", k - 1), self.out[k - 1])] if k > 0 else []
+            return made, [("free", ("g", k), self.out[k])]
+        tab = self._tables
+        rest = tab.s_grad_rest  # NOTE [ Gradient storages ]: made at the end of stage k's backward
+        freed: list[tuple[str, object, int]] = [("free", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_freed[k]]
+        freed += [("free", ("gr", sid), rest[sid]) for sid in tab.grad_rest_freed[k]]
+        return [("alloc", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_made[k]], freed
+
+    def _split_pricing(self, plan: Plan, actions: Sequence[Action], tab: StorageTables) -> SplitPricing | None:
+        """The plan's spatial splits that are recompute segments of ``actions``, priced (NOTE [ Spatial splitting ]
+        in ``memtune.tuner.spatial``); keys of other segments (a search's move changed the actions) are left out."""
+        if self.profile.modules:
+            return None
+        segs = set(segments(actions))
+        splits = {ij: s for ij, s in ((parse_segment_key(k), s) for k, s in plan.spatial_splits.items()) if ij in segs}
+        if not splits:
+            return None
+        key = (tab is self._tables, *sorted(splits.items()))
+        if key not in self._split_costs:
+            args = (self.profile, splits, self.out, tab.produced, tab.output_storage, tab.s_bytes)
+            self._split_costs[key] = SplitPricing(*args)
+        return self._split_costs[key]
+
+    def _inline_stages(self, tab: StorageTables, fates: Sequence[StorageFate]) -> set[int]:
+        """Under ``inline`` sync: the stages whose measured inline transient stands for their backward (NOTE
+        [ Inline fetches ]): the profile measured it, and every storage the stage saves goes to host memory.
+
+        NOTE [ Inline fetches ]: inline, a storage comes back at its first unpack and goes at its last, so a
+        storage that one stage's backward both needs and releases lives only while that stage's nodes use it,
+        one or two at a time: the stage holds its largest such storage, not their sum. Where the profile
+        measured it (``backward_inline_bytes``: the stage's backward alone with every saved activation fetched
+        on demand, ``memtune.profiler.measure.inline_backward_bytes``) that measured transient stands instead, and a
+        storage two such stages share (a block's input, saved by both) is fetched within each: on the H200 the
+        largest-storage model put ResNet-50's save_on_cpu identity blocks up to 2.0 GiB above their measured
+        backward peak (benchmarks/results/memtrace/trace-resnet50-256-float32-0.6-policy-save_on_cpu.json); with
+        the measurement the step's peak is 4.65 GiB against 4.33 measured (the ``-inline`` trace: a stage
+        measured alone still needs up to 0.7 GiB more than it does inside the chain)
+        """
+        saves: list[list[int]] = [[] for _ in range(self.n)]
+        for sid, savers in enumerate(tab.s_saved_by):
+            if tab.s_producer[sid] >= 0:
+                for r in savers:
+                    saves[r].append(sid)
+        return {
+            k
+            for k in range(self.n)
+            if self.inline_extra[k] is not None and all(fates[sid].fate == "offload" for sid in saves[k])
+        }
+
+    def _rerun_ms(self, k: int, fwd: Sequence[float], split: SplitPricing | None) -> float:
+        """What re-running stage ``k`` of a recompute segment costs in backward, ms.
+
+        # NOTE [ Recompute priced as measured ]
+        A recomputed stage re-runs its forward inside the backward, under a non-reentrant checkpoint. That re-run
+        costs more than the forward measured alone: uniform plans on an H100 (``scripts/uniform_steps.py``,
+        torch 2.11) added 92.3 ms to DenseNet-121's step with every stage recomputed where the stages' forwards
+        sum to 29.4 ms, 46.7 against 18.9 for MobileNetV2 and 80.9 against 47.7 for a Llama config. Timing each
+        stage's backward alone under the same checkpoint did not close the gap: DenseNet-121's stages re-ran in
+        44.2 ms in all, against 107.1 ms that the whole step measured in the same run (a stage timed alone
+        overlaps nothing and is scaled to the whole step, NOTE [ Time outside stages ] in
+        ``memtune.profiler.module_profile``; the re-run inside the backward does not shrink so). A module profile
+        therefore measures both: each stage's backward under recompute (``recompute_backward_ms``) and its
+        transient (``recompute_backward_bytes``), and one whole step with every stage recomputed
+        (``Profile.recompute_step_ms``). A stage's re-run costs its measured backward's excess over the plain one,
+        scaled so that the stages' re-runs add up to what the whole step measured
+        (``Profile.recompute_rerun_scale``); a one-stage segment's backward holds at least the measured transient,
+        less the re-made storages the simulator allocates itself. Where the profile did not measure
+        the stage (chain profiles, whose segments span stages; a stage autograd refuses to checkpoint), or a
+        spatial split prices the segment by its strips, the re-run costs the stage's forward as before.
+        """
+        extra = self.rec_extra_ms[k]
+        if extra is None or (split is not None and k in split.cost):
+            return fwd[k]
+        return extra
+
+    def _remade(
+        self, tab: StorageTables, fates: Sequence[StorageFate], seg_end: dict[int, int], release_at: list[list[int]]
+    ) -> tuple[dict[int, list[int]], dict[int, list[int]], list[list[int]]]:
+        """What the recompute segments re-make in backward: storages nobody keeps, by the segment end whose re-run makes
+        them (their release is added to ``release_at``); and the second copies of kept or offloaded storages a re-run
+        makes for its own stages (NOTE [ Re-made copies ]), by segment end, with the backward stage whose end frees
+        them. Returns ``(remat_at, copy_at_seg, copy_release_at)``."""
+        n = self.n
+        remat_at: dict[int, list[int]] = {}
+        copy_at_seg: dict[int, list[int]] = {}
+        copy_release_at: list[list[int]] = [[] for _ in range(n)]
+        if not seg_end:
+            return remat_at, copy_at_seg, copy_release_at
+        seg_of = [-1] * n
+        for j, i in seg_end.items():
+            for r in range(i, j + 1):
+                seg_of[r] = j
+        for sid, f in enumerate(fates):
+            if f.fate != "none" or tab.s_producer[sid] < 0:
+                continue
+            savers = [r for r in tab.s_saved_by[sid] if seg_of[r] >= 0]
+            if savers:
+                remat_at.setdefault(max(seg_of[r] for r in savers), []).append(sid)
+                release_at[min(savers)].append(sid)
+        # NOTE [ Re-made copies ]
+        for sid, f in enumerate(fates):
+            p = tab.s_producer[sid]
+            if f.fate == "none" or p < 0 or seg_of[p] < 0:
+                continue
+            inside = [r for r in tab.s_saved_by[sid] if seg_of[r] == seg_of[p]]
+            if inside:
+                copy_at_seg.setdefault(seg_of[p], []).append(sid)
+                copy_release_at[min(inside)].append(sid)
+        return remat_at, copy_at_seg, copy_release_at
+
+    def _run(self, actions: Sequence[Action], plan: Plan, want_timeline: bool) -> SimResult:
+        # the reference: NOTE [ Fast path ] (memtune.tuner.fast_path) prices most plans without a timeline and must
+        # count what this counts, to the bit; tests/unit/tuner/test_fast_path.py compares the two
+        n = self.n
+        out = self.out
+        fwd, bwd, ws_f, ws_b = self.stage_costs(plan)
+        sync = plan.sync
+        inline = sync == "inline"
+        tab = self._tables
+        if inline:
+            if self._unmerged is None:
+                self._unmerged = StorageTables(self.profile)
+            tab = self._unmerged
+        s_bytes, s_last, s_d2h, s_h2d = tab.s_bytes, tab.s_last_use, tab.s_d2h, tab.s_h2d
+        lookahead = plan.stage_lookaheads()  # NOTE [ Prefetch lookahead ]: by need stage; 0 under inline
+        fates = resolve_storages(tab.profile, actions)
+        # NOTE [ Spatial splitting ] (memtune.tuner.spatial): a split segment's stages cost their strips' share
+        split = self._split_pricing(plan, actions, tab) if plan.spatial_splits else None
+        c_bytes = s_bytes  # what a re-run's second copies hold (NOTE [ Re-made copies ]): one strip's when split
+        if split is not None:
+            s_bytes, c_bytes = split.s_bytes, split.copy_bytes
+            fwd, bwd, ws_f, ws_b = split.costs(fwd, bwd, ws_f, ws_b)
+
+        events: list[tuple[float, int, str]] = []  # (time, delta bytes, label), in program order
+        ev = events.append
+        # the same, tensor by tensor, only on the timeline path (NOTE [ Allocator placement ])
+        blk: list[tuple[str, object, int]] | None = [] if want_timeline else None
+        sp: list[tuple[str, int, float, float]] | None = [] if want_timeline else None  # SimResult.spans
+
+        # ---- plan-dependent tables --------------------------------------------------------------
+        # storages to copy, by the stage at whose forward end the copy is issued
+        copy_at: list[list[int]] = [[] for _ in range(n)]
+        # copies compute waits for, by the stage at whose end it waits (the runtime's end_stage, which for a
+        # recompute segment runs after the whole segment: prog_end); offloaded storages to free, by stage
+        wait_at: list[list[int]] = [[] for _ in range(n)]
+        free_at_sync: list[list[int]] = [[] for _ in range(n)]
+        # copies never waited for in forward, by the backward stage whose first unpack waits for them
+        late_wait_at: list[list[int]] = [[] for _ in range(n)]
+        # storages no one keeps: freed at the end of their last forward reader
+        drop_at: list[list[int]] = [[] for _ in range(n)]
+        sync_points = sorted(plan.sync_points) if sync == "points" else []
+        prog_end = list(range(n))
+        # NOTE [ In-place at segment boundaries ] (memtune.tuner.runtime.segments): a segment whose first stage writes
+        # its input in place runs on a clone of it; the storage table counts the two as one. Where the input is kept,
+        # the
+        # clone is a second tensor: made at stage i's forward (``clone``), freed at the end of stage i+1's forward
+        # when the segment goes on (``clone_fwd_free``), else kept by the next stage until stage i's backward
+        # (``clone_bwd_free``); inside a longer segment the re-run clones again (``reclone``, by segment end)
+        clone = [0] * n
+        clone_fwd_free = [0] * n
+        clone_bwd_free = [0] * n
+        reclone: dict[int, int] = {}
+        modules = self.profile.modules
+        for i, j in segments(actions, one_stage=modules):
+            for r in range(i, j + 1):
+                prog_end[r] = j
+            if split is not None and j in split.cost:  # NOTE [ Spatial splitting ]: strips clone only a strip
+                continue
+            if modules:  # a module stage's checkpoint keeps every input (NOTE [ Plan semantics ])
+                src = tab.inputs[i][0] if tab.inputs[i] else None
+            else:
+                src = tab.output_storage[i - 1] if i > 0 and actions[i - 1] in _HOLDS else None
+            if src is None or not tab.profile.stages[i].inplace:
+                continue
+            if j > i:
+                clone[i] = clone_fwd_free[i + 1] = out[i - 1]
+                reclone[j] = out[i - 1]
+                clone_bwd_free[i] = out[i - 1]
+            elif j + 1 < n and actions[j + 1] in _HOLDS and j + 1 in tab.s_saved_by[src]:
+                clone[i] = clone_bwd_free[i] = out[i - 1]
+        selective = [a is Action.SELECTIVE for a in actions]
+        # the model's output is read by the loss, which frees it (NOTE [ Loss memory ])
+        final_out = tab.output_storage[n - 1]
+        copy_during = [False] * len(s_bytes)
+        for sid, f in enumerate(fates):
+            p = tab.s_producer[sid]
+            if p < 0:
+                continue
+            if f.copied:
+                copy_at[max(p, f.copy_stage - 1)].append(sid)
+                copy_during[sid] = p == f.copy_stage
+            if f.fate == "none" and sid != final_out:
+                drop_at[s_last[sid]].append(sid)
+                continue
+            if not f.copied:
+                continue
+            # NOTE [ Deferred frees ]: where compute waits for the copy (a stream wait, never the host)
+            w: int | None
+            if inline:
+                w = max(s_last[sid], max(p, f.copy_stage - 1))
+            elif sync == "layer":
+                w = prog_end[f.copy_stage]
+            elif sync == "deferred":
+                due = f.copy_stage + plan.sync_delay
+                w = prog_end[due] if due < n else None
+            else:  # points: the first sync point at or after the pack
+                q = next((q for q in sync_points if q >= f.copy_stage), None)
+                w = prog_end[q] if q is not None else None
+            if w is None:
+                # never waited for in forward: stays resident, backward uses it in place after waiting
+                late_wait_at[f.need].append(sid)
+                continue
+            wait_at[w].append(sid)
+            if f.fate == "offload":
+                free_at_sync[max(w, s_last[sid])].append(sid)
+
+        # ---- forward ----------------------------------------------------------------------------
+        t = 0.0
+        d2h_free = 0.0
+        copy_done = [0.0] * len(s_bytes)
+        fstall = [0.0] * n
+        d2h_bytes = 0
+        # NOTE [ Deferred frees ]: an offloaded storage is freed only where compute waits for its copy, at
+        # a stage boundary fixed by the plan (free_at_sync), never "when the copy happens to be done". The
+        # runtime cannot do the latter faithfully: the host enqueues work far ahead of the GPU, so a host
+        # poll at a boundary sees copies the GPU finished long ago as pending (measured on the H200: all
+        # offload, "free when seen done", peaked at the unconstrained 20.9 GiB). A stream wait costs no host
+        # time and orders the free on the compute stream, where the caching allocator reuses it.
+        freed = [False] * len(s_bytes)
+
+        for k in range(n):
+            alloc = ws_f[k] + clone[k]
+            for sid in tab.produced[k]:
+                alloc += s_bytes[sid]
+            ev((t, alloc, f"fwd {k} start"))
+            if blk is not None:
+                blk += [("alloc", ("clone", k), clone[k])] if clone[k] else []
+                blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in tab.produced[k]]
+                blk += [("alloc", ("ws", k), ws_f[k]), ("free", ("ws", k), ws_f[k])] if ws_f[k] else []
+            t_start = t
+            t += fwd[k] + (self.sel_extra_fwd_ms[k] if selective[k] else 0.0)
+            ev((t, -ws_f[k], f"fwd {k} end"))
+            if inline:
+                for sid in copy_at[k]:
+                    d2h_bytes += s_bytes[sid]
+                    fstall[k] += s_d2h[sid]
+                    t += s_d2h[sid]
+                    copy_done[sid] = t
+                    if sp is not None:
+                        sp.append(("d2h", sid, t - s_d2h[sid], t))
+            else:
+                # NOTE [ Copies during the forward ]: a storage packed by the stage that makes it is copied
+                # while that stage computes (the runtime issues each copy at its pack); the rest at its end
+                for sid in copy_at[k]:
+                    if copy_during[sid]:
+                        d2h_bytes += s_bytes[sid]
+                        d2h_free = max(d2h_free, t_start) + s_d2h[sid]
+                        copy_done[sid] = max(d2h_free, t)
+                        if sp is not None:
+                            sp.append(("d2h", sid, d2h_free - s_d2h[sid], d2h_free))
+                for sid in copy_at[k]:
+                    if not copy_during[sid]:
+                        d2h_bytes += s_bytes[sid]
+                        d2h_free = max(d2h_free, t) + s_d2h[sid]
+                        copy_done[sid] = d2h_free
+                        if sp is not None:
+                            sp.append(("d2h", sid, d2h_free - s_d2h[sid], d2h_free))
+            if wait_at[k] or (sync == "points" and k in sync_points):
+                wait = max((copy_done[sid] for sid in wait_at[k]), default=0.0)
+                if sync == "points":  # HMMS waits for every copy issued so far
+                    wait = max(wait, d2h_free)
+                if wait > t:
+                    fstall[k] += wait - t
+                    t = wait
+            if free_at_sync[k]:
+                for sid in free_at_sync[k]:
+                    freed[sid] = True
+                ev((t, -sum(s_bytes[sid] for sid in free_at_sync[k]), f"fwd {k} offloaded"))
+                if blk is not None:
+                    blk += [("free", ("s", sid), s_bytes[sid]) for sid in free_at_sync[k]]
+            if drop_at[k]:
+                ev((t, -sum(s_bytes[sid] for sid in drop_at[k]), f"fwd {k} drop"))
+                if blk is not None:
+                    blk += [("free", ("s", sid), s_bytes[sid]) for sid in drop_at[k]]
+            if clone_fwd_free[k]:
+                ev((t, -clone_fwd_free[k], f"fwd {k} clone"))
+                if blk is not None:
+                    blk.append(("free", ("clone", k - 1), clone_fwd_free[k]))
+            if selective[k] and self.sel_keep[k]:  # NOTE [ Selective stages ]: what it keeps, the rest dropped above
+                ev((t, self.sel_keep[k], f"fwd {k} selective"))
+                if blk is not None:
+                    blk.append(("alloc", ("sel", k), self.sel_keep[k]))
+        forward_ms = t
+
+        # ---- backward ---------------------------------------------------------------------------
+        bstall = [0.0] * n
+        seg_end = {j: i for i, j in segments(actions, one_stage=modules)}
+        prefetch_at: list[list[int]] = [[] for _ in range(n)]
+        release_at: list[list[int]] = [[] for _ in range(n)]
+        need_at: list[list[int]] = [[] for _ in range(n)]
+        # NOTE [ Inline fetches ] (``_inline_stages``)
+        local: set[int] = set()
+        local_max = [0] * n
+        fetched = self._inline_stages(tab, fates) if inline else set()
+        lift = split.lift if split is not None else range(n)  # NOTE [ Spatial splitting ]: the node's prefetches
+        for sid, f in enumerate(fates):
+            if tab.s_producer[sid] < 0:
+                continue
+            if f.fate == "offload":
+                prefetch_at[lift[min(n - 1, f.need + lookahead[f.need])]].append(sid)
+                need_at[f.need].append(sid)
+                release_at[f.release].append(sid)
+                if inline and (f.need == f.release or all(r in fetched for r in tab.s_saved_by[sid])):
+                    local.add(sid)
+            elif f.fate == "keep":
+                release_at[f.release].append(sid)
+        for queued in prefetch_at:  # NOTE [ Prefetch lookahead ]: issued together, the one needed first goes first
+            if len(queued) > 1:
+                queued.sort(key=lambda sid: -fates[sid].need)
+        remat_at, copy_at_seg, copy_release_at = self._remade(tab, fates, seg_end, release_at)
+
+        recompute_ms = 0.0
+        rec_made: dict[int, int] = {}  # one-stage recompute segments' re-made bytes, by stage
+        h2d_free = 0.0
+        h2d_bytes = 0
+        ready = [0.0] * len(s_bytes)
+        t = self._loss(t, ev, blk, tab, fates)
+        bwd_start = t
+        for k in range(n - 1, -1, -1):
+            for sid in late_wait_at[k]:  # used in place: its first unpack waits for its copy
+                ready[sid] = copy_done[sid]
+                if fates[sid].fate == "keep" and copy_done[sid] > t:
+                    bstall[k] += copy_done[sid] - t
+                    t = copy_done[sid]
+            for sid in prefetch_at[k]:
+                if not freed[sid]:  # still on the GPU (never waited for in forward): used in place
+                    continue
+                h2d_bytes += s_bytes[sid]
+                if sid in local:
+                    local_max[k] = max(local_max[k], s_bytes[sid])
+                else:
+                    ev((t, s_bytes[sid], f"prefetch {sid}"))
+                    if blk is not None:
+                        blk.append(("alloc", ("s", sid), s_bytes[sid]))
+                if inline:
+                    t = max(t, copy_done[sid]) + s_h2d[sid]
+                    bstall[k] += s_h2d[sid]
+                    ready[sid] = t
+                else:
+                    h2d_free = max(t, h2d_free, copy_done[sid]) + s_h2d[sid]
+                    ready[sid] = h2d_free
+                if sp is not None:
+                    sp.append(("h2d", sid, ready[sid] - s_h2d[sid], ready[sid]))
+            if k in seg_end:
+                i = seg_end[k]
+                src = tab.output_storage[i - 1] if i > 0 and not modules else None
+                if src is not None and fates[src].fate == "offload" and ready[src] > t:
+                    bstall[k] += ready[src] - t
+                    t = ready[src]
+                remat = remat_at.get(k, ())
+                remade = copy_at_seg.get(k, ())
+                transient = split.transient(k) if split is not None and k in split.cost else max(out[i : k + 1])
+                made = sum(s_bytes[sid] for sid in remat) + sum(c_bytes[sid] for sid in remade) + reclone.get(k, 0)
+                if i == k:
+                    rec_made[k] = made
+                ev((t, made + transient, f"recompute {i}..{k}"))
+                if blk is not None:
+                    blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in remat]
+                    blk += [("alloc", ("c", sid), c_bytes[sid]) for sid in remade]
+                    blk += [("alloc", ("clone", i), reclone[k])] if k in reclone else []
+                    blk += [("alloc", ("r", k), transient), ("free", ("r", k), transient)]
+                seg_ms = sum(self._rerun_ms(r, fwd, split) for r in range(i, k + 1))
+                t += seg_ms
+                recompute_ms += seg_ms
+                ev((t, -transient, f"recompute {i}..{k} end"))
+            for sid in need_at[k]:
+                if ready[sid] > t:
+                    bstall[k] += ready[sid] - t
+                    t = ready[sid]
+            grad_made, grad_freed = self._grad_blocks(k)
+            if split is not None and split.member[k] >= 0:  # NOTE [ Spatial splitting ]: one node, strip gradients
+                grad_made, grad_freed = split.grad_blocks(k)
+            grad_in = sum(b[2] for b in grad_made)
+            held = local_max[k]  # NOTE [ Inline fetches ]
+            ws_k = ws_b[k]
+            bwd_k = bwd[k]
+            kept_k = 0
+            if k in fetched:  # its measured transient holds its fetches
+                held, ws_k = 0, ws_b[k] + (self.inline_extra[k] or 0)
+            elif k in rec_made and split is None:  # NOTE [ Recompute priced as measured ]
+                ws_k = max(ws_k, (self.rec_ws[k] or 0) - rec_made[k])
+            elif selective[k]:  # NOTE [ Selective stages ]: re-runs its cheap operations, then frees what it kept
+                ws_k, kept_k = max(ws_k, self.sel_ws[k]), self.sel_keep[k]
+                bwd_k += self.sel_extra_ms[k]
+                recompute_ms += self.sel_extra_ms[k]
+            ev((t, grad_in + self.pgrad[k] + ws_k + held, f"bwd {k} start"))
+            t += bwd_k
+            if sp is not None:
+                sp.append(("backward", k, t - bwd_k, t))
+            released = [sid for sid in release_at[k] if sid not in local or not freed[sid]]
+            copies = copy_release_at[k]
+            freed_now = (
+                ws_k
+                - tab.grad_rest_made[k]  # NOTE [ Gradient storages ]
+                + sum(b[2] for b in grad_freed)
+                + held
+                + kept_k
+                + clone_bwd_free[k]
+                + sum(s_bytes[sid] for sid in released)
+                + sum(c_bytes[sid] for sid in copies)
+            )
+            ev((t, -freed_now, f"bwd {k} end"))
+            if blk is not None:
+                blk += [("alloc", ("inline", k), held), ("free", ("inline", k), held)] if held else []
+                blk += [("alloc", ("wsb", k), ws_k)] if ws_k else []
+                blk += grad_made
+                blk += [("alloc", ("p", k), self.pgrad[k])] if self.pgrad[k] else []
+                blk += [("free", ("wsb", k), ws_k)] if ws_k else []
+                rests = tab.s_grad_rest  # NOTE [ Gradient storages ]
+                blk += [("alloc", ("gr", sid), rests[sid]) for sid in tab.grad_made[k] if rests[sid]]
+                blk += grad_freed
+                blk += [("free", ("s", sid), s_bytes[sid]) for sid in released]
+                blk += [("free", ("c", sid), c_bytes[sid]) for sid in copies]
+                blk += [("free", ("clone", k), clone_bwd_free[k])] if clone_bwd_free[k] else []
+                blk += [("free", ("sel", k), kept_k)] if kept_k else []
+
+        if self.held:  # NOTE [ Held output ]
+            ev((t, -self.held, "output released"))
+            if blk is not None:
+                blk.append(("free", "held output", self.held))
+
+        # ---- peak -------------------------------------------------------------------------------
+        live = self.base
+        peak = live
+        tl: list[tuple[float, int, str]] = []
+        for et, delta, label in events:
+            live += delta
+            if live > peak:
+                peak = live
+            if want_timeline:
+                tl.append((et, live, label))
+        fs = sum(fstall)
+        bs = sum(bstall)
+        return SimResult(
+            step_ms=t,
+            peak_bytes=peak,
+            forward_ms=forward_ms,
+            backward_ms=t - bwd_start,
+            recompute_ms=recompute_ms,
+            stall_ms=fs + bs,
+            forward_stalls_ms=tuple(fstall),
+            backward_stalls_ms=tuple(bstall),
+            d2h_bytes=d2h_bytes,
+            h2d_bytes=h2d_bytes,
+            base_bytes=self.base,
+            timeline=tuple(tl),
+            blocks=tuple(blk) if blk is not None else (),
+            spans=tuple(sp) if sp is not None else (),
+        )
+
+
+def merge_storages(profile: Profile) -> Profile:
+    """An equivalent profile with fewer storages, for speed.
+
+    Storages that are no stage's output and have the same producer and the same savers always get the same
+    fate under any plan (NOTE [ Plan semantics ]); merging them (bytes and copy times add up) changes no
+    number under any sync mode (members are freed together, where compute waits for all of them; the copy
+    queue keeps its order; a test checks this). A residual block's dozens of internal storages become one or two.
+    """
+    outputs = {st.output_storage for st in profile.stages if st.output_storage is not None}
+    # module stages: what flows between stages keeps its own lifetime and gradient
+    outputs |= {sid for k in range(profile.n_stages) for sid in (profile.stages[k].input_storages or ())}
+    outputs |= {sid for sid, s in enumerate(profile.storages) if s.read_by or s.outside or s.grad_bytes}
+    d2h, h2d = storage_copy_ms(profile)
+    groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    for sid, s in enumerate(profile.storages):
+        if sid not in outputs:
+            groups.setdefault((s.producer, tuple(sorted(set(s.saved_by)))), []).append(sid)
+    if all(len(g) == 1 for g in groups.values()):
+        return profile
+    # keep the original order (it is the copy engines' queue order): a group stands at its first member
+    merged: list[SavedStorage] = []
+    remap: dict[int, int] = {}
+    for sid, s in enumerate(profile.storages):
+        if sid in outputs:
+            remap[sid] = len(merged)
+            merged.append(s)
+            continue
+        key = (s.producer, tuple(sorted(set(s.saved_by))))
+        members = groups[key]
+        if members[0] == sid:
+            total = sum(profile.storages[m].bytes for m in members)
+            merged.append(SavedStorage(bytes=total, saved_by=key[1], producer=key[0]))
+    # copy times must survive the merge: give each stage d2h/h2d ms equal to what its first-saved storages cost
+    stages = []
+    for st in profile.stages:
+        owned = [sid for sid, s in enumerate(profile.storages) if s.saved_by and min(s.saved_by) == st.index]
+        stages.append(
+            st.model_copy(
+                update={
+                    "output_storage": remap.get(st.output_storage) if st.output_storage is not None else None,
+                    "input_storages": None
+                    if st.input_storages is None
+                    else tuple(remap[sid] for sid in st.input_storages),
+                    "saved_bytes": sum(profile.storages[sid].bytes for sid in owned),
+                    "d2h_ms": sum(d2h[sid] for sid in owned),
+                    "h2d_ms": sum(h2d[sid] for sid in owned),
+                }
+            )
+        )
+    return profile.model_copy(update={"stages": tuple(stages), "storages": tuple(merged)})
+
+
+def _measured(point: CompilerPoint) -> SimResult:
+    """A whole-model compile plan's cost: its measured point (NOTE [ Whole-model compile ] in ``memtune.tuner.whole``),
+    no
+    copies and no stalls; the step is reported as forward, since one compiled step is not split into phases."""
+    return SimResult(
+        step_ms=point.step_ms,
+        peak_bytes=point.peak_bytes,
+        forward_ms=point.step_ms,
+        backward_ms=0.0,
+        recompute_ms=0.0,
+        stall_ms=0.0,
+        forward_stalls_ms=(),
+        backward_stalls_ms=(),
+        d2h_bytes=0,
+        h2d_bytes=0,
+        base_bytes=0,
+    )
+
+
+def simulate(profile: Profile, plan: Plan, *, optimizer: str = "sgd", timeline: bool = False) -> SimResult:
+    """Simulate one training step of ``profile`` under ``plan``.
+
+    Args:
+        profile: the chain's profile.
+        plan: the plan; it must have one action per stage.
+        optimizer: ``sgd`` (momentum), ``adam`` or ``none``.
+        timeline: also return the memory timeline (slower).
+
+    Returns:
+        A ``SimResult`` with step ms, peak bytes, stalls and (optionally) the timeline.
+
+    Example::
+
+        >>> result = simulate(profile, Plan.uniform(profile.n_stages))
+        >>> result.step_ms, result.peak_bytes
+    """
+    return Simulator(profile, optimizer).run(plan, timeline=timeline)
