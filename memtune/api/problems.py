@@ -12,6 +12,8 @@ Every error response of the API is a problem object::
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -114,127 +116,147 @@ def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
     return sorted(methods)
 
 
+_Builder = Callable[[FastAPI, Request, Any], JSONResponse]
+"""Builds the problem response to one error, given the app and the request it was raised in."""
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """The problem response to one kind of error: its status, code and title are fixed, its detail and extension
+    members built from the error, its headers fixed; ``report`` logs the error first where it must be seen."""
+
+    status: int
+    code: str
+    title: str
+    detail: Callable[[Any], str] = str
+    extra: Callable[[Any], dict[str, Any]] = lambda _exc: {}
+    headers: dict[str, str] | None = None
+    report: Callable[[Any], None] | None = None
+
+    def __call__(self, _app: FastAPI, _request: Request, exc: Any) -> JSONResponse:
+        if self.report is not None:
+            self.report(exc)
+        headers = dict(self.headers) if self.headers else None
+        return problem_response(
+            self.status, self.code, self.title, self.detail(exc), headers=headers, **self.extra(exc)
+        )
+
+
+def _raised_problem(_app: FastAPI, _request: Request, exc: ProblemError) -> JSONResponse:
+    """A ``ProblemError`` a route raised: its own status, code, title, detail, headers and members."""
+    return problem_response(exc.status, exc.code, exc.title, exc.detail, headers=exc.headers, **exc.extra)
+
+
+def _invalid_request(_app: FastAPI, _request: Request, exc: RequestValidationError) -> JSONResponse:
+    """A body that is not JSON (400 ``malformed_json``), or a request that does not validate (422, its first five
+    errors in the detail, all of them in ``errors``)."""
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        first = next(e for e in errors if e.get("type") == "json_invalid")
+        where = (first.get("ctx") or {}).get("error", "")
+        return problem_response(
+            400,
+            "malformed_json",
+            "Malformed JSON",
+            f"the request body is not valid JSON ({where}); send a JSON object",
+        )
+    parts = []
+    for e in errors[:5]:
+        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        parts.append(f"{loc or 'body'}: {e.get('msg')}")
+    return problem_response(
+        422,
+        "validation_error",
+        "Request is not valid",
+        "; ".join(parts) + ("" if len(errors) <= 5 else f" (and {len(errors) - 5} more)"),
+        errors=_jsonable_errors(errors),
+    )
+
+
+def _http_error(app: FastAPI, request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """An HTTP error of the framework (404, 405 …), coded by its status; a 405 names every method of the path."""
+    code, title = _STATUS_CODES.get(exc.status_code, ("http_error", "HTTP error"))
+    detail = exc.detail if isinstance(exc.detail, str) else title
+    headers = dict(exc.headers) if exc.headers else {}
+    if exc.status_code == 405:  # every method of the path, not only those of the first route that matched it
+        headers["Allow"] = ", ".join(_allowed_methods(app, request))
+    return problem_response(exc.status_code, code, title, detail, headers=headers or None)
+
+
+def _unhandled(exc: Exception) -> str:
+    """The detail of an error nothing else maps: its class only (the rest is in the server log)."""
+    return f"{type(exc).__name__}; see the server log"
+
+
+#: Every error the app maps to a problem response, and how. An error is answered by the entry of the nearest class in
+#: its MRO (Starlette's lookup), so ``ProfilerError`` answers the profiler's errors that have no entry of their own,
+#: ``StorageError`` the storage's, and ``Exception`` the rest.
+_PROBLEMS: dict[type[Exception], _Builder] = {
+    ProblemError: _raised_problem,
+    RequestValidationError: _invalid_request,
+    StarletteHTTPException: _http_error,
+    SpecError: _Problem(
+        422, "invalid_spec", "Invalid model spec", extra=lambda e: {"layer": e.layer, "field": e.field}
+    ),
+    ArchiveTooLargeError: _Problem(
+        413,
+        "payload_too_large",
+        "Request body too large",
+        detail=lambda e: str(e) + " (MEMTUNE_MAX_EXPORTED_BYTES)",
+        extra=lambda e: {"limit_bytes": e.limit_bytes, "member": e.member},
+    ),
+    TensorTooLargeError: _Problem(
+        422,
+        "tensor_too_large",
+        "Tensor larger than the GPU's memory",
+        extra=lambda e: {
+            "member": e.member,
+            "tensor": e.tensor,
+            "tensor_bytes": e.nbytes,
+            "limit_bytes": e.limit_bytes,
+        },
+    ),
+    ExportedError: _Problem(
+        422,
+        "invalid_exported_program",
+        "Exported program refused",
+        extra=lambda e: {"member": e.member, "field": e.field},
+    ),
+    UnknownGPUError: _Problem(422, "unknown_gpu", "Unknown GPU type"),
+    BudgetError: _Problem(422, "invalid_budget", "Invalid memory budget"),
+    CalibrationError: _Problem(422, "invalid_calibration", "Invalid calibration", extra=lambda e: {"field": e.field}),
+    ProfilerError: _Problem(422, "profiler_error", "Model could not be profiled"),
+    TunerError: _Problem(422, "tuner_error", "Tuning request is not valid"),
+    NotFoundError: _Problem(404, "not_found", "Not found"),
+    ConflictError: _Problem(409, "conflict", "Conflict"),
+    UnavailableError: _Problem(503, "database_unavailable", "Database unavailable", headers={"Retry-After": "1"}),
+    StorageError: _Problem(
+        500,
+        "storage_error",
+        "Storage error",
+        detail=lambda _e: "the database failed; see the server log",
+        report=lambda e: log.error("storage error: %s", e),
+    ),
+    Exception: _Problem(
+        500,
+        "internal_error",
+        "Internal server error",
+        detail=_unhandled,
+        report=lambda e: log.exception("unhandled error", exc_info=e),
+    ),
+}
+
+
+def _handler(app: FastAPI, build: _Builder) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    """The exception handler that answers with ``build``'s response."""
+
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        return build(app, request, exc)
+
+    return handle
+
+
 def install_problem_handlers(app: FastAPI) -> None:
-    """Map every error the app can raise to a problem response."""
-
-    @app.exception_handler(ProblemError)
-    async def _problem(_: Request, exc: ProblemError) -> JSONResponse:
-        return problem_response(exc.status, exc.code, exc.title, exc.detail, headers=exc.headers, **exc.extra)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            first = next(e for e in errors if e.get("type") == "json_invalid")
-            where = (first.get("ctx") or {}).get("error", "")
-            return problem_response(
-                400,
-                "malformed_json",
-                "Malformed JSON",
-                f"the request body is not valid JSON ({where}); send a JSON object",
-            )
-        parts = []
-        for e in errors[:5]:
-            loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
-            parts.append(f"{loc or 'body'}: {e.get('msg')}")
-        return problem_response(
-            422,
-            "validation_error",
-            "Request is not valid",
-            "; ".join(parts) + ("" if len(errors) <= 5 else f" (and {len(errors) - 5} more)"),
-            errors=_jsonable_errors(errors),
-        )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code, title = _STATUS_CODES.get(exc.status_code, ("http_error", "HTTP error"))
-        detail = exc.detail if isinstance(exc.detail, str) else title
-        headers = dict(exc.headers) if exc.headers else {}
-        if exc.status_code == 405:  # every method of the path, not only those of the first route that matched it
-            headers["Allow"] = ", ".join(_allowed_methods(app, request))
-        return problem_response(exc.status_code, code, title, detail, headers=headers or None)
-
-    @app.exception_handler(SpecError)
-    async def _spec(_: Request, exc: SpecError) -> JSONResponse:
-        return problem_response(422, "invalid_spec", "Invalid model spec", str(exc), layer=exc.layer, field=exc.field)
-
-    @app.exception_handler(ArchiveTooLargeError)
-    async def _too_large(_: Request, exc: ArchiveTooLargeError) -> JSONResponse:
-        return problem_response(
-            413,
-            "payload_too_large",
-            "Request body too large",
-            str(exc) + " (MEMTUNE_MAX_EXPORTED_BYTES)",
-            limit_bytes=exc.limit_bytes,
-            member=exc.member,
-        )
-
-    @app.exception_handler(TensorTooLargeError)
-    async def _tensor_too_large(_: Request, exc: TensorTooLargeError) -> JSONResponse:
-        return problem_response(
-            422,
-            "tensor_too_large",
-            "Tensor larger than the GPU's memory",
-            str(exc),
-            member=exc.member,
-            tensor=exc.tensor,
-            tensor_bytes=exc.nbytes,
-            limit_bytes=exc.limit_bytes,
-        )
-
-    @app.exception_handler(ExportedError)
-    async def _exported(_: Request, exc: ExportedError) -> JSONResponse:
-        return problem_response(
-            422,
-            "invalid_exported_program",
-            "Exported program refused",
-            str(exc),
-            member=exc.member,
-            field=exc.field,
-        )
-
-    @app.exception_handler(UnknownGPUError)
-    async def _gpu(_: Request, exc: UnknownGPUError) -> JSONResponse:
-        return problem_response(422, "unknown_gpu", "Unknown GPU type", str(exc))
-
-    @app.exception_handler(BudgetError)
-    async def _budget(_: Request, exc: BudgetError) -> JSONResponse:
-        return problem_response(422, "invalid_budget", "Invalid memory budget", str(exc))
-
-    @app.exception_handler(CalibrationError)
-    async def _calibration(_: Request, exc: CalibrationError) -> JSONResponse:
-        return problem_response(422, "invalid_calibration", "Invalid calibration", str(exc), field=exc.field)
-
-    @app.exception_handler(ProfilerError)
-    async def _profiler(_: Request, exc: ProfilerError) -> JSONResponse:
-        return problem_response(422, "profiler_error", "Model could not be profiled", str(exc))
-
-    @app.exception_handler(TunerError)
-    async def _tuner(_: Request, exc: TunerError) -> JSONResponse:
-        return problem_response(422, "tuner_error", "Tuning request is not valid", str(exc))
-
-    @app.exception_handler(NotFoundError)
-    async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:
-        return problem_response(404, "not_found", "Not found", str(exc))
-
-    @app.exception_handler(ConflictError)
-    async def _conflict(_: Request, exc: ConflictError) -> JSONResponse:
-        return problem_response(409, "conflict", "Conflict", str(exc))
-
-    @app.exception_handler(UnavailableError)
-    async def _unavailable(_: Request, exc: UnavailableError) -> JSONResponse:
-        return problem_response(
-            503, "database_unavailable", "Database unavailable", str(exc), headers={"Retry-After": "1"}
-        )
-
-    @app.exception_handler(StorageError)
-    async def _storage(_: Request, exc: StorageError) -> JSONResponse:
-        log.error("storage error: %s", exc)
-        return problem_response(500, "storage_error", "Storage error", "the database failed; see the server log")
-
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", exc_info=exc)
-        return problem_response(
-            500, "internal_error", "Internal server error", f"{type(exc).__name__}; see the server log"
-        )
+    """Map every error the app can raise to a problem response (``_PROBLEMS``)."""
+    for error, build in _PROBLEMS.items():
+        app.add_exception_handler(error, _handler(app, build))
