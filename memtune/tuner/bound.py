@@ -215,7 +215,7 @@ def step_lower_bound(sim: Simulator, budget_bytes: int) -> StepBound:
     """
     if budget_bytes <= 0:
         raise ValueError(f"budget must be positive, not {budget_bytes} bytes")
-    prof, n, tab = sim.profile, sim.n, sim.tables
+    n, tab = sim.n, sim.tables
     unconstrained = sim.run(Plan.uniform(n)).step_ms
     ref = Plan.uniform(n, conv_rule="fastest")
     events = sim.run(ref, timeline=True).timeline
@@ -236,94 +236,32 @@ def step_lower_bound(sim: Simulator, budget_bytes: int) -> StepBound:
     for s in range(n_s):
         if tab.s_producer[s] < 0 or not tab.s_saved_by[s]:
             lp.upper[drop + s] = 0.0
-    made_by: dict[int, list[int]] = {}
-    for s, p in enumerate(tab.s_producer):
-        if p >= 0:
-            made_by.setdefault(p, []).append(s)
-    remake_cols: list[int] = []
-    remake_cost: list[float] = []
-    for p, sids in made_by.items():
-        made = sum(size[s] for s in sids)
-        extra = sum(max(0.0, x) for x in prof.stages[p].selective_extra_ms) * sim.compute_scale
-        gain = min(selective_gain_bytes(prof, p) / GIB, made)
-        # bytes kept -> ms; a selective stage costs a little, so that keeping everything stays the anchor
-        measured = sim.rec_extra_ms[p]
-        rerun = fwd[p] if measured is None else measured  # as the simulator prices it
-        points = [(made, 0.0), (0.0, rerun)] + ([(made - gain, max(extra, 1e-9))] if gain > 0 else [])
-        _, _, pieces = lower_envelope(points)
-        first = lp.add(len(pieces), cost=[c for _, c in pieces], upper=[w for w, _ in pieces])
-        lp.eqs.append(
-            (
-                [drop + s for s in sids] + list(range(first, first + len(pieces))),
-                [1.0] * len(sids) + [-1.0] * len(pieces),
-            )
-        )
-        remake_cols += list(range(first, first + len(pieces)))
-        remake_cost += [c for _, c in pieces]
-    ws_cols: dict[tuple[str, int], list[int]] = {}
-    algo_cost: dict[int, float] = {}
-    for key, (_, _, pieces) in algo.items():
-        first = lp.add(len(pieces), cost=[c for _, c in pieces], upper=[w for w, _ in pieces])
-        ws_cols[key] = list(range(first, first + len(pieces)))
-        algo_cost.update({first + j: c for j, (_, c) in enumerate(pieces)})
+    remake_cols, remake_cost = _remake_columns(lp, sim, size, drop, fwd)
+    ws_cols, algo_cost = _workspace_columns(lp, algo)
     fwd_algo_cols = [j for (kind, _), cols in ws_cols.items() if kind == "fwd" for j in cols]
-    # what may come before a moment: forward waits and algorithms, and in backward also re-runs and its waits
-    fwd_slack = ([sig, *fwd_algo_cols], [1.0] + [algo_cost[j] for j in fwd_algo_cols])
-    all_slack = ([sig, sig + 1, *remake_cols, *algo_cost], [1.0, 1.0, *remake_cost, *algo_cost.values()])
-
-    need = [bwd_start[max(tab.s_saved_by[s])] if tab.s_saved_by[s] else bwd_start[0] for s in range(n_s)]
-    release = [fwd_end[p] if p >= 0 else 0.0 for p in tab.s_producer]
-    final_out = tab.output_storage[n - 1]
+    at = _Moments(
+        sim=sim,
+        budget_bytes=budget_bytes,
+        size=size,
+        drop=drop,
+        algo=algo,
+        ws_ref=(wf_ref, wb_ref),
+        bwd=bwd,
+        bwd_start=bwd_start,
+        times=times,
+        deadlines=deadlines,
+        need=[bwd_start[max(tab.s_saved_by[s])] if tab.s_saved_by[s] else bwd_start[0] for s in range(n_s)],
+        release=[fwd_end[p] if p >= 0 else 0.0 for p in tab.s_producer],
+        ws_cols=ws_cols,
+        # what may come before a moment: forward waits and algorithms, and in backward also re-runs and its waits
+        fwd_slack=([sig, *fwd_algo_cols], [1.0] + [algo_cost[j] for j in fwd_algo_cols]),
+        all_slack=([sig, sig + 1, *remake_cols, *algo_cost], [1.0, 1.0, *remake_cost, *algo_cost.values()]),
+    )
     moments: list[tuple[str, int, int, int]] = []  # label, row of its budget constraint, its a_is columns
     for i, (_, live, label) in enumerate(events):
-        kind, k = _stage_of(label)
-        own = 0.0
-        if kind != "loss" and label.endswith("start"):  # this moment's workspace: the fastest choice's, then less
-            ref_ws = (wf_ref if kind == "fwd" else wb_ref)[k] / GIB
-            own = algo[kind, k][0] - ref_ws
-        must = (live - budget_bytes) / GIB + own
-        if must <= 0:
-            continue
-        # storage -> when the backward next reads it (one that stage k reads may be fetched inline, within it)
-        reads_at: dict[int, float] = {}
-        if kind == "bwd":  # live now: read by the backward of this stage or of earlier ones
-            for s in range(n_s):
-                readers = [j for j in tab.s_saved_by[s] if j < k or (j == k and label.endswith("start"))]
-                if readers:
-                    j = max(readers)
-                    reads_at[s] = bwd_start[j] + (bwd[j] if j == k else 0.0)
-            free = list(reads_at)
-        else:  # made by stages whose forward is over and read by no later forward
-            done = k if label.endswith("start") else k + 1 if kind == "fwd" else n
-            free = [
-                s
-                for s in range(n_s)
-                if 0 <= tab.s_producer[s] < done
-                and tab.s_last_use[s] < done
-                and not (kind == "loss" and s == final_out)
-            ]
-        free = [s for s in free if size[s] > 0 and tab.s_producer[s] >= 0]  # the batch is ``base``
-        away = lp.add(len(free), upper=[size[s] for s in free])
-        cols = [away + j for j in range(len(free))] + [drop + s for s in free]
-        if kind != "loss" and label.endswith("start"):
-            cols += ws_cols[kind, k]
-        lp.rows.append((cols, [-1.0] * len(cols), -must))
-        moments.append((label, len(lp.rows) - 1, away, away + len(free)))
-        for j, s in enumerate(free):
-            lp.rows.append(([away + j, drop + s], [1.0, 1.0], size[s]))
-        slack_cols, slack_vals = all_slack if kind == "bwd" else fwd_slack
-        d2h = [tab.s_d2h[s] / size[s] for s in free]
-        for tau in sorted({release[s] for s in free}):
-            cs = [away + j for j, s in enumerate(free) if release[s] >= tau]
-            vs = [d2h[j] for j, s in enumerate(free) if release[s] >= tau]
-            lp.rows.append((cs + slack_cols, vs + [-v for v in slack_vals], deadlines[i] - tau))
-        h2d = [tab.s_h2d[s] / size[s] for s in free]
-        back, back_vals = all_slack
-        due = [reads_at.get(s, need[s]) for s in free]
-        for nu in sorted(set(due)):
-            cs = [away + j for j in range(len(free)) if due[j] <= nu]
-            vs = [h2d[j] for j in range(len(free)) if due[j] <= nu]
-            lp.rows.append((cs + back, vs + [-v for v in back_vals], nu - times[i]))
+        moment = _add_moment(lp, at, i, live, label)
+        if moment is not None:
+            moments.append(moment)
     if not moments:
         return StepBound(budget_bytes, unconstrained, compute)
     x = lp.solve()
@@ -349,3 +287,141 @@ def step_lower_bound(sim: Simulator, budget_bytes: int) -> StepBound:
         stall_ms=float(x[sig] + x[sig + 1]),
         binding=tuple(binding),
     )
+
+
+def _remake_columns(
+    lp: _Program, sim: Simulator, size: list[float], drop: int, fwd: list[float]
+) -> tuple[list[int], list[float]]:
+    """Add, per stage that makes storages, the pieces of ``c_p`` (the cheapest way to re-make bytes it made, GiB, for
+    ms) and the equality tying them to the storages dropped (columns from ``drop``); their columns and ms per GiB."""
+    prof, tab = sim.profile, sim.tables
+    made_by: dict[int, list[int]] = {}
+    for s, p in enumerate(tab.s_producer):
+        if p >= 0:
+            made_by.setdefault(p, []).append(s)
+    remake_cols: list[int] = []
+    remake_cost: list[float] = []
+    for p, sids in made_by.items():
+        made = sum(size[s] for s in sids)
+        extra = sum(max(0.0, x) for x in prof.stages[p].selective_extra_ms) * sim.compute_scale
+        gain = min(selective_gain_bytes(prof, p) / GIB, made)
+        # bytes kept -> ms; a selective stage costs a little, so that keeping everything stays the anchor
+        measured = sim.rec_extra_ms[p]
+        rerun = fwd[p] if measured is None else measured  # as the simulator prices it
+        points = [(made, 0.0), (0.0, rerun)] + ([(made - gain, max(extra, 1e-9))] if gain > 0 else [])
+        _, _, pieces = lower_envelope(points)
+        first = lp.add(len(pieces), cost=[c for _, c in pieces], upper=[w for w, _ in pieces])
+        lp.eqs.append(
+            (
+                [drop + s for s in sids] + list(range(first, first + len(pieces))),
+                [1.0] * len(sids) + [-1.0] * len(pieces),
+            )
+        )
+        remake_cols += list(range(first, first + len(pieces)))
+        remake_cost += [c for _, c in pieces]
+    return remake_cols, remake_cost
+
+
+def _workspace_columns(
+    lp: _Program, algo: dict[tuple[str, int], tuple[float, float, list[tuple[float, float]]]]
+) -> tuple[dict[tuple[str, int], list[int]], dict[int, float]]:
+    """Add the pieces of every ``w_k`` (workspace GiB taken off a pass for ms): their columns per ``("fwd" | "bwd",
+    stage)``, and each column's ms per GiB."""
+    ws_cols: dict[tuple[str, int], list[int]] = {}
+    algo_cost: dict[int, float] = {}
+    for key, (_, _, pieces) in algo.items():
+        first = lp.add(len(pieces), cost=[c for _, c in pieces], upper=[w for w, _ in pieces])
+        ws_cols[key] = list(range(first, first + len(pieces)))
+        algo_cost.update({first + j: c for j, (_, c) in enumerate(pieces)})
+    return ws_cols, algo_cost
+
+
+@dataclass(frozen=True)
+class _Moments:
+    """What the rows of each moment read (``step_lower_bound``): sizes in GiB, times in ms, columns of the program."""
+
+    sim: Simulator
+    budget_bytes: int
+    #: per storage: its size, GiB; its dropped part's column is ``drop + s``
+    size: list[float]
+    drop: int
+    algo: dict[tuple[str, int], tuple[float, float, list[tuple[float, float]]]]
+    #: per stage, the forward's and the backward's workspace at the fastest algorithms, bytes
+    ws_ref: tuple[list[int], list[int]]
+    bwd: list[float]
+    bwd_start: list[float]
+    #: per event: its time, and the next later event's
+    times: list[float]
+    deadlines: list[float]
+    #: per storage: when the backward first needs it back, and when its copy to the host may start
+    need: list[float]
+    release: list[float]
+    ws_cols: dict[tuple[str, int], list[int]]
+    #: the columns (and ms) that may come before a forward moment, and before a backward one
+    fwd_slack: tuple[list[int], list[float]]
+    all_slack: tuple[list[int], list[float]]
+
+
+def _add_moment(lp: _Program, at: _Moments, i: int, live: int, label: str) -> tuple[str, int, int, int] | None:
+    """Add event ``i``'s rows (``live`` bytes at ``label``): free enough, away by copy or dropped, the copy engines
+    both ways; the moment as ``(label, row of its budget constraint, its first a_is column, past its last)``, or None
+    where the budget holds it as it is."""
+    tab = at.sim.tables
+    kind, k = _stage_of(label)
+    own = 0.0
+    if kind != "loss" and label.endswith("start"):  # this moment's workspace: the fastest choice's, then less
+        ref_ws = (at.ws_ref[0] if kind == "fwd" else at.ws_ref[1])[k] / GIB
+        own = at.algo[kind, k][0] - ref_ws
+    must = (live - at.budget_bytes) / GIB + own
+    if must <= 0:
+        return None
+    free, reads_at = _free_storages(at, kind, k, label)
+    size, drop = at.size, at.drop
+    away = lp.add(len(free), upper=[size[s] for s in free])
+    cols = [away + j for j in range(len(free))] + [drop + s for s in free]
+    if kind != "loss" and label.endswith("start"):
+        cols += at.ws_cols[kind, k]
+    lp.rows.append((cols, [-1.0] * len(cols), -must))
+    moment = (label, len(lp.rows) - 1, away, away + len(free))
+    for j, s in enumerate(free):
+        lp.rows.append(([away + j, drop + s], [1.0, 1.0], size[s]))
+    slack_cols, slack_vals = at.all_slack if kind == "bwd" else at.fwd_slack
+    d2h = [tab.s_d2h[s] / size[s] for s in free]
+    for tau in sorted({at.release[s] for s in free}):
+        cs = [away + j for j, s in enumerate(free) if at.release[s] >= tau]
+        vs = [d2h[j] for j, s in enumerate(free) if at.release[s] >= tau]
+        lp.rows.append((cs + slack_cols, vs + [-v for v in slack_vals], at.deadlines[i] - tau))
+    h2d = [tab.s_h2d[s] / size[s] for s in free]
+    back, back_vals = at.all_slack
+    due = [reads_at.get(s, at.need[s]) for s in free]
+    for nu in sorted(set(due)):
+        cs = [away + j for j in range(len(free)) if due[j] <= nu]
+        vs = [h2d[j] for j in range(len(free)) if due[j] <= nu]
+        lp.rows.append((cs + back, vs + [-v for v in back_vals], nu - at.times[i]))
+    return moment
+
+
+def _free_storages(at: _Moments, kind: str, k: int, label: str) -> tuple[list[int], dict[int, float]]:
+    """The storages a plan may have off the GPU at the moment ``label`` of stage ``k``, and for those the backward
+    reads here, when it next reads each, ms."""
+    tab = at.sim.tables
+    n, n_s = at.sim.n, len(tab.s_bytes)
+    # storage -> when the backward next reads it (one that stage k reads may be fetched inline, within it)
+    reads_at: dict[int, float] = {}
+    if kind == "bwd":  # live now: read by the backward of this stage or of earlier ones
+        for s in range(n_s):
+            readers = [j for j in tab.s_saved_by[s] if j < k or (j == k and label.endswith("start"))]
+            if readers:
+                j = max(readers)
+                reads_at[s] = at.bwd_start[j] + (at.bwd[j] if j == k else 0.0)
+        free = list(reads_at)
+    else:  # made by stages whose forward is over and read by no later forward
+        done = k if label.endswith("start") else k + 1 if kind == "fwd" else n
+        final_out = tab.output_storage[n - 1]
+        free = [
+            s
+            for s in range(n_s)
+            if 0 <= tab.s_producer[s] < done and tab.s_last_use[s] < done and not (kind == "loss" and s == final_out)
+        ]
+    free = [s for s in free if at.size[s] > 0 and tab.s_producer[s] >= 0]  # the batch is ``base``
+    return free, reads_at

@@ -39,7 +39,7 @@ from memtune.tuner.runtime.guard import budget_guard
 from memtune.tuner.runtime.isolate import IsolatedProcessError, run_isolated
 from memtune.tuner.runtime.peers import OffloadActivations, compiled_model
 from memtune.tuner.runtime.planned import PlannedBase, planned
-from memtune.tuner.simulator import simulate
+from memtune.tuner.simulator import SimResult, simulate
 
 __all__ = ["BenchRow", "RowSpec", "bench_plans", "checkpoint_segments", "make_batch", "measure_step", "row_specs"]
 
@@ -298,20 +298,7 @@ class _Bench:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        # under the cap (every row of ours but the unconstrained one) the prediction is for the plan as PyTorch's
-        # convolutions will run it (NOTE [ Framework fallback ]) plus the retries the placement model predicts at
-        # their calibrated cost (NOTE [ Allocator placement ])
-        priced_on = spec.profile or self.profile
-        capped = (
-            predict_capped(priced_on, plan, budget_bytes, steps=warmup + iters)
-            if plan is not None and spec.capped and plan.whole_compile is None  # NOTE [ Whole-model compile ]
-            else None
-        )
-        predicted = capped.sim if capped is not None else simulate(priced_on, plan) if plan is not None else None
-        alloc_ms = capped.allocator_ms if capped is not None else None
-        predicted_ms = predicted.step_ms + (alloc_ms or 0.0) if predicted is not None else None
-        predicted_retries = capped.placed.mean_retries if capped is not None else None
-        fallbacks = capped.fallbacks if capped is not None else None
+        predicted, alloc_ms, predicted_ms, predicted_retries, fallbacks = self._predicted(spec)
 
         def failed(error: str) -> BenchRow:
             return BenchRow(
@@ -363,12 +350,7 @@ class _Bench:
                 compile_budget=spec.compile_budget,
             )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:
-            # the allocator's own numbers (tried to allocate, allocated vs reserved) are the diagnosis: keep them
-            text = str(exc).split(" If reserved but unallocated")[0][:600]
-            where = exc.reserved if isinstance(exc, PlanOutOfMemoryError) else ""  # where reserved memory sat
-            if where and where not in text:
-                text += f" Reserved at the failure: {where}."
-            row = failed(f"out of memory: {text}")
+            row = failed(_out_of_memory(exc))
         except RuntimeError as exc:  # e.g. checkpoint_sequential on in-place ReLU
             row = failed(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
         finally:
@@ -380,6 +362,39 @@ class _Bench:
         elif (left := torch.cuda.memory_allocated() - self.baseline) > _LEAK_SLACK_BYTES:
             row = dataclasses.replace(row, leaked_bytes=left)
         return row
+
+    def _predicted(
+        self, spec: RowSpec
+    ) -> tuple[SimResult | None, float | None, float | None, float | None, int | None]:
+        """What the models predict for ``spec``'s plan: the simulated result, the allocator retries' ms, the step
+        (ms, retries included), the retries per step and the framework's fallbacks; Nones where the row has no plan
+        (the retries' three where it runs uncapped or compiled whole)."""
+        plan, budget_bytes = spec.plan, self.budget_bytes
+        # under the cap (every row of ours but the unconstrained one) the prediction is for the plan as PyTorch's
+        # convolutions will run it (NOTE [ Framework fallback ]) plus the retries the placement model predicts at
+        # their calibrated cost (NOTE [ Allocator placement ])
+        priced_on = spec.profile or self.profile
+        capped = (
+            predict_capped(priced_on, plan, budget_bytes, steps=self.warmup + self.iters)
+            if plan is not None and spec.capped and plan.whole_compile is None  # NOTE [ Whole-model compile ]
+            else None
+        )
+        predicted = capped.sim if capped is not None else simulate(priced_on, plan) if plan is not None else None
+        alloc_ms = capped.allocator_ms if capped is not None else None
+        predicted_ms = predicted.step_ms + (alloc_ms or 0.0) if predicted is not None else None
+        predicted_retries = capped.placed.mean_retries if capped is not None else None
+        fallbacks = capped.fallbacks if capped is not None else None
+        return predicted, alloc_ms, predicted_ms, predicted_retries, fallbacks
+
+
+def _out_of_memory(exc: PlanOutOfMemoryError | torch.OutOfMemoryError) -> str:
+    """A row's ``error`` for a run out of memory: the allocator's own numbers (tried to allocate, allocated vs
+    reserved) are the diagnosis, so they are kept, with where reserved memory sat at the failure when known."""
+    text = str(exc).split(" If reserved but unallocated")[0][:600]
+    where = exc.reserved if isinstance(exc, PlanOutOfMemoryError) else ""  # where reserved memory sat
+    if where and where not in text:
+        text += f" Reserved at the failure: {where}."
+    return f"out of memory: {text}"
 
 
 def _measure_fresh(

@@ -157,22 +157,7 @@ def validate_plans(
         run = validate_plans(chain, profile, 64, "float32", 6 << 30, [("optuna", "optuna", plan)], gpu_key="h200")
         print(run.rows[0].step_ms, run.rows[0].peak_bytes, run.rows[0].predicted_step_ms)
     """
-    if iters < 1 or warmup < 0:
-        raise TunerError(f"validation needs iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
-    if profile.batch != batch or profile.dtype != dtype:
-        raise TunerError(
-            f"the profile is for batch {profile.batch} {profile.dtype}, not batch {batch} {dtype}: "
-            "its predictions would not describe the measured step"
-        )
-    factory = None if isinstance(chain, ModelChain) or not isolate else chain
-    if factory is not None:
-        try:
-            pickle.dumps(factory)
-        except (pickle.PicklingError, AttributeError, TypeError) as e:
-            raise TunerError(
-                f"validation measures each plan in a fresh process, so the model builder must be picklable (a "
-                f"module-level function or functools.partial of one), not {factory!r}: {e}; or pass isolate=False"
-            ) from e
+    factory = _checked_factory(chain, profile, batch, dtype, iters=iters, warmup=warmup, isolate=isolate)
     device = check_validation_device(gpu_key)
     configure_allocator()
     model: ModelChain | None = None  # with a factory, each row's process builds its own
@@ -218,3 +203,39 @@ def validate_plans(
         gc.collect()
         torch.cuda.empty_cache()
     return ValidationRun(device=device, unconstrained=rows[0], rows=rows[1:], stopped=stopped)
+
+
+def _checked_factory(
+    chain: ModelChain | Callable[[], ModelChain],
+    profile: Profile,
+    batch: int,
+    dtype: str,
+    *,
+    iters: int,
+    warmup: int,
+    isolate: bool,
+) -> Callable[[], ModelChain] | None:
+    """``validate_plans``'s settings checked before anything is built: the builder each configuration's fresh
+    process calls (``chain`` when it is a function and ``isolate``), or None where this process measures them all.
+
+    Raises:
+        TunerError: ``iters``/``warmup`` out of range, the profile is for another batch or dtype, or the builder
+            cannot be pickled.
+    """
+    if iters < 1 or warmup < 0:
+        raise TunerError(f"validation needs iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    if profile.batch != batch or profile.dtype != dtype:
+        raise TunerError(
+            f"the profile is for batch {profile.batch} {profile.dtype}, not batch {batch} {dtype}: "
+            "its predictions would not describe the measured step"
+        )
+    factory = None if isinstance(chain, ModelChain) or not isolate else chain
+    if factory is not None:
+        try:
+            pickle.dumps(factory)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise TunerError(
+                f"validation measures each plan in a fresh process, so the model builder must be picklable (a "
+                f"module-level function or functools.partial of one), not {factory!r}: {e}; or pass isolate=False"
+            ) from e
+    return factory
