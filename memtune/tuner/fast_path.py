@@ -9,9 +9,10 @@ gradient blocks per stage. ``FastPath.run`` computes the same numbers without an
   as input (where a segment or a selective stage refers to it), its last forward reader, each stage's produced
   bytes and gradients, the loss's events; what depends only on the convolution costs (a selective stage's forward
   and backward, a recompute re-run, the bytes a stage allocates and frees whatever the plan) once per set of costs;
-* NOTE [ Plan semantics ] (``memtune.tuner.plan.resolve_storages``) and the per-stage tables of ``_run`` are one pass
-over
-  the storages, which adds each storage's bytes to the stage where it is allocated, freed or re-made;
+* NOTE [ Plan semantics ] (``memtune.tuner.plan.resolve_storages``) and the per-stage tables of ``_run`` are two
+  passes over the storages, which add each storage's bytes to the stage where it is allocated, freed or re-made: its
+  fate (``FastPath._fates``), then where it is copied, waited for and fetched, in storage order, the order its copies
+  queue in (``FastPath._place_storages``);
 * memory and time are apart: the peak depends on the order of the allocations and frees, never on their times.
   The step's memory events are summed into groups, each ending where an allocation ends a run of events (the
   forward's start and end of each stage, the loss's three, and each backward stage's prefetches and re-run, start,
@@ -50,7 +51,7 @@ from memtune.tuner.plan import Action
 
 if TYPE_CHECKING:
     from memtune.tuner.plan import Plan
-    from memtune.tuner.simulator import Simulator
+    from memtune.tuner.simulator import Simulator, StorageTables
 
 __all__ = ["FastPath", "StepNumbers"]
 
@@ -58,8 +59,8 @@ _KEEP, _OFFLOAD, _RECOMPUTE, _SELECTIVE = Action.KEEP, Action.OFFLOAD, Action.RE
 _HOLDS = (_KEEP, _SELECTIVE)  # actions that hold the stage's input on the GPU (NOTE [ Plan semantics ])
 _NONE, _KEPT, _OFFLOADED = 0, 1, 2  # a storage's fate (NOTE [ Plan semantics ])
 _NEED = itemgetter(0)
-# a storage's shape, for the fate rule's cases (``FastPath.run``): one saver and no stage takes it as input; a chain's
-# storage saved by exactly the stages that take it as input; anything else
+# a storage's shape, for the fate rule's cases (``FastPath._fates``): one saver and no stage takes it as input; a
+# chain's storage saved by exactly the stages that take it as input; anything else
 _OWN, _SAVED_BY_READERS, _GENERAL = "own", "saved by readers", "general"
 
 _ROUNDING = 1e-9  # NOTE [ Compute bound ]: far above the rounding of summing a step's times in another order
@@ -86,6 +87,42 @@ class _CostTables(NamedTuple):
     fwd_ms: float  # of it, the forward's
     sel_busy: list[float]  # what a selective stage adds to it, ms
     rerun_before: list[float]  # per stage, the re-runs of the stages before it, ms (n + 1 entries)
+
+
+_Fate = tuple[int, int, tuple[int, ...], int, int, bool, int, int, int]
+"""a storage's fate under a plan (NOTE [ Plan semantics ]): sid, producer, savers, last forward reader, bytes; kept, the
+first stage that copies it (``n`` where none does), the last stage whose backward needs it, the first stage whose
+backward ends its hold"""
+
+
+class _Step:
+    """One plan's tables, by stage (NOTE [ Fast path ]): the bytes each memory group allocates (positive) or frees
+    (negative), the forward's start and end and the backward's prefetches and re-run, start and end; and where each
+    storage is copied, waited for, fetched and needed."""
+
+    __slots__ = (
+        "bwd_end", "bwd_fetch", "bwd_mark", "bwd_start", "copy_after", "copy_during", "fate", "fetch_at", "fwd_after",
+        "fwd_alloc", "fwd_mark", "late_at", "made", "need_at", "prog_end", "seg_start", "wait_at",
+    )  # fmt: skip
+
+    def __init__(self, ct: _CostTables, n: int, n_storages: int) -> None:
+        self.fwd_alloc = ct.fwd_alloc.copy()
+        self.fwd_after = ct.fwd_after.copy()
+        self.bwd_fetch = [0] * n
+        self.bwd_start = ct.bwd_start.copy()
+        self.bwd_end = ct.bwd_end.copy()
+        self.seg_start = [-1] * n  # by segment end: its first stage
+        self.prog_end = list(range(n))  # the stage whose end the runtime's end_stage runs at: a segment's last
+        self.made = [0] * n  # by segment end: what its re-run makes (storages nobody keeps, second copies, a clone)
+        self.fate = [_NONE] * n_storages  # by storage (NOTE [ Plan semantics ])
+        self.copy_during: list[list[int] | None] = [None] * n  # by stage: storages copied while it runs
+        self.copy_after: list[list[int] | None] = [None] * n  # by stage: storages copied after it
+        self.wait_at: list[list[int] | None] = [None] * n  # by stage: copies its end waits for
+        self.late_at: list[list[int] | None] = [None] * n  # by stage: copies its backward uses in place
+        self.fetch_at: list[list[tuple[int, int]] | None] = [None] * n  # by stage: (need, storage) fetched there
+        self.need_at: list[list[int] | None] = [None] * n  # by stage: fetched storages its backward waits for
+        self.fwd_mark = [False] * n  # forward stages where something is copied or waited for
+        self.bwd_mark = [False] * n  # backward stages that wait, fetch, re-run or are selective
 
 
 class FastPath:
@@ -118,23 +155,7 @@ class FastPath:
         self.output_storage = tab.output_storage
         self.final_out = tab.output_storage[n - 1]
         self.n_storages = len(tab.s_bytes)
-        # per storage a stage makes: (sid, producer, savers, stages taking it as input, last forward reader, bytes);
-        # the model input (producer -1) has no part in any plan, a storage saved outside every stage is always kept
-        readers: list[list[int]] = [[] for _ in tab.s_bytes]
-        for i in range(n):
-            if i > 0 or modules:  # a chain's model input is always resident (NOTE [ Plan semantics ])
-                for sid in dict.fromkeys(tab.inputs[i]):
-                    readers[sid].append(i)
-        outside = [s.outside for s in profile.storages]
-        self.storages = []
-        for sid, p in enumerate(tab.s_producer):
-            if p >= 0 and not outside[sid]:
-                savers, took = tuple(tab.s_saved_by[sid]), readers[sid]
-                shape = _shape(savers, took, modules)
-                self.storages.append((sid, p, savers, tuple(took), tab.s_last_use[sid], tab.s_bytes[sid], shape))
-        self.outside = [
-            (sid, p, tuple(tab.s_saved_by[sid])) for sid, p in enumerate(tab.s_producer) if p >= 0 and outside[sid]
-        ]
+        self._storage_tables(tab, modules)
         outside_release = [0] * n  # kept to the backward of their first saver, whatever the plan
         for sid, _, savers in self.outside:
             outside_release[min(savers)] += tab.s_bytes[sid]
@@ -197,6 +218,36 @@ class FastPath:
         self._last = tables
         return tables
 
+    def _storage_tables(self, tab: StorageTables, modules: bool) -> None:
+        """The storages a stage makes, each with what the fate rule (NOTE [ Plan semantics ]) reads of it, in bytes
+        and stage indices; those saved outside every stage (``outside``) are always kept. The model input (producer
+        -1) has no part in any plan."""
+        n = self.n
+        readers: list[list[int]] = [[] for _ in tab.s_bytes]
+        for i in range(n):
+            if i > 0 or modules:  # a chain's model input is always resident (NOTE [ Plan semantics ])
+                for sid in dict.fromkeys(tab.inputs[i]):
+                    readers[sid].append(i)
+        outside = [s.outside for s in tab.profile.storages]
+        # in storage order: (sid, producer, savers, stages taking it as input, last forward reader, bytes, shape)
+        self.storages: list[tuple[int, int, tuple[int, ...], tuple[int, ...], int, int, str]] = []
+        # by sid, for a storage of one saver that no stage takes as input: its fate records where the saver keeps it
+        # and where it offloads it
+        self.own_fates: list[tuple[_Fate, _Fate] | None] = [None] * len(tab.s_bytes)
+        for sid, p in enumerate(tab.s_producer):
+            if p >= 0 and not outside[sid]:
+                savers, took = tuple(tab.s_saved_by[sid]), readers[sid]
+                last, nbytes = tab.s_last_use[sid], tab.s_bytes[sid]
+                shape = _shape(savers, took, modules)
+                self.storages.append((sid, p, savers, tuple(took), last, nbytes, shape))
+                if shape is _OWN:
+                    r = savers[0]
+                    kept = (sid, p, savers, last, nbytes, True, n, r, r)
+                    self.own_fates[sid] = (kept, (sid, p, savers, last, nbytes, False, r, r, r))
+        self.outside = [
+            (sid, p, tuple(tab.s_saved_by[sid])) for sid, p in enumerate(tab.s_producer) if p >= 0 and outside[sid]
+        ]
+
     def run(
         self,
         actions: Sequence[Action],
@@ -211,14 +262,55 @@ class FastPath:
         ``plan.sync`` is ``layer`` or ``deferred`` and no segment of ``actions`` is split. None, as soon as it is
         known, where the peak exceeds ``peak_limit``, or the step exceeds ``step_limit`` and the peak is at least
         ``step_limit_peak`` (NOTE [ Bounded simulations ] in ``memtune.tuner.simulator``)."""
+        ct = self._cost_tables(costs)
+        segs, sels = self._segments(actions)
+        # NOTE [ Compute bound ]: a step is at least its compute, whatever waits for copies
+        busy = fwd_busy = -1.0
+        if step_limit is not None and ct.monotone:
+            busy, fwd_busy = self._compute_ms(ct, segs, sels)
+            if step_limit_peak <= self.base and busy - step_limit > _ROUNDING * busy:
+                return None
+        st = _Step(ct, self.n, self.n_storages)
+        self._segment_memory(actions, segs, st)
+        fates = self._fates(actions, st)
+        d2h_bytes, h2d_bytes = self._place_storages(actions, plan, fates, st)
+        f_ms, b_ms = self._rerun_memory(ct, costs, segs, sels, st)
+        peak = self._peak(st)
+        if peak_limit is not None and peak > peak_limit:
+            return None
+        if step_limit is not None and (peak < step_limit_peak or not ct.monotone):
+            step_limit = None  # a negative time: the clock may run back, so no bound holds before the end
+        if step_limit is not None and step_limit_peak > self.base and busy - step_limit > _ROUNDING * busy:
+            return None  # NOTE [ Compute bound ], once the peak is known to reach ``step_limit_peak``
+
+        t, fstall, copy_done = self._forward(f_ms, st)
+        forward_ms = t
+        if step_limit is not None:  # NOTE [ Compute bound ]: the forward as it ran, then the rest's compute
+            at_least = t + (busy - fwd_busy)
+            if at_least - step_limit > _ROUNDING * at_least:
+                return None
+        half = self.half
+        if self.loss_saved is not None:
+            t = t + 2 * half
+        else:
+            t += half
+            t += half
+        bwd_start_ms = t
+        if step_limit is not None and t > step_limit:
+            return None
+        backward = self._backward(actions, ct, b_ms, t, step_limit, copy_done, st)
+        if backward is None:
+            return None
+        t, recompute_ms, bstall = backward
+        fs = sum(fstall)
+        bs = sum(bstall)
+        return (t, peak, forward_ms, t - bwd_start_ms, recompute_ms, fs + bs, tuple(fstall), tuple(bstall), d2h_bytes,
+                h2d_bytes)  # fmt: skip
+
+    def _segments(self, acts: Sequence[Action]) -> tuple[list[tuple[int, int]], list[int]]:
+        """The plan's recompute segments, (first stage, last stage), and its selective stages, in stage order."""
         n = self.n
         modules = self.modules
-        ct = self._cost_tables(costs)
-        fwd, bwd, _, ws_b = costs
-        out = self.out
-        acts = actions
-
-        # ---- segments and selective stages ----------------------------------------------------------------
         segs: list[tuple[int, int]] = []
         sels = [k for k, a in enumerate(acts) if a is _SELECTIVE] if _SELECTIVE in acts else []
         if _RECOMPUTE in acts:  # the runs of recompute stages, found by the list's own search
@@ -235,28 +327,27 @@ class FastPath:
                     i = acts.index(_RECOMPUTE, j)
                 except ValueError:
                     break
-        # NOTE [ Compute bound ]: a step is at least its compute, whatever waits for copies
-        busy = fwd_busy = -1.0
-        if step_limit is not None and ct.monotone:
-            busy, fwd_busy = ct.busy_ms, ct.fwd_ms
-            before = ct.rerun_before
-            for i, j in segs:
-                busy += before[j + 1] - before[i]  # a bound: any order of the additions does
-            for k in sels:
-                busy += ct.sel_busy[k]
-                fwd_busy += self.sel_extra_fwd_ms[k]
-            if step_limit_peak <= self.base and busy - step_limit > _ROUNDING * busy:
-                return None
-        # memory by stage, in program order: the forward's start and end, the backward's prefetches and re-run,
-        # start and end (NOTE [ Fast path ]); each list gets the plan's bytes added where they are allocated or freed
-        fwd_alloc = ct.fwd_alloc.copy()
-        fwd_after = ct.fwd_after.copy()
-        bwd_fetch = [0] * n
-        bwd_start = ct.bwd_start.copy()
-        bwd_end = ct.bwd_end.copy()
-        seg_start = [-1] * n  # by segment end: its first stage
-        prog_end = list(range(n))  # the stage whose end the runtime's end_stage runs at: a segment's last
-        made = [0] * n  # by segment end: what its re-run makes (storages nobody keeps, second copies, a clone)
+        return segs, sels
+
+    def _compute_ms(self, ct: _CostTables, segs: list[tuple[int, int]], sels: list[int]) -> tuple[float, float]:
+        """NOTE [ Compute bound ]: the plan's compute, ms, and of it the forward's (a bound: any order of the
+        additions does)."""
+        busy, fwd_busy = ct.busy_ms, ct.fwd_ms
+        before = ct.rerun_before
+        for i, j in segs:
+            busy += before[j + 1] - before[i]
+        for k in sels:
+            busy += ct.sel_busy[k]
+            fwd_busy += self.sel_extra_fwd_ms[k]
+        return busy, fwd_busy
+
+    def _segment_memory(self, acts: Sequence[Action], segs: list[tuple[int, int]], st: _Step) -> None:
+        """Where each segment ends in program order, and the clone of its in-place first stage's input, bytes."""
+        n = self.n
+        modules = self.modules
+        out = self.out
+        fwd_alloc, fwd_after, bwd_end = st.fwd_alloc, st.fwd_after, st.bwd_end
+        seg_start, prog_end, made = st.seg_start, st.prog_end, st.made
         for i, j in segs:
             seg_start[j] = i
             if j > i:
@@ -275,109 +366,119 @@ class FastPath:
                     fwd_alloc[i] += size
                     bwd_end[i] -= size
 
-        # ---- storages: NOTE [ Plan semantics ], then where each is copied, waited for, freed, fetched, re-made ----
-        layer = plan.sync == "layer"
-        delay = plan.sync_delay
-        lookahead = plan.stage_lookaheads()
-        fate = [_NONE] * self.n_storages
-        copy_during: list[list[int] | None] = [None] * n
-        copy_after: list[list[int] | None] = [None] * n
-        wait_at: list[list[int] | None] = [None] * n
-        late_at: list[list[int] | None] = [None] * n
-        fetch_at: list[list[tuple[int, int]] | None] = [None] * n
-        need_at: list[list[int] | None] = [None] * n
-        fwd_mark = [False] * n  # forward stages where something is copied or waited for
-        bwd_mark = [False] * n  # backward stages that wait, fetch, re-run or are selective
-        d2h_bytes = h2d_bytes = 0
+    def _fates(self, acts: Sequence[Action], st: _Step) -> list[_Fate]:
+        """NOTE [ Plan semantics ] for every storage a stage makes: the fates of those kept or offloaded, in storage
+        order; one nobody keeps is freed after its last forward reader and re-made by a segment that saves it, its
+        bytes entered here."""
+        n = self.n
+        modules = self.modules
+        fwd_after, bwd_end, prog_end, made = st.fwd_after, st.bwd_end, st.prog_end, st.made
         final_out = self.final_out
-        last_stage = n - 1
+        fates: list[_Fate] = []
+        own_fates = self.own_fates
         for sid, p, savers, readers, last, nbytes, shape in self.storages:
             if shape is _OWN:  # one saver, no stage takes it as input: its saver's action decides
                 r = savers[0]
                 a = acts[r]
                 if a is _KEEP:
-                    keep, pack, need, release = True, n, r, r
+                    fates.append(own_fates[sid][0])
                 elif a is _OFFLOAD:
-                    keep, pack, need, release = False, r, r, r
-                else:  # nobody keeps it: freed after its last forward reader, re-made by a segment of its saver
+                    fates.append(own_fates[sid][1])
+                else:
                     if sid != final_out:
                         fwd_after[last] -= nbytes
                     if a is _RECOMPUTE:
                         made[prog_end[r]] += nbytes
                         bwd_end[r] -= nbytes
-                    continue
-            else:
-                keep, pack, need, release = False, n, -1, n
-                if shape is _SAVED_BY_READERS:  # a chain's: every stage that takes it as input saves it
-                    for i in savers:
-                        a = acts[i]
-                        if a is _OFFLOAD:
+                continue
+            keep, pack, need, release = False, n, -1, n
+            if shape is _SAVED_BY_READERS:  # a chain's: every stage that takes it as input saves it
+                for i in savers:
+                    a = acts[i]
+                    if a is _OFFLOAD:
+                        if i < pack:
+                            pack = i
+                        j = i
+                    elif a is _RECOMPUTE:
+                        b = acts[i - 1]
+                        if b is _RECOMPUTE:
+                            continue  # inside a segment: only its first stage's input is saved
+                        j = prog_end[i]
+                        if b is _OFFLOAD:
                             if i < pack:
                                 pack = i
+                        else:
+                            keep = True
+                    else:  # keep, or selective, which holds its input as keep does
+                        keep = True
+                        j = i
+                    if j > need:
+                        need = j
+                    if i < release:
+                        release = i
+            else:
+                for r in savers:
+                    a = acts[r]
+                    if a is _KEEP:
+                        keep = True
+                    elif a is _OFFLOAD:
+                        if r < pack:
+                            pack = r
+                    else:
+                        continue
+                    if r > need:
+                        need = r
+                    if r < release:
+                        release = r
+                for i in readers:
+                    a = acts[i]
+                    if a is _RECOMPUTE:
+                        if modules:
+                            keep = True
                             j = i
-                        elif a is _RECOMPUTE:
-                            b = acts[i - 1]
-                            if b is _RECOMPUTE:
-                                continue  # inside a segment: only its first stage's input is saved
+                        elif acts[i - 1] is _RECOMPUTE:
+                            continue  # inside a segment: only its first stage's input is saved
+                        else:
                             j = prog_end[i]
-                            if b is _OFFLOAD:
+                            if acts[i - 1] is _OFFLOAD:
                                 if i < pack:
                                     pack = i
                             else:
                                 keep = True
-                        else:  # keep, or selective, which holds its input as keep does
-                            keep = True
-                            j = i
-                        if j > need:
-                            need = j
-                        if i < release:
-                            release = i
-                else:
-                    for r in savers:
-                        a = acts[r]
-                        if a is _KEEP:
-                            keep = True
-                        elif a is _OFFLOAD:
-                            if r < pack:
-                                pack = r
-                        else:
-                            continue
-                        if r > need:
-                            need = r
-                        if r < release:
-                            release = r
-                    for i in readers:
-                        a = acts[i]
-                        if a is _RECOMPUTE:
-                            if modules:
-                                keep = True
-                                j = i
-                            elif acts[i - 1] is _RECOMPUTE:
-                                continue  # inside a segment: only its first stage's input is saved
-                            else:
-                                j = prog_end[i]
-                                if acts[i - 1] is _OFFLOAD:
-                                    if i < pack:
-                                        pack = i
-                                else:
-                                    keep = True
-                        elif a is _SELECTIVE:
-                            keep = True
-                            j = i
-                        else:
-                            continue
-                        if j > need:
-                            need = j
-                        if i < release:
-                            release = i
-                if need < 0:  # nobody keeps it: freed after its last forward reader, re-made by a segment that saves it
-                    if sid != final_out:
-                        fwd_after[last] -= nbytes
-                    in_seg = [r for r in savers if acts[r] is _RECOMPUTE]
-                    if in_seg:
-                        made[max([prog_end[r] for r in in_seg])] += nbytes
-                        bwd_end[min(in_seg)] -= nbytes
-                    continue
+                    elif a is _SELECTIVE:
+                        keep = True
+                        j = i
+                    else:
+                        continue
+                    if j > need:
+                        need = j
+                    if i < release:
+                        release = i
+            if need < 0:  # nobody keeps it
+                if sid != final_out:
+                    fwd_after[last] -= nbytes
+                in_seg = [r for r in savers if acts[r] is _RECOMPUTE]
+                if in_seg:
+                    seg = prog_end[in_seg[0]] if len(in_seg) == 1 else max([prog_end[r] for r in in_seg])
+                    made[seg] += nbytes
+                    bwd_end[min(in_seg)] -= nbytes
+            else:
+                fates.append((sid, p, savers, last, nbytes, keep, pack, need, release))
+        return fates
+
+    def _place_storages(self, acts: Sequence[Action], plan: Plan, fates: list[_Fate], st: _Step) -> tuple[int, int]:
+        """Where each storage that is kept or offloaded (``fates``) is copied, waited for, freed, fetched and re-made,
+        in storage order, the order its copies queue in; the bytes copied to the host and back."""
+        n = self.n
+        layer = plan.sync == "layer"
+        delay = plan.sync_delay
+        lookahead = plan.stage_lookaheads()
+        fwd_after, bwd_fetch, bwd_end, prog_end, made = st.fwd_after, st.bwd_fetch, st.bwd_end, st.prog_end, st.made
+        fate, copy_during, copy_after, wait_at = st.fate, st.copy_during, st.copy_after, st.wait_at
+        late_at, fetch_at, need_at, fwd_mark, bwd_mark = st.late_at, st.fetch_at, st.need_at, st.fwd_mark, st.bwd_mark
+        d2h_bytes = h2d_bytes = 0
+        last_stage = n - 1
+        for sid, p, savers, last, nbytes, keep, pack, need, release in fates:
             fate[sid] = _KEPT if keep else _OFFLOADED
             fetched = False
             if pack < n:  # copied: offloaded, or a wasted copy beside a keep reference
@@ -454,10 +555,18 @@ class FastPath:
                 if inside:
                     made[seg] += self.s_bytes[sid]
                     bwd_end[min(inside)] -= self.s_bytes[sid]
+        return d2h_bytes, h2d_bytes
 
-        # ---- re-runs and selective stages' memory --------------------------------------------------------------
+    def _rerun_memory(
+        self, ct: _CostTables, costs: Costs, segs: list[tuple[int, int]], sels: list[int], st: _Step
+    ) -> tuple[list[float], list[float]]:
+        """The re-runs' and selective stages' bytes; each stage's forward and backward time under the plan, ms."""
+        fwd, bwd, _, ws_b = costs
+        out = self.out
+        fwd_after, bwd_fetch, bwd_start, bwd_end = st.fwd_after, st.bwd_fetch, st.bwd_start, st.bwd_end
+        made, bwd_mark = st.made, st.bwd_mark
         for i, j in segs:
-            transient = max(out[i : j + 1])
+            transient = out[i] if i == j else max(out[i : j + 1])
             bwd_fetch[j] += made[j] + transient
             bwd_start[j] -= transient
             bwd_mark[j] = True
@@ -480,34 +589,35 @@ class FastPath:
                     bwd_end[k] -= extra
                 bwd_end[k] -= keep_k
                 bwd_mark[k] = True
+        return f_ms, b_ms
 
-        # ---- the loss's memory (NOTE [ Loss memory ]) ----------------------------------------------------------
-        out_dies = self.s_bytes[final_out] if final_out is not None and fate[final_out] == _NONE else 0
+    def _peak(self, st: _Step) -> int:
+        """The step's peak, bytes: the largest running sum of the memory groups in program order, the loss's between
+        the forward's and the backward's (NOTE [ Fast path ], NOTE [ Loss memory ])."""
+        n = self.n
+        final_out = self.final_out
+        out_dies = self.s_bytes[final_out] if final_out is not None and st.fate[final_out] == _NONE else 0
         if self.loss_saved is not None:
             saved, transient = self.loss_saved, self.loss_transient
             loss = (saved, self.held - out_dies + transient + self.loss_grad, -transient - saved)
         else:
             f32, cast = self.f32, self.cast
             loss = (cast + f32, 2 * f32 - cast - out_dies, self.cast_back - 2 * f32 - cast)
-
-        # ---- the peak: the largest running sum of the groups, in program order ----------------------------------
         fwd_seq = [0] * (2 * n)
-        fwd_seq[::2] = fwd_alloc
-        fwd_seq[1::2] = fwd_after
+        fwd_seq[::2] = st.fwd_alloc
+        fwd_seq[1::2] = st.fwd_after
         bwd_seq = [0] * (3 * n)
-        bwd_seq[::3] = bwd_fetch[::-1]
-        bwd_seq[1::3] = bwd_start[::-1]
-        bwd_seq[2::3] = bwd_end[::-1]
-        peak = max(accumulate(chain(fwd_seq, loss, bwd_seq), initial=self.base))
-        if peak_limit is not None and peak > peak_limit:
-            return None
-        if step_limit is not None and (peak < step_limit_peak or not ct.monotone):
-            step_limit = None  # a negative time: the clock may run back, so no bound holds before the end
-        if step_limit is not None and step_limit_peak > self.base and busy - step_limit > _ROUNDING * busy:
-            return None  # NOTE [ Compute bound ], once the peak is known to reach ``step_limit_peak``
+        bwd_seq[::3] = st.bwd_fetch[::-1]
+        bwd_seq[1::3] = st.bwd_start[::-1]
+        bwd_seq[2::3] = st.bwd_end[::-1]
+        return max(accumulate(chain(fwd_seq, loss, bwd_seq), initial=self.base))
 
-        # ---- forward ---------------------------------------------------------------------------------------
+    def _forward(self, f_ms: list[float], st: _Step) -> tuple[float, list[float], list[float]]:
+        """The forward's clock: its end, ms; each stage's stall, ms; when each storage's copy to the host is done,
+        ms (0 where none)."""
+        n = self.n
         s_d2h = self.s_d2h
+        fwd_mark, copy_during, copy_after, wait_at = st.fwd_mark, st.copy_during, st.copy_after, st.wait_at
         copy_done = [0.0] * self.n_storages
         fstall = [0.0] * n
         t = 0.0
@@ -528,30 +638,32 @@ class FastPath:
                         copy_done[sid] = d2h_free
                 lst = wait_at[k]
                 if lst is not None:
-                    wait = max([copy_done[sid] for sid in lst])
+                    wait = copy_done[lst[0]] if len(lst) == 1 else max([copy_done[sid] for sid in lst])
                     if wait > t:
                         fstall[k] = wait - t
                         t = wait
-        forward_ms = t
-        if step_limit is not None:  # NOTE [ Compute bound ]: the forward as it ran, then the rest's compute
-            at_least = t + (busy - fwd_busy)
-            if at_least - step_limit > _ROUNDING * at_least:
-                return None
-        half = self.half
-        if self.loss_saved is not None:
-            t = t + 2 * half
-        else:
-            t += half
-            t += half
-        bwd_start_ms = t
-        if step_limit is not None and t > step_limit:
-            return None
+        return t, fstall, copy_done
 
-        # ---- backward --------------------------------------------------------------------------------------
+    def _backward(
+        self,
+        acts: Sequence[Action],
+        ct: _CostTables,
+        b_ms: list[float],
+        t: float,
+        step_limit: float | None,
+        copy_done: list[float],
+        st: _Step,
+    ) -> tuple[float, float, list[float]] | None:
+        """The backward's clock from ``t``, ms: the step's end, the re-runs' time and each stage's stall, ms; None as
+        soon as the clock passes ``step_limit``."""
+        n = self.n
+        modules = self.modules
         s_h2d = self.s_h2d
         output_storage = self.output_storage
         rerun = ct.rerun
         sel_extra_ms = self.sel_extra_ms
+        fate, late_at, fetch_at, need_at = st.fate, st.late_at, st.fetch_at, st.need_at
+        seg_start, bwd_mark = st.seg_start, st.bwd_mark
         bstall = [0.0] * n
         ready = [0.0] * self.n_storages
         recompute_ms = 0.0
@@ -598,10 +710,7 @@ class FastPath:
             t += b_ms[k]
             if step_limit is not None and t > step_limit:
                 return None
-        fs = sum(fstall)
-        bs = sum(bstall)
-        return (t, peak, forward_ms, t - bwd_start_ms, recompute_ms, fs + bs, tuple(fstall), tuple(bstall), d2h_bytes,
-                h2d_bytes)  # fmt: skip
+        return t, recompute_ms, bstall
 
 
 def _shape(savers: tuple[int, ...], readers: list[int], modules: bool) -> str:
