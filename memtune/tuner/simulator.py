@@ -42,38 +42,36 @@ simulated, one 784 MiB block output short, and the bench's run at that budget (8
 allocating it. With the copy counted the stage is simulated at 8.71 GiB.
 
 The simulator is deterministic and pure Python. ``Simulator(profile)`` precomputes the per-profile
-tables once, so that ``run(plan)`` costs a few hundred microseconds for a 40-stage chain.
+tables once, so that ``run(plan)`` costs a few hundred microseconds for a 40-stage chain. A run is four steps:
+schedule (``memtune.tuner.schedule``), forward, backward (each stage's in ``memtune.tuner.stage_backward``) and peak,
+every memory event written once to a ``Ledger`` (``memtune.tuner.ledger``). The per-profile tables, with NOTE
+[ Backward transient ] and NOTE [ Gradients between stages ], are in ``memtune.tuner.storage_tables``.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from memtune.profiler import CompilerPoint, ConvAlgo, ConvProfile, Profile, SavedStorage
+from memtune.profiler import CompilerPoint, ConvAlgo, Profile
 from memtune.profiler.loss_model import profile_loss_ms
 from memtune.tuner.calibration import calibration_for
-from memtune.tuner.conv_choice import PASSES, ConvTriple, RuleChoices, select_algo, working_algos
+from memtune.tuner.conv_choice import RuleChoices
+from memtune.tuner.conv_costs import price_choices
 from memtune.tuner.fast_path import FastPath
-from memtune.tuner.plan import (
-    Action,
-    Plan,
-    StorageFate,
-    resolve_storages,
-    segments,
-    selective_gain_bytes,
-    storage_copy_ms,
-)
+from memtune.tuner.ledger import Ledger
+from memtune.tuner.plan import Action, Plan, StorageFate, resolve_storages, segments, selective_gain_bytes
+from memtune.tuner.schedule import StepState, backward_schedule, forward_schedule
 from memtune.tuner.spatial import SplitPricing, parse_segment_key
+from memtune.tuner.stage_backward import stage_backward
+from memtune.tuner.storage_tables import StorageTables, backward_transients, merge_storages
 from memtune.tuner.whole import compiler_point
 
 __all__ = ["OPTIMIZERS", "SimResult", "Simulator", "StorageTables", "backward_transients", "merge_storages", "simulate"]
 
 Optimizer = Literal["sgd", "adam", "none"]
-#: actions that hold the stage's input on the GPU (NOTE [ Plan semantics ])
-_HOLDS = (Action.KEEP, Action.SELECTIVE)
 #: optimizer state bytes per parameter byte
 OPTIMIZERS: dict[str, float] = {"sgd": 1.0, "adam": 2.0, "none": 0.0}
 
@@ -116,115 +114,6 @@ class SimResult:
     def fits(self, budget_bytes: int) -> bool:
         """True when the simulated peak is within ``budget_bytes``."""
         return self.peak_bytes <= budget_bytes
-
-
-def backward_transients(profile: Profile) -> list[int]:
-    """Each stage's backward transient as the simulator adds it: bytes above what was live before the stage's
-    backward *and* the gradients it makes (input gradient and parameter gradients).
-
-    # NOTE [ Backward transient ]
-    The profiler measures a stage's backward alone (``memtune.profiler.measure._workspaces``) as W = peak − max(before,
-    after): ``after`` = ``before`` − F + G, where G is the gradients the backward makes and F the bytes of the
-    stage's saved storages that its backward frees (those it produced and saves, but not its output, which the
-    next stage holds). The simulator's stage peak is live-before + G + transient, so the transient is
-    peak − before − G = W + max(0, G − F) − G = W − min(G, F). Taking W itself counted min(G, F) twice: a max-pool
-    frees its int64 indices (F) as it makes its input's gradient (G, the same bytes in bf16 on VGG-16), so its
-    backward was simulated one input-gradient higher than it runs. On the H200 (``scripts/memory_trace.py``,
-    ``benchmarks/results/memtrace/``) VGG-16 bf16 ``checkpoint_sqrt`` peaked at the first max-pool's backward at
-    8.34 GiB against 9.80 simulated; the second and third pools were 0.70 and 0.32 GiB over, their input sizes.
-    A profile without measured workspaces (W = 0) is unchanged.
-
-    W itself is measured with the output's gradient held by the caller. Inside a chain autograd frees that gradient
-    once its first node has used it, and a bottleneck block's in-place ReLU backward makes its own gradient as it
-    frees the incoming one: W counted one output-sized gradient too many for ResNet-50 fp32's ``layer1.1`` (1,568 MiB
-    measured alone; as in a chain, with memory-optimal convolutions, 784 MiB: the output's gradient, which the
-    simulator holds already). Where the profile has
-    ``chained_backward_bytes`` (``memtune.profiler.measure.chained_backward_bytes``: the peak above what was live before
-    and the gradients made, the output's gradient made inside the backward so that autograd frees it once used),
-    the simulator takes that minus the output's gradient, which it holds through the stage's backward, instead.
-    """
-    stages = profile.stages
-    freed = [0] * len(stages)
-    for sid, s in enumerate(profile.storages):
-        k = s.producer
-        if k >= 0 and k in s.saved_by and stages[k].output_storage != sid:
-            freed[k] += s.bytes
-    out = []
-    for k, st in enumerate(stages):
-        grads = (stages[k - 1].output_bytes if k > 0 else 0) + st.param_bytes
-        if st.chained_backward_bytes is not None:  # as the chain runs it, the output's gradient held here
-            out.append(max(0, st.chained_backward_bytes - st.output_bytes))
-        else:
-            out.append(max(0, st.backward_workspace_bytes - min(grads, freed[k])))
-    return out
-
-
-class StorageTables:
-    """Per-storage tables of one profile (see NOTE [ Saved storages ])."""
-
-    def __init__(self, profile: Profile) -> None:
-        self.profile = profile
-        st = profile.stages
-        n = len(st)
-        storages = profile.storages
-        self.s_bytes = [s.bytes for s in storages]
-        self.s_producer = [s.producer for s in storages]
-        self.s_saved_by = [s.saved_by for s in storages]
-        # last forward reader of each storage: who saves it, and the stage after any stage whose output it is; for
-        # module stages who reads it or holds it as measured (NOTE [ Module stages ] in memtune.profiler.modules)
-        last = [max((*s.saved_by, *s.read_by, s.producer, 0)) for s in storages]
-        if not profile.modules:
-            for k, stage in enumerate(st):
-                if stage.output_storage is not None:
-                    last[stage.output_storage] = max(last[stage.output_storage], min(k + 1, n - 1))
-        self.s_last_use = last
-        # copy times: the first saver's measured ms, shared by bytes; else the device bandwidth
-        self.s_d2h, self.s_h2d = storage_copy_ms(profile)
-        # storages produced by each stage (allocated at its forward start)
-        self.produced: list[list[int]] = [[] for _ in range(n)]
-        for sid, p in enumerate(self.s_producer):
-            if p >= 0:
-                self.produced[p].append(sid)
-        self.output_storage = [s.output_storage for s in st]
-        self.inputs = [profile.stage_inputs(k) for k in range(n)]
-        # NOTE [ Gradients between stages ]: in a chain stage k's backward makes its input's gradient (the
-        # output of stage k-1) and frees its output's; between module stages a tensor's gradient is made by the
-        # backward of its last reader (the first to run backward) and freed at the end of its producer's,
-        # the loss making that of the model's output. By storage: made at, freed at
-        self.grad_made: list[list[int]] = [[] for _ in range(n)]
-        self.grad_freed: list[list[int]] = [[] for _ in range(n)]
-        self.s_grad = [s.grad_bytes for s in storages]
-        # NOTE [ Gradient storages ] (memtune.profiler.module_profile): what a gradient's storage holds beyond its own
-        # bytes, from the end of its maker's backward until the next gradient is summed into it; per stage, what it
-        # leaves
-        self.s_grad_rest = [max(0, (s.grad_storage_bytes or 0) - s.grad_bytes) for s in storages]
-        self.grad_rest_made = [0] * n
-        self.grad_rest_freed: list[list[int]] = [[] for _ in range(n)]
-        if profile.modules:
-            final = st[-1].output_storage
-            for sid, s in enumerate(storages):
-                if s.grad_bytes <= 0 or s.producer < 0:
-                    continue
-                readers = [k for k in range(n) if sid in self.inputs[k]]
-                if sid != final and readers:
-                    self.grad_made[max(readers)].append(sid)
-                    self.grad_freed[s.producer].append(sid)
-                    if self.s_grad_rest[sid]:
-                        self.grad_rest_made[max(readers)] += self.s_grad_rest[sid]
-                        self.grad_rest_freed[self._next_gradient(sid, max(readers))].append(sid)
-                elif sid == final:
-                    self.grad_freed[s.producer].append(sid)
-
-    def _next_gradient(self, sid: int, maker: int) -> int:
-        """The stage at whose backward's end the next gradient reaches storage ``sid`` after ``maker``'s, and autograd
-        sums the two out of place, freeing the view ``maker`` made (NOTE [ Gradient storages ]): the latest stage
-        before ``maker`` that reads another tensor its producer made (the skip's max-pooled copy), else the
-        producer."""
-        p = self.s_producer[sid]
-        return next(
-            (k for k in range(maker - 1, p, -1) if any(i != sid and self.s_producer[i] == p for i in self.inputs[k])),
-            p,
-        )
 
 
 class Simulator:
@@ -317,6 +206,7 @@ class Simulator:
         self._lean: dict[tuple[int, str], list[ConvAlgo | None]] = {}
         self._last_plan: Plan | None = None  # the plan ``run_bounded`` priced last (held, so its id stays its own)
         self._last_costs = self.fwd, self.bwd, self.ws_f, self.ws_b
+        self._labels: dict[tuple[str, int | tuple[int, ...]], str] = {}  # the timeline's, formatted (``Ledger``)
 
     @property
     def tables(self) -> StorageTables:
@@ -442,44 +332,7 @@ class Simulator:
         fwd, bwd, ws_f, ws_b = list(self._fwd0), list(self._bwd0), list(self.ws_f), list(self.ws_b)
         if self._choices is None:
             self._choices = RuleChoices(self.profile)
-        chosen = self._choices.choose(plan)
-        by_stage: dict[int, list[tuple[ConvProfile, ConvTriple]]] = {}
-        for ckey, triple in chosen.items():
-            stage_s, _, name = ckey.partition(".")
-            stage = self.profile.stages[int(stage_s)]
-            conv = next(c for c in stage.convs if c.name == name)
-            by_stage.setdefault(stage.index, []).append((conv, triple))
-        for k, items in by_stage.items():
-            first = self.profile.stages[k].convs[0].name
-            ws_bk = 0
-            lean_f = lean_b = 0  # the memory-optimal algorithms' largest workspace per direction
-            for conv, tr in items:
-                if conv.default_ms is not None and tr.fwd.ms is not None:
-                    fwd[k] = max(0.0, fwd[k] + tr.fwd.ms - conv.default_ms)
-                lean = self._lean.get((k, conv.name))
-                if lean is None:  # the memory-optimal algorithms, the same under every plan
-                    lean = self._lean[k, conv.name] = [select_algo(conv.algos, p, "memory_optimal") for p in PASSES]
-                lean_f = max(lean_f, lean[0].workspace_bytes if lean[0] else 0)
-                if k == 0 and conv.name == first and conv.default_bwd_ms is not None:
-                    # the model input needs no gradient: only the weight pass runs (the stage was timed so),
-                    # and the framework's own weight pass is taken to be the fastest one listed
-                    weight_ms = [a.ms or 0.0 for a in working_algos(conv.algos, "bwd_filter")]
-                    fastest = min(weight_ms, default=None)
-                    if fastest is not None and tr.bwd_filter.ms is not None:
-                        bwd[k] = max(0.0, bwd[k] + tr.bwd_filter.ms - fastest)
-                    ws_bk = max(ws_bk, tr.bwd_filter.workspace_bytes)
-                    lean_b = max(lean_b, lean[2].workspace_bytes if lean[2] else 0)
-                    continue
-                if conv.default_bwd_ms is not None:
-                    bwd[k] = max(0.0, bwd[k] + tr.backward_ms - conv.default_bwd_ms)
-                ws_bk = max(ws_bk, tr.bwd_data.workspace_bytes, tr.bwd_filter.workspace_bytes)
-                lean_b = max(lean_b, max((a.workspace_bytes for a in lean[1:] if a is not None), default=0))
-            ws_fk = max(tr.fwd.workspace_bytes for _, tr in items)
-            # NOTE [ Lean transients ]: the stage's own transient with lean convolutions, plus what the chosen
-            # algorithms' workspace adds to theirs
-            measured_f = self.profile.stages[k].lean_forward_workspace_bytes
-            ws_f[k] = ws_fk if measured_f is None else measured_f + max(0, ws_fk - lean_f)
-            ws_b[k] = ws_bk if self.lean_b[k] < 0 else self.lean_b[k] + max(0, ws_bk - lean_b)
+        price_choices(self.profile, self._choices.choose(plan), (fwd, bwd, ws_f, ws_b), self.lean_b, self._lean)
         scale = self.compute_scale
         result = ([ms * scale for ms in fwd], [ms * scale for ms in bwd], ws_f, ws_b)
         self._conv_costs[key] = result
@@ -488,8 +341,7 @@ class Simulator:
     def _loss(
         self,
         t: float,
-        ev: Callable[[tuple[float, int, str]], None],
-        blk: list[tuple[str, object, int]] | None,
+        led: Ledger,
         tab: StorageTables,
         fates: Sequence[StorageFate],
     ) -> float:
@@ -525,6 +377,7 @@ class Simulator:
         saver as before.
         """
         n, out, s_bytes = self.n, self.out, tab.s_bytes
+        add, blk = led.events.append, led.blocks
         final_out = tab.output_storage[n - 1]
         out_dies = s_bytes[final_out] if final_out is not None and fates[final_out].fate == "none" else 0
         half = self.loss_ms / 2  # the split between its forward and backward does not change the step
@@ -532,12 +385,12 @@ class Simulator:
         if saved is not None:
             grad = tab.s_grad[final_out] if final_out is not None else 0
             transient = self.profile.loss_backward_bytes or 0
-            ev((t, saved, "loss forward"))
-            ev((t + half, -out_dies, "loss forward end"))
+            add((t, saved, "loss forward", ()))
+            add((t + half, -out_dies, "loss forward end", ()))
             if self.held:  # NOTE [ Held output ]: what the loop holds comes back until the backward ends
-                ev((t + half, self.held, "output held"))
-            ev((t + half, transient + grad, "loss backward"))
-            ev((t + 2 * half, -transient - saved, "loss backward end"))
+                add((t + half, self.held, "output held", ()))
+            add((t + half, transient + grad, "loss backward", ()))
+            add((t + 2 * half, -transient - saved, "loss backward end", ()))
             if blk is not None:
                 blk += [("alloc", "loss", saved)] if saved else []
                 blk += [("free", ("s", final_out), out_dies)] if out_dies else []
@@ -550,13 +403,13 @@ class Simulator:
         numel = out[n - 1] // self.out_itemsize
         f32 = 4 * numel
         cast = f32 if self.out_itemsize != 4 else 0
-        ev((t, cast + f32, "loss forward"))
+        add((t, cast + f32, "loss forward", ()))
         t += half
-        ev((t, -cast - out_dies, "loss forward end"))
-        ev((t, 2 * f32, "loss backward"))
+        add((t, -cast - out_dies, "loss forward end", ()))
+        add((t, 2 * f32, "loss backward", ()))
         t += half
-        ev((t, -2 * f32 + (numel * self.out_itemsize if cast else 0), "loss backward: log_softmax"))
-        ev((t, -cast, "loss grad"))
+        add((t, -2 * f32 + (numel * self.out_itemsize if cast else 0), "loss backward: log_softmax", ()))
+        add((t, -cast, "loss grad", ()))
         if blk is not None:
             # the last "loss" block is the gradient of the output, which stage n-1's backward frees as ("g", n-1)
             blk += [("alloc", "cast", cast)] if cast else []
@@ -648,152 +501,64 @@ class Simulator:
             return fwd[k]
         return extra
 
-    def _remade(
-        self, tab: StorageTables, fates: Sequence[StorageFate], seg_end: dict[int, int], release_at: list[list[int]]
-    ) -> tuple[dict[int, list[int]], dict[int, list[int]], list[list[int]]]:
-        """What the recompute segments re-make in backward: storages nobody keeps, by the segment end whose re-run makes
-        them (their release is added to ``release_at``); and the second copies of kept or offloaded storages a re-run
-        makes for its own stages (NOTE [ Re-made copies ]), by segment end, with the backward stage whose end frees
-        them. Returns ``(remat_at, copy_at_seg, copy_release_at)``."""
-        n = self.n
-        remat_at: dict[int, list[int]] = {}
-        copy_at_seg: dict[int, list[int]] = {}
-        copy_release_at: list[list[int]] = [[] for _ in range(n)]
-        if not seg_end:
-            return remat_at, copy_at_seg, copy_release_at
-        seg_of = [-1] * n
-        for j, i in seg_end.items():
-            for r in range(i, j + 1):
-                seg_of[r] = j
-        for sid, f in enumerate(fates):
-            if f.fate != "none" or tab.s_producer[sid] < 0:
-                continue
-            savers = [r for r in tab.s_saved_by[sid] if seg_of[r] >= 0]
-            if savers:
-                remat_at.setdefault(max(seg_of[r] for r in savers), []).append(sid)
-                release_at[min(savers)].append(sid)
-        # NOTE [ Re-made copies ]
-        for sid, f in enumerate(fates):
-            p = tab.s_producer[sid]
-            if f.fate == "none" or p < 0 or seg_of[p] < 0:
-                continue
-            inside = [r for r in tab.s_saved_by[sid] if seg_of[r] == seg_of[p]]
-            if inside:
-                copy_at_seg.setdefault(seg_of[p], []).append(sid)
-                copy_release_at[min(inside)].append(sid)
-        return remat_at, copy_at_seg, copy_release_at
-
     def _run(self, actions: Sequence[Action], plan: Plan, want_timeline: bool) -> SimResult:
         # the reference: NOTE [ Fast path ] (memtune.tuner.fast_path) prices most plans without a timeline and must
         # count what this counts, to the bit; tests/unit/tuner/test_fast_path.py compares the two
-        n = self.n
-        out = self.out
+        step = self._schedule(actions, plan)
+        # every memory event, and on the timeline path the same tensor by tensor (NOTE [ Allocator placement ])
+        led = Ledger(self.base, want_timeline, self._labels)
+        sp: list[tuple[str, int, float, float]] | None = [] if want_timeline else None  # SimResult.spans
+        self._forward(step, led, sp)
+        self._backward(step, led, sp)
+        return self._peak(step, led, sp)
+
+    def _schedule(self, actions: Sequence[Action], plan: Plan) -> StepState:
+        """The schedule step: the plan's costs, storage fates and tables (``memtune.tuner.schedule``)."""
         fwd, bwd, ws_f, ws_b = self.stage_costs(plan)
-        sync = plan.sync
-        inline = sync == "inline"
+        inline = plan.sync == "inline"
         tab = self._tables
         if inline:
             if self._unmerged is None:
                 self._unmerged = StorageTables(self.profile)
             tab = self._unmerged
-        s_bytes, s_last, s_d2h, s_h2d = tab.s_bytes, tab.s_last_use, tab.s_d2h, tab.s_h2d
-        lookahead = plan.stage_lookaheads()  # NOTE [ Prefetch lookahead ]: by need stage; 0 under inline
         fates = resolve_storages(tab.profile, actions)
         # NOTE [ Spatial splitting ] (memtune.tuner.spatial): a split segment's stages cost their strips' share
         split = self._split_pricing(plan, actions, tab) if plan.spatial_splits else None
-        c_bytes = s_bytes  # what a re-run's second copies hold (NOTE [ Re-made copies ]): one strip's when split
+        # what a re-run's second copies hold (NOTE [ Re-made copies ]): one strip's when split
+        s_bytes = c_bytes = tab.s_bytes
         if split is not None:
             s_bytes, c_bytes = split.s_bytes, split.copy_bytes
             fwd, bwd, ws_f, ws_b = split.costs(fwd, bwd, ws_f, ws_b)
+        fetched = self._inline_stages(tab, fates) if inline else set()
+        return StepState(
+            tab=tab,
+            fates=fates,
+            split=split,
+            inline=inline,
+            sync=plan.sync,
+            costs=(fwd, bwd, ws_f, ws_b),
+            s_bytes=s_bytes,
+            c_bytes=c_bytes,
+            selective=[a is Action.SELECTIVE for a in actions],
+            fs=forward_schedule(tab, actions, fates, plan, split, self.out),
+            bs=backward_schedule(tab, actions, fates, plan, split, fetched),
+            n=self.n,
+        )
 
-        events: list[tuple[float, int, str]] = []  # (time, delta bytes, label), in program order
-        ev = events.append
-        # the same, tensor by tensor, only on the timeline path (NOTE [ Allocator placement ])
-        blk: list[tuple[str, object, int]] | None = [] if want_timeline else None
-        sp: list[tuple[str, int, float, float]] | None = [] if want_timeline else None  # SimResult.spans
-
-        # ---- plan-dependent tables --------------------------------------------------------------
-        # storages to copy, by the stage at whose forward end the copy is issued
-        copy_at: list[list[int]] = [[] for _ in range(n)]
-        # copies compute waits for, by the stage at whose end it waits (the runtime's end_stage, which for a
-        # recompute segment runs after the whole segment: prog_end); offloaded storages to free, by stage
-        wait_at: list[list[int]] = [[] for _ in range(n)]
-        free_at_sync: list[list[int]] = [[] for _ in range(n)]
-        # copies never waited for in forward, by the backward stage whose first unpack waits for them
-        late_wait_at: list[list[int]] = [[] for _ in range(n)]
-        # storages no one keeps: freed at the end of their last forward reader
-        drop_at: list[list[int]] = [[] for _ in range(n)]
-        sync_points = sorted(plan.sync_points) if sync == "points" else []
-        prog_end = list(range(n))
-        # NOTE [ In-place at segment boundaries ] (memtune.tuner.runtime.segments): a segment whose first stage writes
-        # its input in place runs on a clone of it; the storage table counts the two as one. Where the input is kept,
-        # the
-        # clone is a second tensor: made at stage i's forward (``clone``), freed at the end of stage i+1's forward
-        # when the segment goes on (``clone_fwd_free``), else kept by the next stage until stage i's backward
-        # (``clone_bwd_free``); inside a longer segment the re-run clones again (``reclone``, by segment end)
-        clone = [0] * n
-        clone_fwd_free = [0] * n
-        clone_bwd_free = [0] * n
-        reclone: dict[int, int] = {}
-        modules = self.profile.modules
-        for i, j in segments(actions, one_stage=modules):
-            for r in range(i, j + 1):
-                prog_end[r] = j
-            if split is not None and j in split.cost:  # NOTE [ Spatial splitting ]: strips clone only a strip
-                continue
-            if modules:  # a module stage's checkpoint keeps every input (NOTE [ Plan semantics ])
-                src = tab.inputs[i][0] if tab.inputs[i] else None
-            else:
-                src = tab.output_storage[i - 1] if i > 0 and actions[i - 1] in _HOLDS else None
-            if src is None or not tab.profile.stages[i].inplace:
-                continue
-            if j > i:
-                clone[i] = clone_fwd_free[i + 1] = out[i - 1]
-                reclone[j] = out[i - 1]
-                clone_bwd_free[i] = out[i - 1]
-            elif j + 1 < n and actions[j + 1] in _HOLDS and j + 1 in tab.s_saved_by[src]:
-                clone[i] = clone_bwd_free[i] = out[i - 1]
-        selective = [a is Action.SELECTIVE for a in actions]
-        # the model's output is read by the loss, which frees it (NOTE [ Loss memory ])
-        final_out = tab.output_storage[n - 1]
-        copy_during = [False] * len(s_bytes)
-        for sid, f in enumerate(fates):
-            p = tab.s_producer[sid]
-            if p < 0:
-                continue
-            if f.copied:
-                copy_at[max(p, f.copy_stage - 1)].append(sid)
-                copy_during[sid] = p == f.copy_stage
-            if f.fate == "none" and sid != final_out:
-                drop_at[s_last[sid]].append(sid)
-                continue
-            if not f.copied:
-                continue
-            # NOTE [ Deferred frees ]: where compute waits for the copy (a stream wait, never the host)
-            w: int | None
-            if inline:
-                w = max(s_last[sid], max(p, f.copy_stage - 1))
-            elif sync == "layer":
-                w = prog_end[f.copy_stage]
-            elif sync == "deferred":
-                due = f.copy_stage + plan.sync_delay
-                w = prog_end[due] if due < n else None
-            else:  # points: the first sync point at or after the pack
-                q = next((q for q in sync_points if q >= f.copy_stage), None)
-                w = prog_end[q] if q is not None else None
-            if w is None:
-                # never waited for in forward: stays resident, backward uses it in place after waiting
-                late_wait_at[f.need].append(sid)
-                continue
-            wait_at[w].append(sid)
-            if f.fate == "offload":
-                free_at_sync[max(w, s_last[sid])].append(sid)
-
-        # ---- forward ----------------------------------------------------------------------------
+    def _forward(self, step: StepState, led: Ledger, sp: list[tuple[str, int, float, float]] | None) -> None:
+        """The forward step: stages in order, their copies and the waits for them; sets the forward's clock, stalls
+        and copies on ``step``."""
+        n, tab, s_bytes, s_d2h, selective = step.n, step.tab, step.s_bytes, step.tab.s_d2h, step.selective
+        fwd, _, ws_f, _ = step.costs
+        fs = step.fs
+        copy_at, copy_during, wait_at, drop_at = fs.copy_at, fs.copy_during, fs.wait_at, fs.drop_at
+        free_at_sync, clone, clone_fwd_free, sync_points = fs.free_at_sync, fs.clone, fs.clone_fwd_free, fs.sync_points
+        points = step.sync == "points"
+        add, blk = led.events.append, led.blocks
+        sel_keep, sel_extra_fwd_ms = self.sel_keep, self.sel_extra_fwd_ms
         t = 0.0
         d2h_free = 0.0
-        copy_done = [0.0] * len(s_bytes)
-        fstall = [0.0] * n
+        copy_done, fstall = step.copy_done, step.fstall
         d2h_bytes = 0
         # NOTE [ Deferred frees ]: an offloaded storage is freed only where compute waits for its copy, at
         # a stage boundary fixed by the plan (free_at_sync), never "when the copy happens to be done". The
@@ -801,21 +566,20 @@ class Simulator:
         # poll at a boundary sees copies the GPU finished long ago as pending (measured on the H200: all
         # offload, "free when seen done", peaked at the unconstrained 20.9 GiB). A stream wait costs no host
         # time and orders the free on the compute stream, where the caching allocator reuses it.
-        freed = [False] * len(s_bytes)
-
+        freed = step.freed
         for k in range(n):
             alloc = ws_f[k] + clone[k]
             for sid in tab.produced[k]:
                 alloc += s_bytes[sid]
-            ev((t, alloc, f"fwd {k} start"))
+            add((t, alloc, "fwd %d start", k))
             if blk is not None:
                 blk += [("alloc", ("clone", k), clone[k])] if clone[k] else []
                 blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in tab.produced[k]]
                 blk += [("alloc", ("ws", k), ws_f[k]), ("free", ("ws", k), ws_f[k])] if ws_f[k] else []
             t_start = t
-            t += fwd[k] + (self.sel_extra_fwd_ms[k] if selective[k] else 0.0)
-            ev((t, -ws_f[k], f"fwd {k} end"))
-            if inline:
+            t += fwd[k] + (sel_extra_fwd_ms[k] if selective[k] else 0.0)
+            add((t, -ws_f[k], "fwd %d end", k))
+            if step.inline:
                 for sid in copy_at[k]:
                     d2h_bytes += s_bytes[sid]
                     fstall[k] += s_d2h[sid]
@@ -826,23 +590,17 @@ class Simulator:
             else:
                 # NOTE [ Copies during the forward ]: a storage packed by the stage that makes it is copied
                 # while that stage computes (the runtime issues each copy at its pack); the rest at its end
-                for sid in copy_at[k]:
-                    if copy_during[sid]:
-                        d2h_bytes += s_bytes[sid]
-                        d2h_free = max(d2h_free, t_start) + s_d2h[sid]
-                        copy_done[sid] = max(d2h_free, t)
-                        if sp is not None:
-                            sp.append(("d2h", sid, d2h_free - s_d2h[sid], d2h_free))
-                for sid in copy_at[k]:
-                    if not copy_during[sid]:
-                        d2h_bytes += s_bytes[sid]
-                        d2h_free = max(d2h_free, t) + s_d2h[sid]
-                        copy_done[sid] = d2h_free
-                        if sp is not None:
-                            sp.append(("d2h", sid, d2h_free - s_d2h[sid], d2h_free))
-            if wait_at[k] or (sync == "points" and k in sync_points):
+                for during in (True, False):
+                    for sid in copy_at[k]:
+                        if copy_during[sid] is during:
+                            d2h_bytes += s_bytes[sid]
+                            d2h_free = max(d2h_free, t_start if during else t) + s_d2h[sid]
+                            copy_done[sid] = max(d2h_free, t) if during else d2h_free
+                            if sp is not None:
+                                sp.append(("d2h", sid, d2h_free - s_d2h[sid], d2h_free))
+            if wait_at[k] or (points and k in sync_points):
                 wait = max((copy_done[sid] for sid in wait_at[k]), default=0.0)
-                if sync == "points":  # HMMS waits for every copy issued so far
+                if points:  # HMMS waits for every copy issued so far
                     wait = max(wait, d2h_free)
                 if wait > t:
                     fstall[k] += wait - t
@@ -850,57 +608,41 @@ class Simulator:
             if free_at_sync[k]:
                 for sid in free_at_sync[k]:
                     freed[sid] = True
-                ev((t, -sum(s_bytes[sid] for sid in free_at_sync[k]), f"fwd {k} offloaded"))
+                add((t, -sum(s_bytes[sid] for sid in free_at_sync[k]), "fwd %d offloaded", k))
                 if blk is not None:
                     blk += [("free", ("s", sid), s_bytes[sid]) for sid in free_at_sync[k]]
             if drop_at[k]:
-                ev((t, -sum(s_bytes[sid] for sid in drop_at[k]), f"fwd {k} drop"))
+                add((t, -sum(s_bytes[sid] for sid in drop_at[k]), "fwd %d drop", k))
                 if blk is not None:
                     blk += [("free", ("s", sid), s_bytes[sid]) for sid in drop_at[k]]
             if clone_fwd_free[k]:
-                ev((t, -clone_fwd_free[k], f"fwd {k} clone"))
+                add((t, -clone_fwd_free[k], "fwd %d clone", k))
                 if blk is not None:
                     blk.append(("free", ("clone", k - 1), clone_fwd_free[k]))
-            if selective[k] and self.sel_keep[k]:  # NOTE [ Selective stages ]: what it keeps, the rest dropped above
-                ev((t, self.sel_keep[k], f"fwd {k} selective"))
+            if selective[k] and sel_keep[k]:  # NOTE [ Selective stages ]: what it keeps, the rest dropped above
+                add((t, sel_keep[k], "fwd %d selective", k))
                 if blk is not None:
-                    blk.append(("alloc", ("sel", k), self.sel_keep[k]))
-        forward_ms = t
+                    blk.append(("alloc", ("sel", k), sel_keep[k]))
+        step.t = step.forward_ms = t
+        step.d2h_bytes = d2h_bytes
 
-        # ---- backward ---------------------------------------------------------------------------
-        bstall = [0.0] * n
-        seg_end = {j: i for i, j in segments(actions, one_stage=modules)}
-        prefetch_at: list[list[int]] = [[] for _ in range(n)]
-        release_at: list[list[int]] = [[] for _ in range(n)]
-        need_at: list[list[int]] = [[] for _ in range(n)]
-        # NOTE [ Inline fetches ] (``_inline_stages``)
-        local: set[int] = set()
-        local_max = [0] * n
-        fetched = self._inline_stages(tab, fates) if inline else set()
-        lift = split.lift if split is not None else range(n)  # NOTE [ Spatial splitting ]: the node's prefetches
-        for sid, f in enumerate(fates):
-            if tab.s_producer[sid] < 0:
-                continue
-            if f.fate == "offload":
-                prefetch_at[lift[min(n - 1, f.need + lookahead[f.need])]].append(sid)
-                need_at[f.need].append(sid)
-                release_at[f.release].append(sid)
-                if inline and (f.need == f.release or all(r in fetched for r in tab.s_saved_by[sid])):
-                    local.add(sid)
-            elif f.fate == "keep":
-                release_at[f.release].append(sid)
-        for queued in prefetch_at:  # NOTE [ Prefetch lookahead ]: issued together, the one needed first goes first
-            if len(queued) > 1:
-                queued.sort(key=lambda sid: -fates[sid].need)
-        remat_at, copy_at_seg, copy_release_at = self._remade(tab, fates, seg_end, release_at)
-
-        recompute_ms = 0.0
-        rec_made: dict[int, int] = {}  # one-stage recompute segments' re-made bytes, by stage
+    def _backward(self, step: StepState, led: Ledger, sp: list[tuple[str, int, float, float]] | None) -> None:
+        """The backward step: the loss, then stages in reverse, their prefetches, re-runs and gradients; sets the
+        step's clock, stalls and copies on ``step``."""
+        n, fates, s_bytes, s_h2d, copy_done = step.n, step.fates, step.s_bytes, step.tab.s_h2d, step.copy_done
+        freed, inline, late_wait_at, bstall, ready = (
+            step.freed,
+            step.inline,
+            step.fs.late_wait_at,
+            step.bstall,
+            step.ready,
+        )
+        bs, local_max = step.bs, step.local_max
+        prefetch_at, need_at, seg_end, local = bs.prefetch_at, bs.need_at, bs.seg_end, bs.local
+        add, blk = led.events.append, led.blocks
         h2d_free = 0.0
         h2d_bytes = 0
-        ready = [0.0] * len(s_bytes)
-        t = self._loss(t, ev, blk, tab, fates)
-        bwd_start = t
+        t = step.bwd_start = self._loss(step.t, led, step.tab, fates)
         for k in range(n - 1, -1, -1):
             for sid in late_wait_at[k]:  # used in place: its first unpack waits for its copy
                 ready[sid] = copy_done[sid]
@@ -914,7 +656,7 @@ class Simulator:
                 if sid in local:
                     local_max[k] = max(local_max[k], s_bytes[sid])
                 else:
-                    ev((t, s_bytes[sid], f"prefetch {sid}"))
+                    add((t, s_bytes[sid], "prefetch %d", sid))
                     if blk is not None:
                         blk.append(("alloc", ("s", sid), s_bytes[sid]))
                 if inline:
@@ -927,163 +669,67 @@ class Simulator:
                 if sp is not None:
                     sp.append(("h2d", sid, ready[sid] - s_h2d[sid], ready[sid]))
             if k in seg_end:
-                i = seg_end[k]
-                src = tab.output_storage[i - 1] if i > 0 and not modules else None
-                if src is not None and fates[src].fate == "offload" and ready[src] > t:
-                    bstall[k] += ready[src] - t
-                    t = ready[src]
-                remat = remat_at.get(k, ())
-                remade = copy_at_seg.get(k, ())
-                transient = split.transient(k) if split is not None and k in split.cost else max(out[i : k + 1])
-                made = sum(s_bytes[sid] for sid in remat) + sum(c_bytes[sid] for sid in remade) + reclone.get(k, 0)
-                if i == k:
-                    rec_made[k] = made
-                ev((t, made + transient, f"recompute {i}..{k}"))
-                if blk is not None:
-                    blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in remat]
-                    blk += [("alloc", ("c", sid), c_bytes[sid]) for sid in remade]
-                    blk += [("alloc", ("clone", i), reclone[k])] if k in reclone else []
-                    blk += [("alloc", ("r", k), transient), ("free", ("r", k), transient)]
-                seg_ms = sum(self._rerun_ms(r, fwd, split) for r in range(i, k + 1))
-                t += seg_ms
-                recompute_ms += seg_ms
-                ev((t, -transient, f"recompute {i}..{k} end"))
+                t = self._rerun(step, led, k, seg_end[k], t)
             for sid in need_at[k]:
                 if ready[sid] > t:
                     bstall[k] += ready[sid] - t
                     t = ready[sid]
-            grad_made, grad_freed = self._grad_blocks(k)
-            if split is not None and split.member[k] >= 0:  # NOTE [ Spatial splitting ]: one node, strip gradients
-                grad_made, grad_freed = split.grad_blocks(k)
-            grad_in = sum(b[2] for b in grad_made)
-            held = local_max[k]  # NOTE [ Inline fetches ]
-            ws_k = ws_b[k]
-            bwd_k = bwd[k]
-            kept_k = 0
-            if k in fetched:  # its measured transient holds its fetches
-                held, ws_k = 0, ws_b[k] + (self.inline_extra[k] or 0)
-            elif k in rec_made and split is None:  # NOTE [ Recompute priced as measured ]
-                ws_k = max(ws_k, (self.rec_ws[k] or 0) - rec_made[k])
-            elif selective[k]:  # NOTE [ Selective stages ]: re-runs its cheap operations, then frees what it kept
-                ws_k, kept_k = max(ws_k, self.sel_ws[k]), self.sel_keep[k]
-                bwd_k += self.sel_extra_ms[k]
-                recompute_ms += self.sel_extra_ms[k]
-            ev((t, grad_in + self.pgrad[k] + ws_k + held, f"bwd {k} start"))
-            t += bwd_k
-            if sp is not None:
-                sp.append(("backward", k, t - bwd_k, t))
-            released = [sid for sid in release_at[k] if sid not in local or not freed[sid]]
-            copies = copy_release_at[k]
-            freed_now = (
-                ws_k
-                - tab.grad_rest_made[k]  # NOTE [ Gradient storages ]
-                + sum(b[2] for b in grad_freed)
-                + held
-                + kept_k
-                + clone_bwd_free[k]
-                + sum(s_bytes[sid] for sid in released)
-                + sum(c_bytes[sid] for sid in copies)
-            )
-            ev((t, -freed_now, f"bwd {k} end"))
-            if blk is not None:
-                blk += [("alloc", ("inline", k), held), ("free", ("inline", k), held)] if held else []
-                blk += [("alloc", ("wsb", k), ws_k)] if ws_k else []
-                blk += grad_made
-                blk += [("alloc", ("p", k), self.pgrad[k])] if self.pgrad[k] else []
-                blk += [("free", ("wsb", k), ws_k)] if ws_k else []
-                rests = tab.s_grad_rest  # NOTE [ Gradient storages ]
-                blk += [("alloc", ("gr", sid), rests[sid]) for sid in tab.grad_made[k] if rests[sid]]
-                blk += grad_freed
-                blk += [("free", ("s", sid), s_bytes[sid]) for sid in released]
-                blk += [("free", ("c", sid), c_bytes[sid]) for sid in copies]
-                blk += [("free", ("clone", k), clone_bwd_free[k])] if clone_bwd_free[k] else []
-                blk += [("free", ("sel", k), kept_k)] if kept_k else []
-
+            t = stage_backward(self, step, led, sp, k, t)
         if self.held:  # NOTE [ Held output ]
-            ev((t, -self.held, "output released"))
+            add((t, -self.held, "output released", ()))
             if blk is not None:
                 blk.append(("free", "held output", self.held))
+        step.t = t
+        step.h2d_bytes = h2d_bytes
 
-        # ---- peak -------------------------------------------------------------------------------
-        live = self.base
-        peak = live
-        tl: list[tuple[float, int, str]] = []
-        for et, delta, label in events:
-            live += delta
-            if live > peak:
-                peak = live
-            if want_timeline:
-                tl.append((et, live, label))
-        fs = sum(fstall)
-        bs = sum(bstall)
+    def _rerun(self, step: StepState, led: Ledger, k: int, i: int, t: float) -> float:
+        """The re-run of recompute segment ``i..k`` before stage ``k``'s backward, from ``t`` ms: what it re-makes
+        (NOTE [ Re-made copies ]) and its transient; returns the time after it, ms."""
+        tab, fates, split, s_bytes, c_bytes, bs = step.tab, step.fates, step.split, step.s_bytes, step.c_bytes, step.bs
+        reclone = step.fs.reclone
+        src = tab.output_storage[i - 1] if i > 0 and not self.profile.modules else None
+        if src is not None and fates[src].fate == "offload" and step.ready[src] > t:
+            step.bstall[k] += step.ready[src] - t
+            t = step.ready[src]
+        remat = bs.remat_at.get(k, ())
+        remade = bs.copy_at_seg.get(k, ())
+        transient = split.transient(k) if split is not None and k in split.cost else max(self.out[i : k + 1])
+        made = sum(s_bytes[sid] for sid in remat) + sum(c_bytes[sid] for sid in remade) + reclone.get(k, 0)
+        if i == k:
+            step.rec_made[k] = made
+        led.events.append((t, made + transient, "recompute %d..%d", (i, k)))
+        blk = led.blocks
+        if blk is not None:
+            blk += [("alloc", ("s", sid), s_bytes[sid]) for sid in remat]
+            blk += [("alloc", ("c", sid), c_bytes[sid]) for sid in remade]
+            blk += [("alloc", ("clone", i), reclone[k])] if k in reclone else []
+            blk += [("alloc", ("r", k), transient), ("free", ("r", k), transient)]
+        fwd = step.costs[0]
+        seg_ms = sum(self._rerun_ms(r, fwd, split) for r in range(i, k + 1))
+        t += seg_ms
+        step.recompute_ms += seg_ms
+        led.events.append((t, -transient, "recompute %d..%d end", (i, k)))
+        return t
+
+    def _peak(self, step: StepState, led: Ledger, sp: list[tuple[str, int, float, float]] | None) -> SimResult:
+        """The peak step: the running total over the ledger's events, and the step's numbers as a ``SimResult``."""
+        peak, timeline = led.replay()
         return SimResult(
-            step_ms=t,
+            step_ms=step.t,
             peak_bytes=peak,
-            forward_ms=forward_ms,
-            backward_ms=t - bwd_start,
-            recompute_ms=recompute_ms,
-            stall_ms=fs + bs,
-            forward_stalls_ms=tuple(fstall),
-            backward_stalls_ms=tuple(bstall),
-            d2h_bytes=d2h_bytes,
-            h2d_bytes=h2d_bytes,
+            forward_ms=step.forward_ms,
+            backward_ms=step.t - step.bwd_start,
+            recompute_ms=step.recompute_ms,
+            stall_ms=sum(step.fstall) + sum(step.bstall),
+            forward_stalls_ms=tuple(step.fstall),
+            backward_stalls_ms=tuple(step.bstall),
+            d2h_bytes=step.d2h_bytes,
+            h2d_bytes=step.h2d_bytes,
             base_bytes=self.base,
-            timeline=tuple(tl),
-            blocks=tuple(blk) if blk is not None else (),
+            timeline=tuple(timeline) if timeline is not None else (),
+            blocks=tuple(led.blocks) if led.blocks is not None else (),
             spans=tuple(sp) if sp is not None else (),
         )
-
-
-def merge_storages(profile: Profile) -> Profile:
-    """An equivalent profile with fewer storages, for speed.
-
-    Storages that are no stage's output and have the same producer and the same savers always get the same
-    fate under any plan (NOTE [ Plan semantics ]); merging them (bytes and copy times add up) changes no
-    number under any sync mode (members are freed together, where compute waits for all of them; the copy
-    queue keeps its order; a test checks this). A residual block's dozens of internal storages become one or two.
-    """
-    outputs = {st.output_storage for st in profile.stages if st.output_storage is not None}
-    # module stages: what flows between stages keeps its own lifetime and gradient
-    outputs |= {sid for k in range(profile.n_stages) for sid in (profile.stages[k].input_storages or ())}
-    outputs |= {sid for sid, s in enumerate(profile.storages) if s.read_by or s.outside or s.grad_bytes}
-    d2h, h2d = storage_copy_ms(profile)
-    groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
-    for sid, s in enumerate(profile.storages):
-        if sid not in outputs:
-            groups.setdefault((s.producer, tuple(sorted(set(s.saved_by)))), []).append(sid)
-    if all(len(g) == 1 for g in groups.values()):
-        return profile
-    # keep the original order (it is the copy engines' queue order): a group stands at its first member
-    merged: list[SavedStorage] = []
-    remap: dict[int, int] = {}
-    for sid, s in enumerate(profile.storages):
-        if sid in outputs:
-            remap[sid] = len(merged)
-            merged.append(s)
-            continue
-        key = (s.producer, tuple(sorted(set(s.saved_by))))
-        members = groups[key]
-        if members[0] == sid:
-            total = sum(profile.storages[m].bytes for m in members)
-            merged.append(SavedStorage(bytes=total, saved_by=key[1], producer=key[0]))
-    # copy times must survive the merge: give each stage d2h/h2d ms equal to what its first-saved storages cost
-    stages = []
-    for st in profile.stages:
-        owned = [sid for sid, s in enumerate(profile.storages) if s.saved_by and min(s.saved_by) == st.index]
-        stages.append(
-            st.model_copy(
-                update={
-                    "output_storage": remap.get(st.output_storage) if st.output_storage is not None else None,
-                    "input_storages": None
-                    if st.input_storages is None
-                    else tuple(remap[sid] for sid in st.input_storages),
-                    "saved_bytes": sum(profile.storages[sid].bytes for sid in owned),
-                    "d2h_ms": sum(d2h[sid] for sid in owned),
-                    "h2d_ms": sum(h2d[sid] for sid in owned),
-                }
-            )
-        )
-    return profile.model_copy(update={"stages": tuple(stages), "storages": tuple(merged)})
 
 
 def _measured(point: CompilerPoint) -> SimResult:
