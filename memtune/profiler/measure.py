@@ -26,7 +26,7 @@ import dataclasses
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,7 +37,7 @@ import torch
 
 from memtune.profiler.chain import ModelChain, Stage, may_write_input
 from memtune.profiler.compiled import CompiledStage, compiled_chain, eager_module
-from memtune.profiler.devices import get_gpu
+from memtune.profiler.devices import GPUSpec, get_gpu
 from memtune.profiler.errors import ProfilerError
 from memtune.profiler.identity import cuda_identity, spec_identity, transfer_ms
 from memtune.profiler.loss import measure_loss_ms, step_loss
@@ -45,6 +45,7 @@ from memtune.profiler.loss_model import roofline_loss_ms
 from memtune.profiler.memory_meter import metered
 from memtune.profiler.modeled import meta_facts
 from memtune.profiler.profile import ConvProfile, DeviceIdentity, Profile, StageProfile, StepPeak
+from memtune.profiler.rows import RowMap
 from memtune.profiler.selective import selective_checkpoint
 from memtune.profiler.spatial import chain_row_maps
 from memtune.profiler.stagefacts import ChainFacts, chain_facts, torch_dtype
@@ -407,7 +408,7 @@ def profile(
         repeats: timed rounds per stage; the median is kept.
         progress: ``progress(stage_name, done, total)`` after each stage.
         conv_algos: on CUDA, also enumerate and time every cuDNN algorithm of every convolution
-            (``memtune.profiler.cudnn.enumerate_stage_convs``) into ``StageProfile.convs``; CUDA only.
+            (``memtune.profiler.conv_enumerate.enumerate_stage_convs``) into ``StageProfile.convs``; CUDA only.
         compile_budget: measure every stage compiled by ``torch.compile`` under this activation-memory budget
             (0 to 1; NOTE [ Compiled stages ] in ``memtune.profiler.compiled``): times, transients and the saved-storage
             table are the compiled stages', FLOPs and convolution shapes the eager ones'; no algorithm tables and
@@ -420,6 +421,65 @@ def profile(
         ProfilerError: no CUDA device, an unsupported device, ``gpu`` does not match the device,
             ``conv_algos`` on the CPU, or libcudnn cannot be loaded for ``conv_algos``.
         UnknownGPUError: ``gpu`` is not a known GPU (CPU path).
+        ValueError: ``dtype``, ``batch``, ``warmup`` or ``repeats`` is not valid.
+    """
+    _check_profile_arguments(chain, batch, dtype, warmup, repeats, conv_algos, compile_budget)
+    on = _set_up_device(chain, batch, dtype, device, gpu, conv_algos)
+    dev, facts, spec = on.dev, on.facts, on.spec
+    compile_seconds: float | None = None
+    if compile_budget is not None:  # NOTE [ Compiled stages ]
+        chain, facts, compile_seconds = _compiled_facts(chain, batch, dtype, dev, facts, compile_budget)
+    timings, out_shape = _time_chain(chain, batch, dtype, dev, facts, warmup, repeats, progress)
+    convs = [f.convs for f in facts.stages]
+    if conv_algos:
+        convs = _enumerate_chain_convs(chain, batch, dtype, dev, warmup, repeats)
+    saved = [f.saved_bytes for f in facts.stages]
+    loss_ms: float | None = None
+    if spec is None:
+        out_dtype = torch.float32 if dtype == "float32" else torch_dtype(dtype)
+        loss_ms = measure_loss_ms(out_shape, out_shape[-1], out_dtype, dev, warmup=warmup, repeats=repeats)
+        measured = transfer_ms(saved, dev, warmup=warmup, repeats=repeats)
+        copies = [measured.get(s, (0.0, 0.0)) for s in saved]
+    else:
+        copies = [(spec.transfer_ms(s, "d2h"), spec.transfer_ms(s, "h2d")) for s in saved]
+        loss_ms = roofline_loss_ms(facts.stages[-1].output_bytes, dtype, spec)
+
+    step_peak = _chain_step_peak(chain, batch, dtype, dev) if compile_budget is None else None
+    rows = chain_row_maps([s.module for s in chain.stages], facts.input_shape, facts.output_shapes)
+    return Profile(
+        model=chain.name,
+        model_params=dict(chain.params),
+        batch=batch,
+        dtype=dtype,  # type: ignore[arg-type]
+        input_shape=tuple(chain.input_shape),
+        input_bytes=facts.input_bytes,
+        device=on.identity,
+        source=on.source,  # type: ignore[arg-type]
+        compute_source=on.compute_source,
+        transfer_source=on.transfer_source,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        stages=_chain_stage_profiles(chain, facts, timings, copies, convs, rows),
+        storages=facts.storages,
+        loss_ms=loss_ms,
+        compile_budget=compile_budget,
+        compile_seconds=compile_seconds,
+        step_peak=step_peak,
+    )
+
+
+def _check_profile_arguments(
+    chain: ModelChain,
+    batch: int,
+    dtype: str,
+    warmup: int,
+    repeats: int,
+    conv_algos: bool,
+    compile_budget: float | None,
+) -> None:
+    """``profile``'s checks that need no device, in its order.
+
+    Raises:
+        ProfilerError: ``chain`` is not a ``ModelChain``, or ``conv_algos`` with ``compile_budget``.
         ValueError: ``dtype``, ``batch``, ``warmup`` or ``repeats`` is not valid.
     """
     if not isinstance(chain, ModelChain):
@@ -436,6 +496,31 @@ def profile(
     torch_dtype(dtype)
     if batch < 1 or repeats < 1 or warmup < 0:
         raise ValueError(f"need batch >= 1, repeats >= 1, warmup >= 0; got {batch}, {repeats}, {warmup}")
+
+
+@dataclass(frozen=True)
+class _Device:
+    """Where ``profile`` measures: the device, its identity, the chain's facts (bytes, shapes, counts) there, the
+    profile's sources, and the GPU spec a CPU profile is modeled for (None on CUDA)."""
+
+    dev: torch.device
+    identity: DeviceIdentity
+    facts: ChainFacts
+    compute_source: str
+    transfer_source: str
+    source: str
+    spec: GPUSpec | None
+
+
+def _set_up_device(
+    chain: ModelChain, batch: int, dtype: str, device: str, gpu: str | None, conv_algos: bool
+) -> _Device:
+    """Move ``chain``'s modules to ``device`` and read its facts there (``profile``'s device step).
+
+    Raises:
+        ProfilerError: as ``profile``.
+        UnknownGPUError: ``gpu`` is not a known GPU (CPU path).
+    """
     dev = torch.device(device)
     identity: DeviceIdentity
     if dev.type == "cuda":
@@ -473,40 +558,42 @@ def profile(
         source = "modeled"
     else:
         raise ProfilerError(f"device {device!r} is not supported; use 'cuda', 'cuda:N' or 'cpu'")
+    return _Device(dev, identity, facts, compute_source, transfer_source, source, spec)
 
-    compile_seconds: float | None = None
-    if compile_budget is not None:  # NOTE [ Compiled stages ]
-        eager_facts = facts
-        chain = compiled_chain(chain, compile_budget)
-        compile_seconds = _compile_stages(chain, batch, dtype, dev, eager_facts)
-        traced = chain_facts(chain, model_input(chain, batch, dev), dtype, eager=False)
-        facts = dataclasses.replace(
-            traced,
-            stages=tuple(
-                dataclasses.replace(c, count=e.count, convs=e.convs)
-                for c, e in zip(traced.stages, eager_facts.stages, strict=True)
-            ),
-        )
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-    timings, out_shape = _time_chain(chain, batch, dtype, dev, facts, warmup, repeats, progress)
-    convs = [f.convs for f in facts.stages]
-    if conv_algos:
-        convs = _enumerate_chain_convs(chain, batch, dtype, dev, warmup, repeats)
-    saved = [f.saved_bytes for f in facts.stages]
-    loss_ms: float | None = None
-    if spec is None:
-        out_dtype = torch.float32 if dtype == "float32" else torch_dtype(dtype)
-        loss_ms = measure_loss_ms(out_shape, out_shape[-1], out_dtype, dev, warmup=warmup, repeats=repeats)
-        measured = transfer_ms(saved, dev, warmup=warmup, repeats=repeats)
-        copies = [measured.get(s, (0.0, 0.0)) for s in saved]
-    else:
-        copies = [(spec.transfer_ms(s, "d2h"), spec.transfer_ms(s, "h2d")) for s in saved]
-        loss_ms = roofline_loss_ms(facts.stages[-1].output_bytes, dtype, spec)
 
-    step_peak = _chain_step_peak(chain, batch, dtype, dev) if compile_budget is None else None
-    rows = chain_row_maps([s.module for s in chain.stages], facts.input_shape, facts.output_shapes)
-    stages = tuple(
+def _compiled_facts(
+    chain: ModelChain, batch: int, dtype: str, dev: torch.device, facts: ChainFacts, compile_budget: float
+) -> tuple[ModelChain, ChainFacts, float]:
+    """The chain compiled under ``compile_budget``, its facts (the compiled stages' bytes and shapes, the eager ones'
+    FLOPs and convolutions) and the seconds compiling took (NOTE [ Compiled stages ] in
+    ``memtune.profiler.compiled``)."""
+    eager_facts = facts
+    chain = compiled_chain(chain, compile_budget)
+    compile_seconds = _compile_stages(chain, batch, dtype, dev, eager_facts)
+    traced = chain_facts(chain, model_input(chain, batch, dev), dtype, eager=False)
+    facts = dataclasses.replace(
+        traced,
+        stages=tuple(
+            dataclasses.replace(c, count=e.count, convs=e.convs)
+            for c, e in zip(traced.stages, eager_facts.stages, strict=True)
+        ),
+    )
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return chain, facts, compile_seconds
+
+
+def _chain_stage_profiles(
+    chain: ModelChain,
+    facts: ChainFacts,
+    timings: Sequence[StageTiming],
+    copies: Sequence[tuple[float, float]],
+    convs: Sequence[tuple[ConvProfile, ...]],
+    rows: Sequence[RowMap | None],
+) -> tuple[StageProfile, ...]:
+    """Each stage's ``StageProfile`` from its facts (bytes, FLOPs), its timings (ms, bytes), its copies' ms
+    (device to host, host to device), its convolutions and its row map."""
+    return tuple(
         StageProfile(
             index=i,
             name=stage.name,
@@ -533,25 +620,6 @@ def profile(
             rows=rows[i],
         )
         for i, (stage, f, t) in enumerate(zip(chain.stages, facts.stages, timings, strict=True))
-    )
-    return Profile(
-        model=chain.name,
-        model_params=dict(chain.params),
-        batch=batch,
-        dtype=dtype,  # type: ignore[arg-type]
-        input_shape=tuple(chain.input_shape),
-        input_bytes=facts.input_bytes,
-        device=identity,
-        source=source,  # type: ignore[arg-type]
-        compute_source=compute_source,
-        transfer_source=transfer_source,
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        stages=stages,
-        storages=facts.storages,
-        loss_ms=loss_ms,
-        compile_budget=compile_budget,
-        compile_seconds=compile_seconds,
-        step_peak=step_peak,
     )
 
 
@@ -650,8 +718,8 @@ def _enumerate_chain_convs(
 ) -> list[tuple[ConvProfile, ...]]:
     """Every stage's cuDNN algorithm tables with their batch-split runs (NOTE [ Batch split ]), each stage fed the
     input the chain gives it."""
-    from memtune.profiler.conv_split import enumerate_splits  # ctypes binding: loaded only when asked for
-    from memtune.profiler.cudnn import enumerate_stage_convs
+    from memtune.profiler.conv_enumerate import enumerate_stage_convs  # ctypes binding: loaded only when asked for
+    from memtune.profiler.conv_split import enumerate_splits
 
     x = model_input(chain, batch, dev)
     out: list[tuple[ConvProfile, ...]] = []

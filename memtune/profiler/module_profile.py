@@ -42,12 +42,9 @@ and on CUDA the caching allocator's cache is emptied, so a plan can run in the s
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
-import statistics
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -59,15 +56,18 @@ from memtune.profiler.chain import may_write_input
 from memtune.profiler.devices import GPUSpec, get_gpu
 from memtune.profiler.errors import ProfilerError
 from memtune.profiler.identity import cuda_identity, spec_identity, transfer_ms
-from memtune.profiler.measure import ProgressFn, _autocast, _Timer
-from memtune.profiler.memory_meter import metered
+from memtune.profiler.measure import ProgressFn, _autocast
 from memtune.profiler.module_roofline import count_module_step, modeled_compute_source, modeled_timings
+from memtune.profiler.module_step import (
+    _first_step_seconds,
+    _loss_backward_bytes,
+    _recompute_step_ms,
+    _step_ms,
+    _step_peak,
+)
 from memtune.profiler.modules import (
     Inputs,
     StageTrace,
-    call_model,
-    checkpointed_call,
-    copy_structure,
     find_stages,
     module_kind,
     tensor_leaves,
@@ -75,9 +75,8 @@ from memtune.profiler.modules import (
 )
 from memtune.profiler.profile import DeviceIdentity, Profile, SavedStorage, StageProfile, StepPeak
 from memtune.profiler.regions import CompiledRegions, edge_writes
-from memtune.profiler.selective import KeptOutputs
+from memtune.profiler.stage_run import GradStorage, _capture, _StageRun, _Timing
 from memtune.profiler.stagefacts import torch_dtype
-from memtune.profiler.storages import storage_key
 
 __all__ = ["as_inputs", "default_loss", "profile_module"]
 
@@ -114,250 +113,6 @@ def default_loss(out: Any) -> torch.Tensor:
     if not parts:
         raise ProfilerError("the model returns no floating-point tensor that needs a gradient; pass loss_fn")
     return torch.stack(parts).sum()
-
-
-class _Captured(Exception):
-    def __init__(self, inputs: Inputs, autocast_dtype: torch.dtype | None) -> None:
-        super().__init__()
-        self.inputs = inputs
-        self.autocast_dtype = autocast_dtype
-
-
-def _capture(
-    model: nn.Module,
-    module: nn.Module,
-    inputs: Inputs,
-    autocast: AbstractContextManager[Any],
-    device: torch.device,
-    grad: bool = False,
-) -> tuple[Inputs, torch.dtype | None]:
-    """The ``(args, kwargs)`` ``model``'s forward gives ``module`` (the forward stops there): its tensor leaves
-    detached copies, every other object in it (a Hugging Face cache) a structure copy of the state it was in
-    (NOTE [ State threaded between stages ] in ``memtune.profiler.modules``); and the autocast dtype on ``device`` at
-    that call, None where autocast was off there.
-
-    # NOTE [ A stage runs under the autocast it was called in ]
-    A model may turn autocast on itself (a wrapper whose forward enters ``torch.autocast``, as the promises' Llama
-    does), so a stage timed alone under the profile's own ``dtype`` (``float32``: none) ran in fp32 while the step
-    runs it in bf16: on an H100 its selective stage was said to keep 737 MiB, twice the bf16 outputs it keeps, and
-    its times and transients were fp32's. The stage's lone runs take the autocast state of its call in the step.
-
-    Raises:
-        ProfilerError: the stage is given state that cannot be copied, or it did not run.
-    """
-
-    def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        copies = (t.detach().clone() for t in tensor_leaves((args, kwargs)))
-        on = torch.is_autocast_enabled(device.type)
-        dtype = torch.get_autocast_dtype(device.type) if on else None
-        try:
-            raise _Captured(copy_structure((args, kwargs), copies), dtype)
-        except ProfilerError as exc:
-            name = next((n for n, m in model.named_modules() if m is module), "") or type(model).__name__
-            raise ProfilerError(
-                f"stage {name!r} is given state that memtune must copy to time the stage alone on what the model "
-                f"gave it, and {exc} (NOTE [ State threaded between stages ]); turn that state off (use_cache=False "
-                "in a Hugging Face model's config) or name stages that are not given it (stages=[...])"
-            ) from exc
-
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
-    try:
-        # with grad where regions run compiled (NOTE [ Profiles of compiled regions ])
-        with torch.enable_grad() if grad else torch.no_grad(), autocast:
-            call_model(model, inputs)
-    except _Captured as got:
-        return got.inputs, got.autocast_dtype
-    finally:
-        handle.remove()
-    raise ProfilerError("a stage did not run in the capture forward; the model's forward is not deterministic")
-
-
-@dataclass(frozen=True)
-class _Timing:
-    forward_ms: float
-    backward_ms: float
-    forward_workspace_bytes: int = 0
-    chained_backward_bytes: int | None = None
-    selective_forward_ms: float | None = None
-    selective_backward_ms: float | None = None
-    selective_saved_bytes: int | None = None
-    selective_backward_bytes: int | None = None
-    recompute_backward_ms: float | None = None
-    recompute_backward_bytes: int | None = None
-    input_grads: tuple[GradStorage | None, ...] = ()
-
-
-@dataclass(frozen=True)
-class GradStorage:
-    """The gradient a stage's backward made for one tensor leaf of its inputs (NOTE [ Gradient storages ]).
-
-    Attributes:
-        group: the first leaf whose gradient shares this one's storage (its own index where none before does).
-        storage_bytes: bytes of the storage the gradient is a view of.
-        tensor_bytes: bytes of the gradient tensor itself.
-    """
-
-    group: int
-    storage_bytes: int
-    tensor_bytes: int
-
-
-_Mode = Literal["plain", "recompute", "selective"]
-
-
-class _StageRun:
-    """One stage called alone on captured inputs: forward, and backward with respect to its inputs that need a
-    gradient and its parameters."""
-
-    def __init__(
-        self,
-        module: nn.Module,
-        inputs: Inputs,
-        grad: list[bool],
-        dtype: str,
-        device: torch.device,
-        autocast_dtype: torch.dtype | None = None,
-        gpu_workspaces: bool = False,
-        selective: bool = True,
-    ) -> None:
-        self.module = module
-        self.inputs = inputs
-        leaves = list(tensor_leaves(inputs))
-        self.leaves = [
-            t.detach().requires_grad_(bool(g) and t.is_floating_point())
-            for t, g in zip(leaves, grad + [False] * (len(leaves) - len(grad)), strict=True)
-        ]
-        params: list[torch.Tensor] = [p for p in module.parameters() if p.requires_grad]
-        self.wrt = [t for t in self.leaves if t.requires_grad] + params
-        self.dtype = dtype
-        self.device = device
-        self.autocast_dtype = autocast_dtype  # NOTE [ A stage runs under the autocast it was called in ]
-        self.gpu_workspaces = gpu_workspaces  # NOTE [ GPU transients from the CPU's allocator ]
-        self.clone = may_write_input(module)
-        self.selective = selective  # a compiled region never is (NOTE [ Profiles of compiled regions ])
-        self.input_grads: tuple[GradStorage | None, ...] = ()
-
-    def fresh(self) -> Inputs:
-        """The stage's inputs for one call: copies of its tensor leaves (those with a gradient are graph leaves'
-        copies), a fresh structure copy of every other object (NOTE [ State threaded between stages ])."""
-        return copy_structure(self.inputs, (t.clone() for t in self.leaves))  # type: ignore[no-any-return]
-
-    def forward(self, inputs: Inputs | None = None, mode: _Mode = "plain") -> list[torch.Tensor]:
-        """The stage's forward on ``inputs`` (from ``fresh``; None: made here), as the runtime runs it under the
-        plan action ``mode``: ``plain`` (keep), ``recompute`` (a non-reentrant checkpoint of its call: every tensor
-        passed positionally, the re-run in backward given a fresh structure copy of the captured state) or
-        ``selective`` (the same under selective checkpointing, NOTE [ Selective stages ])."""
-        args, kwargs = self.fresh() if inputs is None else inputs
-        if mode == "plain":
-            with self.autocast():
-                out = self.module(*args, **kwargs)
-            return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
-
-        def call(*a: Any, **kw: Any) -> Any:
-            with self.autocast():
-                return self.module(*a, **kw)
-
-        out = checkpointed_call(call, args, kwargs, clone=self.clone, selective=mode == "selective")
-        return [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
-
-    def autocast(self) -> AbstractContextManager[Any]:
-        """The autocast the stage was called under in the step, else the profile's ``dtype``'s (NOTE [ A stage runs
-        under the autocast it was called in ])."""
-        if self.autocast_dtype is not None:
-            return torch.autocast(self.device.type, dtype=self.autocast_dtype)
-        return _autocast(self.device, self.dtype)
-
-    def kept_bytes(self) -> int:
-        """What a ``selective`` run of the stage keeps besides its inputs: the outputs of its costly operations
-        (``memtune.profiler.selective.KeptOutputs``), bytes."""
-        inputs = self.fresh()
-        rec = KeptOutputs()
-        with rec:
-            outs = self.forward(inputs)
-        del outs, inputs
-        return rec.kept_bytes
-
-    def backward(self, outs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-        if outs and self.wrt:
-            torch.autograd.grad(outs, self.wrt, grads, allow_unused=True)
-
-    def _medians(self, warmup: int, repeats: int, mode: _Mode) -> tuple[float, float]:
-        timer = _Timer(self.device)
-        fwd: list[float] = []
-        bwd: list[float] = []
-        for k in range(warmup + repeats):
-            inputs = self.fresh()  # outside the timed call: the model makes no copies
-            outs, f_ms = timer.run(self.forward, inputs, mode)
-            grads = [torch.randn_like(t) for t in outs]
-            _, b_ms = timer.run(self.backward, outs, grads)
-            del outs, grads, inputs
-            if k >= warmup:
-                fwd.append(f_ms)
-                bwd.append(b_ms if self.wrt else 0.0)
-        return statistics.median(fwd), statistics.median(bwd)
-
-    def time(self, warmup: int, repeats: int) -> _Timing:
-        """Medians of its passes, plain, recomputed and selective (where it has a backward), and their transients."""
-        timing = self._time(warmup, repeats)
-        return dataclasses.replace(timing, input_grads=self.input_grads)
-
-    def _time(self, warmup: int, repeats: int) -> _Timing:
-        fwd, bwd = self._medians(warmup, repeats, "plain")
-        plain = self._transients("plain")
-        if not self.wrt:
-            return _Timing(fwd, bwd, *plain)
-        try:  # NOTE [ Recompute priced as measured ] in memtune.tuner.simulator
-            _, rec_bwd = self._medians(warmup, repeats, "recompute")
-            _, rec_bytes = self._transients("recompute")
-        except (RuntimeError, ProfilerError):  # autograd refuses it (an in-place write): priced as its forward
-            rec_bwd, rec_bytes = None, None
-        if not self.selective:
-            return _Timing(fwd, bwd, *plain, recompute_backward_ms=rec_bwd, recompute_backward_bytes=rec_bytes)
-        try:
-            sel_fwd, sel_bwd = self._medians(warmup, repeats, "selective")
-        except RuntimeError:  # autograd refuses it (an in-place write to a re-made tensor): never offered
-            return _Timing(fwd, bwd, *plain, recompute_backward_ms=rec_bwd, recompute_backward_bytes=rec_bytes)
-        kept = self.kept_bytes()
-        _, sel_bytes = self._transients("selective")
-        return _Timing(fwd, bwd, *plain, sel_fwd, sel_bwd, kept, sel_bytes, rec_bwd, rec_bytes)
-
-    def _transients(self, mode: _Mode) -> tuple[int, int]:
-        """Forward transient above what was live before and after it; backward's peak above what was live before it
-        and the gradients it makes, the outputs' gradients made inside it (as ``chained_backward_bytes``). Read off
-        the allocator on CUDA and on the CPU alike (NOTE [ Allocator meters ]); on the CPU for a GPU, with the GPU's
-        convolution workspaces (NOTE [ GPU transients from the CPU's allocator ])."""
-        with metered(self.device, gpu_workspaces=self.gpu_workspaces) as fwd:
-            outs = self.forward(mode=mode)
-        fwd_ws = max(0, fwd.peak_bytes - max(0, fwd.end_bytes))
-        if not (outs and self.wrt):
-            return fwd_ws, 0
-        total = torch.stack([(t * 1.0).sum().float() for t in outs]).sum()
-        # in a step nothing else holds the outputs through the backward: one that only the stage saves (an in-place
-        # ReLU's) is freed by its first backward node (NOTE [ Gradient storages ])
-        del outs
-        with metered(self.device, gpu_workspaces=self.gpu_workspaces) as bwd:
-            grads = torch.autograd.grad(total, self.wrt, allow_unused=True)
-        # the gradients' own bytes, as the simulator makes them; the rest of a storage they are views of is the
-        # backward's transient (NOTE [ Gradient storages ])
-        made = sum(g.numel() * g.element_size() for g in grads if g is not None)
-        if mode == "plain":
-            self.input_grads = self._grad_storages(grads)
-        del grads, total
-        return fwd_ws, max(0, bwd.peak_bytes - made)
-
-    def _grad_storages(self, grads: Sequence[torch.Tensor | None]) -> tuple[GradStorage | None, ...]:
-        """Per tensor leaf of the inputs, the gradient the backward made for it (NOTE [ Gradient storages ])."""
-        by_leaf = dict(zip((id(t) for t in self.wrt), grads, strict=False))
-        first: dict[int | tuple[str, int], int] = {}
-        out: list[GradStorage | None] = []
-        for i, leaf in enumerate(self.leaves):
-            g = by_leaf.get(id(leaf)) if leaf.requires_grad else None
-            if g is None:
-                out.append(None)
-                continue
-            group = first.setdefault(storage_key(g), i)
-            out.append(GradStorage(group, g.untyped_storage().nbytes(), g.numel() * g.element_size()))
-        return tuple(out)
 
 
 @contextmanager
@@ -559,6 +314,89 @@ def profile_module(
             a pattern matching nothing, a loss that is not a scalar, a ``gpu`` that is not this CUDA device, or a
             ``compile_budget`` outside 0..1 or whose one region is the whole model.
     """
+    inputs, first, dev, identity, spec, gpu_workspaces = _checked_arguments(
+        model, example_inputs, dtype, gpu, warmup, repeats, transients, compile_budget
+    )
+    loss = loss_fn or default_loss
+    with _left_as_found(model, dev), ExitStack() as stack:
+        run = _measure_stages(
+            model, inputs, stack, loss, stages, dtype, dev, spec, warmup, repeats, progress, output_held,
+            gpu_workspaces, compile_budget,
+        )  # fmt: skip
+    trace, timings, names = run.trace, run.timings, run.names
+    _gradient_storages(trace, [t.input_grads for t in timings])
+    table, remap, input_bytes = _table(trace)
+    first_saver, copies = _first_saver_copies(table, len(names), spec, dev, warmup, repeats)
+    params, shared, outside_params = _stage_params(model, run.modules)
+    staged_ms = sum(t.forward_ms + t.backward_ms for t in timings)
+    scale = min(1.0, run.step_ms / staged_ms) if staged_ms > 0 else 1.0  # NOTE [ Time outside stages ]
+    timings = [
+        dataclasses.replace(t, forward_ms=t.forward_ms * scale, backward_ms=t.backward_ms * scale) for t in timings
+    ]
+    stage_profiles = _stage_profiles(run, timings, remap, first_saver, params, shared, copies, scale)
+    return Profile(
+        model=name or type(model).__name__,
+        model_params=_model_params(names, stages, run.coarse, run.eager_regions),
+        batch=first.shape[0],
+        dtype=dtype,  # type: ignore[arg-type]
+        input_shape=tuple(first.shape[1:]),
+        input_bytes=input_bytes,
+        device=identity,
+        source="measured" if spec is None else "modeled",
+        compute_source=(f"measured:{identity.key}" if spec is None else modeled_compute_source(spec))
+        + (f" (stages scaled x{scale:.3f} to the whole step)" if scale < 1.0 else ""),
+        transfer_source=f"measured:{identity.key}" if spec is None else f"modeled:{identity.key}",
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        stages=stage_profiles,
+        storages=tuple(table),
+        loss_ms=max(0.0, run.step_ms - staged_ms * scale),  # NOTE [ Time outside stages ]
+        stages_from="modules",
+        outside_param_bytes=outside_params,
+        loss_saved_bytes=trace.loss_saved_bytes,
+        loss_backward_bytes=run.tail,
+        output_held_bytes=_held_bytes(trace, table, remap) if output_held else 0,
+        step_peak=run.step_peak,
+        recompute_step_ms=run.recompute_step_ms,
+        compile_budget=compile_budget,
+        compile_seconds=run.compile_seconds,
+        eager_stages=tuple(sorted(run.eager_regions)),
+    )
+
+
+def _first_saver_copies(
+    table: list[SavedStorage], n: int, spec: GPUSpec | None, dev: torch.device, warmup: int, repeats: int
+) -> tuple[list[int], list[tuple[float, float]]]:
+    """Per stage, the bytes of the storages it saves first (not outside the stages), and the ms to copy them to the
+    host and back: measured on ``dev``, or the GPU spec's when the profile is modeled."""
+    first_saver = [
+        sum(s.bytes for s in table if s.saved_by and min(s.saved_by) == k and not s.outside) for k in range(n)
+    ]
+    if spec is None:
+        measured = transfer_ms(first_saver, dev, warmup=warmup, repeats=repeats)
+        copies = [measured.get(b, (0.0, 0.0)) for b in first_saver]
+    else:
+        copies = [(spec.transfer_ms(b, "d2h"), spec.transfer_ms(b, "h2d")) for b in first_saver]
+    return first_saver, copies
+
+
+def _checked_arguments(
+    model: nn.Module,
+    example_inputs: Any,
+    dtype: str,
+    gpu: str | None,
+    warmup: int,
+    repeats: int,
+    transients: str,
+    compile_budget: float | None,
+) -> tuple[Inputs, torch.Tensor, torch.device, DeviceIdentity, GPUSpec | None, bool]:
+    """``profile_module``'s arguments checked, in its order: the inputs, their first tensor (whose first dimension is
+    the batch), the device, the profile's identity, the GPU spec a CPU profile is modeled for (None on CUDA), and
+    whether transients are read as the GPU would allocate them.
+
+    Raises:
+        ValueError: ``repeats`` < 1 or ``warmup`` < 0.
+        ProfilerError: as ``profile_module``.
+    """
     torch_dtype(dtype)
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0; got {repeats}, {warmup}")
@@ -576,65 +414,106 @@ def profile_module(
     gpu_workspaces = dev.type == "cpu" and transients == "gpu"
     if compile_budget is not None and not 0.0 <= compile_budget <= 1.0:
         raise ProfilerError(f"compile_budget is an activation budget from 0 to 1, not {compile_budget}")
-    loss = loss_fn or default_loss
-    with _left_as_found(model, dev), ExitStack() as stack:
-        model.train()
-        names, coarse = find_stages(model, inputs, stages)
-        modules = [model.get_submodule(n) if n else model for n in names]
-        regions: CompiledRegions | None = None
-        eager_regions: dict[int, str] = {}
-        compile_seconds: float | None = None
-        if compile_budget is not None:  # NOTE [ Profiles of compiled regions ]
-            if names == [""]:
-                raise ProfilerError(
-                    "the one region is the whole model: measure it compiled whole (compiler points, "
-                    "memtune.tuner.runtime.whole.measure_module_points), or name smaller regions (stages=[...])"
-                )
-            eager_regions = edge_writes(model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype))
-            regions = stack.enter_context(CompiledRegions(modules, compile_budget, sorted(eager_regions), names))
-            compile_seconds = _first_step_seconds(model, inputs, loss, dtype, dev)
-        trace = trace_stages(
-            model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype), output_held=output_held
-        )
-        # a profile for a GPU made on the CPU keeps the roofline's times, not the CPU's: one untimed round of each
-        # pass is all it needs of them (which stages run selective, what they keep, their transients)
-        rounds = (warmup, repeats) if spec is None else (0, 1)
-        timings: list[_Timing] = []
-        for k, m in enumerate(modules):
-            captured, autocast_dtype = _capture(model, m, inputs, _autocast(dev, dtype), dev, grad=regions is not None)
-            run = _StageRun(
-                m, captured, trace.input_grad[k], dtype, dev, autocast_dtype, gpu_workspaces, selective=regions is None
+    return inputs, first, dev, identity, spec, gpu_workspaces
+
+
+@dataclass
+class _StagesRun:
+    """What ``_measure_stages`` measured: stage names and modules, the trace, per-stage timings (ms, not yet scaled
+    to the step), the step's time (ms) and peak, the loss backward's transient (bytes), and the compiled regions'
+    facts."""
+
+    names: list[str]
+    coarse: list[str]
+    modules: list[nn.Module]
+    eager_regions: dict[int, str]
+    compile_seconds: float | None
+    trace: StageTrace
+    timings: list[_Timing]
+    step_ms: float
+    recompute_step_ms: float | None
+    step_peak: StepPeak
+    tail: int
+
+
+def _measure_stages(
+    model: nn.Module,
+    inputs: Inputs,
+    stack: ExitStack,
+    loss: Callable[[Any], torch.Tensor],
+    stages: list[str] | None,
+    dtype: str,
+    dev: torch.device,
+    spec: GPUSpec | None,
+    warmup: int,
+    repeats: int,
+    progress: ProgressFn | None,
+    output_held: bool,
+    gpu_workspaces: bool,
+    compile_budget: float | None,
+) -> _StagesRun:
+    """Find the stages, trace them, time each (compiled as regions under ``compile_budget`` when given, their
+    contexts entered on ``stack``), and measure the whole step: ``profile_module``'s measuring, inside its
+    ``_left_as_found``."""
+    model.train()
+    names, coarse = find_stages(model, inputs, stages)
+    modules = [model.get_submodule(n) if n else model for n in names]
+    regions: CompiledRegions | None = None
+    eager_regions: dict[int, str] = {}
+    compile_seconds: float | None = None
+    if compile_budget is not None:  # NOTE [ Profiles of compiled regions ]
+        if names == [""]:
+            raise ProfilerError(
+                "the one region is the whole model: measure it compiled whole (compiler points, "
+                "memtune.tuner.runtime.whole.measure_module_points), or name smaller regions (stages=[...])"
             )
-            timings.append(run.time(*rounds))
-            del captured, run
-            if progress is not None:
-                progress(names[k] or type(model).__name__, k + 1, len(modules))
-        step_ms = _step_ms(model, inputs, loss, dtype, dev, *rounds)
-        # a modeled profile keeps no clock reading (NOTE [ Modeled module profiles ])
-        recompute_step_ms = None if spec else _recompute_step_ms(model, inputs, loss, dtype, dev, rounds, modules)
-        if spec is not None:  # the GPU's roofline, not the CPU's clock (NOTE [ Modeled module profiles ])
-            with regions.paused() if regions is not None else nullcontext():  # the eager operations' roofline
-                counted = count_module_step(model, inputs, modules, trace.input_grad, loss, dtype)
-            timings, step_ms = modeled_timings(timings, counted, spec, dtype)
-        step_peak = _step_peak(model, inputs, loss, dtype, dev, output_held, gpu_workspaces)
-        tail = _loss_backward_bytes(model, modules[-1], inputs, loss, dtype, dev, gpu_workspaces)
-    _gradient_storages(trace, [t.input_grads for t in timings])
-    table, remap, input_bytes = _table(trace)
-    first_saver = [
-        sum(s.bytes for s in table if s.saved_by and min(s.saved_by) == k and not s.outside) for k in range(len(names))
-    ]
-    if spec is None:
-        measured = transfer_ms(first_saver, dev, warmup=warmup, repeats=repeats)
-        copies = [measured.get(b, (0.0, 0.0)) for b in first_saver]
-    else:
-        copies = [(spec.transfer_ms(b, "d2h"), spec.transfer_ms(b, "h2d")) for b in first_saver]
-    params, shared, outside_params = _stage_params(model, modules)
-    staged_ms = sum(t.forward_ms + t.backward_ms for t in timings)
-    scale = min(1.0, step_ms / staged_ms) if staged_ms > 0 else 1.0  # NOTE [ Time outside stages ]
-    timings = [
-        dataclasses.replace(t, forward_ms=t.forward_ms * scale, backward_ms=t.backward_ms * scale) for t in timings
-    ]
-    stage_profiles = tuple(
+        eager_regions = edge_writes(model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype))
+        regions = stack.enter_context(CompiledRegions(modules, compile_budget, sorted(eager_regions), names))
+        compile_seconds = _first_step_seconds(model, inputs, loss, dtype, dev)
+    trace = trace_stages(model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype), output_held=output_held)
+    # a profile for a GPU made on the CPU keeps the roofline's times, not the CPU's: one untimed round of each
+    # pass is all it needs of them (which stages run selective, what they keep, their transients)
+    rounds = (warmup, repeats) if spec is None else (0, 1)
+    timings: list[_Timing] = []
+    for k, m in enumerate(modules):
+        captured, autocast_dtype = _capture(model, m, inputs, _autocast(dev, dtype), dev, grad=regions is not None)
+        run = _StageRun(
+            m, captured, trace.input_grad[k], dtype, dev, autocast_dtype, gpu_workspaces, selective=regions is None
+        )
+        timings.append(run.time(*rounds))
+        del captured, run
+        if progress is not None:
+            progress(names[k] or type(model).__name__, k + 1, len(modules))
+    step_ms = _step_ms(model, inputs, loss, dtype, dev, *rounds)
+    # a modeled profile keeps no clock reading (NOTE [ Modeled module profiles ])
+    recompute_step_ms = None if spec else _recompute_step_ms(model, inputs, loss, dtype, dev, rounds, modules)
+    if spec is not None:  # the GPU's roofline, not the CPU's clock (NOTE [ Modeled module profiles ])
+        with regions.paused() if regions is not None else nullcontext():  # the eager operations' roofline
+            counted = count_module_step(model, inputs, modules, trace.input_grad, loss, dtype)
+        timings, step_ms = modeled_timings(timings, counted, spec, dtype)
+    step_peak = _step_peak(model, inputs, loss, dtype, dev, output_held, gpu_workspaces)
+    tail = _loss_backward_bytes(model, modules[-1], inputs, loss, dtype, dev, gpu_workspaces)
+    return _StagesRun(
+        names, coarse, modules, eager_regions, compile_seconds, trace, timings, step_ms, recompute_step_ms, step_peak,
+        tail,
+    )  # fmt: skip
+
+
+def _stage_profiles(
+    run: _StagesRun,
+    timings: list[_Timing],
+    remap: dict[int, int],
+    first_saver: list[int],
+    params: list[int],
+    shared: list[int],
+    copies: list[tuple[float, float]],
+    scale: float,
+) -> tuple[StageProfile, ...]:
+    """Each stage's ``StageProfile`` from its scaled ``timings`` (ms), the storages it saves first (bytes), its
+    parameters' bytes (``shared``: those it shares with another stage) and its copies' ms; ``scale`` also scales the
+    selective and recompute times (NOTE [ Time outside stages ])."""
+    names, trace = run.names, run.trace
+    return tuple(
         StageProfile(
             index=k,
             name=names[k],
@@ -660,8 +539,15 @@ def profile_module(
             recompute_backward_bytes=t.recompute_backward_bytes,
             input_storages=tuple(remap[s] for s in trace.inputs[k]),
         )
-        for k, (m, t) in enumerate(zip(modules, timings, strict=True))
+        for k, (m, t) in enumerate(zip(run.modules, timings, strict=True))
     )
+
+
+def _model_params(
+    names: list[str], stages: list[str] | None, coarse: list[str], eager_regions: dict[int, str]
+) -> dict[str, int | float | str | bool]:
+    """``Profile.model_params`` of a module profile: the stage count, the patterns asked for, where stages were found
+    coarser than asked, and the regions left eager (NOTE [ In-place writes at region edges ])."""
     model_params: dict[str, int | float | str | bool] = {"stages": len(names)}
     if stages is not None:
         model_params["stage_patterns"] = ",".join(stages)
@@ -669,49 +555,7 @@ def profile_module(
         model_params["coarser"] = "; ".join(coarse)
     if eager_regions:  # NOTE [ In-place writes at region edges ]
         model_params["eager_regions"] = "; ".join(f"{names[k]}: {why}" for k, why in sorted(eager_regions.items()))
-    return Profile(
-        model=name or type(model).__name__,
-        model_params=model_params,
-        batch=first.shape[0],
-        dtype=dtype,  # type: ignore[arg-type]
-        input_shape=tuple(first.shape[1:]),
-        input_bytes=input_bytes,
-        device=identity,
-        source="measured" if spec is None else "modeled",
-        compute_source=(f"measured:{identity.key}" if spec is None else modeled_compute_source(spec))
-        + (f" (stages scaled x{scale:.3f} to the whole step)" if scale < 1.0 else ""),
-        transfer_source=f"measured:{identity.key}" if spec is None else f"modeled:{identity.key}",
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        stages=stage_profiles,
-        storages=tuple(table),
-        loss_ms=max(0.0, step_ms - staged_ms * scale),  # NOTE [ Time outside stages ]
-        stages_from="modules",
-        outside_param_bytes=outside_params,
-        loss_saved_bytes=trace.loss_saved_bytes,
-        loss_backward_bytes=tail,
-        output_held_bytes=_held_bytes(trace, table, remap) if output_held else 0,
-        step_peak=step_peak,
-        recompute_step_ms=recompute_step_ms,
-        compile_budget=compile_budget,
-        compile_seconds=compile_seconds,
-        eager_stages=tuple(sorted(eager_regions)),
-    )
-
-
-def _first_step_seconds(
-    model: nn.Module, inputs: Inputs, loss_fn: Callable[[Any], torch.Tensor], dtype: str, dev: torch.device
-) -> float:
-    """Wall seconds of one step (forward, loss, backward; gradients dropped): with regions compiled, the first step
-    compiles them (NOTE [ Profiles of compiled regions ])."""
-    began = time.perf_counter()
-    params = [p for p in model.parameters() if p.requires_grad]
-    with _autocast(dev, dtype):
-        out = call_model(model, inputs)
-    grads = torch.autograd.grad(loss_fn(out), params, allow_unused=True)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    del grads, out
-    return time.perf_counter() - began
+    return model_params
 
 
 def _held_bytes(trace: StageTrace, table: list[SavedStorage], remap: dict[int, int]) -> int:
@@ -735,145 +579,3 @@ def _identity(dev: torch.device, gpu: str | None) -> tuple[DeviceIdentity, GPUSp
         raise ProfilerError(f"device {dev} is not supported; put the model on 'cpu' or a CUDA device")
     spec = get_gpu(gpu or "h200")
     return spec_identity(spec), spec
-
-
-def _step_ms(
-    model: nn.Module,
-    inputs: Inputs,
-    loss_fn: Callable[[Any], torch.Tensor],
-    dtype: str,
-    dev: torch.device,
-    warmup: int,
-    repeats: int,
-    recomputed: Sequence[nn.Module] = (),
-) -> float:
-    """Median ms of one whole step: forward, loss and backward (gradients dropped after each), unplanned or with
-    every module of ``recomputed`` run under a non-reentrant checkpoint of its call."""
-    timer = _Timer(dev)
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def step() -> None:
-        with _autocast(dev, dtype):
-            out = call_model(model, inputs)
-        torch.autograd.grad(loss_fn(out), params, allow_unused=True)
-
-    times = []
-    with _checkpointed(recomputed):
-        for k in range(warmup + repeats):
-            _, ms = timer.run(step)
-            if k >= warmup:
-                times.append(ms)
-    return statistics.median(times)
-
-
-@contextmanager
-def _checkpointed(modules: Sequence[nn.Module]) -> Iterator[None]:
-    """Each of ``modules`` called under a non-reentrant checkpoint of its own call while inside (its instance's
-    ``forward`` replaced, then restored)."""
-    own = [m.__dict__.get("forward") for m in modules]
-    for m in modules:
-        m.forward = functools.partial(_checkpointed_forward, m.forward, may_write_input(m))  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        for m, f in zip(modules, own, strict=True):
-            if f is None:
-                del m.forward
-            else:
-                m.forward = f  # type: ignore[method-assign]
-
-
-def _checkpointed_forward(fn: Callable[..., Any], clone: bool, *args: Any, **kwargs: Any) -> Any:
-    return checkpointed_call(fn, args, kwargs, clone=clone, selective=False)
-
-
-def _recompute_step_ms(
-    model: nn.Module,
-    inputs: Inputs,
-    loss_fn: Callable[[Any], torch.Tensor],
-    dtype: str,
-    dev: torch.device,
-    rounds: tuple[int, int],
-    modules: Sequence[nn.Module],
-) -> float | None:
-    """The whole step with every stage recomputed (NOTE [ Recompute priced as measured ] in
-    ``memtune.tuner.simulator``),
-    median ms; None where autograd refuses it or a stage's state cannot be copied."""
-    try:
-        return _step_ms(model, inputs, loss_fn, dtype, dev, *rounds, recomputed=modules)
-    except (RuntimeError, ProfilerError):
-        return None
-
-
-def _step_peak(
-    model: nn.Module,
-    inputs: Inputs,
-    loss_fn: Callable[[Any], torch.Tensor],
-    dtype: str,
-    dev: torch.device,
-    output_held: bool,
-    gpu_workspaces: bool = False,
-) -> StepPeak:
-    """The unplanned step's peak read off the allocator (NOTE [ Allocator meters ]): forward, loss and ``backward()``
-    as a training loop runs them (gradients accumulated into ``.grad``, a tied weight's in place, NOTE [ Tied
-    weights ]), the output held through the backward or dropped before it as ``output_held`` says. The parameters'
-    ``.grad`` are restored after. ``gpu_workspaces``: on the CPU, read as the GPU would allocate it (NOTE [ GPU
-    transients from the CPU's allocator ])."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    kept = [p.grad for p in params]
-    for p in params:
-        p.grad = None
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()  # the reserved peak is this step's, not an earlier cache's
-    try:
-        with metered(dev, gpu_workspaces=gpu_workspaces) as reading:
-            with _autocast(dev, dtype):
-                out = call_model(model, inputs)
-            loss = loss_fn(out)
-            if not output_held:
-                del out
-            loss.backward()
-            del loss
-            out = None
-            for p in params:
-                p.grad = None
-    finally:
-        for p, g in zip(params, kept, strict=True):
-            p.grad = g
-    return StepPeak(
-        allocated_bytes=reading.peak_bytes, reserved_bytes=reading.peak_reserved_bytes, output_held=output_held
-    )
-
-
-def _loss_backward_bytes(
-    model: nn.Module,
-    last: nn.Module,
-    inputs: Inputs,
-    loss_fn: Callable[[Any], torch.Tensor],
-    dtype: str,
-    dev: torch.device,
-    gpu_workspaces: bool = False,
-) -> int:
-    """``Profile.loss_backward_bytes``: the peak of the backward from the loss to the last stage's output above what
-    was live before it and that output's gradient, bytes, read off the allocator (NOTE [ Allocator meters ])."""
-    got: list[torch.Tensor] = []
-
-    def hook(_m: nn.Module, _a: Any, out: Any) -> None:
-        got.extend(t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point())
-
-    handle = last.register_forward_hook(hook)
-    try:
-        with _autocast(dev, dtype):
-            out = call_model(model, inputs)
-    finally:
-        handle.remove()
-    loss = loss_fn(out)
-    if not got:
-        return 0
-    with metered(dev, gpu_workspaces=gpu_workspaces) as reading:
-        grads = torch.autograd.grad(loss, got[:1], allow_unused=True)
-    made = sum(g.untyped_storage().nbytes() for g in grads if g is not None)
-    got.clear()
-    del grads, loss, out
-    return max(0, reading.peak_bytes - made)

@@ -13,6 +13,7 @@ from algo_tables import MiB
 from algo_tables import algo as _algo
 from torch import nn
 
+import memtune.profiler.conv_enumerate as conv_enumerate
 import memtune.profiler.cudnn as cudnn
 import memtune.tuner.runtime.conv as rconv
 from memtune.profiler.chain import ModelChain, Stage, flatten
@@ -136,10 +137,10 @@ def test_environment_override_is_tried_first(monkeypatch: pytest.MonkeyPatch) ->
 def test_without_cuda_nothing_is_enumerated() -> None:
     assert cudnn.cudnn_available() is False
     with pytest.raises(ProfilerError, match="CUDA"):
-        cudnn.enumerate_conv(nn.Conv2d(3, 4, 3), (1, 3, 8, 8))
+        conv_enumerate.enumerate_conv(nn.Conv2d(3, 4, 3), (1, 3, 8, 8))
     stage = Stage("conv", "conv2d", nn.Conv2d(3, 4, 3))
     with pytest.raises(ProfilerError, match="CUDA"):
-        cudnn.enumerate_stage_convs(stage, torch.randn(1, 3, 8, 8))
+        conv_enumerate.enumerate_stage_convs(stage, torch.randn(1, 3, 8, 8))
 
 
 def test_cpu_profile_refuses_conv_algos() -> None:
