@@ -62,6 +62,7 @@ from memtune.profiler.module_step import (
     _first_step_seconds,
     _loss_backward_bytes,
     _recompute_step_ms,
+    _resident_bytes,
     _step_ms,
     _step_peak,
 )
@@ -356,6 +357,7 @@ def profile_module(
         loss_backward_bytes=run.tail,
         output_held_bytes=_held_bytes(trace, table, remap) if output_held else 0,
         step_peak=run.step_peak,
+        resident_bytes=run.resident,
         recompute_step_ms=run.recompute_step_ms,
         compile_budget=compile_budget,
         compile_seconds=run.compile_seconds,
@@ -434,6 +436,7 @@ class _StagesRun:
     recompute_step_ms: float | None
     step_peak: StepPeak
     tail: int
+    resident: int
 
 
 def _measure_stages(
@@ -492,10 +495,13 @@ def _measure_stages(
             counted = count_module_step(model, inputs, modules, trace.input_grad, loss, dtype)
         timings, step_ms = modeled_timings(timings, counted, spec, dtype)
     step_peak = _step_peak(model, inputs, loss, dtype, dev, output_held, gpu_workspaces)
+    resident = _resident_bytes(  # NOTE [ Memory held before the step ]
+        dev, lambda: _step_peak(model, inputs, loss, dtype, dev, output_held, gpu_workspaces)
+    )
     tail = _loss_backward_bytes(model, modules[-1], inputs, loss, dtype, dev, gpu_workspaces)
     return _StagesRun(
         names, coarse, modules, eager_regions, compile_seconds, trace, timings, step_ms, recompute_step_ms, step_peak,
-        tail,
+        tail, resident,
     )  # fmt: skip
 
 

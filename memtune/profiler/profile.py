@@ -383,8 +383,15 @@ class Profile(_Frozen):
         description="module stages: bytes the model returns that no stage saves and that the training loop holds "
         "until its backward ends (``out = model(x); loss(out).backward()`` holds the whole output; "
         "``model(x).loss.backward()`` only the loss), NOTE [ Held output ] in memtune.tuner.simulator; 0: the loop "
-        "drops the "
-        "output before its backward; None: not measured (chains)",
+        "drops the output before its backward; None: not measured (chains)",
+    )
+    resident_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="module stages on CUDA: bytes the process holds on the device through every step besides the "
+        "parameters, their gradients, the optimizer state and the batch: cuBLAS's workspaces, one per handle and "
+        "stream (NOTE [ Memory held before the step ] in memtune.profiler.module_step); counted in every plan's "
+        "peak; 0: none measured (the CPU, chains)",
     )
 
     step_peak: StepPeak | None = Field(

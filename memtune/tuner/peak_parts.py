@@ -126,7 +126,8 @@ def peak_parts(sim: Simulator, plan: Plan, result: SimResult | None = None) -> P
     parts = dict.fromkeys(PARTS, 0)
     parts["parameters"] = profile.param_bytes
     parts["input batch"] = profile.input_bytes
-    parts["optimizer state"] = sim.base - profile.param_bytes - profile.input_bytes
+    parts["optimizer state"] = sim.base - profile.param_bytes - profile.input_bytes - profile.resident_bytes
+    parts["workspace"] = profile.resident_bytes  # cuBLAS (NOTE [ Memory held before the step ])
     for (key, instance), nbytes in live.items():
         parts[_part(key, instance, fates)] += nbytes
     at = max(range(len(r.timeline)), key=lambda j: r.timeline[j][1])

@@ -362,6 +362,8 @@ def _place(
     remapped: list[int] = []
     try:
         model.malloc("input", profile.input_bytes)
+        if profile.resident_bytes:  # NOTE [ Memory held before the step ]
+            model.malloc("resident", profile.resident_bytes)
         for stage in profile.stages:
             if stage.param_bytes:
                 model.malloc(("param", stage.index), stage.param_bytes)

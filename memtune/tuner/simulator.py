@@ -192,7 +192,10 @@ class Simulator:
         self.loss_ms = profile_loss_ms(profile) * self.compute_scale
         # NOTE [ Held output ]: returned storages the loop holds through the backward
         self.held = profile.output_held_bytes or 0
-        self.base = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
+        # NOTE [ Memory held before the step ] (memtune.profiler.module_step): library workspaces count too
+        self.base = (
+            int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes + profile.resident_bytes
+        )
         self._conv_costs: dict[object, tuple[list[float], list[float], list[int], list[int]]] = {}
         # every workspace size an algorithm of the profile takes: caps between two of them choose alike
         self._ws_sizes = sorted({a.workspace_bytes for s in st for c in s.convs for a in c.algos})

@@ -97,7 +97,8 @@ def test_resnet18_tuned_plan_is_exact() -> None:
 
     Optimizer state is left out of the budget (``optimizer="none"``): SGD's momentum is one more copy of the 43 MiB of
     parameters, and with it no plan fits 60% at this size (at 64×64, parameters, gradients and momentum alone are
-    90% of the unconstrained peak).
+    90% of the unconstrained peak). So are the cuBLAS workspaces held through every step (65 MiB on the H100, NOTE
+    [ Memory held before the step ]): the budget is 60% of the peak above them, plus them.
     """
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
@@ -112,11 +113,12 @@ def test_resnet18_tuned_plan_is_exact() -> None:
     names = tuple(s.name for s in profile.stages)
     assert profile.source == "measured" and {"layer1.0", "layer4.1", "fc"} <= set(names), names
     peak = simulate(profile, Plan.uniform(profile.n_stages).named(profile), optimizer="none").peak_bytes
-    result = tune(profile, int(0.6 * peak), trials=60, seed=0, optimizer="none")
-    assert result.best is not None, f"no plan fits 60% of {peak / MiB:.1f} MiB"
+    budget = int(0.6 * (peak - profile.resident_bytes)) + profile.resident_bytes
+    result = tune(profile, budget, trials=60, seed=0, optimizer="none")
+    assert result.best is not None, f"no plan fits {budget / MiB:.1f} of {peak / MiB:.1f} MiB"
     plan = result.best.plan
     assert plan.stages == names
-    assert result.best.peak_bytes <= 0.6 * peak
+    assert result.best.peak_bytes <= budget
     assert set(plan.actions) != {Action.KEEP}
     eq, _ = check_equivalence(model, plan, x, loss_fn=loss_fn)
     assert eq.ok(RTOL), (plan.compact(), eq)
