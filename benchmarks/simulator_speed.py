@@ -57,10 +57,14 @@ def measure(model: str, plans: int, seed: int = 0) -> tuple[int, float, str]:
 # the timing each tree runs in ``--against`` mode, with that tree's simulator: the same plans in both (keep, offload
 # and recompute, the actions every commit knows, drawn from one seed), 3 passes, the median rate per model
 _PROBE = """
-import json, random, statistics, sys, time
+import json, os, random, statistics, sys, time
 from benchmarks.common import zoo_profile
-from memtune.tuner.plan import Plan
-from memtune.tuner.simulator import Simulator
+if os.path.isdir("memtune/tuner"):  # the rooms under memtune/ (NOTE [ One installed name ])
+    from memtune.tuner.plan import Plan
+    from memtune.tuner.simulator import Simulator
+else:  # a checkout from before, its rooms at its top
+    from tuner.plan import Plan
+    from tuner.simulator import Simulator
 plans = int(sys.argv[1])
 rates = {}
 for model in sys.argv[2:]:
