@@ -44,7 +44,7 @@ from torch import nn
 from benchmarks.common import model_rows
 
 PROMISES = Path("benchmarks/results/h100/promises")
-MODELS = ("densenet121", "mobilenet_v2", "resnet50", "t5_small", "unet")
+MODELS = ("bert_mlm", "densenet121", "gpt2", "llama", "mobilenet_v2", "resnet50", "t5_small", "unet", "vit_b_16")
 
 
 def _sleep_cycles_per_ms() -> float:
