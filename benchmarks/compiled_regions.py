@@ -9,14 +9,14 @@ Per model, in one process, built as users build them (torchvision models as ship
 models from their default configurations, as ``benchmarks.promises`` builds them), in train mode; every step is
 forward, loss, backward and the optimizer's update (SGD with momentum; AdamW for the language models), the output held
 through the backward (the profile's default), the median of ``--steps`` after ``--warmup`` by CUDA events, with the
-peak bytes allocated and reserved (``memtune.tuner.runtime.module_bench.measure_step``):
+peak bytes allocated and reserved (``memtune.tuner.measure.module_bench.measure_step``):
 
 1. ``eager``: the unplanned step.
 2. ``whole``: the whole model compiled (``memtune.profiler.compiled.CompiledStage``) at each of ``--budgets``
    (``activation_memory_budget``), with its first step's seconds (compiling).
 3. ``regions``: memtune's eager profile (saved as ``<model>-profile.json``, with the whole model's compiler points
-   measured by ``memtune.tuner.runtime.whole.measure_module_points``), then every candidate region partition
-   (``memtune.profiler.regions.region_partitions``; ``--depths`` picks some) profiled compiled at each of
+   measured by ``memtune.tuner.measure.compiler_points.measure_module_points``), then every candidate region partition
+   (``memtune.profiler.region_tree.region_partitions``; ``--depths`` picks some) profiled compiled at each of
    ``--region-budgets`` (``memtune.profiler.module_profile.profile_module(..., compile_budget=b)``, saved as
    ``<model>-regions-d<depth>-b<budget>.json``): its regions' forward and backward summed, the profile's step (that
    sum and the time outside the regions, measured), the whole model's compiled step at the same budget, the
@@ -37,11 +37,10 @@ activation_memory_budget`` (patched while the partitioner runs), ``torch._induct
 ``config_patches={"keep_output_stride": False}``, and ``torch._dynamo.config.recompile_limit`` /
 ``accumulated_recompile_limit`` (``memtune.profiler.compiled``): the names memtune's compiled stages and compiler points
 ran with in the H100 measurements on torch 2.11 (docs/results/torch-compile.md, each table's environment line), and
-present
-in torch 2.13, whose source the CPU tests run against. A run on another torch checks them by running: a missing name
-fails the first compile, and that error is the row's. ``torch.nn.Module._call_impl`` calling the
-instance's ``forward`` (NOTE [ Regions are wrapped once ]) is long-standing behaviour of every torch 2.x. Graph counts
-come from ``memtune.profiler.compiled.GRAPHS_COMPILED`` (memtune's own backend), not from dynamo's counters.
+present in torch 2.13, whose source the CPU tests run against. A run on another torch checks them by running: a missing
+name fails the first compile, and that error is the row's. ``torch.nn.Module._call_impl`` calling the instance's
+``forward`` (NOTE [ Regions are wrapped once ]) is long-standing behaviour of every torch 2.x. Graph counts come from
+``memtune.profiler.compiled.GRAPHS_COMPILED`` (memtune's own backend), not from dynamo's counters.
 """
 
 from __future__ import annotations
@@ -87,7 +86,7 @@ def build(name: str, batch: int | None) -> Built:
 def _error(exc: BaseException) -> str:
     if isinstance(exc, torch.OutOfMemoryError):
         return "out of memory: " + str(exc).split(" If reserved but unallocated")[0].strip()[:400]
-    from memtune.profiler.regions import first_line
+    from memtune.profiler.region_tree import first_line
 
     return first_line(exc)
 
@@ -133,7 +132,7 @@ class Bench:
 
     def step(self, run: nn.Module) -> dict[str, Any]:
         """One measured training step of ``run`` (sharing the model's parameters), or its error."""
-        from memtune.tuner.runtime.module_bench import measure_step
+        from memtune.tuner.measure.module_bench import measure_step
 
         began = time.perf_counter()
         try:
@@ -157,8 +156,8 @@ class Bench:
 
     def first_step(self, run: nn.Module) -> dict[str, Any]:
         """One training step of ``run``, uncapped: it compiles a plan's regions and tunes their kernels (NOTE
-        [ Regions compile at their first call ] in ``memtune.tuner.runtime.modules``); ``{}`` or its error."""
-        from memtune.tuner.runtime.module_bench import measure_step
+        [ Regions compile at their first call ] in ``memtune.tuner.runtime.planned_module``); ``{}`` or its error."""
+        from memtune.tuner.measure.module_bench import measure_step
 
         try:
             measure_step(self.model, run, self.inputs, self.loss, warmup=0, steps=1, optimizer=self.optimizer)
@@ -183,10 +182,10 @@ class Bench:
         from memtune.profiler.compiled import GRAPHS_COMPILED
         from memtune.profiler.module_profile import as_inputs
         from memtune.profiler.region_profile import profile_regions
-        from memtune.profiler.regions import install_region, region_partitions
+        from memtune.profiler.region_tree import install_region, region_partitions
         from memtune.tuner import Plan
+        from memtune.tuner.measure.compiler_points import measure_module_points, with_compiler_points
         from memtune.tuner.runtime import planned
-        from memtune.tuner.runtime.whole import measure_module_points, with_compiler_points
 
         began = time.perf_counter()
         prof = memtune.profile(self.model, self.inputs, loss_fn=self.loss, progress=False)
@@ -262,7 +261,7 @@ class Bench:
         from memtune.api.python import tune_profiles
         from memtune.profiler import Profile
         from memtune.profiler.region_profile import RegionProfile
-        from memtune.profiler.regions import RegionPartition
+        from memtune.profiler.region_tree import RegionPartition
         from memtune.tuner.runtime import PlanOutOfMemoryError
 
         prof = Profile.from_json((self.out / f"{self.name}-profile.json").read_text())

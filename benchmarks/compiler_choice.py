@@ -19,7 +19,7 @@ import optuna
 from memtune.profiler import CompilerPoint, find_profile
 from memtune.tuner import tune
 from memtune.tuner.calibration import calibration_for
-from memtune.tuner.runtime.whole import with_compiler_points
+from memtune.tuner.measure.compiler_points import with_compiler_points
 
 GiB = 1 << 30
 

@@ -4,9 +4,8 @@
 
 Per method, in N processes of one group (``memtune.tuner.runtime.ddp.spawn_ranks``: NCCL with NVLink multicast off, or
 gloo on CPU), each GPU runs its own share of the global batch (``--batches`` are per GPU) for ``--warmup`` then
-``--steps``
-timed steps (NOTE [ Bench step ] in ``memtune.tuner.runtime.bench``: forward, cross-entropy, backward, SGD momentum)
-under ``budget_guard`` at ``--budget``, from the smallest batch up to the first that does not train:
+``--steps`` timed steps (NOTE [ Bench step ] in ``memtune.tuner.measure.bench``: forward, cross-entropy, backward, SGD
+momentum) under ``budget_guard`` at ``--budget``, from the smallest batch up to the first that does not train:
 
 * ``unplanned``: ``DistributedDataParallel`` on the plain model;
 * ``checkpoint``: ``checkpoint_sequential`` (√n segments, non-reentrant) under DDP;
@@ -22,7 +21,7 @@ the plans and the unplanned model. Plans are tuned on the committed measured pro
 else a modeled one, without whole-model compile plans; their convolution choices are dropped (the runtime leaves
 convolutions to the framework here), and the prediction is for the plan as run. Copy rates with several GPUs copying
 at once and the all-reduce rate come from the GPU type's calibration, else they are measured here first
-(``memtune.tuner.runtime.link_share``). Writes ``OUT/ddp-plans-<model>-<dtype>-x<N>.json`` and prints the table.
+(``memtune.tuner.measure.link_share``). Writes ``OUT/ddp-plans-<model>-<dtype>-x<N>.json`` and prints the table.
 """
 
 from __future__ import annotations
@@ -79,7 +78,7 @@ def _wrap(cfg: _Config, chain: Any, batch: int, rank: int, world: int) -> tuple[
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.checkpoint import checkpoint_sequential
 
-    from memtune.tuner.runtime.bench import checkpoint_segments
+    from memtune.tuner.measure.bench import checkpoint_segments
     from memtune.tuner.runtime.ddp import planned_ddp, planned_of
 
     seq = chain.as_sequential()
@@ -112,8 +111,8 @@ def _measure(cfg: _Config, batch: int, rank: int, world: int) -> dict[str, Any]:
 
     from memtune.profiler import build
     from memtune.profiler.loss import step_loss
+    from memtune.tuner.measure.bench import make_batch
     from memtune.tuner.runtime import PlanOutOfMemoryError, budget_guard
-    from memtune.tuner.runtime.bench import make_batch
 
     cuda = torch.cuda.is_available() and cfg.budget_bytes is not None
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -155,7 +154,7 @@ def _link_and_bus(profile: Profile, nproc: int, measure: bool) -> tuple[SharedLi
     link, bus = cal.shared_link, cal.allreduce_gbps(nproc)
     note = "calibration"
     if (link is None or (bus is None and nproc > 1)) and measure:
-        from memtune.tuner.runtime.link_share import measure_allreduce, measure_shared_link
+        from memtune.tuner.measure.link_share import measure_allreduce, measure_shared_link
 
         devices = list(range(nproc))
         if link is None:

@@ -4,10 +4,9 @@
 
 For every committed measured profile ``memtune/profiler/data/<model>-b<batch>-<dtype>-<gpu>.json`` (the H100 and the
 H200) the zoo model is traced once on the meta device (``memtune.profiler.modeled.meta_facts``: its ATen ops, FLOPs,
-bytes and
-channels per stage) and the roofline is evaluated with candidate constants, by the same code ``modeled_profile``
-runs (``memtune.profiler.modeled.roofline_ms``). The targets are the measured times as the simulator uses them: each
-stage's forward and backward and the loss times the profile's compute scale (NOTE [ Compute scale ] in
+bytes and channels per stage) and the roofline is evaluated with candidate constants, by the same code
+``modeled_profile`` runs (``memtune.profiler.modeled.roofline_ms``). The targets are the measured times as the simulator
+uses them: each stage's forward and backward and the loss times the profile's compute scale (NOTE [ Compute scale ] in
 ``memtune.tuner.calibration``; 1 where the GPU type's calibration has none for it), and the simulated unconstrained
 step.
 

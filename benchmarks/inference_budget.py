@@ -1,19 +1,18 @@
 """Inference latency against the working-set budget (mmCNN, NOTE [ Inference plans ] in
-``memtune.tuner.inference.plan``).
+``memtune.tuner.inference.inference_plan``).
 
     python -m benchmarks.inference_budget OUT_DIR [--device cuda] [--image-sizes 224,32] [--budgets ...]
 
 For each input size: the zoo's VGG-16 (``memtune.profiler.zoo``, torchvision's layout) at batch 1, its layers measured
-on the device (``memtune.tuner.runtime.inference_measure.measure_facts``), then per budget the plan
+on the device (``memtune.tuner.measure.inference_measure.measure_facts``), then per budget the plan
 (``memtune.tuner.plan_inference``), its priced latency and largest working set (``memtune.tuner.simulate_inference``),
-and the plan run for real
-(``memtune.tuner.runtime.InferenceRunner``): the median latency of ``--repeats`` calls, whether the output equals the
-plain model's (fp32, TF32 off: allclose rtol 1e-5, atol 1e-6) and, on CUDA, the peak of allocated device memory during a
-call beyond what was allocated before it, plus the resident weights and the input: comparable with the working set,
-which leaves out convolution workspaces (NOTE [ Inference plans ]). ``unlimited`` is the plain model (every weight
-resident, nothing split). On CUDA every row runs twice: convolutions with the framework's algorithms, and with
-cuDNN's workspace-free one (``--conv-workspace``). A budget no plan fits is recorded with the layer that does not fit
-and what it needs. Writes ``inference-budget-<model>-<device>.json`` into ``OUT_DIR``.
+and the plan run for real (``memtune.tuner.runtime.InferenceRunner``): the median latency of ``--repeats`` calls,
+whether the output equals the plain model's (fp32, TF32 off: allclose rtol 1e-5, atol 1e-6) and, on CUDA, the peak of
+allocated device memory during a call beyond what was allocated before it, plus the resident weights and the input:
+comparable with the working set, which leaves out convolution workspaces (NOTE [ Inference plans ]). ``unlimited`` is
+the plain model (every weight resident, nothing split). On CUDA every row runs twice: convolutions with the framework's
+algorithms, and with cuDNN's workspace-free one (``--conv-workspace``). A budget no plan fits is recorded with the layer
+that does not fit and what it needs. Writes ``inference-budget-<model>-<device>.json`` into ``OUT_DIR``.
 """
 
 from __future__ import annotations
@@ -30,9 +29,9 @@ from benchmarks.common import environment
 from memtune.profiler import ModelChain, build
 from memtune.tuner import InferenceFacts, InferencePlan, LayerFitError, parse_budget, plan_inference, simulate_inference
 from memtune.tuner.inference import plain_plan
+from memtune.tuner.measure.inference_measure import measure_facts, runner_median_ms
 from memtune.tuner.runtime import InferenceRunner
 from memtune.tuner.runtime.inference_facts import chain_layers
-from memtune.tuner.runtime.inference_measure import measure_facts, runner_median_ms
 
 __all__ = ["main"]
 

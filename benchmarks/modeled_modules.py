@@ -196,12 +196,12 @@ def counted_times(model: nn.Module, inputs: Any, loss_fn: Loss, small: Any, gpu:
     The stages and which of their inputs need a gradient come from ``small`` (the same model on a smaller batch:
     neither depends on the batch); the ops of one forward and loss on ``inputs`` are counted without grad and priced
     as ``profile_module`` prices them (``memtune.profiler.module_roofline``). Returns the stage names, each stage's
-    modeled
-    forward and backward ms, ``loss_ms`` and the step (stages plus ``loss_ms``, the simulated unplanned step)."""
+    modeled forward and backward ms, ``loss_ms`` and the step (stages plus ``loss_ms``, the simulated unplanned
+    step)."""
     from memtune.profiler import find_stages, get_gpu
     from memtune.profiler.module_profile import as_inputs
     from memtune.profiler.module_roofline import count_module_step, modeled_stage_ms, outside_ms
-    from memtune.profiler.modules import trace_stages
+    from memtune.profiler.module_stages import trace_stages
 
     spec = get_gpu(gpu)
     small_in = as_inputs(small)

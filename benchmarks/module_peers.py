@@ -11,8 +11,8 @@ train mode; every step is forward, loss, backward and the optimizer's update (SG
 language models), the output held through the backward (the profile's default), the median of ``--steps`` after
 ``--warmup`` by CUDA events, with the peak bytes allocated and reserved:
 
-1. ``unplanned``: the eager step (``memtune.tuner.runtime.module_bench.measure_step``).
-2. ``peers``: every peer of NOTE [ Module peers ] (``memtune.tuner.runtime.module_peers``), uncapped, each measured as
+1. ``unplanned``: the eager step (``memtune.tuner.measure.module_bench.measure_step``).
+2. ``peers``: every peer of NOTE [ Module peers ] (``memtune.tuner.measure.module_peers``), uncapped, each measured as
    NOTE [ Peer measurement ] says (the first step's seconds include compiling), those that do not apply with their
    reason: ``torch.compile`` of the whole model at each ``--compiler-sweep`` budget, Hugging Face checkpointing,
    ``checkpoint_sequential``, ``OffloadActivations``.
@@ -21,9 +21,8 @@ language models), the output held through the backward (the profile's default), 
    compiled unconstrained peak (the allocated peak at activation budget 1; the eager peak where that did not run)
    ``memtune.tuner.tune`` with the default headroom (``memtune.tuner.planning_headroom``), the plans searched in
    parallel processes; each plan measured under ``budget_guard`` at its budget (an out-of-memory is a result) and
-   without the cap, beside
-   the simulator's prediction. A compiled plan runs at a budget of the sweep, so its compiled graph is the sweep's
-   (``memtune.profiler.compiled.budget_backend``).
+   without the cap, beside the simulator's prediction. A compiled plan runs at a budget of the sweep, so its compiled
+   graph is the sweep's (``memtune.profiler.compiled.budget_backend``).
 
 ``<out>/<model>.json`` is written after every measurement (with NOTE [ Run record ] and the versions of transformers
 and torchvision), so a run stopped by a time limit keeps what it measured, and the same command run again continues
@@ -33,8 +32,7 @@ where it stopped (``--fresh`` starts over). A line per model goes to standard ou
 No private torch name is called here. Through memtune: ``torch._functorch.config.activation_memory_budget`` and
 ``torch._dynamo.config`` recompile limits (``memtune.profiler.compiled``), as the compiled measurements of torch 2.11
 used. Public: ``torch.utils.checkpoint.checkpoint_sequential(functions, segments, input, use_reentrant=False)`` (a list
-of
-callables or an ``nn.Sequential``), ``saved_tensors_hooks``, ``torch.OutOfMemoryError``. transformers: a model's
+of callables or an ``nn.Sequential``), ``saved_tensors_hooks``, ``torch.OutOfMemoryError``. transformers: a model's
 ``activation_checkpointing_enable(activation_checkpointing_kwargs=...)`` where it has it (5.24 here), else
 ``gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)`` (transformers 4 and 5; a deprecated alias in
 5.24), and ``supports_gradient_checkpointing``.
@@ -135,9 +133,9 @@ class _Run:
     def _measure(self) -> None:
         import torch
 
-        from memtune.tuner.runtime.module_bench import measure_step
-        from memtune.tuner.runtime.module_peers import applicable_peers
-        from memtune.tuner.runtime.peer_measure import measure_peers
+        from memtune.tuner.measure.module_bench import measure_step
+        from memtune.tuner.measure.module_peers import applicable_peers
+        from memtune.tuner.measure.peer_measure import measure_peers
 
         args, row = self.args, self.row
         torch.manual_seed(0)
@@ -176,9 +174,9 @@ class _Run:
         import memtune
         from memtune.profiler import CompilerPoint, Profile
         from memtune.tuner import Plan, planning_headroom
+        from memtune.tuner.measure.compiler_points import with_compiler_points
+        from memtune.tuner.measure.module_bench import measure_step
         from memtune.tuner.runtime import budget_guard, planned
-        from memtune.tuner.runtime.module_bench import measure_step
-        from memtune.tuner.runtime.whole import with_compiler_points
 
         args, row = self.args, self.row
         kept = {e["fraction"]: e for e in row.get("plans", []) if "capped" in e or "plan_json" not in e}
@@ -372,7 +370,7 @@ def _floats(text: str, option: str) -> list[float]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     from benchmarks.common import model_rows
-    from memtune.tuner.runtime.module_peers import COMPILER_SWEEP
+    from memtune.tuner.measure.module_peers import COMPILER_SWEEP
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")

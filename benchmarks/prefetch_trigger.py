@@ -8,12 +8,10 @@ by default ResNet-50 and VGG-16, batch 128, fp32), on this GPU type's measured p
 ``memtune bench`` would measure), plans are searched at the budget less the GPU type's calibrated headroom, as ``memtune
 bench`` does (NOTE [ Headroom ] in ``memtune.tuner.search``). The candidates are the tuned plan and the offloading
 baselines (``vdnn_all_p``, ``vdnn_conv_p``, ``vdnn_dyn``, ``hmms``, ``layup_cumulative``); for each the per-layer
-trigger
-(NOTE [ Per-layer prefetch trigger ] in ``memtune.tuner.prefetch_trigger``) is chosen at the search budget, and the
-``--plans`` candidates where it gains the most over the best global lookahead within the budget (simulated step saved,
-then peak)
-are kept. Each kept plan runs three ways, each row in
-a fresh process under the budget's cap (NOTE [ Bench isolation ] in ``memtune.tuner.runtime.bench``):
+trigger (NOTE [ Per-layer prefetch trigger ] in ``memtune.tuner.prefetch_trigger``) is chosen at the search budget, and
+the ``--plans`` candidates where it gains the most over the best global lookahead within the budget (simulated step
+saved, then peak) are kept. Each kept plan runs three ways, each row in a fresh process under the budget's cap (NOTE [
+Bench isolation ] in ``memtune.tuner.measure.bench``):
 
 * ``own``: the plan with its own global lookahead;
 * ``best global``: the same actions with the global lookahead the trigger starts from (the fastest that fits);
@@ -157,7 +155,7 @@ def _measure(
     """Measure the unconstrained step and every variant on the GPU, until the deadline; rows as dicts, skipped
     names."""
     from memtune.profiler import build
-    from memtune.tuner.runtime.bench import bench_plans
+    from memtune.tuner.measure.bench import bench_plans
 
     factory = functools.partial(build, cfg.model, {})
     measured: list[dict[str, Any]] = []
@@ -195,7 +193,7 @@ def _profile(cfg: Config, simulate_only: bool, gpu: str) -> Profile:
         from benchmarks.common import zoo_profile
 
         return zoo_profile(cfg.model, cfg.batch, cfg.dtype, gpu=gpu)
-    from memtune.tuner.runtime.first_use import zoo_profile as present_profile
+    from memtune.tuner.measure.first_use import zoo_profile as present_profile
 
     return present_profile(cfg.model, None, cfg.batch, cfg.dtype, progress=lambda what: print(f"{what} …"))
 

@@ -150,8 +150,8 @@ def run_model(kind: str, fractions: list[float], trials: int, warmup: int, steps
     """The row of one model (see the module docstring)."""
     import memtune
     from memtune.tuner import Plan, peak_check, planning_headroom
+    from memtune.tuner.measure.module_bench import measure_step
     from memtune.tuner.runtime import budget_guard, planned
-    from memtune.tuner.runtime.module_bench import measure_step
     from memtune.tuner.runtime.verify import deterministic_math
 
     torch.manual_seed(0)

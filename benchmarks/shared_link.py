@@ -2,12 +2,11 @@
 
     python -m benchmarks.shared_link OUT [--devices 0,1,2,3] [--mib 256] [--repeats 7] [--merge-into FILE]
 
-Measures on this host (NOTE [ Measuring the shared link ] in ``memtune.tuner.runtime.link_share``) each GPU's
+Measures on this host (NOTE [ Measuring the shared link ] in ``memtune.tuner.measure.link_share``) each GPU's
 device-to-host and host-to-device rate (GB/s) with 1, 2, 4 ... GPUs copying at once, one way and both ways at once, and
-NCCL's
-all-reduce bus bandwidth among 2, 4 ... GPUs. Writes ``OUT/shared-link-<gpu>-x<N>.json`` (the calibration fields
-``shared_link_gbps`` and ``allreduce_gbps``, each GPU's own rates, the environment) and the same as a text table
-beside it. ``--merge-into`` also writes the two fields, with ``shared_link_source``, into a calibration file
+NCCL's all-reduce bus bandwidth among 2, 4 ... GPUs. Writes ``OUT/shared-link-<gpu>-x<N>.json`` (the calibration fields
+``shared_link_gbps`` and ``allreduce_gbps``, each GPU's own rates, the environment) and the same as a text table beside
+it. ``--merge-into`` also writes the two fields, with ``shared_link_source``, into a calibration file
 (``memtune/tuner/data/calibration-<gpu>.json``, or the user's; ``memtune.tuner.calibration``), checked before it is
 written.
 """
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from memtune.profiler.devices import gpu_key
-    from memtune.tuner.runtime.link_share import measure_allreduce, measure_shared_link
+    from memtune.tuner.measure.link_share import measure_allreduce, measure_shared_link
 
     if not torch.cuda.is_available():
         sys.exit("benchmarks.shared_link measures GPUs: no CUDA device is visible")

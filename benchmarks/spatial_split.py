@@ -13,7 +13,7 @@ Two cases (NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``):
 Each case runs five ways: ``unplanned`` (the ``nn.Sequential`` itself), ``recompute`` (stages 0-9 one recompute
 segment, every other stage ``keep``) and the same segment ``split 2``, ``split 4`` and ``split 8``. A row holds the
 median step ms (CUDA events around forward, loss, backward and an SGD momentum update, NOTE [ Bench step ] in
-``memtune.tuner.runtime.bench``, after warm-up steps) and the peak bytes (``max_memory_allocated`` over the timed steps,
+``memtune.tuner.measure.bench``, after warm-up steps) and the peak bytes (``max_memory_allocated`` over the timed steps,
 reset after warm-up; ``max_memory_reserved`` beside it), with the simulator's step and peak on the profile measured
 here (``--profile measured``, ``memtune.profiler.measure.profile`` on this GPU; ``modeled`` takes the roofline profile).
 Then the gradients: each planned row's loss and parameter gradients against an unplanned step (cuDNN deterministic,
@@ -119,8 +119,8 @@ def _measure(
     import torch
 
     from memtune.profiler.loss import step_loss
+    from memtune.tuner.measure.bench import make_batch, measure_step
     from memtune.tuner.runtime import planned
-    from memtune.tuner.runtime.bench import make_batch, measure_step
 
     device = torch.device(DEVICE)
     seq = chain.as_sequential().to(device)
@@ -152,14 +152,13 @@ def _gradients(chain: ModelChain, plans: list[tuple[str, Plan | None]], batch: i
     """Each planned row's loss and gradients against an unplanned step's, cuDNN deterministic and TF32 off, in float32
     and in float64: the largest relative error (``memtune.tuner.runtime.verify.relative_error``, per parameter) and
     whether every element is within rtol 1e-5 / atol 1e-6. Beside them, the float32 noise floors: two unplanned steps,
-    and an
-    unplanned step whose convolution algorithms PyTorch autotunes (``cudnn.benchmark``), i.e. the same math summed in
-    another order."""
+    and an unplanned step whose convolution algorithms PyTorch autotunes (``cudnn.benchmark``), i.e. the same math
+    summed in another order."""
     import torch
 
     from memtune.profiler.loss import step_loss
+    from memtune.tuner.measure.bench import make_batch
     from memtune.tuner.runtime import planned, reference_step
-    from memtune.tuner.runtime.bench import make_batch
     from memtune.tuner.runtime.verify import deterministic_math, relative_error
 
     device = torch.device(DEVICE)

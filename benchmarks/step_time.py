@@ -85,7 +85,7 @@ def measure(model: nn.Module, run: nn.Module, inputs: Any, loss_fn: Any, optimiz
     """The three times of one training step of ``run`` (sharing ``model``'s parameters), with the garbage collector
     on, then off (``*_gc_off``), after two warm-up steps; the output held through the backward, as the promises run."""
     from memtune.profiler.module_profile import as_inputs
-    from memtune.profiler.modules import call_model
+    from memtune.profiler.module_stages import call_model
 
     params = model.parameters()
     opt = torch.optim.AdamW(params, lr=1e-6) if optimizer == "adam" else torch.optim.SGD(params, lr=1e-6, momentum=0.9)

@@ -3,13 +3,10 @@ modeled 12 GB Tesla K40, by vDNN's own accounting and by memtune's simulator, th
 
 The K40 profile is the roofline's (``memtune.profiler.modeled``) with algorithm tables carried over from the measured
 H100 profile of VGG-16 (NOTE [ Transplanted algorithm tables ] in ``memtune.profiler.algo_transplant``); memory by
-vDNN's
-rules is NOTE [ vDNN accounting ] in ``memtune/tuner/policies/vdnn_accounting.py``. For vDNN_dyn on the very deep VGGs
-it also
-prints where the bytes go at the peak, by vDNN's accounting (``PaperMemory.peak_parts``) and by the simulator (NOTE [
-Peak
-parts ] in ``memtune.tuner.peak_parts``), and where the simulated step's time goes (compute against waits for copies).
-Prints markdown; CPU only, a minute or two.
+vDNN's rules is NOTE [ vDNN accounting ] in ``memtune/tuner/policies/vdnn_accounting.py``. For vDNN_dyn on the very deep
+VGGs it also prints where the bytes go at the peak, by vDNN's accounting (``PaperMemory.peak_parts``) and by the
+simulator (NOTE [ Peak parts ] in ``memtune.tuner.peak_parts``), and where the simulated step's time goes (compute
+against waits for copies). Prints markdown; CPU only, a minute or two.
 
     python -m benchmarks.vdnn_repro > benchmarks/results/vdnn-repro.md
 """

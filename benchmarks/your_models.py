@@ -101,7 +101,7 @@ def _sequential_peer(kind: str, model: nn.Module) -> nn.Module | None:
 
 def run_model(kind: str, fraction: float, headroom: float, trials: int, warmup: int, steps: int) -> dict[str, Any]:
     """NOTE [ Module bench ] for one model of ``MODELS``, with PyTorch's built-in checkpointing beside it."""
-    from memtune.tuner.runtime.module_bench import bench_module
+    from memtune.tuner.measure.module_bench import bench_module
 
     build, batch = MODELS[kind]
     torch.manual_seed(0)
@@ -113,7 +113,7 @@ def run_model(kind: str, fraction: float, headroom: float, trials: int, warmup: 
     row = bench_module(model, inputs, loss_fn=loss_fn, fraction=fraction, headroom=headroom, trials=trials,
                        warmup=warmup, steps=steps, builtins=peers)  # fmt: skip
     if peer is None and hasattr(model, "gradient_checkpointing_enable"):
-        from memtune.tuner.runtime.module_bench import measure_step
+        from memtune.tuner.measure.module_bench import measure_step
 
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         row["hf_gradient_checkpointing"] = measure_step(model, model, inputs, loss_fn, warmup=warmup, steps=steps)

@@ -18,7 +18,7 @@ import torch
 from configs import read_config
 
 from memtune.tuner import Action, Plan, tune
-from memtune.tuner.runtime.bench import BenchRow, bench_plans
+from memtune.tuner.measure.bench import BenchRow, bench_plans
 
 __all__: list[str] = []
 

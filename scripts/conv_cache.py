@@ -19,7 +19,7 @@ from pathlib import Path
 from configs import read_config
 
 from memtune.tuner import POLICIES
-from memtune.tuner.runtime.bench import BenchRow, bench_plans
+from memtune.tuner.measure.bench import BenchRow, bench_plans
 from memtune.tuner.runtime.guard import configure_allocator
 
 __all__: list[str] = []

@@ -6,7 +6,7 @@ For each profile (on a GPU of the profile's type): rebuild its model, feed each 
 it, and measure its backward as a chain runs it into ``StageProfile.chained_backward_bytes``; where the profile has
 cuDNN algorithm tables, swap every convolution for the memory-optimal one of its table and measure the forward
 and backward transients again into ``StageProfile.lean_{forward,backward}_workspace_bytes``
-(``memtune.tuner.runtime.lean.measure_lean_transients``). Every other number stays as measured; the file is rewritten in
+(``memtune.tuner.measure.lean.measure_lean_transients``). Every other number stays as measured; the file is rewritten in
 place.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from configs import rewrite_profiles
 
 from memtune.profiler import Profile, build
-from memtune.tuner.runtime.lean import measure_lean_transients
+from memtune.tuner.measure.lean import measure_lean_transients
 
 
 def measure(prof: Profile) -> tuple[Profile, str]:

@@ -37,8 +37,8 @@ from memtune.profiler import build
 from memtune.profiler.loss import step_loss
 from memtune.tuner import Plan, run_policy, simulate, tune
 from memtune.tuner.calibration import calibration_for
+from memtune.tuner.measure.bench import _autocast, make_batch
 from memtune.tuner.runtime import budget_guard, planned
-from memtune.tuner.runtime.bench import _autocast, make_batch
 from memtune.tuner.runtime.conv import apply_conv_choices
 from memtune.tuner.runtime.offload import StepState
 

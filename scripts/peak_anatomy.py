@@ -75,7 +75,7 @@ class Markers:
                 self.mark(f"fwd {k} {name}")
 
             def post(_m: nn.Module, _args: Any, out: Any, k: int = k, name: str = name) -> None:
-                from memtune.profiler.modules import tensor_leaves
+                from memtune.profiler.module_stages import tensor_leaves
 
                 first = next((t for t in tensor_leaves(out) if t.grad_fn is not None), None)
                 if first is not None:
@@ -162,8 +162,8 @@ def measure_plan(
 ) -> dict[str, Any]:
     """One plan's anatomy (see the module docstring)."""
     from memtune.tuner import simulate
+    from memtune.tuner.measure.module_bench import measure_step
     from memtune.tuner.runtime import budget_guard, planned
-    from memtune.tuner.runtime.module_bench import measure_step
 
     args = (inputs,) if isinstance(inputs, torch.Tensor) else ()
     kwargs = inputs if isinstance(inputs, dict) else {}

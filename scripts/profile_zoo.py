@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"\r{label}: {exc}", file=sys.stderr, flush=True)
                     return 1
                 if args.conv_algos:  # NOTE [ Lean transients ]: needs the runtime's convolution, so measured here
-                    from memtune.tuner.runtime.lean import measure_lean_transients
+                    from memtune.tuner.measure.lean import measure_lean_transients
 
                     prof = measure_lean_transients(chain, prof)
                 path = out_dir / profile_filename(model, batch, dtype, prof.device.key)

@@ -4,7 +4,7 @@ beside the simulator's, to tell which action's pricing a tuned plan's step error
     python scripts/uniform_steps.py MODEL [MODEL ...]
 
 MODEL is a model of ``benchmarks.promises``, built and profiled as there; each plan runs 2 warm-up and 5 timed steps
-(``memtune.tuner.runtime.module_bench.measure_step``, the output held). One line per plan on standard output.
+(``memtune.tuner.measure.module_bench.measure_step``, the output held). One line per plan on standard output.
 """
 
 import datetime
@@ -16,9 +16,9 @@ sys.path.insert(0, ".")
 import memtune
 from benchmarks.promises import MODELS
 from memtune.tuner import Action, Plan, simulate
+from memtune.tuner.measure.module_bench import measure_step
 from memtune.tuner.runtime import planned
 from memtune.tuner.runtime.guard import configure_allocator
-from memtune.tuner.runtime.module_bench import measure_step
 
 configure_allocator()
 print(

@@ -111,7 +111,7 @@ def calibrate(
     then use it for this GPU type (docs/command-line.md, measure on a GPU)."""
     import optuna
 
-    from memtune.tuner.runtime.calibrate import calibrate as run_calibration
+    from memtune.tuner.measure.calibrate import calibrate as run_calibration
     from memtune.tuner.runtime.guard import configure_allocator
 
     check_options(dtype=dtype)

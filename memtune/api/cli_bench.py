@@ -1,5 +1,5 @@
 """``memtune bench``'s body on the command's side: check the options, find this GPU's profile of the model, hand the
-measuring to ``memtune.tuner.runtime.bench_command`` and print its rows as a table; a factory model is benched here
+measuring to ``memtune.tuner.measure.bench_command`` and print its rows as a table; a factory model is benched here
 (NOTE [ Module bench ], its peers through ``cli_peers``).
 
 ``memtune.api.cli`` keeps the Typer command (its options and help) and calls ``bench_command``.
@@ -31,8 +31,8 @@ from memtune.tuner import Plan, TunerError, format_bytes
 from memtune.tuner.budget import Budget
 
 if TYPE_CHECKING:
-    from memtune.tuner.runtime.bench import BenchRow
-    from memtune.tuner.runtime.first_use import PresentGPU
+    from memtune.tuner.measure.bench import BenchRow
+    from memtune.tuner.measure.first_use import PresentGPU
 
 __all__ = ["bench_command"]
 
@@ -83,7 +83,7 @@ def bench_command(
         except ValueError as exc:
             raise fail(str(exc)) from exc
         if peers and sweep_budgets is None:
-            from memtune.tuner.runtime.module_peers import COMPILER_SWEEP
+            from memtune.tuner.measure.module_peers import COMPILER_SWEEP
 
             sweep_budgets = list(COMPILER_SWEEP)
         _factory_bench(model, batch, budget, trials, parse_params(param), input_shape, vocab, stage, iters, warmup,
@@ -91,7 +91,7 @@ def bench_command(
         return
 
     from memtune.tuner import simulate as run_sim
-    from memtune.tuner.runtime.bench_command import BenchOptions, BenchRefused, measure_bench
+    from memtune.tuner.measure.bench_command import BenchOptions, BenchRefused, measure_bench
 
     if not torch.cuda.is_available():
         raise fail("memtune bench measures on a CUDA GPU and none is available here; use `memtune simulate` on a CPU")
@@ -99,7 +99,7 @@ def bench_command(
 
     err.print(f"allocator: PYTORCH_CUDA_ALLOC_CONF={configure_allocator()}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from memtune.tuner.runtime.first_use import present_gpu
+    from memtune.tuner.measure.first_use import present_gpu
 
     ident = present_gpu()
     assert ident is not None  # CUDA is available (checked above)
@@ -140,7 +140,7 @@ def _bench_profile(
     """The profile the bench plans with: ``profile_file``, which must describe this batch, dtype and GPU type, else
     this GPU's measured profile of the zoo model (NOTE [ First use of a GPU type ]: measured in a child, so this
     process holds no GPU memory)."""
-    from memtune.tuner.runtime.first_use import zoo_profile
+    from memtune.tuner.measure.first_use import zoo_profile
 
     try:
         if profile_file is not None:
@@ -222,8 +222,8 @@ def _factory_bench(
 
     from memtune.profiler import build_factory
     from memtune.profiler.factory import factory_inputs
+    from memtune.tuner.measure.module_bench import bench_module
     from memtune.tuner.runtime.guard import configure_allocator
-    from memtune.tuner.runtime.module_bench import bench_module
 
     if not torch.cuda.is_available():
         raise fail("memtune bench measures on a CUDA GPU and none is available here; use `memtune tune` on a CPU")

@@ -1,5 +1,5 @@
 """``memtune tune MODEL --inference``: an inference plan (mmCNN) within a working-set budget, priced and optionally
-run (NOTE [ Inference plans ] in ``memtune.tuner.inference.plan``)."""
+run (NOTE [ Inference plans ] in ``memtune.tuner.inference.inference_plan``)."""
 
 from __future__ import annotations
 
@@ -113,8 +113,8 @@ def _facts(
     profile's times with the model's bytes."""
     import torch
 
+    from memtune.tuner.measure.inference_measure import measure_facts
     from memtune.tuner.runtime.inference_facts import layer_shapes
-    from memtune.tuner.runtime.inference_measure import measure_facts
 
     shapes = layer_shapes(chain, tuple(x.shape), x.dtype)  # first: a layer no plan runs is named before any work
     if device is not None:
@@ -140,8 +140,8 @@ def _measure(chain: ModelChain, plan: InferencePlan, x: torch.Tensor, device: st
     agree (fp32: rtol 1e-5, atol 1e-6, TF32 off; half types: rtol 1e-2, atol 1e-3)."""
     import torch
 
+    from memtune.tuner.measure.inference_measure import runner_median_ms
     from memtune.tuner.runtime import InferenceRunner
-    from memtune.tuner.runtime.inference_measure import runner_median_ms
 
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32 means fp32 in both runs

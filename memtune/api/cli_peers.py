@@ -1,5 +1,5 @@
 """The peers of a module model in ``memtune bench``: measured after memtune's rows, written under ``peers`` in its
-JSON and printed as a table of their own (NOTE [ Module peers ] in ``memtune.tuner.runtime.module_peers``)."""
+JSON and printed as a table of their own (NOTE [ Module peers ] in ``memtune.tuner.measure.module_peers``)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ def bench_peers(
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every peer of ``model`` on its device, those that do not apply with their reason, each that does measured
-    (``memtune.tuner.runtime.peer_measure.measure_peers``); ``budgets``: the compiler's sweep."""
-    from memtune.tuner.runtime.module_peers import applicable_peers
-    from memtune.tuner.runtime.peer_measure import measure_peers
+    (``memtune.tuner.measure.peer_measure.measure_peers``); ``budgets``: the compiler's sweep."""
+    from memtune.tuner.measure.module_peers import applicable_peers
+    from memtune.tuner.measure.peer_measure import measure_peers
 
     peers = applicable_peers(model, inputs, compiler_budgets=budgets, stages=stages)
 

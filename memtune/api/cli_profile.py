@@ -157,7 +157,7 @@ def _measure_chain(
 
     if device == "cuda":
         from memtune.profiler import get_gpu
-        from memtune.tuner.runtime.first_use import ensure_calibration, present_gpu
+        from memtune.tuner.measure.first_use import ensure_calibration, present_gpu
 
         present = present_gpu()
         if present is not None and gpu is not None and get_gpu(gpu).key != present.key:
@@ -178,7 +178,7 @@ def _measure_chain(
             bar.update(task, completed=i, total=n, description=name)
 
         if device == "cuda":
-            from memtune.tuner.runtime.first_use import measure_zoo_profile
+            from memtune.tuner.measure.first_use import measure_zoo_profile
 
             return measure_zoo_profile(
                 chain, batch, dtype, conv_algos=conv_algos, progress=tick, note=err.print, compile_budget=compile_budget
@@ -192,7 +192,7 @@ def _measure_compiler_points(
     """``prof`` with the whole model compiled at each budget measured (each in a fresh process) and kept in this GPU
     type's profile library beside it (NOTE [ Whole-model compile ])."""
     from memtune.profiler.library import profile_filename, user_profile_dir
-    from memtune.tuner.runtime.whole import measure_compiler_points, with_compiler_points
+    from memtune.tuner.measure.compiler_points import measure_compiler_points, with_compiler_points
 
     factory = functools.partial(load_chain, model, params, spec)
     with err.status("compiling the whole model") as status:
@@ -233,7 +233,7 @@ def factory_profile(
     if device not in ("cpu", "cuda"):
         raise fail(f"--device {device!r}: a factory model is measured; use cpu or cuda")
     if device == "cuda":  # NOTE [ First use of a GPU type ]: calibrated in children, before this process uses CUDA
-        from memtune.tuner.runtime.first_use import ensure_calibration
+        from memtune.tuner.measure.first_use import ensure_calibration
 
         with err.status("calibrating") as status:
             ensure_calibration(progress=lambda what: status.update(what))

@@ -89,7 +89,7 @@ def tune_command(
             "--compile on measures a factory model compiled whole; a zoo model's or a spec's compiler points come "
             "from `memtune profile --device cuda --compiler-sweep 1,0.5,0.25 --output p.json`, then --profile p.json"
         )
-    if inference:  # NOTE [ Inference plans ] in memtune.tuner.inference.plan
+    if inference:  # NOTE [ Inference plans ] in memtune.tuner.inference.inference_plan
         chain = _inference_chain(model, param, spec)
         profile = functools.partial(resolve_profile, chain, batch, dtype, gpu or "h200", profile_file)
         _run_inference(chain, batch, dtype, budget, device, measure, conv_workspace, profile, as_json, plan_out)
@@ -247,7 +247,7 @@ def _tune_profile(
     # present_gpu's own test first: the measuring code it lives with takes a second or more to import
     if not chain.name.startswith("spec:") and torch.cuda.is_available():
         from memtune.profiler import get_gpu
-        from memtune.tuner.runtime.first_use import present_gpu, zoo_profile
+        from memtune.tuner.measure.first_use import present_gpu, zoo_profile
 
         present = present_gpu()
         if present is not None and (gpu is None or get_gpu(gpu).key == present.key):
@@ -309,7 +309,7 @@ def _factory_compiler_points(
     from memtune.api.python import COMPILE_BUDGETS
     from memtune.profiler import build_factory
     from memtune.profiler.factory import factory_inputs
-    from memtune.tuner.runtime.whole import measure_module_points, with_compiler_points
+    from memtune.tuner.measure.compiler_points import measure_module_points, with_compiler_points
 
     net = build_factory(model, params).to(device)  # the same architecture: the points do not depend on the weights
     x = factory_inputs(batch, sample_shape(input_shape), vocab=vocab, device=device)

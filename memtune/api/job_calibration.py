@@ -38,13 +38,13 @@ service ])."""
 
 
 def measure_calibration(progress: Callable[[str], None]) -> dict[str, Any]:
-    """Measure this process's GPU type's calibration (``memtune.tuner.runtime.calibrate.calibrate``, NOTE [ Calibrating
+    """Measure this process's GPU type's calibration (``memtune.tuner.measure.calibrate.calibrate``, NOTE [ Calibrating
     a GPU type ]; about a minute) and return its JSON object. The file it writes is temporary: the database keeps it.
 
     Raises:
         TunerError: no CUDA device, or the reference plans did not run.
     """
-    from memtune.tuner.runtime.calibrate import calibrate
+    from memtune.tuner.measure.calibrate import calibrate
 
     with tempfile.TemporaryDirectory(prefix="memtune-calibration-") as tmp:
         return dict(calibrate(output=Path(tmp) / "calibration.json", progress=progress).data)

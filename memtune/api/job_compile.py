@@ -62,7 +62,7 @@ def measure_job_compiler_points(
     if model.kind == "exported":
         import torch
 
-        from memtune.tuner.runtime.whole import measure_module_points
+        from memtune.tuner.measure.compiler_points import measure_module_points
 
         if archive is None:
             raise ValueError(f"model {model.id} is an exported program, but its archive was not given")
@@ -76,7 +76,7 @@ def measure_job_compiler_points(
             progress=lambda _done, _total, what: progress(what),
         )
     from memtune.api.model_refs import stored_chain_builder
-    from memtune.tuner.runtime.whole import measure_compiler_points
+    from memtune.tuner.measure.compiler_points import measure_compiler_points
 
     points, rows = measure_compiler_points(
         stored_chain_builder(model), profile, COMPILE_BUDGETS, progress=lambda what: progress(f"measuring {what}")
@@ -162,7 +162,7 @@ def _measure_here(
 ) -> Profile:
     """``profile`` with the model compiled whole measured here at ``COMPILE_BUDGETS``, stored with it; ``profile``
     as it was, with the reason in the note, where nothing compiled."""
-    from memtune.tuner.runtime.whole import with_compiler_points
+    from memtune.tuner.measure.compiler_points import with_compiler_points
 
     budgets = ", ".join(f"{b:g}" for b in COMPILE_BUDGETS)
     compile_note(

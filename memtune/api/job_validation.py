@@ -22,7 +22,7 @@ from memtune.storage.repositories import JobLease, JobRepository, ResultReposito
 
 if TYPE_CHECKING:
     from memtune.profiler import DeviceIdentity, Profile
-    from memtune.tuner.runtime.validate import ValidationRun
+    from memtune.tuner.measure.validate import ValidationRun
 
 __all__ = [
     "VALIDATION_WARMUP",
@@ -41,8 +41,8 @@ log = logging.getLogger("memtune.worker")
 
 
 Validator = Callable[..., "ValidationRun"]
-"""Measures plans on the GPU, called like ``memtune.tuner.runtime.validate.validate_plans`` (the default). It must raise
-``memtune.tuner.runtime.validate.ValidationUnavailable`` when it cannot measure here (no CUDA device, another GPU type);
+"""Measures plans on the GPU, called like ``memtune.tuner.measure.validate.validate_plans`` (the default). It must raise
+``memtune.tuner.measure.validate.ValidationUnavailable`` when it cannot measure here (no CUDA device, another GPU type);
 the worker then records the validation as skipped, with the reason."""
 
 
@@ -114,7 +114,7 @@ def validate_job(
         return watch.should_stop()
 
     from memtune.tuner import Plan
-    from memtune.tuner.runtime.validate import ValidationUnavailable, validate_plans
+    from memtune.tuner.measure.validate import ValidationUnavailable, validate_plans
 
     measure: Validator = validator or validate_plans
     try:
@@ -153,7 +153,7 @@ def validation_refusal(model: ModelRecord, job: Job) -> str | None:
         )
     if job.optimizer != "sgd":
         return (
-            f"the measured step updates with SGD and momentum (memtune.tuner.runtime.bench), but this job was "
+            f"the measured step updates with SGD and momentum (memtune.tuner.measure.bench), but this job was "
             f"tuned "
             f"for optimizer {job.optimizer!r}: its plans' memory would not match; submit with optimizer 'sgd'"
         )

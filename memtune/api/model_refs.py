@@ -192,5 +192,5 @@ def build_stored_chain(kind: str, definition_json: str) -> ModelChain:
 
 def stored_chain_builder(model: ModelRecord) -> Callable[[], ModelChain]:
     """A picklable function building ``model``'s chain, for measuring it in a fresh process (NOTE [ Bench
-    isolation ] in ``memtune.tuner.runtime.bench``): ``build_stored_chain`` bound to the model's kind and definition."""
+    isolation ] in ``memtune.tuner.measure.bench``): ``build_stored_chain`` bound to the model's kind and definition."""
     return functools.partial(build_stored_chain, model.kind, json.dumps(model.definition, sort_keys=True))

@@ -23,7 +23,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memtune.profiler import ArchiveTooLargeError, ExportedError, ProfilerError, SpecError, UnknownGPUError
-from memtune.profiler.errors import TensorTooLargeError
+from memtune.profiler.profiler_errors import TensorTooLargeError
 from memtune.storage import ConflictError, NotFoundError, StorageError, UnavailableError
 from memtune.tuner import BudgetError, CalibrationError, TunerError
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from memtune.profiler.region_profile import RegionProfile
     from memtune.tuner.bound import StepBound
-    from memtune.tuner.regions import RegionTrial
+    from memtune.tuner.region_plans import RegionTrial
     from memtune.tuner.runtime.planned import PlannedBase
 
 __all__ = [
@@ -60,8 +60,7 @@ def device_label(profile: Profile) -> str:
     """What a printout says the profile's times are of: ``on NVIDIA H100`` where they were measured there, ``modeled
     for h100 (roofline; compute counted on the CPU)`` for a module profile made on the CPU for an H100 (NOTE [ Modeled
     module profiles ] in ``memtune.profiler.module_roofline``), ``modeled for h100 (roofline)`` for a roofline profile
-    of a
-    chain, and ``for NVIDIA H100 (copies modeled, compute ...)`` where only the copies are the GPU's."""
+    of a chain, and ``for NVIDIA H100 (copies modeled, compute ...)`` where only the copies are the GPU's."""
     p = profile
     if p.compute_source.startswith("modeled:"):
         how = "roofline; compute counted on the CPU" if "counted on the CPU" in p.compute_source else "roofline"
@@ -156,7 +155,7 @@ def profile(
 
 def _coarser_note(prof: Profile) -> str | None:
     """What a module profile planned whole that a user may expect split (a module whose child runs more than once,
-    NOTE [ Module stages ] in ``memtune.profiler.modules``), and how to split it; None where nothing was."""
+    NOTE [ Module stages ] in ``memtune.profiler.module_stages``), and how to split it; None where nothing was."""
     coarser = prof.model_params.get("coarser")
     if not coarser:
         return None
@@ -174,7 +173,7 @@ class Tuned:
     Attributes:
         result: the search (every baseline, the best plan, the Pareto front; ``result.profile`` is the profile):
             the eager profile's, or with compiling on the compiled-region profile's whose best plan is fastest (NOTE
-            [ Compiled-region candidates ] in ``memtune.tuner.regions``).
+            [ Compiled-region candidates ] in ``memtune.tuner.region_plans``).
         bound: no plan of offload, recompute and algorithm choice steps faster (NOTE [ Budget bound ]); None when
             the solver gave no answer.
         regions: with compiling on, every compiled-region profile measured and what its search found (or why it
@@ -315,7 +314,7 @@ def retries_words(simulated_ms: float, allocator_ms: float, retries: float) -> s
 
 def _calibrate_if_new(gpu: str, progress: bool) -> None:
     """Calibrate this process's GPU when it is of type ``gpu`` and that type has no calibration."""
-    from memtune.tuner.runtime.first_use import ensure_calibration, present_gpu
+    from memtune.tuner.measure.first_use import ensure_calibration, present_gpu
 
     present = present_gpu()
     if present is not None and present.key == gpu:
@@ -434,10 +433,9 @@ def tune_profiles(
     progress: bool = True,
 ) -> Tuned:
     """The search half of ``tune``, on profiles already measured (NOTE [ Compiled-region candidates ] in
-    ``memtune.tuner.regions``): ``prof`` (eager, with any compiler points) and each compiled-region profile of
+    ``memtune.tuner.region_plans``): ``prof`` (eager, with any compiler points) and each compiled-region profile of
     ``regions``, each searched within ``budget_bytes``; the fastest best plan of them all is served. A benchmark that
-    measures
-    once and tunes at several budgets calls it directly.
+    measures once and tunes at several budgets calls it directly.
 
     Args:
         prof: the eager profile.
@@ -450,7 +448,7 @@ def tune_profiles(
     from memtune.tuner import Simulator
     from memtune.tuner import tune as run_tune
     from memtune.tuner.bound import step_lower_bound
-    from memtune.tuner.regions import fastest, region_trial
+    from memtune.tuner.region_plans import fastest, region_trial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -470,7 +468,7 @@ def tune_profiles(
 
     result = search(prof, "tuning")
     results, trials_done = [result], []
-    for run in regions:  # NOTE [ Compiled-region candidates ] (memtune.tuner.regions)
+    for run in regions:  # NOTE [ Compiled-region candidates ] (memtune.tuner.region_plans)
         found = search(run.profile, f"tuning regions at {run.budget:g}") if run.profile is not None else None
         results += [found] if found is not None else []
         trials_done.append(
@@ -553,7 +551,7 @@ def _with_module_points(
 ) -> Profile:
     """``prof`` with the compiler points of ``model`` measured here; a budget that fails to compile is left out
     with a warning that says why (NOTE [ Compiler points of a module ])."""
-    from memtune.tuner.runtime.whole import measure_module_points, with_compiler_points
+    from memtune.tuner.measure.compiler_points import measure_module_points, with_compiler_points
 
     with _bar("compiling", progress) as update:
         points, errors = measure_module_points(
@@ -578,9 +576,8 @@ def _region_profiles(
     progress: bool,
 ) -> list[RegionProfile]:
     """Every candidate region partition of ``model`` profiled compiled at ``COMPILE_BUDGETS`` (NOTE [ Compiled-region
-    candidates ] in ``memtune.tuner.regions``); one that fails is kept with its error and a warning names the region and
-    the
-    compiler's first line."""
+    candidates ] in ``memtune.tuner.region_plans``); one that fails is kept with its error and a warning names the
+    region and the compiler's first line."""
     from memtune.profiler.region_profile import profile_regions
 
     with _bar("compiling regions", progress) as update:

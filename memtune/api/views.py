@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 
-from memtune.api.calibrations import ServiceCalibration
+from memtune.api.calibration_lookup import ServiceCalibration
 from memtune.api.schemas import (
     BestSoFar,
     CalibrationPublic,
@@ -144,7 +144,7 @@ def result_public(r: Result, *, with_plan: bool = False) -> ResultPublic:
 
 
 def _relative_error(predicted: float | None, measured: float) -> float | None:
-    """(predicted − measured) / measured, as ``memtune.tuner.runtime.bench.BenchRow`` reports it."""
+    """(predicted − measured) / measured, as ``memtune.tuner.measure.bench.BenchRow`` reports it."""
     if predicted is None or measured <= 0:
         return None
     return (predicted - measured) / measured

@@ -35,12 +35,12 @@ about those points, after it has the job's profile and before the search:
 * ``off``: the search runs on the profile without its compiler points, so no plan compiles the whole model.
 * ``auto`` (the default): the profile's points are candidates. Where it has none and this worker's CUDA device is of
   the job's GPU type, the worker measures the model compiled whole at activation budgets ``COMPILE_BUDGETS`` (1, 0.5,
-  0.25): a zoo model or spec by ``memtune.tuner.runtime.whole.measure_compiler_points``, each budget in a fresh process;
-  an exported program by ``measure_module_points`` in this process, on the program loaded onto the GPU (NOTE [ Compiler
-  points of a module ]). The points are stored with the profile, so later jobs of the model, batch and dtype reuse
-  them. A budget that fails to compile is left out, named in the job's ``compile_note``; where none compiles, or the
-  measurement fails, the note says why and the plans are eager. A worker without a GPU of the type plans eager, and
-  the note says so.
+  0.25): a zoo model or spec by ``memtune.tuner.measure.compiler_points.measure_compiler_points``, each budget in a
+  fresh process; an exported program by ``measure_module_points`` in this process, on the program loaded onto the GPU
+  (NOTE [ Compiler points of a module ]). The points are stored with the profile, so later jobs of the model, batch and
+  dtype reuse them. A budget that fails to compile is left out, named in the job's ``compile_note``; where none
+  compiles, or the measurement fails, the note says why and the plans are eager. A worker without a GPU of the type
+  plans eager, and the note says so.
 * ``on``: as ``auto``, except that where the profile has no points and this worker cannot measure them (no CUDA GPU
   of the job's type) the job fails, its error naming the GPU type and how to get points. Compiling that fails on a
   GPU of the type still plans eager, as under ``auto``: the worker tried.
@@ -61,8 +61,8 @@ A job with ``validate_top_k`` > 0 asks the worker to measure its best plans on t
    algorithms and it is not among them (stored as ``optuna (no algorithm choice)``; NOTE [ Measured
    selection ] in ``memtune.tuner.search``: the plan served is the fastest measured, so algorithm choice is
    served only where the GPU measured it faster),
-   are measured by ``memtune.tuner.runtime.validate.validate_plans``, each configuration in a fresh process that
-   builds the model from its stored definition (NOTE [ Bench isolation ] in ``memtune.tuner.runtime.bench``: in one
+   are measured by ``memtune.tuner.measure.validate.validate_plans``, each configuration in a fresh process that
+   builds the model from its stored definition (NOTE [ Bench isolation ] in ``memtune.tuner.measure.bench``: in one
    process, cuDNN's cached fallbacks of one capped plan slowed the next): the unplanned step first,
    then each plan under ``budget_guard`` at the job's full budget, the headroom being the allocator's
    slack (allocator settings as for ``memtune bench``: NOTE [ Allocator retries ]), ``validate_iters``
@@ -98,7 +98,7 @@ First measurement: a GPU type with no calibration in the database nor a committe
 worker about to measure plans of it on its own GPU: a job of that type with ``validate_top_k`` > 0 that validation
 would not skip, on a worker whose CUDA device is of that type. Before the job's search the worker takes this host's
 ``memtune calibrate`` file of the type when it has one, else measures one (``calibrate_fn``: by default
-``memtune.tuner.runtime.calibrate.calibrate`` into a temporary file, NOTE [ Calibrating a GPU type ], about a minute);
+``memtune.tuner.measure.calibrate.calibrate`` into a temporary file, NOTE [ Calibrating a GPU type ], about a minute);
 stores it unless another worker stored one first (the first stored is kept: a later one replaces it only through
 ``PUT``); installs it; and, when the job's headroom came from no calibration (``none``), searches the job at the new
 headroom (stored on the job, ``headroom_source`` ``database``), so that the first plan measured on a new GPU type
@@ -185,7 +185,7 @@ class Worker:
         poll_interval_s: idle wait between claim attempts, seconds.
         progress_interval_s: least seconds between two progress writes.
         validator: measures a job's top plans on the GPU (NOTE [ Measured validation ]); None for
-            ``memtune.tuner.runtime.validate.validate_plans``, which measures on this process's CUDA device.
+            ``memtune.tuner.measure.validate.validate_plans``, which measures on this process's CUDA device.
         calibrate_fn: measures this GPU type's calibration where none exists (NOTE [ Calibrations in the
             service ]); None for ``measure_calibration``.
         local_gpu: the GPU type of this worker's CUDA device, or None without one; None for ``cuda_gpu_key``.

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from memtune.profiler.errors import ArchiveTooLargeError, ExportedError, ProfilerError, SpecError, UnknownGPUError
 from memtune.profiler.profile import (
     CompilerPoint,
     ConvAlgo,
@@ -23,7 +22,14 @@ from memtune.profiler.profile import (
     StageProfile,
     StepPeak,
 )
-from memtune.profiler.rows import RowMap
+from memtune.profiler.profiler_errors import (
+    ArchiveTooLargeError,
+    ExportedError,
+    ProfilerError,
+    SpecError,
+    UnknownGPUError,
+)
+from memtune.profiler.spatial_rows import RowMap
 
 # The lazy names, for type checkers (``__getattr__`` would make them ``Any``).
 if TYPE_CHECKING:
@@ -33,7 +39,7 @@ if TYPE_CHECKING:
     from memtune.profiler.library import find_profile
     from memtune.profiler.modeled import modeled_profile
     from memtune.profiler.module_profile import profile_module
-    from memtune.profiler.modules import find_stages
+    from memtune.profiler.module_stages import find_stages
     from memtune.profiler.spec import from_spec, spec_hash
     from memtune.profiler.zoo import ZOO_NAMES, build
 
@@ -79,7 +85,7 @@ _LAZY = {
     "find_profile": "memtune.profiler.library",
     "modeled_profile": "memtune.profiler.modeled",
     "profile_module": "memtune.profiler.module_profile",
-    "find_stages": "memtune.profiler.modules",
+    "find_stages": "memtune.profiler.module_stages",
     "build_factory": "memtune.profiler.factory",
 }
 

@@ -8,7 +8,7 @@ Every other module is one stage: a residual block, a transformer block, and also
 subclass with its own ``forward`` (``return x + super().forward(x)`` adds a skip connection that the
 children alone do not compute). Splitting that would silently change the loss; keeping it whole only
 makes the stage coarser. The rule is the one module stages use for plain containers
-(``memtune.profiler.modules``). Convolutions inside a stage still get their own algorithm choice, found by
+(``memtune.profiler.module_stages``). Convolutions inside a stage still get their own algorithm choice, found by
 ``conv_modules``.
 """
 

@@ -37,8 +37,8 @@ from memtune.profiler.cudnn import (
     run_pass,
     status_kind,
 )
-from memtune.profiler.errors import ProfilerError
 from memtune.profiler.profile import ConvAlgo, ConvProfile
+from memtune.profiler.profiler_errors import ProfilerError
 
 __all__ = ["enumerate_conv", "enumerate_stage_convs"]
 

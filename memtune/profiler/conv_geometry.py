@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from memtune.profiler.errors import ProfilerError
+from memtune.profiler.profiler_errors import ProfilerError
 
 __all__ = ["ConvGeometry", "module_padding", "symmetric_padding"]
 

@@ -46,8 +46,8 @@ from memtune.profiler.cudnn import (
     run_pass,
     workspace_bytes,
 )
-from memtune.profiler.errors import ProfilerError
 from memtune.profiler.profile import ConvAlgo, ConvProfile, Profile
+from memtune.profiler.profiler_errors import ProfilerError
 
 __all__ = [
     "DEFAULT_SPLITS",

@@ -59,7 +59,7 @@ from typing import Any, Literal
 import torch
 
 from memtune.profiler.conv_geometry import _DATA_TYPES, ConvGeometry, module_padding, symmetric_padding
-from memtune.profiler.errors import ProfilerError
+from memtune.profiler.profiler_errors import ProfilerError
 
 __all__ = [
     "ALGO_NAMES",

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from memtune.profiler.errors import UnknownGPUError
+from memtune.profiler.profiler_errors import UnknownGPUError
 
 __all__ = ["GPUS", "GPUSpec", "get_gpu", "gpu_key"]
 

@@ -6,9 +6,9 @@ and returns a ``CheckedProgram``: the canonical archive (the graph, every tensor
 constants' values; the parameters' values are dropped), its structural digest and the program's inputs.
 ``load_exported`` hands the canonical archive, and nothing else, to ``torch.export.load``, checks the graph it gets
 back, and returns ``torch.export.unflatten`` of it (the model's submodules again, each called through its forward,
-so NOTE [ Module stages ] in ``memtune.profiler.modules`` finds the repeated blocks) with random inputs of the program's
-shapes. Parameters are drawn from N(0, 0.02): where every shape is static, memory does not depend on the values,
-and time barely does.
+so NOTE [ Module stages ] in ``memtune.profiler.module_stages`` finds the repeated blocks) with random inputs of the
+program's shapes. Parameters are drawn from N(0, 0.02): where every shape is static, memory does not depend on the
+values, and time barely does.
 
 Exporting for memtune::
 
@@ -81,7 +81,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from memtune.profiler.errors import ArchiveTooLargeError, ExportedError, TensorTooLargeError
 from memtune.profiler.exported_checks import (
     CONSTANT_RECORD,
     CONSTANTS_CONFIG,
@@ -101,7 +100,8 @@ from memtune.profiler.exported_checks import (
     read_members,
     scan_sample_inputs,
 )
-from memtune.profiler.modules import mark_exported_classes
+from memtune.profiler.module_stages import mark_exported_classes
+from memtune.profiler.profiler_errors import ArchiveTooLargeError, ExportedError, TensorTooLargeError
 
 __all__ = [
     "PARAM_STD",

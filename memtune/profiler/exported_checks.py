@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch._export.serde.schema import SCHEMA_VERSION
 
-from memtune.profiler.errors import ExportedError
 from memtune.profiler.exported_members import (
     CONSTANT_RECORD,
     CONSTANTS_CONFIG,
@@ -44,6 +43,7 @@ from memtune.profiler.exported_tensors import (
     largest_tensor,
     tensor_meta,
 )
+from memtune.profiler.profiler_errors import ExportedError
 
 __all__ = [
     "CONSTANTS_CONFIG",

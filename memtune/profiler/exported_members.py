@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from memtune.profiler.errors import ArchiveTooLargeError, ExportedError
+from memtune.profiler.profiler_errors import ArchiveTooLargeError, ExportedError
 
 __all__ = [
     "CONSTANTS_CONFIG",

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch._export.serde.schema import ScalarType
 
-from memtune.profiler.errors import TensorTooLargeError
 from memtune.profiler.exported_members import PROGRAM, _bad, member_json
+from memtune.profiler.profiler_errors import TensorTooLargeError
 
 __all__ = ["FLOATS", "Payload", "TensorMeta", "TensorSize", "check_payloads", "largest_tensor", "tensor_meta"]
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memtune.profiler.errors import ProfilerError
+from memtune.profiler.profiler_errors import ProfilerError
 
 if TYPE_CHECKING:
     import torch

@@ -42,6 +42,7 @@ _MATMUL_OPS = {
     "_scaled_dot_product_cudnn_attention",
     "_flash_attention_forward",
     "_efficient_attention_forward",
+    "gpu_attention",  # NOTE [ Fused attention on the CPU ] in memtune.profiler.fused_attention
 }
 _BATCH_NORM_OPS = {
     "native_batch_norm",

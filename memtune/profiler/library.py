@@ -9,8 +9,7 @@ What memtune measures on a GPU type is kept per user and reused: profiles (``mem
 the profiles ``tune`` and ``bench`` measure when none exists) in ``user_data_dir() / "profiles"``, calibrations
 (``memtune.tuner.calibration``) in ``user_data_dir() / "calibrations"``. The user's files are read before the shipped
 ones, so a GPU type memtune ships no data for is measured once, on first use, and a shipped GPU type can be re-measured
-on
-this machine's driver and libraries. ``MEMTUNE_SHIPPED_DATA=0`` ignores the shipped measured profiles and
+on this machine's driver and libraries. ``MEMTUNE_SHIPPED_DATA=0`` ignores the shipped measured profiles and
 calibrations (what a GPU type without shipped data sees; the GPU tests of that flow use it).
 """
 
@@ -24,8 +23,8 @@ from importlib.resources import files
 from pathlib import Path
 
 from memtune.profiler.devices import get_gpu
-from memtune.profiler.errors import ProfilerError, UnknownGPUError
 from memtune.profiler.profile import Profile
+from memtune.profiler.profiler_errors import ProfilerError, UnknownGPUError
 
 __all__ = [
     "LibraryEntry",

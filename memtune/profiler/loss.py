@@ -1,6 +1,6 @@
 """The training step's loss: its definition, its measured time and its roofline estimate.
 
-Every step memtune measures or simulates ends in the same loss (NOTE [ Bench step ] in ``memtune.tuner.runtime.bench``):
+Every step memtune measures or simulates ends in the same loss (NOTE [ Bench step ] in ``memtune.tuner.measure.bench``):
 cross-entropy in fp32 over the model's output, ``(batch, classes)`` logits against class labels or
 ``(batch, tokens, vocab)`` logits against next tokens. For 1000 ImageNet classes it costs microseconds; for
 a language model's logits it is several memory-bound passes over gigabytes (measured on the H200: about

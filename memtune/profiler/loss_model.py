@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from memtune.profiler.devices import GPUSpec, get_gpu
-from memtune.profiler.errors import UnknownGPUError
+from memtune.profiler.profiler_errors import UnknownGPUError
 
 if TYPE_CHECKING:
     from memtune.profiler.profile import Profile

@@ -38,16 +38,16 @@ import torch
 from memtune.profiler.chain import ModelChain, Stage, may_write_input
 from memtune.profiler.compiled import CompiledStage, compiled_chain, eager_module
 from memtune.profiler.devices import GPUSpec, get_gpu
-from memtune.profiler.errors import ProfilerError
 from memtune.profiler.identity import cuda_identity, spec_identity, transfer_ms
 from memtune.profiler.loss import measure_loss_ms, step_loss
 from memtune.profiler.loss_model import roofline_loss_ms
 from memtune.profiler.memory_meter import metered
 from memtune.profiler.modeled import meta_facts
 from memtune.profiler.profile import ConvProfile, DeviceIdentity, Profile, StageProfile, StepPeak
-from memtune.profiler.rows import RowMap
+from memtune.profiler.profiler_errors import ProfilerError
 from memtune.profiler.selective import selective_checkpoint
-from memtune.profiler.spatial import chain_row_maps
+from memtune.profiler.spatial_modules import chain_row_maps
+from memtune.profiler.spatial_rows import RowMap
 from memtune.profiler.stagefacts import ChainFacts, chain_facts, torch_dtype
 
 __all__ = [

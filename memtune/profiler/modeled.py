@@ -65,7 +65,7 @@ from memtune.profiler.loss_model import (
 )
 from memtune.profiler.meta import meta_chain, meta_input
 from memtune.profiler.profile import Profile, StageProfile
-from memtune.profiler.spatial import chain_row_maps
+from memtune.profiler.spatial_modules import chain_row_maps
 from memtune.profiler.stagefacts import ChainFacts, StageFacts, chain_facts, torch_dtype
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Measured profiles of any ``nn.Module``, stage by stage (NOTE [ Module stages ] in ``memtune.profiler.modules``).
+"""Measured profiles of any ``nn.Module``, stage by stage (NOTE [ Module stages ] in
+``memtune.profiler.module_stages``).
 
 ``profile_module`` finds the stages, traces what flows between them, then times each stage alone on the
 arguments the model really gives it (NOTE [ Stage timing ] in ``memtune.profiler.measure``, generalised to several
@@ -19,10 +20,10 @@ measured. On the CPU no clock reading is kept: ``loss_ms`` is the roofline of th
 (NOTE [ Modeled module profiles ] in ``memtune.profiler.module_roofline``).
 
 # NOTE [ Profiles of compiled regions ]
-With ``compile_budget`` the stages are regions (NOTE [ Regions ] in ``memtune.profiler.regions``) and every number is
-measured with each region compiled by ``torch.compile`` under that activation budget
-(``memtune.profiler.regions.CompiledRegions``): what a region saves for its backward is what its compiled graph saves
-(the partitioner's choice at that budget, seen
+With ``compile_budget`` the stages are regions (NOTE [ Regions ] in ``memtune.profiler.region_tree``) and every number
+is measured with each region compiled by ``torch.compile`` under that activation budget
+(``memtune.profiler.region_tree.CompiledRegions``): what a region saves for its backward is what its compiled graph
+saves (the partitioner's choice at that budget, seen
 by the trace's saved-tensor hooks), its times and transients are the compiled graph's, the whole step (``loss_ms``,
 the step's peak) runs the regions compiled. A region written in place at its edges runs eager, its reason kept in
 ``model_params["eager_regions"]`` (NOTE [ In-place writes at region edges ]). One step runs first and compiles every
@@ -54,10 +55,18 @@ from torch import nn
 
 from memtune.profiler.chain import may_write_input
 from memtune.profiler.devices import GPUSpec, get_gpu
-from memtune.profiler.errors import ProfilerError
+from memtune.profiler.fused_attention import gpu_attention
 from memtune.profiler.identity import cuda_identity, spec_identity, transfer_ms
 from memtune.profiler.measure import ProgressFn, _autocast
 from memtune.profiler.module_roofline import count_module_step, modeled_compute_source, modeled_timings
+from memtune.profiler.module_stages import (
+    Inputs,
+    StageTrace,
+    find_stages,
+    module_kind,
+    tensor_leaves,
+    trace_stages,
+)
 from memtune.profiler.module_step import (
     _first_step_seconds,
     _loss_backward_bytes,
@@ -66,16 +75,9 @@ from memtune.profiler.module_step import (
     _step_ms,
     _step_peak,
 )
-from memtune.profiler.modules import (
-    Inputs,
-    StageTrace,
-    find_stages,
-    module_kind,
-    tensor_leaves,
-    trace_stages,
-)
 from memtune.profiler.profile import DeviceIdentity, Profile, SavedStorage, StageProfile, StepPeak
-from memtune.profiler.regions import CompiledRegions, edge_writes
+from memtune.profiler.profiler_errors import ProfilerError
+from memtune.profiler.region_tree import CompiledRegions, edge_writes
 from memtune.profiler.stage_run import GradStorage, _capture, _StageRun, _Timing
 from memtune.profiler.stagefacts import torch_dtype
 
@@ -305,7 +307,7 @@ def profile_module(
             ``gpu``.
         compile_budget: measure every stage as a region compiled by ``torch.compile`` under this activation budget (0
             to 1; NOTE [ Profiles of compiled regions ]); ``stages`` then names the regions
-            (``memtune.profiler.regions.region_partitions`` gives candidates). None: eager stages.
+            (``memtune.profiler.region_tree.region_partitions`` gives candidates). None: eager stages.
 
     Returns:
         A ``Profile`` with ``stages_from="modules"``: stage names are the modules' qualified names.
@@ -320,6 +322,8 @@ def profile_module(
     )
     loss = loss_fn or default_loss
     with _left_as_found(model, dev), ExitStack() as stack:
+        if gpu_workspaces:  # a profile made on the CPU for a GPU: NOTE [ Fused attention on the CPU ]
+            stack.enter_context(gpu_attention())
         run = _measure_stages(
             model, inputs, stack, loss, stages, dtype, dev, spec, warmup, repeats, progress, output_held,
             gpu_workspaces, compile_budget,
@@ -468,7 +472,7 @@ def _measure_stages(
         if names == [""]:
             raise ProfilerError(
                 "the one region is the whole model: measure it compiled whole (compiler points, "
-                "memtune.tuner.runtime.whole.measure_module_points), or name smaller regions (stages=[...])"
+                "memtune.tuner.measure.compiler_points.measure_module_points), or name smaller regions (stages=[...])"
             )
         eager_regions = edge_writes(model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype))
         regions = stack.enter_context(CompiledRegions(modules, compile_budget, sorted(eager_regions), names))

@@ -65,11 +65,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import sdpa_flop_count
 
 from memtune.profiler.devices import GPUSpec
-from memtune.profiler.errors import ProfilerError
 from memtune.profiler.flops import OpCount, StageCount, count_stage
 from memtune.profiler.measure import _autocast
 from memtune.profiler.modeled import ROOFLINE, Roofline, op_ms, queue_ms, roofline_ms
-from memtune.profiler.modules import Inputs, call_model
+from memtune.profiler.module_stages import Inputs, call_model
+from memtune.profiler.profiler_errors import ProfilerError
 from memtune.profiler.stagefacts import StageFacts, param_bytes, torch_dtype
 
 __all__ = [

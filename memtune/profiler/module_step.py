@@ -17,11 +17,11 @@ import torch
 from torch import nn
 
 from memtune.profiler.chain import may_write_input
-from memtune.profiler.errors import ProfilerError
 from memtune.profiler.measure import _autocast, _Timer
 from memtune.profiler.memory_meter import metered
-from memtune.profiler.modules import Inputs, call_model, checkpointed_call, tensor_leaves
+from memtune.profiler.module_stages import Inputs, call_model, checkpointed_call, tensor_leaves
 from memtune.profiler.profile import StepPeak
+from memtune.profiler.profiler_errors import ProfilerError
 
 # the steps ``profile_module`` takes; private to the profiler
 __all__ = [
@@ -42,10 +42,10 @@ __all__ = [
 # ``CUBLAS_WORKSPACE_CONFIG=:4096:8``). They count against ``budget_guard``'s cap like any tensor. A measured module
 # profile reads them once, after its unplanned step has run both threads' products: the allocated bytes that
 # ``torch._C._cuda_clearCublasWorkspaces()`` frees (``Profile.resident_bytes``), after which one more unplanned step
-# makes them again. The simulator adds them to every plan's base. Seen on the H100: a small ResNet's served plan was simulated
-# at 557.81 MiB and peaked at 623.18 MiB, its growth over the step's start equal to the simulation's (544.51 MiB) and
-# the 65.37 MiB difference held before the step. The step's measured peak (``StepPeak``) is read above what was held
-# before it, so the profile's self-check compares growth with growth either way.
+# makes them again. The simulator adds them to every plan's base. Seen on the H100: a small ResNet's served plan was
+# simulated at 557.81 MiB and peaked at 623.18 MiB, its growth over the step's start equal to the simulation's (544.51
+# MiB) and the 65.37 MiB difference held before the step. The step's measured peak (``StepPeak``) is read above what was
+# held before it, so the profile's self-check compares growth with growth either way.
 
 
 def _first_step_seconds(

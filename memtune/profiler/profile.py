@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memtune.profiler.rows import RowMap
+from memtune.profiler.spatial_rows import RowMap
 
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
@@ -113,7 +113,7 @@ class ConvProfile(_Frozen):
 
 class SavedStorage(_Frozen):
     """One storage autograd keeps for backward, or (module stages) that flows between stages, counted once.
-    See NOTE [ Saved storages ] and NOTE [ Module stages ] in ``memtune.profiler.modules``."""
+    See NOTE [ Saved storages ] and NOTE [ Module stages ] in ``memtune.profiler.module_stages``."""
 
     bytes: int = Field(ge=0)
     saved_by: tuple[int, ...] = Field(description="stage indices whose saved set holds it")
@@ -334,7 +334,8 @@ class Profile(_Frozen):
     stages_from: Literal["chain", "modules"] = Field(
         default="chain",
         description="'chain': stages x_i = s_i(x_{i-1}); 'modules': stages are submodules of a model, named by "
-        "their qualified names, run by the model's own forward (NOTE [ Module stages ] in memtune.profiler.modules)",
+        "their qualified names, run by the model's own forward "
+        "(NOTE [ Module stages ] in memtune.profiler.module_stages)",
     )
     outside_param_bytes: int = Field(
         default=0, ge=0, description="module stages: parameters of the model that belong to no stage, bytes"
@@ -351,12 +352,12 @@ class Profile(_Frozen):
         le=1.0,
         description="every stage measured compiled by torch.compile under this activation-memory budget (NOTE "
         "[ Compiled stages ] in memtune.profiler.compiled; module stages are then regions, NOTE [ Regions ] in "
-        "memtune.profiler.regions, except eager_stages); None: eager stages",
+        "memtune.profiler.region_tree, except eager_stages); None: eager stages",
     )
     eager_stages: tuple[int, ...] = Field(
         default=(),
         description="a compiled profile of module stages (regions): the stages measured eager, written in place at "
-        "their edges (NOTE [ In-place writes at region edges ] in memtune.profiler.regions); empty: every stage "
+        "their edges (NOTE [ In-place writes at region edges ] in memtune.profiler.region_tree); empty: every stage "
         "compiled",
     )
     compile_seconds: float | None = Field(

@@ -1,5 +1,5 @@
 """Profiles of a model's candidate region partitions, each compiled at several activation budgets (NOTE [ Regions ] in
-``memtune.profiler.regions``, NOTE [ Profiles of compiled regions ] in ``memtune.profiler.module_profile``).
+``memtune.profiler.region_tree``, NOTE [ Profiles of compiled regions ] in ``memtune.profiler.module_profile``).
 
 ``profile_regions`` measures one ``profile_module(..., stages=partition.names, compile_budget=b)`` per partition and
 budget, in this process, one after the other; a partition whose compile or measurement fails is kept with its error
@@ -18,7 +18,7 @@ from torch import nn
 
 from memtune.profiler.module_profile import as_inputs, profile_module
 from memtune.profiler.profile import Profile
-from memtune.profiler.regions import RegionPartition, first_line, region_partitions
+from memtune.profiler.region_tree import RegionPartition, first_line, region_partitions
 
 __all__ = ["RegionProfile", "profile_regions"]
 

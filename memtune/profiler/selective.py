@@ -35,6 +35,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+import memtune.profiler.fused_attention  # noqa: F401  (defines memtune::gpu_attention)
 from memtune.profiler.storages import storage_key
 
 __all__ = [
@@ -70,7 +71,7 @@ def _saved_ops() -> frozenset[Any]:
         packet = getattr(torch.ops.aten, name, None)
         if packet is not None:
             ops.extend(getattr(packet, o) for o in packet.overloads())
-    return frozenset(ops)
+    return frozenset(ops) | {torch.ops.memtune.gpu_attention.default}  # NOTE [ Fused attention on the CPU ]
 
 
 SAVED_OPS: frozenset[Any] = _saved_ops()

@@ -36,7 +36,7 @@ arithmetic, so that an oversized or malformed spec is refused before any module 
 is plain data. The schema (field types, layer models, ``ModelSpec``) is in ``memtune.profiler.spec_layers``; its
 names are re-exported here.
 
-Every error is a ``memtune.profiler.errors.SpecError`` naming the layer index, the field and the limit, e.g.
+Every error is a ``memtune.profiler.profiler_errors.SpecError`` naming the layer index, the field and the limit, e.g.
 ``layer 3, field 'kernel_size': 9 is larger than the input 7x7 at this layer``.
 """
 
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from memtune.profiler.errors import SpecError
+from memtune.profiler.profiler_errors import SpecError
 from memtune.profiler.spec_layers import (
     _LAYER_CLASSES,
     LAYER_TYPES,

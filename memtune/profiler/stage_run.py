@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from memtune.profiler.chain import may_write_input
-from memtune.profiler.errors import ProfilerError
 from memtune.profiler.measure import _autocast, _Timer
 from memtune.profiler.memory_meter import metered
-from memtune.profiler.modules import Inputs, call_model, checkpointed_call, copy_structure, tensor_leaves
+from memtune.profiler.module_stages import Inputs, call_model, checkpointed_call, copy_structure, tensor_leaves
+from memtune.profiler.profiler_errors import ProfilerError
 from memtune.profiler.selective import KeptOutputs
 from memtune.profiler.storages import storage_key
 
@@ -44,8 +44,8 @@ def _capture(
 ) -> tuple[Inputs, torch.dtype | None]:
     """The ``(args, kwargs)`` ``model``'s forward gives ``module`` (the forward stops there): its tensor leaves
     detached copies, every other object in it (a Hugging Face cache) a structure copy of the state it was in
-    (NOTE [ State threaded between stages ] in ``memtune.profiler.modules``); and the autocast dtype on ``device`` at
-    that call, None where autocast was off there.
+    (NOTE [ State threaded between stages ] in ``memtune.profiler.module_stages``); and the autocast dtype on ``device``
+    at that call, None where autocast was off there.
 
     # NOTE [ A stage runs under the autocast it was called in ]
     A model may turn autocast on itself (a wrapper whose forward enters ``torch.autocast``, as the promises' Llama

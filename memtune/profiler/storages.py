@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from memtune.profiler.chain import ModelChain
-from memtune.profiler.errors import ProfilerError
 from memtune.profiler.meta import CudaSemantics
 from memtune.profiler.profile import SavedStorage
+from memtune.profiler.profiler_errors import ProfilerError
 
 __all__ = ["ChainTrace", "saved_storage_table", "stage_saved_bytes", "storage_key", "trace_chain"]
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from memtune.profiler.errors import SpecError
+from memtune.profiler.profiler_errors import SpecError
 from memtune.profiler.spec import FLOAT_BYTES, SpecLimits, ValidatedSpec, to_chain, validate_spec
 
 if TYPE_CHECKING:  # NOTE [ Zoo names without torch ]

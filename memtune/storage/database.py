@@ -21,8 +21,8 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
-from memtune.storage.errors import ConflictError, NotFoundError, StorageError, UnavailableError
 from memtune.storage.lookup_version import read_lookup_version, watch_lookup_writes
+from memtune.storage.storage_errors import ConflictError, NotFoundError, StorageError, UnavailableError
 
 __all__ = ["Database", "default_url", "is_postgres", "is_sqlite", "normalize_url"]
 

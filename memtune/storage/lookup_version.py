@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import event, select, update
 from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction, sessionmaker
 
-from memtune.storage.rows import GpuTypeRow, LookupVersionRow, ModelRow, ResultRow
+from memtune.storage.orm import GpuTypeRow, LookupVersionRow, ModelRow, ResultRow
 
 __all__ = ["LOOKUP_ROWS", "read_lookup_version", "watch_lookup_writes"]
 

@@ -20,7 +20,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 
 from memtune.storage.database import Database, engine_kwargs
-from memtune.storage.errors import StorageError
+from memtune.storage.storage_errors import StorageError
 
 __all__ = [
     "MIGRATIONS_DIR",

@@ -50,8 +50,7 @@ CompileChoice = Literal["auto", "on", "off"]
 """Whether a job's plans may compile the whole model (NOTE [ Whole-model compile ] in ``memtune.tuner.whole``; NOTE
 [ Compiler points in the service ] in ``memtune.api.worker``): ``auto`` (the profile's compiler points are candidates,
 measured first on a worker with a GPU of the job's type), ``on`` (as ``auto``, and the job fails where no point can be
-had),
-``off`` (never: the points are left out)."""
+had), ``off`` (never: the points are left out)."""
 COMPILE_CHOICES: frozenset[str] = frozenset({"auto", "on", "off"})
 
 

@@ -12,7 +12,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from memtune.tuner.budget import format_bytes, parse_budget
-from memtune.tuner.errors import BudgetError, CalibrationError, PlanError, SearchError, TunerError
 from memtune.tuner.inference import (
     InferenceFacts,
     InferencePlan,
@@ -30,6 +29,7 @@ from memtune.tuner.prefetch_trigger import PrefetchTrigger, prefetch_trigger
 from memtune.tuner.ranks import RanksResult, Stagger, ranks_prefetch_trigger, simulate_ranks, stagger_for
 from memtune.tuner.sharding import shard_units, sharded_profile
 from memtune.tuner.simulator import SimResult, Simulator, simulate
+from memtune.tuner.tuner_errors import BudgetError, CalibrationError, PlanError, SearchError, TunerError
 
 # The lazy names, for type checkers (``__getattr__`` would make them ``Any``).
 if TYPE_CHECKING:

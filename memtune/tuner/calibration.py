@@ -46,8 +46,8 @@ from typing import Any, Literal
 
 from memtune.profiler import Profile
 from memtune.profiler.library import shipped_data, user_data_dir
-from memtune.tuner.errors import CalibrationError
 from memtune.tuner.link import SharedLink, allreduce_table
+from memtune.tuner.tuner_errors import CalibrationError
 
 __all__ = [
     "Calibration",

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from memtune.profiler import ConvAlgo, ConvProfile
-from memtune.tuner.errors import PlanError
+from memtune.tuner.tuner_errors import PlanError
 
 if TYPE_CHECKING:
     from memtune.profiler import Profile

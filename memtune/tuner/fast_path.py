@@ -31,13 +31,12 @@ A step takes at least its compute: every stage's forward and backward, the loss,
 selective stages' extras; waiting for copies only adds to it. Where a bounded simulation's step limit (NOTE [ Bounded
 simulations ] in ``memtune.tuner.simulator``) is below that sum, the plan loses whatever its memory, so ``run`` answers
 None before its storage pass: 7,252 of the 51,378 bounded simulations of the README's VGG-16 job at 13 GiB. It does so
-only
-where ``run`` would answer None too: no time is negative, and ``step_limit_peak`` is at most the base bytes, which
-every peak reaches; over a larger ``step_limit_peak`` (an incumbent that does not fit) the same test follows the
-peak, before the step is timed. Once the forward has run, its end plus the rest's compute bounds the step as well,
-so the backward is not timed where that sum is over the limit. The sums are taken in another order than the step's
-clock, so they must exceed the limit by more than their rounding can differ (``_ROUNDING``, 1e-9 of the sum, against
-some 1e-14 for a hundred additions); every answer is the one ``run`` gave without them (the 51,378 calls replayed).
+only where ``run`` would answer None too: no time is negative, and ``step_limit_peak`` is at most the base bytes, which
+every peak reaches; over a larger ``step_limit_peak`` (an incumbent that does not fit) the same test follows the peak,
+before the step is timed. Once the forward has run, its end plus the rest's compute bounds the step as well, so the
+backward is not timed where that sum is over the limit. The sums are taken in another order than the step's clock, so
+they must exceed the limit by more than their rounding can differ (``_ROUNDING``, 1e-9 of the sum, against some 1e-14
+for a hundred additions); every answer is the one ``run`` gave without them (the 51,378 calls replayed).
 """
 
 from __future__ import annotations

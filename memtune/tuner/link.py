@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from memtune.tuner.errors import CalibrationError
+from memtune.tuner.tuner_errors import CalibrationError
 
 __all__ = ["Direction", "LinkSource", "SharedLink", "allreduce_table", "ring_allreduce_ms"]
 

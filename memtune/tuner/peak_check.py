@@ -13,8 +13,7 @@ The gap also sets the headroom: where the simulator under-predicts the unplanned
 predicted activation bytes, a plan is searched against ``budget x (1 - h) / (1 + g)`` instead of ``budget x (1 -
 h)``, h the GPU type's calibrated headroom (NOTE [ Headroom ] in ``memtune.tuner.search``): ``planning_headroom``
 returns ``1 - (1 - h) / (1 + g)``. An over-prediction leaves h as it is. The headroom comes from what was measured, not
-from
-a constant.
+from a constant.
 
 Before this check the language models were the ones to miss: on a CPU, where the allocator's events time every
 allocation, a small ``BertForMaskedLM`` (hidden 128, 4 layers, vocabulary 30,522, batch 8 x 256) was simulated at

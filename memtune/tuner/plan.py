@@ -22,8 +22,8 @@ This is the plan of docs/concepts.md made exact; the simulator (``memtune.tuner.
 * ``recompute``: a maximal run of recompute stages i..j is one checkpointed segment: the stages save
   nothing; only the segment input x_{i-1} is saved, offloaded when stage i-1 is ``offload``, else kept.
   In backward, when stage j's backward is due, the segment's forward is re-run from x_{i-1}. In a profile of
-  module stages (NOTE [ Module stages ] in ``memtune.profiler.modules``) every recompute stage is a segment of its own,
-  which keeps every tensor its forward takes (``Profile.stage_inputs``): the model's own forward runs between
+  module stages (NOTE [ Module stages ] in ``memtune.profiler.module_stages``) every recompute stage is a segment of its
+  own, which keeps every tensor its forward takes (``Profile.stage_inputs``): the model's own forward runs between
   stages, so a checkpoint can only wrap one stage's call.
 * ``selective``: the stage runs under PyTorch's selective activation checkpointing (NOTE [ Selective stages ] in
   ``memtune.profiler.selective``): it keeps its input x_{i-1} and the outputs of its costly operations (matrix products,
@@ -57,9 +57,8 @@ demand). ``Plan.stage_lookaheads`` computes L_k once for the simulator's ``prefe
 ``StepState.on_backward``. Per-stage values are what the per-layer trigger chooses (NOTE [ Per-layer prefetch
 trigger ] in ``memtune.tuner.prefetch_trigger``); an entry for a stage that no offloaded storage first needs changes
 nothing. The prefetches one backward stage issues share one copy engine: they are queued by need, the storage needed
-first
-(the highest need stage) first, storage order among equals. The runtime always issued them so (its entries sorted by
-need); the simulator queued them in storage order, the one needed last first, so a lookahead that brought back many
+first (the highest need stage) first, storage order among equals. The runtime always issued them so (its entries sorted
+by need); the simulator queued them in storage order, the one needed last first, so a lookahead that brought back many
 storages at the backward's start was simulated stalling on copies that the runtime had already made: on a hand-made
 chain (``tests/unit/tuner/test_prefetch_trigger.py``) lookahead 4 was simulated 5.5 ms slower than lookahead 3.
 
@@ -79,8 +78,8 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memtune.tuner.errors import PlanError
 from memtune.tuner.spatial import check_split_keys, parse_segment_key, spatial_refusal
+from memtune.tuner.tuner_errors import PlanError
 
 if TYPE_CHECKING:
     from memtune.profiler import Profile
@@ -161,7 +160,7 @@ class Plan(BaseModel):
     stages: tuple[str, ...] | None = Field(
         default=None,
         description="the qualified names of the module stages the actions apply to, in run order (NOTE [ Module "
-        "stages ] in memtune.profiler.modules); None for a chain",
+        "stages ] in memtune.profiler.module_stages); None for a chain",
     )
     compile_budget: float | None = Field(
         default=None,
@@ -169,16 +168,14 @@ class Plan(BaseModel):
         le=1.0,
         description="every stage runs compiled by torch.compile, partitioned under this activation-memory budget "
         "(NOTE [ Compiled stages ] in memtune.profiler.compiled; module stages are then regions, each wrapped once, "
-        "NOTE "
-        "[ Regions ] in memtune.profiler.regions, except eager_stages); the plan is priced on the compiled profile of "
-        "that "
-        "budget. None: eager stages",
+        "NOTE [ Regions ] in memtune.profiler.region_tree, except eager_stages); the plan is priced on the compiled "
+        "profile of that budget. None: eager stages",
     )
     eager_stages: tuple[int, ...] = Field(
         default=(),
         description="stage indices that run eager in a plan whose module stages run compiled (compile_budget set): "
         "regions written in place at their edges (NOTE [ In-place writes at region edges ] in "
-        "memtune.profiler.regions), "
+        "memtune.profiler.region_tree), "
         "as the profile measured them; empty: every stage compiled",
     )
     whole_compile: float | None = Field(

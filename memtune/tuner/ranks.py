@@ -53,11 +53,11 @@ from dataclasses import dataclass, field
 
 from memtune.profiler import Profile
 from memtune.tuner.calibration import calibration_for
-from memtune.tuner.errors import CalibrationError, TunerError
 from memtune.tuner.link import Direction, LinkSource, SharedLink, ring_allreduce_ms
 from memtune.tuner.plan import Plan, storage_copy_ms
 from memtune.tuner.prefetch_trigger import PrefetchTrigger, prefetch_trigger
 from memtune.tuner.simulator import SimResult, Simulator
+from memtune.tuner.tuner_errors import CalibrationError, TunerError
 
 __all__ = [
     "DDP_BUCKET_BYTES",

@@ -77,7 +77,6 @@ from memtune.profiler import Profile
 from memtune.tuner.budget import search_budget
 from memtune.tuner.calibration import calibration_for
 from memtune.tuner.collection import collecting_less
-from memtune.tuner.errors import SearchError
 from memtune.tuner.plan import Plan
 from memtune.tuner.search_results import (
     CONSTRAINTS,
@@ -95,6 +94,7 @@ from memtune.tuner.search_space import _params_for, decode_params
 from memtune.tuner.search_state import SearchState as _Search
 from memtune.tuner.search_study import Studies, _constraint_list, open_study
 from memtune.tuner.trials import TrialQueue, run_trials
+from memtune.tuner.tuner_errors import SearchError
 
 __all__ = [
     "CONSTRAINTS",

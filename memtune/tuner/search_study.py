@@ -15,8 +15,8 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import FrozenTrial
 
-from memtune.tuner.errors import SearchError
 from memtune.tuner.search_results import CONSTRAINTS, Mode
+from memtune.tuner.tuner_errors import SearchError
 
 __all__ = ["Studies", "open_study"]
 

@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterable
 
 from memtune.profiler import Profile, StageProfile
-from memtune.tuner.errors import TunerError
+from memtune.tuner.tuner_errors import TunerError
 
 __all__ = ["shard_units", "sharded_profile"]
 

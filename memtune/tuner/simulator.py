@@ -301,18 +301,17 @@ class Simulator:
         a moment besides (a batch norm's and a residual sum's gradients in a bottleneck's backward). Taking the
         chosen algorithms' workspace alone for the stage's transient drops the second part. Where the profile
         measured the stage with every convolution run by its memory-optimal algorithms (``lean_*_workspace_bytes``,
-        ``memtune.tuner.runtime.lean``), the transient is that, plus what the chosen workspace exceeds the
+        ``memtune.tuner.measure.lean``), the transient is that, plus what the chosen workspace exceeds the
         memory-optimal one by: a workspace coexists with whatever the stage holds during that convolution, so the sum
-        bounds it
-        from above. Without the measurement it stays the chosen workspace.
-        The backward is measured as it runs in a chain (``memtune.profiler.measure.chained_backward_bytes``): above the
-        gradients it makes, with the incoming gradient freed once used. Measured like ``backward_workspace_bytes``
-        instead (the incoming gradient held by the caller), ResNet-50 fp32's ``layer1.x`` showed 1,568 MiB with
-        the memory-optimal algorithms as with the framework's, and the H200 trace of a tuned plan
-        (``scripts/memory_trace.py resnet50:256:float32:0.4:plan=…``) ran 0.2-0.75 GiB below that simulation in
-        every backward stage: the in-place ReLU that ends a bottleneck frees the incoming gradient as it makes its
-        own. The forward is measured as ``forward_workspace_bytes`` is; with it ``layer4.0``'s forward is
-        simulated at the 7.15 GiB the trace shows (7.06 with the chosen workspace alone).
+        bounds it from above. Without the measurement it stays the chosen workspace. The backward is measured as it runs
+        in a chain (``memtune.profiler.measure.chained_backward_bytes``): above the gradients it makes, with the
+        incoming gradient freed once used. Measured like ``backward_workspace_bytes`` instead (the incoming gradient
+        held by the caller), ResNet-50 fp32's ``layer1.x`` showed 1,568 MiB with the memory-optimal algorithms as with
+        the framework's, and the H200 trace of a tuned plan (``scripts/memory_trace.py
+        resnet50:256:float32:0.4:plan=…``) ran 0.2-0.75 GiB below that simulation in every backward stage: the in-place
+        ReLU that ends a bottleneck frees the incoming gradient as it makes its own. The forward is measured as
+        ``forward_workspace_bytes`` is; with it ``layer4.0``'s forward is simulated at the 7.15 GiB the trace shows
+        (7.06 with the chosen workspace alone).
         """
         if plan.conv_rule == "default" and not plan.conv_algos:
             return self.fwd, self.bwd, self.ws_f, self.ws_b
@@ -361,12 +360,11 @@ class Simulator:
         else a roofline estimate (memtune.profiler.loss_model, no torch): ~11 ms of a GPT step on the H200, which the
         simulator missed before it counted it.
         A profile of module stages measured the user's own loss function instead (``Profile.loss_saved_bytes``,
-        ``memtune.profiler.modules``): it holds what that function saves from its forward to its backward, and in its
-        backward what was measured there on CUDA (``Profile.loss_backward_bytes``: the loss function's backward and that
-        of the
-        model's own code after its last stage, such as a Hugging Face model's cross-entropy over fp32 logits, which
-        makes two logit-sized gradients; without it GPT-2 and a Llama-style model ran out of memory there under their
-        budget on an H100), then leaves the gradient of the model's output.
+        ``memtune.profiler.module_stages``): it holds what that function saves from its forward to its backward, and in
+        its backward what was measured there on CUDA (``Profile.loss_backward_bytes``: the loss function's backward and
+        that of the model's own code after its last stage, such as a Hugging Face model's cross-entropy over fp32
+        logits, which makes two logit-sized gradients; without it GPT-2 and a Llama-style model ran out of memory there
+        under their budget on an H100), then leaves the gradient of the model's output.
 
         # NOTE [ Held output ]
         A training loop that keeps the model's output object (``out = model(**batch); out.loss.backward()``, as many

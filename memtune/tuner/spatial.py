@@ -10,18 +10,18 @@ from its neighbours (the halo).
 Rows. The segment's output rows are cut into s strips as evenly as integers allow (strip t holds rows
 ``t * H // s`` to ``(t + 1) * H // s - 1``). Walking the segment's modules from last to first, output rows a..b-1
 of a module with window (kernel K, dilation included; stride S; padding P above) read input rows
-``a*S - P .. (b-1)*S - P + K - 1``, clipped to the input (``memtune.profiler.rows.RowMap.window``): rows outside it are
-padding, which a strip adds only where it touches the image's true top or bottom (zeros for a convolution and an
+``a*S - P .. (b-1)*S - P + K - 1``, clipped to the input (``memtune.profiler.spatial_rows.RowMap.window``): rows outside
+it are padding, which a strip adds only where it touches the image's true top or bottom (zeros for a convolution and an
 average pool, minus infinity for a max pool); inside, the halo rows are real rows of the neighbour. Every output
 element therefore reads exactly the values it reads unsplit.
 
-Runtime (``memtune.tuner.runtime.spatial``). The segment is one autograd Function that saves only its input x_{i-1} (as
-recompute does): its forward runs the strips one at a time without a graph and writes each strip's rows into the
-full output; its backward re-runs each strip with a graph, back-propagates that strip's rows of the output
-gradient, and adds the strip's input gradient (halo rows included: a row read by two strips gets both
-contributions) into the full input gradient and its parameter gradients into theirs. Only one strip's
-intermediates and gradients live at a time. The values are the unsplit run's: outputs bitwise where the
-convolution's algorithm does not depend on the height, gradients up to the order of summation over strips.
+Runtime (``memtune.tuner.runtime.spatial_strips``). The segment is one autograd Function that saves only its input
+x_{i-1} (as recompute does): its forward runs the strips one at a time without a graph and writes each strip's rows into
+the full output; its backward re-runs each strip with a graph, back-propagates that strip's rows of the output gradient,
+and adds the strip's input gradient (halo rows included: a row read by two strips gets both contributions) into the full
+input gradient and its parameter gradients into theirs. Only one strip's intermediates and gradients live at a time. The
+values are the unsplit run's: outputs bitwise where the convolution's algorithm does not depend on the height, gradients
+up to the order of summation over strips.
 
 Price (``memtune.tuner.simulator``). For each module of the segment, the largest strip's output rows over the module's
 output rows (``StripCost.fraction``: about 1/s plus the halo) scales what one strip holds: the storages the
@@ -36,9 +36,9 @@ many kernels as whole stages do; that fixed cost per strip is not priced, which 
 and 8 strips only.
 
 Where a split applies: only to chain plans (module stages run the model's own forward), on stages whose profile
-records a ``RowMap`` (``StageProfile.rows``, from ``memtune.profiler.spatial``: 2-D convolutions with zero padding, max
-and average pools without ``ceil_mode``, pointwise modules, BatchNorm and dropout in eval mode), with at most as many
-strips as the segment's output has rows.
+records a ``RowMap`` (``StageProfile.rows``, from ``memtune.profiler.spatial_modules``: 2-D convolutions with zero
+padding, max and average pools without ``ceil_mode``, pointwise modules, BatchNorm and dropout in eval mode), with at
+most as many strips as the segment's output has rows.
 """
 
 from __future__ import annotations

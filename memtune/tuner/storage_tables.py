@@ -67,7 +67,7 @@ class StorageTables:
         self.s_producer = [s.producer for s in storages]
         self.s_saved_by = [s.saved_by for s in storages]
         # last forward reader of each storage: who saves it, and the stage after any stage whose output it is; for
-        # module stages who reads it or holds it as measured (NOTE [ Module stages ] in memtune.profiler.modules)
+        # module stages who reads it or holds it as measured (NOTE [ Module stages ] in memtune.profiler.module_stages)
         last = [max((*s.saved_by, *s.read_by, s.producer, 0)) for s in storages]
         if not profile.modules:
             for k, stage in enumerate(st):

@@ -9,7 +9,7 @@ reaches a peak, no plan of offload and eager recompute ran faster, and a plan ov
 loses what the compiler fuses across stage boundaries (on the GPT model in fp32 eager plans were faster). So a
 plan may run the whole model compiled (``Plan.whole_compile``), every stage kept, priced by a measured
 *compiler point* of the profile (``Profile.compiler_points``: step and peak of the whole model compiled at one
-budget, measured by ``memtune.tuner.runtime.whole.measure_compiler_points``), not by the simulator.
+budget, measured by ``memtune.tuner.measure.compiler_points.measure_compiler_points``), not by the simulator.
 
 What memtune adds to the compiler's one knob: the knob is not a memory bound (at budget 0 ResNet-50's peak was
 10.48 GiB, as at budget 1), so ``tune`` takes the fastest measured point that runs under the cap (its measured
@@ -20,15 +20,14 @@ train. A point records the optimizer of its measured steps (``CompilerPoint.opti
 another optimizer, its peaks move by the difference in optimizer state per parameter byte, as the simulator counts
 it (``memtune.tuner.search.compiler_candidates``): a point measured with SGD and momentum holds one copy of the
 parameters less than an AdamW step. The math is the compiler's: the same as ``torch.compile`` of the model at that
-budget,
-equal to eager up to floating-point reassociation.
+budget, equal to eager up to floating-point reassociation.
 """
 
 from __future__ import annotations
 
 from memtune.profiler import CompilerPoint, Profile
-from memtune.tuner.errors import PlanError
 from memtune.tuner.plan import Plan
+from memtune.tuner.tuner_errors import PlanError
 
 __all__ = ["compiler_point"]
 

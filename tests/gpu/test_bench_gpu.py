@@ -12,8 +12,8 @@ import torch
 
 from memtune.profiler import zoo
 from memtune.profiler.modeled import modeled_profile
+from memtune.tuner.measure.bench import bench_plans
 from memtune.tuner.plan import Action, Plan
-from memtune.tuner.runtime.bench import bench_plans
 
 pytestmark = [
     pytest.mark.gpu,

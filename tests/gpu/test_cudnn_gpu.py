@@ -310,7 +310,7 @@ def test_lean_transients_are_measured_for_convolution_stages() -> None:
     """NOTE [ Lean transients ]: each convolution stage measured with its memory-optimal algorithms; a stage that is
     a convolution then holds no more than that algorithm's workspace (up to the allocator's 2 MiB rounding)."""
     from memtune.profiler.measure import profile
-    from memtune.tuner.runtime.lean import measure_lean_transients
+    from memtune.tuner.measure.lean import measure_lean_transients
 
     chain = _chain()
     prof = profile(chain, 4, "float32", device="cuda", warmup=1, repeats=2, conv_algos=True)
@@ -329,7 +329,7 @@ def test_lean_transients_are_measured_for_convolution_stages() -> None:
 
 def test_a_profile_without_tables_gets_the_chained_transients_only() -> None:
     from memtune.profiler.measure import profile
-    from memtune.tuner.runtime.lean import measure_lean_transients
+    from memtune.tuner.measure.lean import measure_lean_transients
 
     chain = _chain()
     prof = profile(chain, 4, "float32", device="cuda", warmup=1, repeats=2)

@@ -18,7 +18,7 @@ from memtune.api.cli import app
 from memtune.profiler.library import user_data_dir, user_profile_dir
 from memtune.profiler.profile import Profile
 from memtune.tuner.calibration import calibration_for
-from memtune.tuner.runtime.first_use import present_gpu
+from memtune.tuner.measure.first_use import present_gpu
 
 pytestmark = [
     pytest.mark.gpu,

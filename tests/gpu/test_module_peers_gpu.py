@@ -1,7 +1,6 @@
-"""The peers of a module model on a CUDA GPU (NOTE [ Module peers ] in ``memtune.tuner.runtime.module_peers``): each
+"""The peers of a module model on a CUDA GPU (NOTE [ Module peers ] in ``memtune.tuner.measure.module_peers``): each
 peer that applies runs, keeps the model's gradients (the compiler's within floating-point reassociation) and, where it
-trades
-time for memory, peaks below the unplanned step; a Hugging Face model's own checkpointing and torchvision models'
+trades time for memory, peaks below the unplanned step; a Hugging Face model's own checkpointing and torchvision models'
 chains and trunks are found.
 
 Skipped without CUDA (``pytest -m gpu tests/gpu/test_module_peers_gpu.py``).
@@ -19,9 +18,9 @@ import pytest
 import torch
 from torch import nn
 
-from memtune.tuner.runtime.module_bench import measure_step
-from memtune.tuner.runtime.module_peers import applicable_peers, applied
-from memtune.tuner.runtime.peer_measure import measure_peers
+from memtune.tuner.measure.module_bench import measure_step
+from memtune.tuner.measure.module_peers import applicable_peers, applied
+from memtune.tuner.measure.peer_measure import measure_peers
 
 pytestmark = [
     pytest.mark.gpu,

@@ -5,8 +5,7 @@ Skipped without CUDA (``pytest -m gpu tests/gpu``). Steps run in fp32 with deter
 off; a planned step is compared with the unplanned one at a relative error of at most 1e-4 for the loss, every
 gradient and every buffer (``memtune.tuner.runtime.verify.relative_error``). The bar is above the CPU tests' 1e-6
 because a few CUDA kernels (embedding and index backward) accumulate with atomics, so even two unplanned GPU steps may
-differ
-in the last bits; with deterministic kernels the results are bitwise equal.
+differ in the last bits; with deterministic kernels the results are bitwise equal.
 """
 
 from __future__ import annotations

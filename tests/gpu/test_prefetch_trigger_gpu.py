@@ -1,7 +1,6 @@
 """Per-stage prefetch lookaheads on a CUDA GPU (NOTE [ Prefetch lookahead ] in ``memtune.tuner.plan``): the same math as
 the unplanned run, prefetches issued at each need stage's own trigger on the copy stream, and the per-layer trigger's
-plan
-measured beside the same plan with one global lookahead (``benchmarks.prefetch_trigger``'s rows, small).
+plan measured beside the same plan with one global lookahead (``benchmarks.prefetch_trigger``'s rows, small).
 
 Skipped without CUDA (run on the GPU with ``pytest -m gpu tests/gpu``). Gradients are compared with the tolerance
 ``max(1e-6, 10 x the noise of two unplanned runs)``, as in ``test_runtime_gpu``.
@@ -24,10 +23,10 @@ from memtune.profiler.chain import ModelChain
 from memtune.profiler.measure import model_input
 from memtune.profiler.modeled import modeled_profile
 from memtune.tuner import prefetch_trigger
+from memtune.tuner.measure.bench import bench_plans
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.policies import POLICIES
 from memtune.tuner.runtime import check_equivalence, planned, reference_step
-from memtune.tuner.runtime.bench import bench_plans
 from memtune.tuner.runtime.offload import StepState
 from memtune.tuner.runtime.verify import relative_error
 from memtune.tuner.simulator import simulate

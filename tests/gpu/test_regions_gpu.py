@@ -1,11 +1,11 @@
-"""Compiled regions on a CUDA GPU (NOTE [ Regions ] in ``memtune.profiler.regions``): keep / offload / recompute around
-regions compiled by ``torch.compile`` give the gradients and buffers of the same regions compiled without a plan,
+"""Compiled regions on a CUDA GPU (NOTE [ Regions ] in ``memtune.profiler.region_tree``): keep / offload / recompute
+around regions compiled by ``torch.compile`` give the gradients and buffers of the same regions compiled without a plan,
 within ``max(1e-6, 10 x the noise of two unplanned compiled runs)``; offload copies on the side stream into the pinned
 pool and brings storages back ahead of need, with their strides (the model and its input are channels-last, so the
 compiled regions save channels-last tensors, and the compiled backward asserts strides); each region compiles once; a
 plan that ``memtune.tune(..., compile=True)`` serves runs within its budget under ``budget_guard``, its regions
 compiled by a first step before the cap (NOTE [ Regions compile at their first call ] in
-``memtune.tuner.runtime.modules``). Skipped without CUDA (``pytest -m gpu tests/gpu/test_regions_gpu.py``).
+``memtune.tuner.runtime.planned_module``). Skipped without CUDA (``pytest -m gpu tests/gpu/test_regions_gpu.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from memtune.profiler.regions import CompiledRegions, edge_writes, region_partitions
+from memtune.profiler.region_tree import CompiledRegions, edge_writes, region_partitions
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime import planned
 from memtune.tuner.runtime.verify import relative_error

@@ -1,7 +1,6 @@
 """Spatially split recompute segments on a CUDA GPU (NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``): the same
 math as the unplanned run in fp32 (cuDNN deterministic, TF32 off) and under bf16 autocast, and a lower measured peak
-than
-the same segment re-run whole.
+than the same segment re-run whole.
 
 Skipped without CUDA (run on the GPU with ``pytest -m gpu tests/gpu``).
 """
@@ -23,10 +22,10 @@ from benchmarks.spatial_split import CASES, build_case, case_plans
 from memtune.profiler.chain import ModelChain
 from memtune.profiler.loss import step_loss
 from memtune.profiler.modeled import modeled_profile
+from memtune.tuner.measure.bench import make_batch
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime import planned, reference_step
-from memtune.tuner.runtime.bench import make_batch
-from memtune.tuner.runtime.spatial import SpatialSegment
+from memtune.tuner.runtime.spatial_strips import SpatialSegment
 
 pytestmark = [
     pytest.mark.gpu,

@@ -84,8 +84,8 @@ def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
     import torch
     from torch import nn
 
+    import memtune.tuner.measure.module_bench
     import memtune.tuner.runtime
-    import memtune.tuner.runtime.module_bench
 
     torch.manual_seed(0)
     model = nn.Sequential(*(m for _ in range(4) for m in (nn.Linear(32, 32), nn.Tanh())), nn.Linear(32, 4))
@@ -101,7 +101,7 @@ def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
         return {"step_ms": 10.0, "peak_bytes": 4 << 20, "reserved_bytes": 6 << 20, "alloc_retries_per_step": 0.0}
 
     monkeypatch.setattr(module_peers, "build", build)
-    monkeypatch.setattr(memtune.tuner.runtime.module_bench, "measure_step", measure_step)
+    monkeypatch.setattr(memtune.tuner.measure.module_bench, "measure_step", measure_step)
     monkeypatch.setattr(memtune.tuner.runtime, "budget_guard", lambda *_a, **_k: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
     args = argparse.Namespace(out=tmp_path, fresh=False, warmup=1, steps=1, trials=10, compiler_sweep=[],

@@ -82,8 +82,7 @@ print("torch", sorted(m for m in sys.modules if m == "torch" or m.startswith("to
 def test_tune_finds_a_zoo_models_committed_profile_without_torch() -> None:
     """``memtune tune vgg16 …`` without a GPU finds the committed profile from the zoo model's name and parameters
     and searches it with torch blocked (NOTE [ Zoo names without torch ] in ``memtune.profiler.zoo``): importing torch
-    and
-    building the model on the meta device took about 5 s of the README job's 21."""
+    and building the model on the meta device took about 5 s of the README job's 21."""
     blocker = CODE.split("import optuna", 1)[0]
     run = subprocess.run([sys.executable, "-c", TUNE.format(blocker=blocker)], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)  # fmt: skip

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
-from memtune.api.calibrations import ServiceCalibration, effective_calibration
+from memtune.api.calibration_lookup import ServiceCalibration, effective_calibration
 from memtune.api.deps import AdminKey, DbDep, JsonBody, ReadAccess
 from memtune.api.gpu_types import KnownGpu, known_gpus, resolve_gpu, same_architecture
 from memtune.api.problems import ProblemError

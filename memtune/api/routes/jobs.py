@@ -34,7 +34,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
-from memtune.api.calibrations import job_headroom
+from memtune.api.calibration_lookup import job_headroom
 from memtune.api.deps import DbDep, JsonBody, ReadAccess, SettingsDep, WriteKey, is_admin
 from memtune.api.gpu_types import resolve_gpu
 from memtune.api.model_refs import check_batch, check_tensor_sizes, store_spec_model, store_zoo_model
@@ -45,6 +45,7 @@ from memtune.api.views import job_public, result_public
 from memtune.profiler.spec import FLOAT_BYTES, SpecLimits, validate_spec
 from memtune.profiler.zoo import ZOO, ZOO_LIMITS, gpt_param_count, image_spec
 from memtune.storage import ConflictError, Database, IdempotencyConflictError
+from memtune.storage.orm import utcnow
 from memtune.storage.records import Job, ModelRecord
 from memtune.storage.repositories import (
     JobRepository,
@@ -53,7 +54,6 @@ from memtune.storage.repositories import (
     ResultRepository,
     WorkerRepository,
 )
-from memtune.storage.rows import utcnow
 from memtune.tuner import format_bytes, parse_budget
 from memtune.tuner.budget import search_budget
 from memtune.tuner.simulator import OPTIMIZERS
@@ -241,8 +241,8 @@ def create_job(
     how it went: done, or skipped and why).
 
     ``headroom`` (default: the GPU type's calibration: the one stored in the service's database, else this host's
-    file, else the committed one, else 0; ``memtune.api.calibrations``) is resolved here and stored on the job with
-    where it came from (``headroom_source``), which the job shows: the worker searches plans against
+    file, else the committed one, else 0; ``memtune.api.calibration_lookup``) is resolved here and stored on the job
+    with where it came from (``headroom_source``), which the job shows: the worker searches plans against
     ``budget_bytes * (1 - headroom)`` while the job's ``budget_bytes`` stays the budget asked for. A budget that
     leaves less than the model's parameters, gradients and optimizer state need is refused (``budget_floor``).
 

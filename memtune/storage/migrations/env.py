@@ -13,7 +13,7 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 
 from memtune.storage.database import normalize_url
-from memtune.storage.rows import Base
+from memtune.storage.orm import Base
 
 VERSION_TABLE = "mt_alembic_version"
 

@@ -5,6 +5,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, cast
 
+from memtune.storage.orm import (
+    ApiKeyRow,
+    CalibrationRow,
+    GpuTypeRow,
+    JobClaimRow,
+    JobRow,
+    ModelRow,
+    ProfileRow,
+    ResultRow,
+)
 from memtune.storage.records import (
     ApiKey,
     CalibrationRecord,
@@ -14,16 +24,6 @@ from memtune.storage.records import (
     ModelRecord,
     ProfileRecord,
     Result,
-)
-from memtune.storage.rows import (
-    ApiKeyRow,
-    CalibrationRow,
-    GpuTypeRow,
-    JobClaimRow,
-    JobRow,
-    ModelRow,
-    ProfileRow,
-    ResultRow,
 )
 
 __all__ = [

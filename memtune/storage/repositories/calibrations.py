@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from memtune.storage.errors import NotFoundError
+from memtune.storage.orm import CalibrationRow, utcnow
 from memtune.storage.records import CalibrationRecord
 from memtune.storage.repositories._convert import to_calibration
-from memtune.storage.rows import CalibrationRow, utcnow
+from memtune.storage.storage_errors import NotFoundError
 
 __all__ = ["CalibrationRepository"]
 

@@ -9,10 +9,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from memtune.profiler import DeviceIdentity
-from memtune.storage.errors import NotFoundError
+from memtune.storage.orm import GpuTypeRow
 from memtune.storage.records import GpuType
 from memtune.storage.repositories._convert import to_gpu
-from memtune.storage.rows import GpuTypeRow
+from memtune.storage.storage_errors import NotFoundError
 
 __all__ = ["GpuRepository", "identity_hash"]
 

@@ -26,7 +26,7 @@ from uuid import uuid4
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from memtune.storage.errors import ConflictError, IdempotencyConflictError, NotFoundError
+from memtune.storage.orm import JobClaimRow, JobRow, utcnow
 from memtune.storage.records import (
     COMPILE_CHOICES,
     HEADROOM_SOURCES,
@@ -39,7 +39,7 @@ from memtune.storage.records import (
     ValidationState,
 )
 from memtune.storage.repositories._convert import to_claim, to_job
-from memtune.storage.rows import JobClaimRow, JobRow, utcnow
+from memtune.storage.storage_errors import ConflictError, IdempotencyConflictError, NotFoundError
 
 __all__ = ["JobLease", "JobRepository", "LeaseStatus", "OwnerUsage"]
 

@@ -8,10 +8,10 @@ import secrets
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from memtune.storage.errors import ConflictError, NotFoundError
+from memtune.storage.orm import ApiKeyRow, utcnow
 from memtune.storage.records import ApiKey
 from memtune.storage.repositories._convert import to_api_key
-from memtune.storage.rows import ApiKeyRow, utcnow
+from memtune.storage.storage_errors import ConflictError, NotFoundError
 
 __all__ = ["KEY_PREFIX", "KeyRepository", "hash_key"]
 

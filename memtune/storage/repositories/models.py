@@ -9,10 +9,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from memtune.storage.errors import NotFoundError
+from memtune.storage.orm import ModelProgramRow, ModelRow
 from memtune.storage.records import ModelKind, ModelRecord
 from memtune.storage.repositories._convert import to_model
-from memtune.storage.rows import ModelProgramRow, ModelRow
+from memtune.storage.storage_errors import NotFoundError
 
 __all__ = ["ModelRepository", "content_hash"]
 

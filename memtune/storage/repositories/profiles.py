@@ -6,11 +6,11 @@ from sqlalchemy import case, select
 from sqlalchemy.orm import Session
 
 from memtune.profiler import Profile
-from memtune.storage.errors import NotFoundError
+from memtune.storage.orm import ProfileRow
 from memtune.storage.records import ProfileRecord
 from memtune.storage.repositories._convert import to_profile
 from memtune.storage.repositories.gpus import GpuRepository
-from memtune.storage.rows import ProfileRow
+from memtune.storage.storage_errors import NotFoundError
 
 __all__ = ["ProfileRepository"]
 

@@ -38,9 +38,9 @@ from typing import Any, Literal
 from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session
 
+from memtune.storage.orm import ResultRow
 from memtune.storage.records import Job, Result, ResultIn
 from memtune.storage.repositories._convert import to_result
-from memtune.storage.rows import ResultRow
 
 __all__ = ["BestAnswer", "LeaderboardPage", "ResultRepository", "pareto_flags"]
 

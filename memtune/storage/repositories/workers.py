@@ -3,8 +3,8 @@
 # NOTE [ Worker heartbeats ]
 A worker (``memtune.api.worker.Worker``) writes a row of ``mt_workers`` when it starts and refreshes its ``last_seen``
 every ``heartbeat_interval_s`` from a thread of its own, idle or busy, and deletes it when it stops cleanly. A worker
-whose
-``last_seen`` is older than ``stale_after_s`` (the same limit after which its running job is reclaimed) is taken as
+whose ``last_seen`` is older than ``stale_after_s`` (the same limit after which its running job is reclaimed) is taken
+as
 dead: killed, out of memory, on a host that went away. ``/healthz`` then reads, for every GPU type with a queued job,
 whether a live worker serves it (one that serves every GPU type, or that one by name), and answers 503 ``degraded``
 naming the GPU types none serves: before, a killed worker left ``/healthz`` at 200 and new jobs queued for ever. A
@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from memtune.storage.rows import JobRow, WorkerRow, utcnow
+from memtune.storage.orm import JobRow, WorkerRow, utcnow
 
 __all__ = ["WorkerRecord", "WorkerRepository"]
 

@@ -1,7 +1,7 @@
 """What an inference plan is made from: each layer's bytes and forward time, and the host link.
 
 Torch-free value types. ``memtune.tuner.runtime.inference_facts`` reads the shapes off a live ``nn.Sequential`` and
-``memtune.tuner.runtime.inference_measure`` times the layers on a device; ``facts_from_profile`` takes the times and the
+``memtune.tuner.measure.inference_measure`` times the layers on a device; ``facts_from_profile`` takes the times and the
 link from a memtune ``Profile`` of the same chain instead.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from memtune.tuner.errors import PlanError
+from memtune.tuner.tuner_errors import PlanError
 
 ConvWorkspace = Literal["framework", "none"]
 """How convolutions run: the framework's algorithms, or cuDNN's workspace-free one (NOTE [ Inference plans ])."""
@@ -46,8 +46,8 @@ class LayerShape:
         name: the layer's qualified name in the model (``features.3``), as profiles name stages.
         kind: the module's class in lower case (``conv2d``, ``linear``, ``relu``).
         units: the output channels a plan may split the layer into (NOTE [ Inference plans ] in
-            ``memtune.tuner.inference.plan``): a Conv2d's ``out_channels`` (one group), a Linear's ``out_features``; 1
-            for every other layer, which runs whole.
+            ``memtune.tuner.inference.inference_plan``): a Conv2d's ``out_channels`` (one group), a Linear's
+            ``out_features``; 1 for every other layer, which runs whole.
         weight_bytes: its parameters (weight and bias), bytes; 0 for a layer without parameters. Each unit owns an
             equal share.
         input_bytes: the tensor it reads, bytes.

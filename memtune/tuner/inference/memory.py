@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memtune.tuner.inference.facts import InferenceFacts, LayerFacts
-from memtune.tuner.inference.plan import InferencePlan, OutputAt, WeightsAt
+from memtune.tuner.inference.inference_plan import InferencePlan, OutputAt, WeightsAt
 
 __all__ = [
     "WorkingSet",

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from memtune.tuner.budget import format_bytes
 from memtune.tuner.inference.facts import InferenceFacts, LayerFacts, part_ms
+from memtune.tuner.inference.inference_plan import InferencePlan, LayerFitError, LayerPlan, OutputAt, WeightsAt
+from memtune.tuner.inference.inference_simulator import simulate_inference
 from memtune.tuner.inference.memory import (
     WorkingSet,
     arriving_bytes,
@@ -17,8 +19,6 @@ from memtune.tuner.inference.memory import (
     part_units,
     working_sets,
 )
-from memtune.tuner.inference.plan import InferencePlan, LayerFitError, LayerPlan, OutputAt, WeightsAt
-from memtune.tuner.inference.simulator import simulate_inference
 
 __all__ = ["plain_plan", "plan_inference"]
 

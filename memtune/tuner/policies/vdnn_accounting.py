@@ -120,10 +120,9 @@ def _buffers(profile: Profile) -> tuple[list[int], list[int], list[int]]:
 def paper_memory(profile: Profile, plan: Plan) -> PaperMemory:
     """Maximum and average memory of one step of ``plan`` by vDNN's accounting (NOTE [ vDNN accounting ]).
 
-    The plan's ``offload`` stages offload their input map (in-place layers never do: their input is their output);
-    every other stage keeps.
-    Convolution workspaces are the plan's chosen algorithms' (``memtune.tuner.conv_choice``; none when the profile has
-    no algorithm tables). A plan with no offload stage is the network-wide baseline.
+    The plan's ``offload`` stages offload their input map (in-place layers never do: their input is their output); every
+    other stage keeps. Convolution workspaces are the plan's chosen algorithms' (``memtune.tuner.conv_choice``; none
+    when the profile has no algorithm tables). A plan with no offload stage is the network-wide baseline.
 
     Raises:
         ValueError: the plan recomputes or runs stages selectively, which vDNN has no rule for.

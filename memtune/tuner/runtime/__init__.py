@@ -4,8 +4,8 @@
 saved activations as the plan says (NOTE [ Plan semantics ] in ``memtune.tuner.plan``); ``load_plan`` reads a
 plan file or ``tune --json`` output; ``budget_guard`` caps CUDA memory and reports out-of-memory as
 ``PlanOutOfMemoryError`` naming the plan and stage; ``check_equivalence`` checks that a plan leaves
-loss, gradients and buffers unchanged. ``memtune.tuner.runtime.bench`` measures plans side by side and
-``memtune.tuner.runtime.validate`` measures a job's chosen plans on this process's GPU (imported on their own:
+loss, gradients and buffers unchanged. ``memtune.tuner.measure.bench`` measures plans side by side and
+``memtune.tuner.measure.validate`` measures a job's chosen plans on this process's GPU (imported on their own:
 they pull in the simulator and cuDNN bindings). ``memtune.tuner.runtime.ddp`` runs a plan on every rank of a
 data-parallel run, its copies staggered over a shared host link (``memtune.tuner.runtime.stagger``; imported on its
 own). ``InferenceRunner`` runs an inference plan (``memtune.tuner.inference``).
@@ -13,12 +13,12 @@ own). ``InferenceRunner`` runs an inference plan (``memtune.tuner.inference``).
 
 from __future__ import annotations
 
-from memtune.tuner.runtime.errors import PlanOutOfMemoryError
 from memtune.tuner.runtime.guard import budget_guard
-from memtune.tuner.runtime.inference import InferenceRunner
+from memtune.tuner.runtime.inference_runner import InferenceRunner
 from memtune.tuner.runtime.offload import OffloadStats
 from memtune.tuner.runtime.planned import PlannedModel, load_plan, planned
 from memtune.tuner.runtime.pool import HostPool
+from memtune.tuner.runtime.run_errors import PlanOutOfMemoryError
 from memtune.tuner.runtime.verify import Equivalence, ReferenceStep, check_equivalence, reference_step
 
 __all__ = [

@@ -40,8 +40,8 @@ from memtune.profiler.chain import Stage, conv_modules, flatten
 from memtune.profiler.conv_split import batch_chunks, run_split, split_workspace_bytes
 from memtune.profiler.cudnn import ConvGeometry, Pass, algo_name, cudnn_available, load_cudnn, module_padding
 from memtune.tuner.conv_choice import ConvTriple, choose_algorithms
-from memtune.tuner.errors import PlanError
 from memtune.tuner.plan import Plan
+from memtune.tuner.tuner_errors import PlanError
 
 __all__ = ["AlgoChoice", "ChosenConv2d", "CudnnConv2dFunction", "apply_conv_choices", "cudnn_conv2d"]
 

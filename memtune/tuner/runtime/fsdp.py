@@ -4,9 +4,9 @@ Each rank shards its replica with FSDP2, the repeated blocks as units of their o
 (``memtune.tuner.sharding.shard_units``, NOTE [ Sharded ranks ]), and wraps it with the plan
 (``memtune.tuner.runtime.planned``). The plan's stages run inside FSDP2's hooks: a stage's parameters are gathered
 before its wrapper runs, the offload
-runtime leaves them on the device (NOTE [ Sharded parameters ] in ``memtune.tuner.runtime.modules``), and a recomputed
-stage re-runs in the backward after FSDP2 has gathered them again. FSDP2 averages the gradients over the ranks, so
-after a step each rank's shards hold the gradients of the unplanned model on the whole batch
+runtime leaves them on the device (NOTE [ Sharded parameters ] in ``memtune.tuner.runtime.planned_module``), and a
+recomputed stage re-runs in the backward after FSDP2 has gathered them again. FSDP2 averages the gradients over the
+ranks, so after a step each rank's shards hold the gradients of the unplanned model on the whole batch
 (``tests/unit/runtime/test_fsdp_plans.py``, gloo on CPU). ``memtune.tuner.sharding.sharded_profile`` prices one rank's
 step.
 """

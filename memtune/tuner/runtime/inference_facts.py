@@ -4,7 +4,7 @@
 does) and refuses, by name, a layer that is not one an inference plan runs: Conv2d, Linear, parameter-free activations,
 pooling, Flatten, Dropout and Identity. ``layer_shapes`` reads each layer's bytes on the meta device (no memory, no
 compute); ``weighted_forward`` runs a Conv2d or Linear on a slice of its weights.
-``memtune.tuner.runtime.inference_measure`` times the layers on a device.
+``memtune.tuner.measure.inference_measure`` times the layers on a device.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from torch import nn
 from memtune.profiler import ModelChain
 from memtune.profiler.chain import flatten
 from memtune.profiler.cudnn import module_padding
-from memtune.tuner.errors import PlanError
 from memtune.tuner.inference import LayerShape
 from memtune.tuner.inference.facts import ConvWorkspace
 from memtune.tuner.runtime.conv import AlgoChoice, cudnn_conv2d
+from memtune.tuner.tuner_errors import PlanError
 
 __all__ = [
     "SUPPORTED",

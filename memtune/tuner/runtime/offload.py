@@ -27,14 +27,12 @@ This is the ``offload`` action of NOTE [ Plan semantics ] (``memtune.tuner.plan`
   that waits for the entry's D2H event, the copies of every entry first needed at a stage j with
   ``j + L_j >= k`` that is not back yet, L_j being the plan's lookahead for stage j (NOTE [ Prefetch lookahead ]
   in ``memtune.tuner.plan``: ``Plan.stage_lookaheads``, the global ``prefetch_lookahead`` or per stage). The buffer is
-  allocated on the compute stream (the copy stream waits for compute first), so the caching allocator accounts
-  it in compute-stream
-  order, where the simulator does, and reuses its block for compute: a block allocated on a copy stream
-  lives in that stream's pool, which compute cannot use, and under a memory cap the allocator then frees
-  and synchronises (measured on the H200, ``scripts/cap_experiment.py``: the tuned ResNet-50 plan ran 221 ms
-  capped against 132 ms uncapped before, 137 ms capped after). Unpack makes the
-  compute stream wait for that copy's event; without a prefetch it copies on demand. The device buffer
-  is dropped once every handle of the storage has been unpacked.
+  allocated on the compute stream (the copy stream waits for compute first), so the caching allocator accounts it in
+  compute-stream order, where the simulator does, and reuses its block for compute: a block allocated on a copy stream
+  lives in that stream's pool, which compute cannot use, and under a memory cap the allocator then frees and
+  synchronises (measured on the H200, ``scripts/cap_experiment.py``: the tuned ResNet-50 plan ran 221 ms capped against
+  132 ms uncapped before, 137 ms capped after). Unpack makes the compute stream wait for that copy's event; without a
+  prefetch it copies on demand. The device buffer is dropped once every handle of the storage has been unpacked.
 * A storage that is still alive on the device when unpacked (a ``keep`` stage holds it too: the
   wasted-copy case of the plan semantics, or deferred sync past the forward's end) is used in place, with
   no host-to-device copy, once compute has waited for its device-to-host copy.
@@ -74,7 +72,7 @@ def resident_storage_ptrs(tensors: Iterable[torch.Tensor]) -> set[int]:
     A ``DTensor`` (a parameter sharded by FSDP2's ``fully_shard``) has no storage of its own; its local shard's is
     taken. Parameters FSDP2 gathers for a module's forward are plain tensors in storages of their own, allocated
     when gathered: they are known only while the module runs (NOTE [ Sharded parameters ] in
-    ``memtune.tuner.runtime.modules``).
+    ``memtune.tuner.runtime.planned_module``).
     """
     ptrs = set()
     for t in tensors:

@@ -14,11 +14,10 @@ Each stage runs as NOTE [ Plan semantics ] (``memtune.tuner.plan``) says: ``keep
 each maximal run of ``recompute`` stages is one non-reentrant checkpoint
 (``memtune.tuner.runtime.segments``), called under the offload hooks when the stage before it is ``offload``
 so that its input is offloaded too (or, where the plan splits it, ``spatial_splits``, one autograd Function
-run strip by strip along H: ``memtune.tuner.runtime.spatial``), and a ``selective`` stage is a one-stage checkpoint
-under PyTorch's selective checkpointing (NOTE [ Selective stages ] in ``memtune.profiler.selective``). The plan never
-changes
-the math: loss, gradients and buffers are those of the unplanned model (tests check it for every zoo model and
-policy).
+run strip by strip along H: ``memtune.tuner.runtime.spatial_strips``), and a ``selective`` stage is a one-stage
+checkpoint under PyTorch's selective checkpointing (NOTE [ Selective stages ] in ``memtune.profiler.selective``). The
+plan never changes the math: loss, gradients and buffers are those of the unplanned model (tests check it for every zoo
+model and policy).
 
 Convolution algorithm choices (``conv_rule``, ``conv_algos``) are applied by
 ``memtune.tuner.runtime.conv.apply_conv_choices(model, plan, profile)``, which needs the profile's algorithm
@@ -43,14 +42,14 @@ from torch import nn
 from memtune.profiler import ModelChain
 from memtune.profiler.chain import flatten
 from memtune.profiler.compiled import CompiledStage
-from memtune.tuner.errors import PlanError
 from memtune.tuner.plan import Action, Plan, segments
 from memtune.tuner.runtime.conv import ChosenConv2d
 from memtune.tuner.runtime.offload import resident_storage_ptrs
 from memtune.tuner.runtime.planned_base import PlannedBase
 from memtune.tuner.runtime.segments import Segment
-from memtune.tuner.runtime.spatial import SpatialSegment
+from memtune.tuner.runtime.spatial_strips import SpatialSegment
 from memtune.tuner.spatial import parse_segment_key
+from memtune.tuner.tuner_errors import PlanError
 
 __all__ = ["CompiledWhole", "PlannedBase", "PlannedModel", "load_plan", "planned"]
 
@@ -283,8 +282,8 @@ def planned(
 
     Args:
         model: a ``ModelChain`` or an ``nn.Module``: with a plan that names module stages (``Plan.stages``, made by
-            ``memtune.tune``) any module (``memtune.tuner.runtime.modules.PlannedModule``), else a chain (nested plain
-            ``nn.Sequential`` are flattened into stages).
+            ``memtune.tune``) any module (``memtune.tuner.runtime.planned_module.PlannedModule``), else a chain (nested
+            plain ``nn.Sequential`` are flattened into stages).
         plan: a ``Plan`` or anything ``load_plan`` reads.
         clone_segment_inputs: see NOTE [ In-place at segment boundaries ]; None decides per segment.
         pool_bytes: host bytes to reserve for offloaded storages up front (0: grow during step one).
@@ -303,8 +302,8 @@ def planned(
     the_plan = load_plan(plan)
     if the_plan.whole_compile is not None:  # NOTE [ Whole-model compile ] (memtune.tuner.whole)
         return CompiledWhole(model, the_plan)
-    if the_plan.stages is not None:  # NOTE [ Module stages ] (memtune.profiler.modules)
-        from memtune.tuner.runtime.modules import PlannedModule
+    if the_plan.stages is not None:  # NOTE [ Module stages ] (memtune.profiler.module_stages)
+        from memtune.tuner.runtime.planned_module import PlannedModule
 
         if isinstance(model, ModelChain):
             raise PlanError("this plan names module stages; apply it to the nn.Module it was tuned for")

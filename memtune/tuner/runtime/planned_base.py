@@ -1,7 +1,7 @@
 """``PlannedBase``: what every planned model shares (``memtune.tuner.runtime.planned.PlannedModel`` runs a chain,
-``memtune.tuner.runtime.modules.PlannedModule`` any module).
+``memtune.tuner.runtime.planned_module.PlannedModule`` any module).
 
-Its own module so that ``memtune.tuner.runtime.modules`` subclasses it without importing
+Its own module so that ``memtune.tuner.runtime.planned_module`` subclasses it without importing
 ``memtune.tuner.runtime.planned``, whose ``planned`` builds a ``PlannedModule``: the two would import each other.
 ``memtune.tuner.runtime.planned`` re-exports
 it.
@@ -20,9 +20,9 @@ from torch import nn
 
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime.allocator import reserved_summary
-from memtune.tuner.runtime.errors import Phase, PlanOutOfMemoryError
 from memtune.tuner.runtime.offload import OffloadRuntime, OffloadStats, StepState
 from memtune.tuner.runtime.pool import HostPool
+from memtune.tuner.runtime.run_errors import Phase, PlanOutOfMemoryError
 
 __all__ = ["PlannedBase"]
 
@@ -73,7 +73,8 @@ def _load_into_wrapped(
 
 class PlannedBase(nn.Module):
     """What every planned model shares: the offload runtime, where a step is, and out-of-memory errors that name
-    the plan and the stage. ``PlannedModel`` runs a chain; ``memtune.tuner.runtime.modules.PlannedModule`` any module.
+    the plan and the stage. ``PlannedModel`` runs a chain; ``memtune.tuner.runtime.planned_module.PlannedModule`` any
+    module.
 
     Args:
         model: the wrapped model (parameters shared, no copy).
@@ -133,7 +134,7 @@ class PlannedBase(nn.Module):
     def release(self) -> None:
         """Give back what the planned model changed on the wrapped model beyond one step: nothing here; a plan of
         compiled regions wraps its region modules once (NOTE [ Regions are wrapped once ] in
-        ``memtune.profiler.regions``)
+        ``memtune.profiler.region_tree``)
         and ``PlannedModule.release`` restores them."""
 
     # ---- out of memory ---------------------------------------------------------------------------

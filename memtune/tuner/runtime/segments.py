@@ -48,7 +48,7 @@ from torch.utils.checkpoint import checkpoint
 
 from memtune.profiler.chain import may_write_input
 from memtune.profiler.selective import selective_context
-from memtune.tuner.errors import PlanError
+from memtune.tuner.tuner_errors import PlanError
 
 __all__ = ["Segment"]
 

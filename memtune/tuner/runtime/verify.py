@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from memtune.profiler import ModelChain
-from memtune.profiler.modules import call_model
+from memtune.profiler.module_stages import call_model
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime.planned import PlannedBase, planned
 

@@ -3,15 +3,13 @@
 A face is a package's ``__init__.py`` and its ``__all__`` (``memtune.profiler``, ``memtune.tuner``, the sub-faces
 ``memtune.tuner.runtime`` and ``memtune.storage.repositories``, ``memtune.storage``, ``memtune.api`` …). Every module
 under ``WALKED`` is parsed with ``ast``; for each ``from pkg.sub import name`` of another room (at the top, inside a
-function
-or under ``TYPE_CHECKING``: a type is a public name too), no ``name`` may be in the ``__all__`` of a face above
-``pkg.sub``:
-if the face offers it, the import goes through the face (``from memtune.tuner import tune``, not
-``from memtune.tuner.search import tune``; ``from memtune.tuner.runtime import planned``, not ``from
+function or under ``TYPE_CHECKING``: a type is a public name too), no ``name`` may be in the ``__all__`` of a face above
+``pkg.sub``: if the face offers it, the import goes through the face (``from memtune.tuner import tune``, not ``from
+memtune.tuner.search import tune``; ``from memtune.tuner.runtime import planned``, not ``from
 memtune.tuner.runtime.planned …``). ``import pkg.sub`` and ``from pkg import sub`` (a submodule reached through its
-package) hide which names are used,
-so across packages they are refused too. Imports within one room (``memtune.tuner.runtime`` importing
-``memtune.tuner.plan``, a face importing its own submodules) are the package's own business and are not checked.
+package) hide which names are used, so across packages they are refused too. Imports within one room
+(``memtune.tuner.runtime`` importing ``memtune.tuner.plan``, a face importing its own submodules) are the package's own
+business and are not checked.
 
 Importing through a face costs nothing at run time: ``import pkg.sub`` runs ``pkg/__init__.py`` first anyway, and
 the faces that must stay torch-free (``profiler``, ``api``) load their heavy names lazily (PEP 562 ``__getattr__``).
@@ -58,18 +56,18 @@ KNOWN_SHADOWED: set[tuple[str, str]] = set()
 
 #: (face, module) -> why the module stays out of that face: its names are imported from the module itself.
 KEPT_OUT_OF_FACES: dict[tuple[str, str], str] = {
-    # memtune/tuner/runtime/__init__.py's docstring: measuring plans side by side loads the capped-memory model
-    # (memtune.tuner.capped), the loss classes (memtune.profiler.loss) and the process isolation helpers; the face only
-    # applies plans
+    # memtune/tuner/measure/__init__.py's docstring: each measuring module is imported on its own; measuring plans side
+    # by side loads the capped-memory model (memtune.tuner.capped), the loss classes (memtune.profiler.loss) and the
+    # process isolation helpers
     (
-        "memtune.tuner.runtime",
-        "memtune.tuner.runtime.bench",
+        "memtune.tuner.measure",
+        "memtune.tuner.measure.bench",
     ): "heavy: plan benchmarking (memtune.tuner.capped, memtune.profiler.loss, isolate)",
     # the same docstring: validating a job's plans on this GPU runs the bench and reads the CUDA identity
     (
-        "memtune.tuner.runtime",
-        "memtune.tuner.runtime.validate",
-    ): "heavy: builds on memtune.tuner.runtime.bench and memtune.profiler.identity",
+        "memtune.tuner.measure",
+        "memtune.tuner.measure.validate",
+    ): "heavy: builds on memtune.tuner.measure.bench and memtune.profiler.identity",
     # memtune/storage/__init__.py's docstring points to memtune.storage.records; those records carry profiles and
     # budgets, so the module imports profiler and tuner (numpy, optuna), which ``import storage`` (the settings, the
     # CLI) avoids

@@ -70,7 +70,7 @@ def test_tune_says_when_its_best_plan_compiles_the_whole_model(tmp_path: Path) -
     from memtune.profiler.modeled import modeled_profile
     from memtune.profiler.profile import CompilerPoint
     from memtune.profiler.zoo import build
-    from memtune.tuner.runtime.whole import with_compiler_points
+    from memtune.tuner.measure.compiler_points import with_compiler_points
     from memtune.tuner.simulator import simulate
 
     prof = modeled_profile(build("resnet18", {"image_size": 32}), 256, "float32", "h200")

@@ -1,7 +1,6 @@
 """``tune`` and ``simulate --plan`` price a plan alike: the same step, allocator retries under the budget's cap
 stated in both (NOTE [ Placement ranking ] in ``memtune.tuner.search``), on a shipped H200 profile, whose calibration
-prices
-retries."""
+prices retries."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Small models for the region tests (NOTE [ Regions ] in ``memtune.profiler.regions``), laid out as the models regions
-are for, at a size CPU inductor compiles in seconds:
+"""Small models for the region tests (NOTE [ Regions ] in ``memtune.profiler.region_tree``), laid out as the models
+regions are for, at a size CPU inductor compiles in seconds:
 
 * ``TinyResNet``: torchvision's ResNet layout: a stem of four root-level stages (conv, BN, in-place ReLU, max-pool),
   ``layer1`` and ``layer2`` of two basic blocks each (residual add and in-place ReLU inside the block), pooling and a

@@ -17,7 +17,7 @@ from torch import nn
 import memtune
 from memtune.profiler.exported import load_exported
 from memtune.profiler.module_profile import profile_module
-from memtune.profiler.modules import find_stages
+from memtune.profiler.module_stages import find_stages
 
 pytestmark = pytest.mark.slow  # an export and a load each: 5 and 14 s on a 2-core machine
 

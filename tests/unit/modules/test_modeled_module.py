@@ -13,6 +13,7 @@ import memtune
 from memtune.api.python import device_label
 from memtune.profiler.devices import get_gpu
 from memtune.profiler.flops import count_stage
+from memtune.profiler.fused_attention import gpu_attention
 from memtune.profiler.modeled import SIMT_EFFICIENCY, roofline_ms
 from memtune.profiler.module_profile import _capture, as_inputs, profile_module
 from memtune.profiler.module_roofline import _OpNames
@@ -57,7 +58,8 @@ def test_a_stage_takes_the_roofline_of_its_own_ops(gpt2: Profile) -> None:
     block = case.model.get_submodule("transformer.h.1")
     (args, kwargs), _ = _capture(case.model, block, as_inputs(case.inputs), nullcontext(), torch.device("cpu"))
     hidden = args[0].requires_grad_()
-    with count_stage() as count, _OpNames(count):  # the ops as the GPU runs them (NOTE [ CPU ops the GPU fuses ])
+    # the ops as the GPU runs them (NOTE [ CPU ops the GPU fuses ], NOTE [ Fused attention on the CPU ])
+    with gpu_attention(), count_stage() as count, _OpNames(count):
         block(hidden, *args[1:], **kwargs)
     fwd, bwd = roofline_ms(StageFacts(0, 0, 0, count, True, True, ()), H100)
     stage = next(s for s in gpt2.stages if s.name == "transformer.h.1")

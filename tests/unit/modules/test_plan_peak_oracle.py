@@ -1,8 +1,8 @@
 """Planned peaks of the region tests' ResNet against the CPU allocator's own events.
 
-The served plan of ``TinyResNet`` (NOTE [ Regions ] in ``memtune.profiler.regions``) offloads ``bn1``, whose output the
-in-place ``relu`` writes and saves, and recomputes ``maxpool`` and ``layer1.0``: an offload next to an in-place op and
-a run of recompute stages (NOTE [ Plan semantics ] in ``memtune.tuner.plan``). The oracle is the method of
+The served plan of ``TinyResNet`` (NOTE [ Regions ] in ``memtune.profiler.region_tree``) offloads ``bn1``, whose output
+the in-place ``relu`` writes and saves, and recomputes ``maxpool`` and ``layer1.0``: an offload next to an in-place op
+and a run of recompute stages (NOTE [ Plan semantics ] in ``memtune.tuner.plan``). The oracle is the method of
 ``tests/unit/modules/test_peak_oracle.py``: one planned forward and backward under ``torch.profiler``'s memory events
 (``memtune.profiler.memory_meter.metered``, NOTE [ Allocator meters ]), after one step that grows the offload runtime's
 host pool (on the CPU its chunks are CPU allocations, resident from then on, as pinned memory is off the GPU). The

@@ -1,6 +1,6 @@
 """Profiles of compiled regions (NOTE [ Profiles of compiled regions ] in ``memtune.profiler.module_profile``) and
 ``memtune.tune(..., compile=True)`` choosing among eager, whole-compiled and compiled-region plans (NOTE [ Compiled-
-region candidates ] in ``memtune.tuner.regions``), on the CPU with CPU inductor.
+region candidates ] in ``memtune.tuner.region_plans``), on the CPU with CPU inductor.
 
 The CPU profile is modeled for a GPU (its times are the roofline's of the eager operations), so these tests check what
 a compiled-region profile and plan mean, and their memory, not which plan is faster on a GPU.
@@ -18,9 +18,9 @@ import torch
 
 from memtune.profiler.module_profile import profile_module
 from memtune.profiler.region_profile import profile_regions
-from memtune.profiler.regions import CompiledRegions, RegionPartition
+from memtune.profiler.region_tree import CompiledRegions, RegionPartition
 from memtune.tuner.plan import Action, Plan
-from memtune.tuner.regions import fastest
+from memtune.tuner.region_plans import fastest
 from memtune.tuner.runtime import planned
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import simulate
@@ -79,9 +79,9 @@ def _failing_backend(budget: float) -> Callable[..., Any]:
 def test_a_region_that_fails_to_compile_is_named_and_the_eager_plans_stand(monkeypatch: pytest.MonkeyPatch) -> None:
     import memtune.api.python
     import memtune.profiler.compiled
-    import memtune.profiler.regions
+    import memtune.profiler.region_tree
 
-    monkeypatch.setattr(memtune.profiler.regions, "budget_backend", _failing_backend)
+    monkeypatch.setattr(memtune.profiler.region_tree, "budget_backend", _failing_backend)
     monkeypatch.setattr(memtune.profiler.compiled, "budget_backend", _failing_backend)  # the whole model fails too
     monkeypatch.setattr(memtune.api.python, "COMPILE_BUDGETS", (1.0,))
     model, x = TinyResNet(), _batch()

@@ -1,4 +1,4 @@
-"""Regions (NOTE [ Regions ] in ``memtune.profiler.regions``): candidate partitions from the module tree, in-place
+"""Regions (NOTE [ Regions ] in ``memtune.profiler.region_tree``): candidate partitions from the module tree, in-place
 writes at their edges, and planned models whose regions run compiled (CPU inductor), wrapped once.
 
 Gradients of a planned compiled-region model are compared with the unplanned compiled run (the same regions compiled
@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch import nn
 
-from memtune.profiler.modules import find_stages
-from memtune.profiler.regions import CompiledRegions, RegionForward, edge_writes, region_partitions
-from memtune.tuner.errors import PlanError
+from memtune.profiler.module_stages import find_stages
+from memtune.profiler.region_tree import CompiledRegions, RegionForward, edge_writes, region_partitions
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime import load_plan, planned
+from memtune.tuner.tuner_errors import PlanError
 from tests.unit.modules.region_models import (
     SiLUAfter,
     TinyEncoder,

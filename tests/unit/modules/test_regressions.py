@@ -13,14 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-from memtune.profiler.errors import ProfilerError
 from memtune.profiler.module_profile import as_inputs, profile_module
-from memtune.profiler.modules import find_stages
+from memtune.profiler.module_stages import find_stages
 from memtune.profiler.profile import Profile
-from memtune.tuner.errors import PlanError
+from memtune.profiler.profiler_errors import ProfilerError
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.runtime.planned import planned
 from memtune.tuner.runtime.verify import check_equivalence, reference_step
+from memtune.tuner.tuner_errors import PlanError
 from tests.unit.modules.models import (
     DictStageNet,
     MLPBlock,

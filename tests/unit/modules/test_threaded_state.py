@@ -1,5 +1,6 @@
-"""State a model threads through its stages (NOTE [ State threaded between stages ] in ``memtune.profiler.modules``):
-Hugging Face models with their default configs, caches on, profile and every plan is exact; a toy model threading its
+"""State a model threads through its stages (NOTE [ State threaded between stages ] in
+``memtune.profiler.module_stages``): Hugging Face models with their default configs, caches on, profile and every plan
+is exact; a toy model threading its
 own
 state object does too; state that cannot be copied is refused with an error that names the stage and the type.
 
@@ -23,14 +24,14 @@ import pytest
 import torch
 from torch import nn
 
-from memtune.profiler.errors import ProfilerError
 from memtune.profiler.module_profile import profile_module
-from memtune.profiler.modules import copy_structure, tensor_leaves
+from memtune.profiler.module_stages import copy_structure, tensor_leaves
 from memtune.profiler.profile import Profile
-from memtune.tuner.errors import PlanError
+from memtune.profiler.profiler_errors import ProfilerError
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.runtime.planned import planned
 from memtune.tuner.runtime.verify import ReferenceStep, check_equivalence, reference_step
+from memtune.tuner.tuner_errors import PlanError
 from tests.unit.modules import models
 from tests.unit.modules.models import hf_loss, mean_square
 

@@ -132,7 +132,7 @@ def test_a_cpu_made_profile_for_a_gpu_holds_the_gpus_convolution_workspace() -> 
 
 
 def test_transients_of_the_cpu_are_refused_on_cuda_and_unknown_words_everywhere() -> None:
-    from memtune.profiler.errors import ProfilerError
+    from memtune.profiler.profiler_errors import ProfilerError
 
     with pytest.raises(ProfilerError, match="transients"):
         profile_module(nn.Linear(4, 4), torch.randn(2, 4), transients="host", warmup=0, repeats=1)  # type: ignore[arg-type]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from memtune.profiler.devices import GPUS, get_gpu, gpu_key
-from memtune.profiler.errors import ProfilerError, UnknownGPUError
 from memtune.profiler.identity import spec_identity
+from memtune.profiler.profiler_errors import ProfilerError, UnknownGPUError
 
 MiB = 1 << 20
 GiB = 1 << 30

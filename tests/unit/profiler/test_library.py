@@ -8,9 +8,9 @@ import pytest
 from torch import nn
 
 from memtune.profiler.chain import ModelChain, flatten
-from memtune.profiler.errors import ProfilerError
 from memtune.profiler.library import data_dir, find_profile, list_profiles, profile_filename
 from memtune.profiler.modeled import modeled_profile
+from memtune.profiler.profiler_errors import ProfilerError
 
 
 def tiny() -> ModelChain:

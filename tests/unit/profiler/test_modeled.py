@@ -10,7 +10,6 @@ from torch import nn
 
 from memtune.profiler.chain import ModelChain, flatten
 from memtune.profiler.devices import get_gpu
-from memtune.profiler.errors import UnknownGPUError
 from memtune.profiler.flops import OpCount, StageCount
 from memtune.profiler.meta import meta_chain, meta_input
 from memtune.profiler.modeled import (
@@ -36,6 +35,7 @@ from memtune.profiler.modeled import (
     roofline_ms,
 )
 from memtune.profiler.profile import Profile
+from memtune.profiler.profiler_errors import UnknownGPUError
 from memtune.profiler.stagefacts import StageFacts
 from memtune.profiler.storages import saved_storage_table
 

@@ -156,7 +156,7 @@ def test_saved_bytes_sum_to_the_table_total() -> None:
 
 
 def test_model_parameters_on_another_device_are_refused() -> None:
-    from memtune.profiler.errors import ProfilerError
+    from memtune.profiler.profiler_errors import ProfilerError
 
     ch = chain_of(nn.Linear(4, 4), input_shape=(4,))
     with pytest.raises(ProfilerError, match="meta_chain"):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memtune.tuner.runtime.allocator import describe_reserved, group_segments, reserved_summary
-from memtune.tuner.runtime.errors import PlanOutOfMemoryError
+from memtune.tuner.runtime.run_errors import PlanOutOfMemoryError
 
 GIB = 2**30
 

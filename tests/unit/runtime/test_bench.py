@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from memtune.api.cli import app
 from memtune.profiler.zoo import build
-from memtune.tuner.runtime.bench import BenchRow, make_batch
+from memtune.tuner.measure.bench import BenchRow, make_batch
 
 
 def test_make_batch_images_and_tokens() -> None:
@@ -45,7 +45,7 @@ def test_the_bench_json_carries_the_run_record(tmp_path: Path, monkeypatch: pyte
     import memtune.api.cli_peers as cli_peers
     import memtune.profiler
     import memtune.profiler.factory
-    import memtune.tuner.runtime.module_bench as module_bench
+    import memtune.tuner.measure.module_bench as module_bench
 
     def fake_bench(net: torch.nn.Module, x: torch.Tensor, **kwargs: object) -> dict[str, object]:
         step = {"step_ms": 1.0, "peak_bytes": 1 << 20}

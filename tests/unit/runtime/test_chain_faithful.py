@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from memtune.profiler.chain import flatten
-from memtune.tuner.errors import PlanError
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.runtime import check_equivalence, reference_step
 from memtune.tuner.runtime.planned import planned
+from memtune.tuner.tuner_errors import PlanError
 
 torch.set_num_threads(1)
 

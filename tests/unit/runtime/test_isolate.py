@@ -8,9 +8,9 @@ import pytest
 
 from memtune.profiler.modeled import modeled_profile
 from memtune.profiler.zoo import build
+from memtune.tuner.measure.bench import row_specs
+from memtune.tuner.measure.isolate import IsolatedProcessError, run_isolated
 from memtune.tuner.plan import Plan
-from memtune.tuner.runtime.bench import row_specs
-from memtune.tuner.runtime.isolate import IsolatedProcessError, run_isolated
 
 
 def _exit_hard(code: int) -> None:

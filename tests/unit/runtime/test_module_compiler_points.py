@@ -1,8 +1,7 @@
 """``memtune.tune(model, ..., compile=...)`` on a module (NOTE [ Compiler points of a module ] in
-``memtune.tuner.runtime.whole``): the whole model compiled at activation budgets 1, 0.5 and 0.25 is measured after
-profiling (CPU inductor here), its points join the search, a whole-model plan applied by ``memtune.planned`` trains with
-the
-compiler's math, and ``"auto"`` leaves a CPU model eager."""
+``memtune.tuner.measure.compiler_points``): the whole model compiled at activation budgets 1, 0.5 and 0.25 is measured
+after profiling (CPU inductor here), its points join the search, a whole-model plan applied by ``memtune.planned``
+trains with the compiler's math, and ``"auto"`` leaves a CPU model eager."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""The peers of a module model (NOTE [ Module peers ] in ``memtune.tuner.runtime.module_peers``, NOTE [ Peer measurement
-] in ``memtune.tuner.runtime.peer_measure``): which apply and why not, that each one applied keeps the model's math and
+"""The peers of a module model (NOTE [ Module peers ] in ``memtune.tuner.measure.module_peers``, NOTE [ Peer measurement
+] in ``memtune.tuner.measure.peer_measure``): which apply and why not, that each one applied keeps the model's math and
 leaves the model as it was, and their measurement on the CPU (``checkpoint_sequential``, Hugging Face checkpointing,
-activation
-offload through the CPU copy path; the compiler's sweep under CPU inductor in the slow test)."""
+activation offload through the CPU copy path; the compiler's sweep under CPU inductor in the slow test)."""
 
 from __future__ import annotations
 
@@ -10,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from memtune.tuner.runtime.module_peers import COMPILER_SWEEP, ModulePeer, applicable_peers, applied
-from memtune.tuner.runtime.peer_measure import measure_peers
-from memtune.tuner.runtime.sequential_chain import ChainLink
+from memtune.tuner.measure.module_peers import COMPILER_SWEEP, ModulePeer, applicable_peers, applied
+from memtune.tuner.measure.peer_measure import measure_peers
+from memtune.tuner.measure.sequential_chain import ChainLink
 
 
 class _Chain(nn.Module):

@@ -1,7 +1,7 @@
 """A spatially split segment keeps the math (NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``): outputs, input
 and parameter gradients equal the unsplit run's, for strip counts that do not divide odd heights; modules it cannot
-split
-are refused by stage and type; ``planned`` applies ``spatial_splits`` with gradients equal to the unplanned model's.
+split are refused by stage and type; ``planned`` applies ``spatial_splits`` with gradients equal to the unplanned
+model's.
 CPU, fp32: rtol 1e-5, atol 1e-6 (the gradients differ from the unsplit run's only in the order of summation)."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from memtune.profiler import zoo
 from memtune.profiler.chain import ModelChain, flatten
 from memtune.profiler.measure import model_input
 from memtune.profiler.modeled import modeled_profile
-from memtune.profiler.spatial import leaf_rows, stage_row_map
-from memtune.tuner.errors import PlanError
+from memtune.profiler.spatial_modules import leaf_rows, stage_row_map
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime import check_equivalence, reference_step
-from memtune.tuner.runtime.spatial import SpatialSegment
+from memtune.tuner.runtime.spatial_strips import SpatialSegment
+from memtune.tuner.tuner_errors import PlanError
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""``memtune.tuner.runtime.validate`` without a GPU: the refusals (no CUDA, another GPU type, bad arguments) and the
+"""``memtune.tuner.measure.validate`` without a GPU: the refusals (no CUDA, another GPU type, bad arguments) and the
 glue around ``bench_plans`` (progress indices, stopping between plans), with ``bench_plans`` stood in for."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from memtune.profiler.identity import spec_identity
 from memtune.profiler.modeled import modeled_profile
 from memtune.profiler.profile import DeviceIdentity
 from memtune.profiler.zoo import build
-from memtune.tuner.errors import TunerError
+from memtune.tuner.measure import validate
+from memtune.tuner.measure.bench import BenchRow
+from memtune.tuner.measure.validate import ValidationUnavailable, check_validation_device, validate_plans
 from memtune.tuner.plan import Action, Plan
-from memtune.tuner.runtime import validate
-from memtune.tuner.runtime.bench import BenchRow
-from memtune.tuner.runtime.validate import ValidationUnavailable, check_validation_device, validate_plans
+from memtune.tuner.tuner_errors import TunerError
 
 PARAMS = {"image_size": 32, "num_classes": 10}
 

@@ -2,8 +2,8 @@
 measured compiler points, chosen by ``tune`` where one fits and beats the searched plans, and run by ``planned`` as
 ``torch.compile`` of the whole model, bitwise the compiler's own run at that budget.
 
-The compiler points here are written by hand (on a GPU ``memtune.tuner.runtime.whole.measure_compiler_points`` measures
-them; ``tests/gpu/test_compiled_gpu.py`` does); what is tested is how they are priced and chosen."""
+The compiler points here are written by hand (on a GPU ``memtune.tuner.measure.compiler_points.measure_compiler_points``
+measures them; ``tests/gpu/test_compiled_gpu.py`` does); what is tested is how they are priced and chosen."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from memtune.profiler import zoo
 from memtune.profiler.measure import model_input
 from memtune.profiler.modeled import modeled_profile
 from memtune.profiler.profile import CompilerPoint, Profile
-from memtune.tuner.errors import PlanError
+from memtune.tuner.measure.bench import BenchRow
+from memtune.tuner.measure.compiler_points import compiler_points, with_compiler_points
+from memtune.tuner.measure.peers import compiled_model
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime import check_equivalence, planned, reference_step
-from memtune.tuner.runtime.bench import BenchRow
-from memtune.tuner.runtime.peers import compiled_model
 from memtune.tuner.runtime.planned import CompiledWhole
-from memtune.tuner.runtime.whole import compiler_points, with_compiler_points
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import simulate
+from memtune.tuner.tuner_errors import PlanError
 
 torch.set_num_threads(1)
 

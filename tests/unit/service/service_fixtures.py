@@ -19,12 +19,12 @@ from memtune.profiler.identity import spec_identity
 from memtune.profiler.profile import DeviceIdentity, Profile
 from memtune.storage.database import Database
 from memtune.storage.migrate import alembic_config, current_revision, head_revision, upgrade
+from memtune.storage.orm import Base, utcnow
 from memtune.storage.records import ResultIn
 from memtune.storage.repositories import JobRepository, ResultRepository
-from memtune.storage.rows import Base, utcnow
+from memtune.tuner.measure.bench import BenchRow
+from memtune.tuner.measure.validate import ValidationRun
 from memtune.tuner.plan import Plan
-from memtune.tuner.runtime.bench import BenchRow
-from memtune.tuner.runtime.validate import ValidationRun
 from memtune.tuner.simulator import simulate
 
 __all__ = ["SMALL_SPEC", "FakeValidator", "migration_round_trip", "schema_diff"]
@@ -62,7 +62,7 @@ SMALL_SPEC: dict[str, Any] = {
 
 @dataclass
 class FakeValidator:
-    """A stand-in for ``memtune.tuner.runtime.validate.validate_plans`` in CPU tests (never in product code).
+    """A stand-in for ``memtune.tuner.measure.validate.validate_plans`` in CPU tests (never in product code).
 
     It "measures" each plan as its simulated numbers scaled by ``step_scale`` and ``peak_scale`` on the
     roofline identity of the job's GPU type, reports progress like the real one, polls ``should_stop``

@@ -22,9 +22,9 @@ from memtune.api.schemas import JobPublic
 from memtune.api.settings import Settings
 from memtune.api.worker import Worker
 from memtune.storage.database import Database
-from memtune.storage.errors import NotFoundError
 from memtune.storage.migrate import alembic_config, current_revision, head_revision, upgrade
 from memtune.storage.repositories import CalibrationRepository, JobRepository, KeyRepository
+from memtune.storage.storage_errors import NotFoundError
 from memtune.tuner.calibration import calibration_for
 
 NEW_GPU = "a100-80gb"  # a roofline spec, no committed calibration

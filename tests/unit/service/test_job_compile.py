@@ -1,8 +1,7 @@
 """Whole-model compile on service jobs (NOTE [ Compiler points in the service ] in ``memtune.api.worker``), on SQLite:
 the request field (422 naming it), what the job stores and shows, the idempotency hash, the worker under ``off``,
-``auto``
-and ``on`` (on this CPU machine: stored test points, a stand-in for the GPU measurement, a worker without a GPU), and
-migration 0009.
+``auto`` and ``on`` (on this CPU machine: stored test points, a stand-in for the GPU measurement, a worker without a
+GPU), and migration 0009.
 
 The compiler points below are test values added to a committed profile, not measurements."""
 
@@ -29,7 +28,7 @@ from memtune.storage.database import Database
 from memtune.storage.migrate import alembic_config, current_revision, head_revision, upgrade
 from memtune.storage.records import ModelRecord
 from memtune.storage.repositories import JobRepository, ProfileRepository, ResultRepository
-from memtune.tuner.runtime.whole import with_compiler_points
+from memtune.tuner.measure.compiler_points import with_compiler_points
 
 JOB: dict[str, Any] = {"model": {"zoo": "alexnet"}, "batch": 256, "gpu": "h100", "budget": "1800MB", "trials": 10}
 

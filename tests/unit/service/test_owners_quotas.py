@@ -21,8 +21,8 @@ from memtune.api.main import create_app
 from memtune.api.settings import Settings
 from memtune.storage.database import Database
 from memtune.storage.migrate import upgrade
+from memtune.storage.orm import JobRow
 from memtune.storage.repositories import KeyRepository
-from memtune.storage.rows import JobRow
 
 PROBLEM = "application/problem+json"
 JOB: dict[str, Any] = {"model": {"spec": SMALL_SPEC}, "batch": 8, "gpu": "h200", "budget": "64MiB", "trials": 5}

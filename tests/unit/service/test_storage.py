@@ -12,8 +12,8 @@ from sqlalchemy import inspect, update
 from memtune.profiler.devices import GPUS
 from memtune.profiler.identity import spec_identity
 from memtune.storage.database import Database
-from memtune.storage.errors import ConflictError, IdempotencyConflictError, NotFoundError
 from memtune.storage.migrate import current_revision, head_revision, upgrade
+from memtune.storage.orm import ApiKeyRow, Base, JobRow, ModelRow, utcnow
 from memtune.storage.records import Job, ResultIn
 from memtune.storage.repositories import (
     GpuRepository,
@@ -26,7 +26,7 @@ from memtune.storage.repositories import (
     pareto_flags,
 )
 from memtune.storage.repositories.results import decode_page_token
-from memtune.storage.rows import ApiKeyRow, Base, JobRow, ModelRow, utcnow
+from memtune.storage.storage_errors import ConflictError, IdempotencyConflictError, NotFoundError
 
 GiB = 1 << 30
 

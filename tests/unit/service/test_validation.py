@@ -22,9 +22,9 @@ from memtune.api.routes.jobs import _request_hash
 from memtune.api.schemas import JobCreate, JobPublic
 from memtune.api.worker import Validator, Worker
 from memtune.storage.database import Database
+from memtune.storage.orm import JobRow
 from memtune.storage.records import Job
 from memtune.storage.repositories import JobRepository, ResultRepository
-from memtune.storage.rows import JobRow
 from memtune.tuner.search import NO_CHOICE, TuneResult, leaves_convs_to_framework
 
 BUDGET = "64MiB"
@@ -285,8 +285,7 @@ def test_the_best_plan_without_algorithm_choice_is_measured_too_and_served_if_fa
     For some seeds the 60-trial search's best at 11 GiB leaves the algorithms to the framework, and there is then
     nothing to compare. The seed of the whole search (the pre-search without choice included, since
     ``memtune.tuner.tune`` is looked up in ``memtune.tuner.search`` on use) is pinned to 1, whose best chooses them
-    (133.8 ms simulated; 136.0
-    without choice)."""
+    (133.8 ms simulated; 136.0 without choice)."""
     real_tune = memtune.tuner.search.tune
 
     def seeded_tune(*args: Any, **kwargs: Any) -> TuneResult:

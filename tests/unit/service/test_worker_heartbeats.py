@@ -13,8 +13,8 @@ from sqlalchemy import update
 
 from memtune.api.worker import Worker
 from memtune.storage.database import Database
+from memtune.storage.orm import WorkerRow, utcnow
 from memtune.storage.repositories import WorkerRepository
-from memtune.storage.rows import WorkerRow, utcnow
 
 JOB = {"model": {"spec": SMALL_SPEC}, "batch": 8, "gpu": "h200", "budget": "64MiB", "trials": 5}
 

@@ -19,7 +19,7 @@ from memtune.tuner.calibration import (
     installed_calibrations,
     uninstall_calibrations,
 )
-from memtune.tuner.errors import CalibrationError
+from memtune.tuner.tuner_errors import CalibrationError
 
 DATA: dict[str, Any] = {
     "gpu": "h100",

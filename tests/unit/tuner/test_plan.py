@@ -7,8 +7,8 @@ from chains import linear_chain
 from pydantic import ValidationError
 
 from memtune.profiler.profile import SavedStorage
-from memtune.tuner.errors import PlanError
 from memtune.tuner.plan import Action, Plan, resolve_storages, segments
+from memtune.tuner.tuner_errors import PlanError
 
 
 def test_segments_are_maximal_runs() -> None:

@@ -11,7 +11,6 @@ import pytest
 from profiles import MiB, conv_profile
 
 from memtune.profiler.profile import ConvAlgo, DeviceIdentity, Profile
-from memtune.tuner.errors import TunerError
 from memtune.tuner.plan import Action, ConvChoice, Plan, resolve_storages, segments
 from memtune.tuner.policies import POLICIES, run_policy
 from memtune.tuner.policies._storage import StorageMap, is_conv
@@ -30,6 +29,7 @@ from memtune.tuner.policies.vdnn import (
 )
 from memtune.tuner.policies.vdnn_dyn import algo_ladder, conv_ladder, vdnn_dyn, vdnn_dyn_passes
 from memtune.tuner.simulator import Simulator, simulate
+from memtune.tuner.tuner_errors import TunerError
 
 NAMES = {
     "none",

@@ -15,8 +15,8 @@ from profiles import DEVICE, Layer, MiB, chain_profile, conv_profile
 from memtune.profiler import Profile
 from memtune.tuner import Action, Plan, SharedLink, ranks_prefetch_trigger, simulate, simulate_ranks, stagger_for
 from memtune.tuner.calibration import Calibration, install_calibration, uninstall_calibrations
-from memtune.tuner.errors import CalibrationError
 from memtune.tuner.link import ring_allreduce_ms
+from memtune.tuner.tuner_errors import CalibrationError
 
 BUS = 100.0  # GB/s, the all-reduce rate the tests pass where it is not the subject
 

@@ -9,11 +9,11 @@ import optuna
 import pytest
 from chains import linear_chain
 
-from memtune.tuner.errors import PlanError, SearchError
 from memtune.tuner.exact import exact_optimum
 from memtune.tuner.plan import Plan
 from memtune.tuner.search import pareto_front, tune
 from memtune.tuner.simulator import simulate
+from memtune.tuner.tuner_errors import PlanError, SearchError
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

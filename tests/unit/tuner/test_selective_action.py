@@ -9,10 +9,10 @@ import pytest
 from memtune.api.cli import resolve_profile
 from memtune.profiler.profile import Profile
 from memtune.profiler.zoo import build
-from memtune.tuner.errors import PlanError
 from memtune.tuner.plan import Action, Plan, resolve_storages, selective_gain_bytes, selective_pays, stage_actions
 from memtune.tuner.search import Candidate, tune
 from memtune.tuner.simulator import Simulator, simulate
+from memtune.tuner.tuner_errors import PlanError
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,13 @@ import pytest
 from profiles import MiB, conv_profile
 
 from memtune.profiler import Profile, RowMap
-from memtune.profiler.rows import compose_rows
-from memtune.tuner.errors import PlanError
+from memtune.profiler.spatial_rows import compose_rows
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import Simulator
 from memtune.tuner.spatial import parse_segment_key, strip_bounds, strip_cost, strip_windows
 from memtune.tuner.spatial_search import split_descent, splittable_segments, valid_splits
+from memtune.tuner.tuner_errors import PlanError
 
 CONV3 = RowMap(kernel=3, stride=1, padding=1, in_rows=32, out_rows=32)
 POINT = RowMap(kernel=1, stride=1, padding=0, in_rows=32, out_rows=32)

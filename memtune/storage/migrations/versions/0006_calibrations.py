@@ -15,7 +15,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from memtune.storage.rows import UTCDateTime
+from memtune.storage.orm import UTCDateTime
 
 revision = "0006"
 down_revision = "0005"

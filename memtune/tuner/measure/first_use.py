@@ -32,9 +32,9 @@ from memtune.profiler.devices import gpu_key
 from memtune.profiler.library import profile_filename, user_profile_dir
 from memtune.profiler.measure import profile as measure
 from memtune.tuner.calibration import calibration_for
-from memtune.tuner.errors import TunerError
-from memtune.tuner.runtime.calibrate import CalibrationRun, calibrate
-from memtune.tuner.runtime.isolate import run_isolated
+from memtune.tuner.measure.calibrate import CalibrationRun, calibrate
+from memtune.tuner.measure.isolate import run_isolated
+from memtune.tuner.tuner_errors import TunerError
 
 __all__ = ["PresentGPU", "ensure_calibration", "measure_zoo_profile", "present_gpu", "zoo_profile"]
 
@@ -107,7 +107,7 @@ def measure_zoo_profile(
         (note or print)(f"cuDNN algorithm tables could not be measured ({exc}); profiling without them")
         prof = measure(chain, batch, dtype, device="cuda", progress=progress)
     if prof.has_conv_algos:
-        from memtune.tuner.runtime.lean import measure_lean_transients
+        from memtune.tuner.measure.lean import measure_lean_transients
 
         prof = measure_lean_transients(chain, prof)
     folder = user_profile_dir()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memtune.tuner.inference.facts import InferenceFacts, part_ms
+from memtune.tuner.inference.inference_plan import InferencePlan
 from memtune.tuner.inference.memory import WorkingSet, part_bytes, part_units, working_sets
-from memtune.tuner.inference.plan import InferencePlan
 
 __all__ = ["InferenceSim", "LayerTiming", "simulate_inference"]
 

@@ -40,18 +40,17 @@ mode").
   Otherwise every layer with weights is host-prefetched and takes the fewest partitions that fit, keeping its output
   on the device where some partition count allows it and the estimate of that layer's time is not worse; then
   layers turn resident one at a time while the simulated latency falls.
-* Latency (``memtune.tuner.inference.simulator``): a compute engine and a host->device copy engine in the order above. A
+* Latency (``memtune.tuner.inference.inference_simulator``): a compute engine and a host->device copy engine in the
+order above. A
   partition of a layer split k ways costs its share of the layer's forward time, but no less than
   ``InferenceFacts.partition_floor_ms``: each partition is one more operation to issue and wait for, and the paper
   measures that "more iterations lead to longer overhead time". Measured facts time that floor on the runner itself
-  (``memtune.tuner.runtime.inference_measure.partition_ms``) and each layer's one-channel partition, and price a
+  (``memtune.tuner.measure.inference_measure.partition_ms``) and each layer's one-channel partition, and price a
   partition of c channels on the line from that to the whole layer (``memtune.tuner.inference.facts.part_ms``): a
-  one-channel
-  convolution is far less efficient than 1/C of the whole (3.7 ms against 37 ms for VGG-16's 256-channel
-  convolutions at 56x56 on one CPU thread). Facts from a profile take the layer's share and the cheapest layer's
-  forward as the floor. Output
-  copies to the host and input copies back run in line with compute; where copies do not overlap compute at all
-  (the CPU), every copy does.
+  one-channel convolution is far less efficient than 1/C of the whole (3.7 ms against 37 ms for VGG-16's 256-channel
+  convolutions at 56x56 on one CPU thread). Facts from a profile take the layer's share and the cheapest layer's forward
+  as the floor. Output copies to the host and input copies back run in line with compute; where copies do not overlap
+  compute at all (the CPU), every copy does.
 """
 
 from __future__ import annotations
@@ -61,8 +60,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memtune.tuner.errors import PlanError
 from memtune.tuner.inference.facts import ConvWorkspace
+from memtune.tuner.tuner_errors import PlanError
 
 if TYPE_CHECKING:
     from memtune.tuner.inference.facts import InferenceFacts

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 from memtune.profiler import Profile, ProfilerError
 from memtune.tuner.budget import format_bytes
 from memtune.tuner.calibration import calibration_for
-from memtune.tuner.errors import TunerError
+from memtune.tuner.measure.bench import BenchRow, bench_plans
+from memtune.tuner.measure.compiler_points import measure_compiler_points, with_compiler_points
+from memtune.tuner.measure.first_use import zoo_profile
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.policies import POLICIES
-from memtune.tuner.runtime.bench import BenchRow, bench_plans
-from memtune.tuner.runtime.first_use import zoo_profile
-from memtune.tuner.runtime.whole import measure_compiler_points, with_compiler_points
 from memtune.tuner.search import tune as run_tune
+from memtune.tuner.tuner_errors import TunerError
 
 if TYPE_CHECKING:
     from memtune.profiler import ModelChain

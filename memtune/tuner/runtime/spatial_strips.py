@@ -5,12 +5,13 @@
 (``Plan.spatial_splits``): called the same way, it runs stages ``first..last`` as one autograd Function that saves
 only the segment input, computes the output strip by strip without a graph, and in backward re-runs each strip with
 a graph and accumulates its input and parameter gradients. Each leaf module runs on its strip with the padding of
-the true image borders only (``_apply_leaf``); ``memtune.profiler.spatial.leaf_rows`` decides which modules may.
+the true image borders only (``_apply_leaf``); ``memtune.profiler.spatial_modules.leaf_rows`` decides which modules may.
 
 In-place modules (NOTE [ In-place at segment boundaries ] in ``memtune.tuner.runtime.segments``): a strip of the segment
 input is a view of it, so a leaf that writes its input in place (``inplace=True``) gets a clone of the strip; the
 segment input itself is never written, so nothing is cloned whole. Buffers (NOTE [ Buffers during recompute ]):
-the modules a split may hold (``memtune.profiler.spatial``) write none in forward, so the re-run changes nothing.
+the modules a split may hold (``memtune.profiler.spatial_modules``) write none in forward, so the re-run changes
+nothing.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from memtune.profiler import RowMap
-from memtune.profiler.spatial import LeafRows, leaf_rows, stage_leaves
-from memtune.tuner.errors import PlanError
+from memtune.profiler.spatial_modules import LeafRows, leaf_rows, stage_leaves
 from memtune.tuner.runtime.conv import ChosenConv2d, cudnn_conv2d
 from memtune.tuner.spatial import MAX_STRIPS, MIN_STRIPS, strip_bounds, strip_windows
+from memtune.tuner.tuner_errors import PlanError
 
 __all__ = ["SpatialSegment"]
 

@@ -1,7 +1,7 @@
 """Measured validation: run a few chosen plans on this process's CUDA GPU and measure them.
 
 The search ranks plans by the simulator; validation runs the top ones for real, so that what is served
-as ``measured`` is what the GPU did. It reuses ``memtune.tuner.runtime.bench.bench_plans`` (without PyTorch's
+as ``measured`` is what the GPU did. It reuses ``memtune.tuner.measure.bench.bench_plans`` (without PyTorch's
 built-ins): the unplanned step first (the reference, measured without a cap), then each plan built with
 ``planned`` inside its cuDNN algorithm choices and run under ``budget_guard`` at the job's budget, timed
 with ``measure_step`` (CUDA events after warm-up, median of the timed steps; the step is NOTE
@@ -10,7 +10,7 @@ fails comes back as a row with ``error`` set (``PlanOutOfMemoryError`` names the
 as an exception.
 
 Given a picklable function that builds the model, validation measures each configuration in a fresh process
-(NOTE [ Bench isolation ] in ``memtune.tuner.runtime.bench``): cuDNN keeps the fallback algorithm a capped plan ran and
+(NOTE [ Bench isolation ] in ``memtune.tuner.measure.bench``): cuDNN keeps the fallback algorithm a capped plan ran and
 would hand it to the next plan of the same process, so plans measured in one process are not independent. The
 worker passes ``memtune.api.model_refs.stored_chain_builder``'s builder, so a job's measured numbers are what its
 plans do in a training job of their own.
@@ -30,10 +30,10 @@ import torch
 
 from memtune.profiler import DeviceIdentity, ModelChain, Profile, ProfilerError
 from memtune.profiler.identity import cuda_identity
-from memtune.tuner.errors import TunerError
+from memtune.tuner.measure.bench import BenchRow, bench_plans
 from memtune.tuner.plan import Plan
-from memtune.tuner.runtime.bench import BenchRow, bench_plans
 from memtune.tuner.runtime.guard import configure_allocator
+from memtune.tuner.tuner_errors import TunerError
 
 __all__ = ["ValidationRun", "ValidationUnavailable", "check_validation_device", "validate_plans"]
 

@@ -2,10 +2,10 @@
 
 # NOTE [ Regions ]
 The compiler's gain lies in fusions across layers, so a compiled stage should be large; memtune's default stages
-(NOTE [ Module stages ] in ``memtune.profiler.modules``) are small (ResNet's stem is four of them). Compiled one by one
-on an H100, torchvision's ResNet-50 stepped in 62.9 ms against 45.8 for the whole model compiled, and EfficientNet-B0
-failed
-(an in-place SiLU stage overwrote a compiled stage's output that the compiled backward had saved).
+(NOTE [ Module stages ] in ``memtune.profiler.module_stages``) are small (ResNet's stem is four of them). Compiled one
+by one on an H100, torchvision's ResNet-50 stepped in 62.9 ms against 45.8 for the whole model compiled, and
+EfficientNet-B0 failed (an in-place SiLU stage overwrote a compiled stage's output that the compiled backward had
+saved).
 
 A *region* is a module of the model's tree whose one call covers a run of consecutive stages (ResNet's ``layer1``,
 BERT's ``bert.encoder``, EfficientNet's ``features.3``), or one stage. Compiling the region module compiles its
@@ -14,11 +14,10 @@ code runs eagerly, as it does between stages. A region partition of a model is t
 stages, and everything the module-stage machinery does applies unchanged: the profiler measures the regions as stages
 (``memtune.profiler.module_profile.profile_module(..., compile_budget=b)``, each region compiled under
 ``budget_backend(b)``), the simulator and the search price and choose keep, offload and recompute per region, and the
-runtime
-(``memtune.tuner.runtime.modules.PlannedModule``) applies them around the compiled region: recompute is a non-reentrant
-checkpoint around the compiled call, offload the saved-tensor hooks around it (they fire for the tensors a compiled
-graph saves, and the offload runtime keeps strides, which the compiled backward asserts). Selective checkpointing
-works on eager operations only, so a compiled plan never takes it (``Plan`` refuses it).
+runtime (``memtune.tuner.runtime.planned_module.PlannedModule``) applies them around the compiled region: recompute is a
+non-reentrant checkpoint around the compiled call, offload the saved-tensor hooks around it (they fire for the tensors a
+compiled graph saves, and the offload runtime keeps strides, which the compiled backward asserts). Selective
+checkpointing works on eager operations only, so a compiled plan never takes it (``Plan`` refuses it).
 
 Candidate partitions (``region_partitions``) come from the tree: at depth d every default stage is replaced by its
 ancestor d names deep (``layer1.0`` -> ``layer1`` at depth 1), and a run of consecutive stages with one ancestor is one
@@ -38,8 +37,7 @@ wrong. A region that writes its own input in place is no better: its graph mutat
 before a compiled profile is measured, one eager forward and the loss run with every stage hooked
 (``edge_writes``): a region that declares an in-place first layer (``memtune.profiler.chain.may_write_input``), whose
 inputs' version counters move during its call, or whose inputs' or outputs' counters move after it returned, runs eager
-in
-that profile and in every plan made of it (``Profile.eager_stages``, ``Plan.eager_stages``), with the reason in the
+in that profile and in every plan made of it (``Profile.eager_stages``, ``Plan.eager_stages``), with the reason in the
 profile (``model_params["eager_regions"]``). Eager, it is what the unplanned model runs, which autograd checks and the
 planned runtime handles (NOTE [ In-place at segment boundaries ]). A partition whose regions are coarser keeps more of
 these writes inside one compiled graph, where the compiler handles them; the search prefers the faster.
@@ -49,11 +47,10 @@ A region module is compiled once, by ``torch.compile`` of its own forward, and w
 ``RegionForward`` (an instance attribute, set once, never re-patched per call; the model's ``state_dict`` keys and
 submodule names are unchanged, since no module is inserted). A ``RegionForward`` runs the module's own forward unless a
 *runner* that was attached to it is running a step: the profiler's ``CompiledRegions`` while it measures, or a planned
-model (``memtune.tuner.runtime.modules.PlannedModule``) while its forward runs; the runner then calls the region,
+model (``memtune.tuner.runtime.planned_module.PlannedModule``) while its forward runs; the runner then calls the region,
 compiled under its budget or eager as its plan says, with the plan's action around it. So the user's model called
-directly
-runs as written, eagerly, and two planned models of one model each run their own plan. Dynamo's guards see one stable
-``forward`` attribute, so calling twice compiles once; the compiled callables are kept per budget on the
+directly runs as written, eagerly, and two planned models of one model each run their own plan. Dynamo's guards see one
+stable ``forward`` attribute, so calling twice compiles once; the compiled callables are kept per budget on the
 ``RegionForward``. Runners are held by weak references; the profiler detaches on exit and, with no runner left, the
 module's own ``forward`` is restored. A planned model leaves the ``RegionForward`` installed (``PlannedModule.release``
 restores it). Module hooks still run eagerly around the call (``nn.Module._call_impl`` calls ``forward``), as do the
@@ -76,8 +73,15 @@ from torch import nn
 
 from memtune.profiler.chain import may_write_input
 from memtune.profiler.compiled import budget_backend, configure_dynamo
-from memtune.profiler.errors import ProfilerError
-from memtune.profiler.modules import Inputs, _plain_container, call_model, find_stages, module_calls, tensor_leaves
+from memtune.profiler.module_stages import (
+    Inputs,
+    _plain_container,
+    call_model,
+    find_stages,
+    module_calls,
+    tensor_leaves,
+)
+from memtune.profiler.profiler_errors import ProfilerError
 
 __all__ = [
     "CompiledRegions",
@@ -135,7 +139,7 @@ def region_partitions(model: nn.Module, inputs: Inputs, stages: Sequence[str] | 
         model whose stages are the root's children has that one partition.
 
     Raises:
-        ProfilerError: as ``memtune.profiler.modules.find_stages``.
+        ProfilerError: as ``memtune.profiler.module_stages.find_stages``.
     """
     finest, _ = find_stages(model, inputs, stages)
     counts, _, spans = module_calls(model, inputs)

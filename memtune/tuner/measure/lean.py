@@ -15,9 +15,9 @@ import torch
 from memtune.profiler import ModelChain, Profile
 from memtune.profiler.measure import chained_backward_bytes, model_input, stage_workspaces
 from memtune.profiler.stagefacts import torch_dtype
-from memtune.tuner.errors import PlanError
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime.conv import apply_conv_choices
+from memtune.tuner.tuner_errors import PlanError
 
 __all__ = ["measure_lean_transients"]
 

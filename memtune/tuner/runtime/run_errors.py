@@ -1,18 +1,18 @@
 """Errors raised while a plan runs on a live model.
 
-Hierarchy (under ``memtune.tuner.errors.TunerError``)::
+Hierarchy (under ``memtune.tuner.tuner_errors.TunerError``)::
 
     TunerError
     └── PlanOutOfMemoryError   the GPU ran out of memory during a planned step (names plan and stage)
 
-Malformed plans, or plans that do not match the model, raise ``memtune.tuner.errors.PlanError``.
+Malformed plans, or plans that do not match the model, raise ``memtune.tuner.tuner_errors.PlanError``.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from memtune.tuner.errors import TunerError
+from memtune.tuner.tuner_errors import TunerError
 
 __all__ = ["PlanOutOfMemoryError"]
 

@@ -1,7 +1,7 @@
 """``PlannedModule``: any ``nn.Module`` run by its own forward, its stage modules' calls wrapped by a plan.
 
-NOTE [ Module stages ] (``memtune.profiler.modules``) says why stages are the model's own submodules. During a planned
-forward each stage module's ``forward`` is replaced, on the instance and only for that call, by a wrapper that
+NOTE [ Module stages ] (``memtune.profiler.module_stages``) says why stages are the model's own submodules. During a
+planned forward each stage module's ``forward`` is replaced, on the instance and only for that call, by a wrapper that
 applies the stage's action (NOTE [ Plan semantics ] in ``memtune.tuner.plan``):
 
 * ``keep``: the stage runs as usual;
@@ -17,18 +17,16 @@ applies the stage's action (NOTE [ Plan semantics ] in ``memtune.tuner.plan``):
 A recompute or selective stage given state the model threads through its stages (a Hugging Face cache, which the
 stage updates) re-runs on a structure copy of that state as it was before its first run, so the re-run's updates
 go to a throwaway copy and it computes what the first run computed (NOTE [ State threaded between stages ] in
-``memtune.profiler.modules``); state that cannot be copied is refused with ``PlanError``.
+``memtune.profiler.module_stages``); state that cannot be copied is refused with ``PlanError``.
 
 The model's code between stages runs untouched. Outputs may be tensors, tuples, dicts or ``ModelOutput``s.
 
 A plan whose module stages run compiled (``Plan.compile_budget`` set: the stages are regions, NOTE [ Regions ] in
-``memtune.profiler.regions``) is applied the same way around each region's compiled call, but its stage modules are
+``memtune.profiler.region_tree``) is applied the same way around each region's compiled call, but its stage modules are
 wrapped once, when the planned model is made, not at each forward (NOTE [ Regions are wrapped once ]): each region
-module's
-``forward`` becomes a ``memtune.profiler.regions.RegionForward`` that runs the region, compiled under the plan's
-activation budget (eager for ``Plan.eager_stages``), with the stage's action around it while this planned model steps,
-and the
-module's own forward otherwise. Each region compiles once, on its first planned call.
+module's ``forward`` becomes a ``memtune.profiler.region_tree.RegionForward`` that runs the region, compiled under the
+plan's activation budget (eager for ``Plan.eager_stages``), with the stage's action around it while this planned model
+steps, and the module's own forward otherwise. Each region compiles once, on its first planned call.
 
 NOTE [ Regions compile at their first call ]
 A planned model of compiled regions compiles each region (dynamo's trace, the partitioner, inductor) at its first
@@ -66,13 +64,13 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from memtune.profiler import ProfilerError
 from memtune.profiler.chain import may_write_input
-from memtune.profiler.modules import checkpointed_call, tensor_leaves
-from memtune.profiler.regions import RegionForward, install_region
-from memtune.tuner.errors import PlanError
+from memtune.profiler.module_stages import checkpointed_call, tensor_leaves
+from memtune.profiler.region_tree import RegionForward, install_region
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.runtime.offload import StepState, resident_storage_ptrs
 from memtune.tuner.runtime.planned_base import PlannedBase
 from memtune.tuner.runtime.rng import RandomState
+from memtune.tuner.tuner_errors import PlanError
 
 __all__ = ["PlannedModule"]
 
@@ -134,7 +132,7 @@ class PlannedModule(PlannedBase):
         self._region_calls: dict[int, tuple[int, Callable[..., Any]]] = {}
         #: inputs and outputs of the compiled regions run so far in this forward, with their versions (weakly held)
         self._edges: list[tuple[int, weakref.ref[torch.Tensor], int]] = []
-        if plan.compile_budget is not None:  # NOTE [ Regions are wrapped once ] (memtune.profiler.regions)
+        if plan.compile_budget is not None:  # NOTE [ Regions are wrapped once ] (memtune.profiler.region_tree)
             self._wrap_regions(plan.compile_budget)
 
     def _wrap_regions(self, budget: float) -> None:
@@ -152,7 +150,8 @@ class PlannedModule(PlannedBase):
 
     @property
     def in_step(self) -> bool:
-        """Whether a planned forward is running now (its regions then apply the plan: ``memtune.profiler.regions``)."""
+        """Whether a planned forward is running now (its regions then apply the plan:
+        ``memtune.profiler.region_tree``)."""
         return self._step_now is not None
 
     def run_region(self, region: RegionForward, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -60,7 +60,7 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         if value.tzinfo is None:
-            raise ValueError("naive datetime given to a UTCDateTime column; use memtune.storage.rows.utcnow()")
+            raise ValueError("naive datetime given to a UTCDateTime column; use memtune.storage.orm.utcnow()")
         return value.astimezone(UTC)
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:

@@ -1,5 +1,5 @@
 """Measuring the peers of a module model in this process (NOTE [ Module peers ] in
-``memtune.tuner.runtime.module_peers``).
+``memtune.tuner.measure.module_peers``).
 
 # NOTE [ Peer measurement ]
 Each peer trains ``warmup`` + ``steps`` steps of the caller's batch in this process: forward, loss, backward and the
@@ -7,7 +7,7 @@ optimizer's update (SGD with momentum, or AdamW) at a learning rate of 0, so the
 and the parameters are left as they were; the buffers (running statistics) are restored after each peer. The first
 step's wall seconds (``first_step_s``) include compiling. On CUDA: the median of the timed steps by CUDA events, the
 peak bytes allocated and reserved (``max_memory_allocated``/``max_memory_reserved``, reset after the warm-up: the
-whole process's, as ``memtune.tuner.runtime.module_bench.measure_step`` reports the unplanned step), and the allocator's
+whole process's, as ``memtune.tuner.measure.module_bench.measure_step`` reports the unplanned step), and the allocator's
 retries per step. On the CPU (tests): wall-clock ms and the peak the CPU allocator's events give above what was live
 before the timed steps (``memtune.profiler.memory_meter.metered``); reserved equals allocated there.
 """
@@ -25,8 +25,8 @@ from torch import nn
 
 from memtune.profiler.memory_meter import metered
 from memtune.profiler.module_profile import as_inputs, default_loss
-from memtune.profiler.modules import call_model
-from memtune.tuner.runtime.module_peers import COMPILER_SWEEP, ModulePeer, applicable_peers, applied, buffers_kept
+from memtune.profiler.module_stages import call_model
+from memtune.tuner.measure.module_peers import COMPILER_SWEEP, ModulePeer, applicable_peers, applied, buffers_kept
 
 __all__ = ["measure_peers"]
 

@@ -1,9 +1,9 @@
 """The peers of a module model: which of the ways a user could train it in less memory apply to it, and how each is
-applied (``memtune.tuner.runtime.peer_measure`` measures them).
+applied (``memtune.tuner.measure.peer_measure`` measures them).
 
 # NOTE [ Module peers ]
 A peer is applied to the user's model as the user would apply it, with no profile and no search (NOTE [ Peers ] in
-``memtune.tuner.runtime.peers``), and runs uncapped, as users run it:
+``memtune.tuner.measure.peers``), and runs uncapped, as users run it:
 
 * ``compiler``: ``torch.compile`` of the whole model under ``activation_memory_budget`` = b, for each b of the sweep
   (``COMPILER_SWEEP``: 0, 0.1, ..., 1). Each budget has one backend object
@@ -18,14 +18,14 @@ A peer is applied to the user's model as the user would apply it, with no profil
   is turned off again after the measurement.
 * ``checkpoint_sequential``: ``torch.utils.checkpoint.checkpoint_sequential`` (non-reentrant, sqrt(n) segments as
   Chen et al., at least 2) over, in this order of preference: the model itself where it is a plain ``nn.Sequential``;
-  the model's stages (``memtune.profiler.modules.find_stages``) where they chain one tensor (the model's one input is
-  the first stage's one argument, each stage's one argument is the tensor the stage before returned, unchanged or
+  the model's stages (``memtune.profiler.module_stages.find_stages``) where they chain one tensor (the model's one input
+  is the first stage's one argument, each stage's one argument is the tensor the stage before returned, unchanged or
   reshaped as a view, and the model returns the last stage's output: a traced forward checks identity, storage and
   version counters); else the plain ``nn.Sequential`` inside the model, called once per forward with one tensor,
   that holds the most parameters, swapped in place for the time of the measurement (the model's own code runs
   around it, as torchtitan wraps blocks in place). A sequence needs three modules or more: with one segment
   ``checkpoint_sequential`` checkpoints nothing.
-* ``offload_activations``: ``memtune.tuner.runtime.peers.OffloadActivations`` around the model's forward (the loss
+* ``offload_activations``: ``memtune.tuner.measure.peers.OffloadActivations`` around the model's forward (the loss
 outside,
   as torchtune places it). On the CPU there is nothing to offload, so it applies there only for tests.
 
@@ -46,8 +46,8 @@ from torch import nn
 from memtune.profiler import find_stages
 from memtune.profiler.chain import may_write_input
 from memtune.profiler.module_profile import as_inputs
-from memtune.tuner.runtime.peers import OffloadActivations, compiled_model
-from memtune.tuner.runtime.sequential_chain import (
+from memtune.tuner.measure.peers import OffloadActivations, compiled_model
+from memtune.tuner.measure.sequential_chain import (
     MIN_SEQUENCE,
     ChainLink,
     CheckpointChain,

@@ -1,4 +1,5 @@
-"""Run a chain's forward pass as an inference plan says (NOTE [ Inference plans ] in ``memtune.tuner.inference.plan``).
+"""Run a chain's forward pass as an inference plan says (NOTE [ Inference plans ] in
+``memtune.tuner.inference.inference_plan``).
 
 ``InferenceRunner(model, plan, device=...)`` prepares the weights: resident ones on the device, host-prefetched ones
 in pinned host memory (on a CPU "device", whose memory is host memory, in a separate copy, so that every copy is a
@@ -25,7 +26,6 @@ import torch
 from torch import nn
 
 from memtune.profiler import ModelChain
-from memtune.tuner.errors import PlanError
 from memtune.tuner.inference import InferencePlan, LayerPlan
 from memtune.tuner.inference.facts import ConvWorkspace
 from memtune.tuner.runtime.inference_facts import (
@@ -36,6 +36,7 @@ from memtune.tuner.runtime.inference_facts import (
     units_of,
     weighted_forward,
 )
+from memtune.tuner.tuner_errors import PlanError
 
 __all__ = ["InferenceRunner"]
 

@@ -2,8 +2,7 @@
 
 The order (NOTE [ Calibrations in the service ] in ``memtune.api.worker``): the calibration stored in the service's
 database (``mt_calibrations``), else this host's ``memtune.tuner.calibration.calibration_for`` (an installed one counts
-as the
-database's, a worker installs only those; then the user's file, then the committed one), else none (headroom 0).
+as the database's, a worker installs only those; then the user's file, then the committed one), else none (headroom 0).
 """
 
 from __future__ import annotations

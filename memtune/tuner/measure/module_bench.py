@@ -25,9 +25,9 @@ from torch import nn
 
 from memtune.profiler import profile_module
 from memtune.profiler.module_profile import as_inputs, default_loss
-from memtune.profiler.modules import call_model
+from memtune.profiler.module_stages import call_model
+from memtune.tuner.measure.bench import measure_step as measure_chain_step
 from memtune.tuner.plan import Plan
-from memtune.tuner.runtime.bench import measure_step as measure_chain_step
 from memtune.tuner.runtime.guard import budget_guard
 from memtune.tuner.runtime.planned import planned
 from memtune.tuner.runtime.verify import check_equivalence, reference_step
@@ -52,7 +52,7 @@ def measure_step(
 ) -> dict[str, Any]:
     """Train ``run`` (which shares ``model``'s parameters) for ``warmup + steps`` steps with SGD and momentum (or
     AdamW, ``optimizer="adam"``): the median step ms and the peaks of the timed steps
-    (``memtune.tuner.runtime.bench.measure_step``), and allocator retries per step. ``output_held``: the loop holds the
+    (``memtune.tuner.measure.bench.measure_step``), and allocator retries per step. ``output_held``: the loop holds the
     model's output until its backward ends (NOTE [ Held output ] in ``memtune.tuner.simulator``)."""
     if optimizer == "adam":
         opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -104,7 +104,7 @@ def bench_module(
     Raises:
         TunerError: CUDA is not available or the model is not on it.
     """
-    from memtune.tuner.errors import TunerError
+    from memtune.tuner.tuner_errors import TunerError
 
     if not torch.cuda.is_available() or not any(p.is_cuda for p in model.parameters()):
         raise TunerError("bench measures on a GPU: put the model and its inputs on a CUDA device")

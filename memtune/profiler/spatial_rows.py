@@ -3,8 +3,8 @@
 A stage that maps an image to an image row window by row window (a convolution, a pooling window, a pointwise
 function) can run on horizontal strips of its input, each strip carrying the rows its windows overlap into
 (the halo). ``RowMap`` records that window along H for one stage; the tuner prices and checks splits with it
-(NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``), and ``memtune.profiler.spatial`` derives it from the stage's
-modules. Torch-free: the tuner's decision code reads it.
+(NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``), and ``memtune.profiler.spatial_modules`` derives it from the
+stage's modules. Torch-free: the tuner's decision code reads it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Where ``torch.utils.checkpoint.checkpoint_sequential`` applies to a module, and the modules that run it so (NOTE
-[ Module peers ] in ``memtune.tuner.runtime.module_peers``, its ``checkpoint_sequential`` item): a plain
+[ Module peers ] in ``memtune.tuner.measure.module_peers``, its ``checkpoint_sequential`` item): a plain
 ``nn.Sequential``, the model's stages where a traced forward shows that they chain one tensor, or an ``nn.Sequential``
-inside the model
-swapped in place.
+inside the model swapped in place.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
-from memtune.profiler.modules import call_model
+from memtune.profiler.module_stages import call_model
 
 __all__ = [
     "MIN_SEQUENCE",

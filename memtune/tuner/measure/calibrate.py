@@ -5,7 +5,7 @@ On this CUDA device, with one reference chain of the zoo (ResNet-50 by default):
 
 1. its identity, pinned copy rates included (``memtune.profiler.identity.cuda_identity``);
 2. the chain's profile, measured stage by stage;
-3. the unconstrained step, measured (``memtune.tuner.runtime.bench.bench_plans``): the profile's compute scale is
+3. the unconstrained step, measured (``memtune.tuner.measure.bench.bench_plans``): the profile's compute scale is
 measured
    over simulated (NOTE [ Compute scale ]);
 4. at each fraction of the simulated unconstrained peak, the plan the search finds with no headroom, run under a cap
@@ -41,12 +41,12 @@ from memtune.profiler import Profile, build
 from memtune.profiler.identity import cuda_identity
 from memtune.profiler.measure import profile as measure
 from memtune.tuner.calibration import calibration_for, profile_key, user_calibration_dir
-from memtune.tuner.errors import TunerError
+from memtune.tuner.measure.bench import BenchRow, bench_plans
 from memtune.tuner.plan import Plan
-from memtune.tuner.runtime.bench import BenchRow, bench_plans
 from memtune.tuner.runtime.guard import configure_allocator
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import Simulator
+from memtune.tuner.tuner_errors import TunerError
 
 __all__ = ["CalibrationRun", "calibrate"]
 

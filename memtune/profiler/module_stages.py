@@ -3,8 +3,8 @@
 # NOTE [ Module stages ]
 A user's model is planned in place, the way torchtitan's ``apply_ac`` and Hugging Face's gradient checkpointing
 treat it: its stages are submodules, each run once per step by the model's own ``forward``, and a plan wraps their
-calls (``memtune.tuner.runtime.modules``). The model's code is neither rewritten nor flattened, so whatever it does
-between stages (skip connections, concatenations, masks, rotary tables, its own loss) runs as written: a plan
+calls (``memtune.tuner.runtime.planned_module``). The model's code is neither rewritten nor flattened, so whatever it
+does between stages (skip connections, concatenations, masks, rotary tables, its own loss) runs as written: a plan
 cannot change that math.
 
 Stages are found by tracing what runs, with module hooks. ``torch.fx`` symbolic tracing fails on data-dependent
@@ -24,12 +24,12 @@ outermost matches.
 
 An exported program (``memtune.profiler.exported``) is staged as the model it was exported from.
 ``torch.export.unflatten`` gives its modules back, but every one of them is an ``InterpreterModule``: by class alone
-every module with children
-would be a repeated block (a GPT-2 layer split into its norms, attention and MLP) and no ``nn.Sequential`` a plain
-container (a stem of layers one stage). So ``load_exported`` records on each module the class the program's
-``nn_module_stack`` names (``mark_exported_classes``); blocks are grouped by that class (``module_class``), a module
-exported from ``nn.Sequential``, ``nn.ModuleList`` or ``nn.ModuleDict`` is a plain container (its forward is the
-program's calls of its children, in order), and so is one the program never called (an iterated ``ModuleList``).
+every module with children would be a repeated block (a GPT-2 layer split into its norms, attention and MLP) and no
+``nn.Sequential`` a plain container (a stem of layers one stage). So ``load_exported`` records on each module the class
+the program's ``nn_module_stack`` names (``mark_exported_classes``); blocks are grouped by that class
+(``module_class``), a module exported from ``nn.Sequential``, ``nn.ModuleList`` or ``nn.ModuleDict`` is a plain
+container (its forward is the program's calls of its children, in order), and so is one the program never called (an
+iterated ``ModuleList``).
 
 ``trace_stages`` runs one forward with every stage hooked and records, by storage (each counted once, parameters
 and buffers left out): who made it (a stage, the model's own code after stage k, or the caller: the model input),
@@ -47,8 +47,8 @@ calling it twice on the same input: the second call reads what the first wrote (
 cross-attention of the first call, whose graph its backward already freed). Two callers run a stage more than once
 per state: the profiler times a stage alone, again and again, on the inputs the model gave it once
 (``memtune.profiler.module_profile``), and a ``recompute`` or ``selective`` stage runs again in backward
-(``memtune.tuner.runtime.modules``). Hugging Face turns the cache off under gradient checkpointing; memtune keeps the
-model's math instead: each extra call gets a *structure copy* of the state the stage was given (``copy_structure``):
+(``memtune.tuner.runtime.planned_module``). Hugging Face turns the cache off under gradient checkpointing; memtune keeps
+the model's math instead: each extra call gets a *structure copy* of the state the stage was given (``copy_structure``):
 every Python object copied (containers, the cache, its list of layer objects, their flags), every tensor shared,
 never copied. The cache's ``update`` rebinds ``keys``/``values`` to new tensors, so what the extra call writes
 goes to its throwaway copy and it computes what the first call computed, while the model's own object sees one
@@ -80,7 +80,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from memtune.profiler.errors import ProfilerError
+from memtune.profiler.profiler_errors import ProfilerError
 from memtune.profiler.selective import selective_context
 
 __all__ = [
@@ -318,7 +318,7 @@ def _run_counts(model: nn.Module, inputs: Inputs) -> tuple[dict[str, int], list[
 def module_calls(model: nn.Module, inputs: Inputs) -> tuple[dict[str, int], list[str], dict[str, tuple[int, int]]]:
     """One forward without grad with every named module hooked: how many times each runs, the order of first runs,
     and the (start, end) event numbers of each one's first call (a module's call covers the calls numbered between:
-    NOTE [ Regions ] in ``memtune.profiler.regions``)."""
+    NOTE [ Regions ] in ``memtune.profiler.region_tree``)."""
     counts: dict[str, int] = {}
     order: list[str] = []
     spans: dict[str, list[int]] = {}

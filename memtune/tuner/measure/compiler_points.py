@@ -29,8 +29,8 @@ from memtune.profiler import CompilerPoint, ModelChain, Profile
 from memtune.profiler.compiled import CompiledStage
 from memtune.profiler.memory_meter import metered
 from memtune.profiler.module_profile import as_inputs, default_loss
-from memtune.profiler.modules import call_model
-from memtune.tuner.runtime.bench import BenchRow, bench_plans
+from memtune.profiler.module_stages import call_model
+from memtune.tuner.measure.bench import BenchRow, bench_plans
 from memtune.tuner.simulator import OPTIMIZERS
 
 __all__ = ["compiler_points", "measure_compiler_points", "measure_module_points", "with_compiler_points"]
