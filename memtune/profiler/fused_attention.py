@@ -17,9 +17,9 @@ backward work through blocks of heads so that at most ``BLOCK_BYTES`` of scores 
 keeps its tiles on chip; the backward recomputes the scores from the log-sum-exp (five matrix products, the fused
 kernel's count). Being one operation, a selective stage keeps its outputs as it keeps the GPU kernel's
 (NOTE [ Selective stages ]), and the roofline prices it by the FLOPs of ``sdpa_flop_count`` as a matrix product
-(NOTE [ Modeled module profiles ]). Without dropout the call is left alone: the CPU's own fused kernel saves what the GPU's
-does. The values are those of attention with a dropout mask of probability p, so the profile's losses and gradients
-are a training step's, not the math backend's bit for bit (a profile keeps none of them).
+(NOTE [ Modeled module profiles ]). Without dropout the call is left alone: the CPU's own fused kernel saves what the
+GPU's does. The values are those of attention with a dropout mask of probability p, so the profile's losses and
+gradients are a training step's, not the math backend's bit for bit (a profile keeps none of them).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from __future__ import annotations
 from memtune.tuner.runtime.guard import budget_guard
 from memtune.tuner.runtime.inference_runner import InferenceRunner
 from memtune.tuner.runtime.offload import OffloadStats
-from memtune.tuner.runtime.planned import PlannedModel, load_plan, planned
+from memtune.tuner.runtime.planned import PlannedChain, load_plan, planned
 from memtune.tuner.runtime.pool import HostPool
 from memtune.tuner.runtime.run_errors import PlanOutOfMemoryError
 from memtune.tuner.runtime.verify import Equivalence, ReferenceStep, check_equivalence, reference_step
@@ -27,7 +27,7 @@ __all__ = [
     "InferenceRunner",
     "OffloadStats",
     "PlanOutOfMemoryError",
-    "PlannedModel",
+    "PlannedChain",
     "ReferenceStep",
     "budget_guard",
     "check_equivalence",

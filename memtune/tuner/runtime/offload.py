@@ -433,7 +433,7 @@ class StepState:
 class OffloadRuntime:
     """Owns the host pool, the copy streams, the counters and the count of live entries.
 
-    One per ``PlannedModel``. Thread safety: the pack hook runs in the forward thread, unpack and
+    One per ``PlannedChain``. Thread safety: the pack hook runs in the forward thread, unpack and
     pre-hooks in autograd's threads, handle finalizers anywhere; shared state is guarded by ``lock``.
 
     Args:

@@ -23,7 +23,7 @@ Convolution algorithm choices (``conv_rule``, ``conv_algos``) are applied by
 ``memtune.tuner.runtime.conv.apply_conv_choices(model, plan, profile)``, which needs the profile's algorithm
 tables; ``planned`` alone leaves convolutions to the framework and warns when the plan asks for more.
 Stage modules are looked up in the chain at every forward, so convolutions swapped in by that context
-manager run, and one ``PlannedModel`` (with its host pool) serves every step.
+manager run, and one ``PlannedChain`` (with its host pool) serves every step.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from memtune.tuner.runtime.spatial_strips import SpatialSegment
 from memtune.tuner.spatial import parse_segment_key
 from memtune.tuner.tuner_errors import PlanError
 
-__all__ = ["CompiledWhole", "PlannedBase", "PlannedModel", "load_plan", "planned"]
+__all__ = ["CompiledWhole", "PlannedBase", "PlannedChain", "load_plan", "planned"]
 
 
 def load_plan(source: Plan | Mapping[str, Any] | str | Path) -> Plan:
@@ -101,15 +101,15 @@ def load_plan(source: Plan | Mapping[str, Any] | str | Path) -> Plan:
 def _stages_of(model: ModelChain | nn.Module) -> tuple[nn.Module, list[str], list[nn.Module]]:
     if isinstance(model, ModelChain):
         return model.as_sequential(), [s.name for s in model.stages], [s.module for s in model.stages]
-    if isinstance(model, PlannedModel):
-        raise PlanError("this model is already planned; pass the original model (PlannedModel.model)")
+    if isinstance(model, PlannedChain):
+        raise PlanError("this model is already planned; pass the original model (PlannedChain.model)")
     if not isinstance(model, nn.Module):
         raise PlanError(f"planned() takes a ModelChain or an nn.Module, got {type(model).__name__}")
     stages = flatten(model)
     return model, [s.name for s in stages], [s.module for s in stages]
 
 
-class PlannedModel(PlannedBase):
+class PlannedChain(PlannedBase):
     """An ``nn.Module`` that runs a chain stage by stage with a plan applied (see module docstring).
 
     Shares the wrapped model's parameters and buffers (``self.model``); ``train()``/``eval()``, ``to()``
@@ -289,7 +289,7 @@ def planned(
         pool_bytes: host bytes to reserve for offloaded storages up front (0: grow during step one).
 
     Returns:
-        A ``CompiledWhole`` (a plan that compiles the whole model), ``PlannedModule`` or ``PlannedModel``,
+        A ``CompiledWhole`` (a plan that compiles the whole model), ``PlannedModule`` or ``PlannedChain``,
         sharing ``model``'s parameters.
 
     Raises:
@@ -308,4 +308,4 @@ def planned(
         if isinstance(model, ModelChain):
             raise PlanError("this plan names module stages; apply it to the nn.Module it was tuned for")
         return PlannedModule(model, the_plan, clone_stage_inputs=clone_segment_inputs, pool_bytes=pool_bytes)
-    return PlannedModel(model, the_plan, clone_segment_inputs=clone_segment_inputs, pool_bytes=pool_bytes)
+    return PlannedChain(model, the_plan, clone_segment_inputs=clone_segment_inputs, pool_bytes=pool_bytes)

@@ -1,4 +1,4 @@
-"""``PlannedBase``: what every planned model shares (``memtune.tuner.runtime.planned.PlannedModel`` runs a chain,
+"""``PlannedBase``: what every planned model shares (``memtune.tuner.runtime.planned.PlannedChain`` runs a chain,
 ``memtune.tuner.runtime.planned_module.PlannedModule`` any module).
 
 Its own module so that ``memtune.tuner.runtime.planned_module`` subclasses it without importing
@@ -73,7 +73,7 @@ def _load_into_wrapped(
 
 class PlannedBase(nn.Module):
     """What every planned model shares: the offload runtime, where a step is, and out-of-memory errors that name
-    the plan and the stage. ``PlannedModel`` runs a chain; ``memtune.tuner.runtime.planned_module.PlannedModule`` any
+    the plan and the stage. ``PlannedChain`` runs a chain; ``memtune.tuner.runtime.planned_module.PlannedModule`` any
     module.
 
     Args:

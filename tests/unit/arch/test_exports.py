@@ -31,7 +31,7 @@ EXPECTED = {
         "simulate_inference", "PeakCheck", "peak_check", "planning_headroom",
     },
     memtune.tuner.runtime: {
-        "Equivalence", "HostPool", "OffloadStats", "PlanOutOfMemoryError", "PlannedModel", "ReferenceStep",
+        "Equivalence", "HostPool", "OffloadStats", "PlanOutOfMemoryError", "PlannedChain", "ReferenceStep",
         "budget_guard", "check_equivalence", "load_plan", "planned", "reference_step",
         "InferenceRunner",
     },

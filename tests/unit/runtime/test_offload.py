@@ -21,7 +21,7 @@ from memtune.profiler.modeled import modeled_profile
 from memtune.tuner.plan import Action, Plan, resolve_storages, segments
 from memtune.tuner.runtime import (
     HostPool,
-    PlannedModel,
+    PlannedChain,
     PlanOutOfMemoryError,
     budget_guard,
     check_equivalence,
@@ -75,7 +75,7 @@ def test_public_names() -> None:
             "InferenceRunner",
             "OffloadStats",
             "PlanOutOfMemoryError",
-            "PlannedModel",
+            "PlannedChain",
             "ReferenceStep",
             "budget_guard",
             "check_equivalence",
@@ -408,7 +408,7 @@ def test_plan_must_match_the_chain() -> None:
     pm = planned(vgg_like(), Plan.uniform(11))
     with pytest.raises(PlanError, match="already planned"):
         planned(pm, Plan.uniform(11))
-    assert isinstance(pm, PlannedModel) and pm.stage_names[0] == "0"
+    assert isinstance(pm, PlannedChain) and pm.stage_names[0] == "0"
 
 
 def test_planned_shares_parameters_and_flattens_nested_sequentials() -> None:
