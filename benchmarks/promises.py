@@ -66,6 +66,9 @@ def hf_loss(out: Any) -> torch.Tensor:
     return out.loss  # type: ignore[no-any-return]
 
 
+#: the batch of each torchvision model
+VISION_BATCH = {"resnet50": 128, "mobilenet_v2": 128, "densenet121": 64, "vit_b_16": 64}
+
 #: vocabulary, batch and sequence of each language model
 SIZES = {
     "gpt2": (50257, 8, 1024),
@@ -81,8 +84,9 @@ def tokens(vocab: int, batch: int, seq: int, device: str = "cuda") -> dict[str, 
     return {"input_ids": ids, "labels": ids}
 
 
-def language_model(kind: str, device: str = "cuda") -> Built:
-    """One of the language models of ``SIZES`` on ``device``, from its default configuration, with its batch."""
+def language_model(kind: str, device: str = "cuda", batch: int | None = None) -> Built:
+    """One of the language models of ``SIZES`` on ``device``, from its default configuration, with its batch (or
+    ``batch`` sequences)."""
     import transformers as hf
 
     model: nn.Module
@@ -99,26 +103,27 @@ def language_model(kind: str, device: str = "cuda") -> Built:
             vocab_size=32000, max_position_embeddings=2048,
         )  # fmt: skip
         model = Autocast(hf.LlamaForCausalLM(cfg), torch.bfloat16, torch.device(device).type)
-    return nn.Module.to(model, device), tokens(*SIZES[kind], device=device), hf_loss, "adam"
+    vocab, default, seq = SIZES[kind]
+    return nn.Module.to(model, device), tokens(vocab, batch or default, seq, device=device), hf_loss, "adam"
 
 
-def _vision(kind: str) -> Built:
+def _vision(kind: str, batch: int | None = None) -> Built:
     import torchvision
 
-    batch = {"resnet50": 128, "mobilenet_v2": 128, "densenet121": 64, "vit_b_16": 64}[kind]
+    batch = batch or VISION_BATCH[kind]
     model = getattr(torchvision.models, kind)().cuda()
     x = torch.randn(batch, 3, 224, 224, device="cuda")
     y = torch.randint(0, 1000, (batch,), device="cuda")
     return model, x, lambda out: nn.functional.cross_entropy(out, y), "sgd"
 
 
-def _unet(_kind: str) -> Built:
+def _unet(_kind: str, batch: int | None = None) -> Built:
     from tests.unit.modules.models import UNet, mean_square
 
-    return UNet(width=64).cuda(), torch.randn(16, 3, 256, 256, device="cuda"), mean_square, "sgd"
+    return UNet(width=64).cuda(), torch.randn(batch or 16, 3, 256, 256, device="cuda"), mean_square, "sgd"
 
 
-MODELS: dict[str, Callable[[str], Built]] = {
+MODELS: dict[str, Callable[..., Built]] = {
     "gpt2": language_model,
     "llama": language_model,
     "bert_mlm": language_model,
@@ -146,8 +151,10 @@ def _tune(args: tuple[str, int, float, int, str]) -> dict[str, Any]:
     return {"plan": best.plan.model_dump(mode="json"), "step_ms": best.step_ms, "peak_bytes": best.peak_bytes}
 
 
-def run_model(kind: str, fractions: list[float], trials: int, warmup: int, steps: int) -> dict[str, Any]:
-    """The row of one model (see the module docstring)."""
+def run_model(
+    kind: str, fractions: list[float], trials: int, warmup: int, steps: int, batch: int | None = None
+) -> dict[str, Any]:
+    """The row of one model (see the module docstring); ``batch`` replaces the model's own batch size."""
     import memtune
     from memtune.tuner import Plan, peak_check, planning_headroom
     from memtune.tuner.measure.module_bench import measure_step
@@ -155,13 +162,15 @@ def run_model(kind: str, fractions: list[float], trials: int, warmup: int, steps
     from memtune.tuner.runtime.verify import deterministic_math
 
     torch.manual_seed(0)
-    model, inputs, loss_fn, opt = MODELS[kind](kind)
+    model, inputs, loss_fn, opt = MODELS[kind](kind, batch=batch)
     model.train()
 
     def step(run: nn.Module) -> dict[str, Any]:
         return measure_step(model, run, inputs, loss_fn, warmup=warmup, steps=steps, output_held=True, optimizer=opt)
 
     row: dict[str, Any] = {"model": kind, "optimizer": opt, "torch": torch.__version__}
+    if batch is not None:
+        row["batch"] = batch
     row["unplanned"] = step(model)
     t0 = time.perf_counter()
     prof = memtune.profile(model, inputs, loss_fn=loss_fn, progress=False)
@@ -270,6 +279,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--batch", type=int, help="every model at this batch size instead of its own")
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--table", type=Path, help="print the Markdown tables of the rows in this folder and stop")
     args = parser.parse_args()
@@ -278,7 +288,10 @@ def main() -> None:
         return
     fractions = [float(f) for f in args.fractions.split(",")]
     model_rows(
-        args.models, MODELS, lambda kind: run_model(kind, fractions, args.trials, args.warmup, args.steps), args.out
+        args.models,
+        MODELS,
+        lambda kind: run_model(kind, fractions, args.trials, args.warmup, args.steps, args.batch),
+        args.out,
     )
 
 
