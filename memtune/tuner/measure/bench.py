@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import gc
 import math
-import statistics
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -34,6 +33,7 @@ from memtune.profiler.loss import loss_classes, step_loss
 from memtune.tuner.capped import predict_capped
 from memtune.tuner.measure.isolate import IsolatedProcessError, run_isolated
 from memtune.tuner.measure.peers import OffloadActivations, compiled_model
+from memtune.tuner.measure.step_timing import time_steps
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime.conv import apply_conv_choices
 from memtune.tuner.runtime.guard import budget_guard
@@ -122,21 +122,11 @@ def measure_step(step: Callable[[], None], *, warmup: int = 3, iters: int = 10) 
     """Median ms of ``step`` over ``iters`` timed runs after ``warmup`` runs, the peak bytes allocated and
     the peak bytes reserved by the caching allocator.
 
-    Times with CUDA events around each step; resets the peak statistics after warm-up.
+    Times with CUDA events around each step; resets the peak statistics after warm-up (NOTE [ Step timing ] in
+    ``memtune.tuner.measure.step_timing``).
     """
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    timing = time_steps(step, warmup=warmup, steps=iters)
+    return timing.step_ms, timing.peak_bytes, timing.reserved_bytes
 
 
 @contextlib.contextmanager
@@ -322,9 +312,8 @@ class _Bench:
         try:
             with guard():
                 before = dataclasses.asdict(model.stats) if isinstance(model, PlannedBase) else None
-                retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
-                ms, peak, reserved = measure_step(step, warmup=warmup, iters=iters)
-                retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries
+                timing = time_steps(step, warmup=warmup, steps=iters)
+                ms, peak, reserved = timing.step_ms, timing.peak_bytes, timing.reserved_bytes
                 stats = None
                 if before is not None and isinstance(model, PlannedBase):
                     after = dataclasses.asdict(model.stats)
@@ -342,7 +331,7 @@ class _Bench:
                 plan.compact() if plan else None,
                 offload_stats=stats,
                 reserved_bytes=reserved,
-                alloc_retries=retries / (warmup + iters),
+                alloc_retries=timing.alloc_retries_per_step,
                 plan_json=plan.model_dump(mode="json") if plan else None,
                 predicted_retries=predicted_retries,
                 predicted_allocator_ms=alloc_ms,

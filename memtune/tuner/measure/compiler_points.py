@@ -17,20 +17,18 @@ caller's process is not the step's), so a point fits a budget by its allocated p
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
 
 from memtune.profiler import CompilerPoint, ModelChain, Profile
 from memtune.profiler.compiled import CompiledStage
-from memtune.profiler.memory_meter import metered
 from memtune.profiler.module_profile import as_inputs, default_loss
 from memtune.profiler.module_stages import call_model
 from memtune.tuner.measure.bench import BenchRow, bench_plans
+from memtune.tuner.measure.step_timing import time_steps
 from memtune.tuner.simulator import OPTIMIZERS
 
 __all__ = ["compiler_points", "measure_compiler_points", "measure_module_points", "with_compiler_points"]
@@ -165,7 +163,8 @@ def measure_module_points(
             with torch.no_grad():
                 for b, saved in buffers:
                     b.copy_(saved)
-        points.append(CompilerPoint(activation_budget=budget, step_ms=ms, peak_bytes=peak, optimizer=optimizer))
+        named = cast(Literal["sgd", "adam", "none"], optimizer)  # checked against OPTIMIZERS above
+        points.append(CompilerPoint(activation_budget=budget, step_ms=ms, peak_bytes=peak, optimizer=named))
     if progress is not None:
         progress(len(budgets), len(budgets), "done")
     return tuple(points), errors
@@ -184,7 +183,6 @@ def _compiled_step(
     """The median step ms and the peak bytes of ``model`` compiled at ``budget`` (NOTE [ Compiler points of a
     module ])."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    cuda = device.type == "cuda"
     run = CompiledStage(model, budget)
     params = [p for p in model.parameters() if p.requires_grad]
     opt: torch.optim.Optimizer | None = None
@@ -206,21 +204,6 @@ def _compiled_step(
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    for _ in range(warmup):
-        step()
-    times = []
-    with metered(device) as reading:
-        for _ in range(iters):
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                step()
-                end.record()
-                end.synchronize()
-                times.append(float(start.elapsed_time(end)))
-            else:
-                began = time.perf_counter()
-                step()
-                times.append((time.perf_counter() - began) * 1e3)
+    timing = time_steps(step, warmup=warmup, steps=iters, device=device, peak="metered")
     resident = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
-    return statistics.median(times), reading.peak_bytes + resident
+    return timing.step_ms, timing.peak_bytes + resident

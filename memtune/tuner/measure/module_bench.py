@@ -25,8 +25,7 @@ from torch import nn
 
 from memtune.profiler import profile_module
 from memtune.profiler.module_profile import as_inputs, default_loss
-from memtune.profiler.module_stages import call_model
-from memtune.tuner.measure.bench import measure_step as measure_chain_step
+from memtune.tuner.measure.step_timing import time_steps, training_step
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime.guard import budget_guard
 from memtune.tuner.runtime.planned import planned
@@ -51,33 +50,20 @@ def measure_step(
     optimizer: str = "sgd",
 ) -> dict[str, Any]:
     """Train ``run`` (which shares ``model``'s parameters) for ``warmup + steps`` steps with SGD and momentum (or
-    AdamW, ``optimizer="adam"``): the median step ms and the peaks of the timed steps
-    (``memtune.tuner.measure.bench.measure_step``), and allocator retries per step. ``output_held``: the loop holds the
-    model's output until its backward ends (NOTE [ Held output ] in ``memtune.tuner.simulator``)."""
+    AdamW, ``optimizer="adam"``): the median step ms and the process's peaks of the timed steps, and allocator
+    retries per step (NOTE [ Step timing ] in ``memtune.tuner.measure.step_timing``). ``output_held``: the loop holds
+    the model's output until its backward ends (NOTE [ Held output ] in ``memtune.tuner.simulator``)."""
     if optimizer == "adam":
         opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
-    args = as_inputs(inputs)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        out = call_model(run, args)
-        loss = loss_fn(out)
-        if not output_held:
-            del out
-        loss.backward()
-        opt.step()
-
-    gc.collect()
-    torch.cuda.empty_cache()
-    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
-    step_ms, peak, reserved = measure_chain_step(step, warmup=warmup, iters=steps)
+    step = training_step(run, as_inputs(inputs), loss_fn, opt, output_held=output_held)
+    timing = time_steps(step, warmup=warmup, steps=steps, release_first=True)
     out = {
-        "step_ms": step_ms,
-        "peak_bytes": peak,
-        "reserved_bytes": reserved,
-        "alloc_retries_per_step": (torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries) / (warmup + steps),
+        "step_ms": timing.step_ms,
+        "peak_bytes": timing.peak_bytes,
+        "reserved_bytes": timing.reserved_bytes,
+        "alloc_retries_per_step": timing.alloc_retries_per_step,
     }
     for p in model.parameters():
         p.grad = None

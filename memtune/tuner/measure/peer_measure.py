@@ -15,18 +15,15 @@ before the timed steps (``memtune.profiler.memory_meter.metered``); reserved equ
 from __future__ import annotations
 
 import gc
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from memtune.profiler.memory_meter import metered
 from memtune.profiler.module_profile import as_inputs, default_loss
-from memtune.profiler.module_stages import call_model
 from memtune.tuner.measure.module_peers import COMPILER_SWEEP, ModulePeer, applicable_peers, applied, buffers_kept
+from memtune.tuner.measure.step_timing import time_steps, training_step
 
 __all__ = ["measure_peers"]
 
@@ -115,17 +112,7 @@ def _measure_one(
     )
     try:
         with buffers_kept(model), applied(model, peer) as run:
-
-            def step() -> None:
-                opt.zero_grad(set_to_none=True)
-                out = call_model(run, args)
-                value = loss(out)
-                if not output_held:
-                    del out
-                value.backward()
-                opt.step()
-
-            return _timed(step, device, warmup, steps)
+            return _timed(training_step(run, args, loss, opt, output_held=output_held), device, warmup, steps)
     except Exception as exc:  # an out-of-memory, a compile error, an in-place write at a segment edge: the result
         return {"error": _error_text(exc)}
     finally:
@@ -138,51 +125,25 @@ def _measure_one(
 
 
 def _timed(step: Callable[[], None], device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
+    """A peer's measurement (NOTE [ Peer measurement ]) as its row's keys, by NOTE [ Step timing ] in
+    ``memtune.tuner.measure.step_timing``."""
     cuda = device.type == "cuda"
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
-    retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if cuda else 0
-    began = time.perf_counter()
-    step()
-    sync()
-    first_s = time.perf_counter() - began
-    for _ in range(max(0, warmup - 1)):
-        step()
-    sync()
-    times: list[float] = []
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-        for _ in range(steps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(float(start.elapsed_time(end)))
-        peak, reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
-        total = max(1, warmup) + steps
-        retried = (torch.cuda.memory_stats(device).get("num_alloc_retries", 0) - retries) / total
-        return {
-            "step_ms": statistics.median(times),
-            "peak_bytes": peak,
-            "reserved_bytes": reserved,
-            "alloc_retries_per_step": retried,
-            "first_step_s": round(first_s, 3),
-        }
-    with metered(device) as reading:
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return {
-        "step_ms": statistics.median(times),
-        "peak_bytes": reading.peak_bytes,
-        "reserved_bytes": reading.peak_reserved_bytes,
-        "first_step_s": round(first_s, 3),
+    timing = time_steps(
+        step,
+        warmup=warmup,
+        steps=steps,
+        device=device,
+        peak="process" if cuda else "metered",
+        time_first=True,
+        release_first=True,
+    )
+    assert timing.first_step_s is not None
+    row: dict[str, Any] = {
+        "step_ms": timing.step_ms,
+        "peak_bytes": timing.peak_bytes,
+        "reserved_bytes": timing.reserved_bytes,
     }
+    if cuda:
+        row["alloc_retries_per_step"] = timing.alloc_retries_per_step
+    row["first_step_s"] = round(timing.first_step_s, 3)
+    return row
