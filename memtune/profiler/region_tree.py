@@ -53,9 +53,10 @@ directly runs as written, eagerly, and two planned models of one model each run 
 stable ``forward`` attribute, so calling twice compiles once; the compiled callables are kept per budget on the
 ``RegionForward``. Runners are held by weak references; the profiler detaches on exit and, with no runner left, the
 module's own ``forward`` is restored. A planned model leaves the ``RegionForward`` installed (``PlannedModule.release``
-restores it). Module hooks still run eagerly around the call (``nn.Module._call_impl`` calls ``forward``), as do the
-profiler's trace hooks. Compiling the whole model again while a ``RegionForward`` is installed would trace through it:
-release the planned model first.
+restores it). A planned model's eager stage modules are wrapped the same way (NOTE [ Stage modules are wrapped once ]
+in ``memtune.tuner.runtime.planned_module``). Module hooks still run eagerly around the call (``nn.Module._call_impl``
+calls ``forward``), as do the profiler's trace hooks. Compiling the whole model again while a ``RegionForward`` is
+installed would trace through it: release the planned model first.
 """
 
 from __future__ import annotations
@@ -303,7 +304,8 @@ class RegionRunner(Protocol):
 
 class RegionForward:
     """A region module's ``forward``, installed once (NOTE [ Regions are wrapped once ]): the module's own forward
-    unless an attached runner is running, which then calls the region its way.
+    unless an attached runner is running, which then calls the region its way. A planned model's eager stage modules
+    are wrapped by it too (NOTE [ Stage modules are wrapped once ] in ``memtune.tuner.runtime.planned_module``).
 
     Attributes:
         previous: the instance ``forward`` it replaced (None: the class's).
@@ -343,6 +345,8 @@ class RegionForward:
         return fn
 
     def attach(self, runner: RegionRunner) -> None:
+        """Let ``runner`` call the region while it steps; runners that no longer exist are forgotten."""
+        self._runners = [r for r in self._runners if r() is not None]
         if not any(r() is runner for r in self._runners):
             self._runners.append(weakref.ref(runner))
 

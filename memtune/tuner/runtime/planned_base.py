@@ -132,10 +132,9 @@ class PlannedBase(nn.Module):
         return self._step
 
     def release(self) -> None:
-        """Give back what the planned model changed on the wrapped model beyond one step: nothing here; a plan of
-        compiled regions wraps its region modules once (NOTE [ Regions are wrapped once ] in
-        ``memtune.profiler.region_tree``)
-        and ``PlannedModule.release`` restores them."""
+        """Give back what the planned model changed on the wrapped model beyond one step: nothing here; a
+        ``PlannedModule`` wraps its stage modules once (NOTE [ Stage modules are wrapped once ] in
+        ``memtune.tuner.runtime.planned_module``) and its ``release`` restores them."""
 
     # ---- out of memory ---------------------------------------------------------------------------
     def _oom(self, exc: BaseException, phase: Phase, stage: int | None) -> PlanOutOfMemoryError:

@@ -1,8 +1,9 @@
 """``PlannedModule``: any ``nn.Module`` run by its own forward, its stage modules' calls wrapped by a plan.
 
-NOTE [ Module stages ] (``memtune.profiler.module_stages``) says why stages are the model's own submodules. During a
-planned forward each stage module's ``forward`` is replaced, on the instance and only for that call, by a wrapper that
-applies the stage's action (NOTE [ Plan semantics ] in ``memtune.tuner.plan``):
+NOTE [ Module stages ] (``memtune.profiler.module_stages``) says why stages are the model's own submodules. Each stage
+module's ``forward`` is wrapped once, when the planned model is made (NOTE [ Stage modules are wrapped once ]); while
+this planned model's forward runs, the wrapper applies the stage's action (NOTE [ Plan semantics ] in
+``memtune.tuner.plan``):
 
 * ``keep``: the stage runs as usual;
 * ``offload``: it runs under the offload hooks of NOTE [ Offload runtime ] (``memtune.tuner.runtime.offload``): what it
@@ -22,11 +23,28 @@ go to a throwaway copy and it computes what the first run computed (NOTE [ State
 The model's code between stages runs untouched. Outputs may be tensors, tuples, dicts or ``ModelOutput``s.
 
 A plan whose module stages run compiled (``Plan.compile_budget`` set: the stages are regions, NOTE [ Regions ] in
-``memtune.profiler.region_tree``) is applied the same way around each region's compiled call, but its stage modules are
-wrapped once, when the planned model is made, not at each forward (NOTE [ Regions are wrapped once ]): each region
-module's ``forward`` becomes a ``memtune.profiler.region_tree.RegionForward`` that runs the region, compiled under the
-plan's activation budget (eager for ``Plan.eager_stages``), with the stage's action around it while this planned model
-steps, and the module's own forward otherwise. Each region compiles once, on its first planned call.
+``memtune.profiler.region_tree``) is applied the same way around each region's compiled call: the stage's wrapper runs
+the region compiled under the plan's activation budget (eager for ``Plan.eager_stages``), with the stage's action
+around it. Each region compiles once, on its first planned call.
+
+NOTE [ Stage modules are wrapped once ]
+A planned model wraps each of its stage modules once, when it is made, the way regions are wrapped (NOTE [ Regions are
+wrapped once ] in ``memtune.profiler.region_tree``, whose ``RegionForward`` is the wrapper, eager stages and compiled
+regions alike): the module's ``forward`` becomes an instance attribute set once and never re-patched per call, which
+applies the stage's action while this planned model steps (``in_step``: its forward is running) and otherwise calls the
+module's own forward. Replacing ``forward`` on the instance around each planned forward, and putting the previous one
+back after, is not re-entrant (a planned forward run inside another over the same modules wraps the outer step's
+wrapper in a second one, so a stage runs under both plans' actions) and fights anything else that sets ``forward`` (a
+user's wrapper, accelerate's hooks, a distributed wrapper): one set during a step is thrown away when the step puts
+the attribute back, and one that keeps what it found during a step later restores the wrapper of a step long over.
+Wrapped once, a wrapper installed later wraps memtune's and runs outside the stage's action, as module hooks do
+(``nn.Module.__call__`` runs them around ``forward``); one installed before is the module's own forward, which the
+action wraps; two planned models of one model share the wrapper, which applies the plan of the one stepping. The model
+called directly runs as written; ``state_dict`` keys and module names are unchanged (no module is inserted); a deep
+copy or a pickle of the model gets wrappers of its own that run eagerly (the planned model belongs to the original).
+``PlannedModule.release`` gives the modules their own ``forward`` back (once no other planned model runs them); a
+released planned model refuses to train. A wrapper that replaces memtune's without calling it takes its stage out of
+the plan; compiling the whole model while a planned model is live traces through the wrappers: release it first.
 
 NOTE [ Regions compile at their first call ]
 A planned model of compiled regions compiles each region (dynamo's trace, the partitioner, inductor) at its first
@@ -55,7 +73,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -128,42 +146,48 @@ class PlannedModule(PlannedBase):
         self._stages = modules
         self._clone = [may_write_input(m) if clone_stage_inputs is None else clone_stage_inputs for m in modules]
         self._step_now: StepState | None = None
-        self._regions: list[RegionForward] = []
-        self._region_calls: dict[int, tuple[int, Callable[..., Any]]] = {}
+        #: each stage module's wrapper, installed once (NOTE [ Stage modules are wrapped once ]); empty once released
+        self._forwards: list[RegionForward] = []
+        #: per wrapper (by id): its stage index and the call that runs the stage (eager, or the compiled region)
+        self._calls: dict[int, tuple[int, Callable[..., Any]]] = {}
         #: inputs and outputs of the compiled regions run so far in this forward, with their versions (weakly held)
         self._edges: list[tuple[int, weakref.ref[torch.Tensor], int]] = []
-        if plan.compile_budget is not None:  # NOTE [ Regions are wrapped once ] (memtune.profiler.region_tree)
-            self._wrap_regions(plan.compile_budget)
-
-    def _wrap_regions(self, budget: float) -> None:
-        if self.plan.stages == ("",):
+        if plan.compile_budget is not None and plan.stages == ("",):
             raise PlanError(
                 "a compiled plan whose one stage is the whole model is a whole-model compile: use whole_compile "
                 "(NOTE [ Whole-model compile ])"
             )
+        self._wrap_stages()
+
+    def _wrap_stages(self) -> None:
+        """Install each stage module's wrapper (or join the one there) and attach this planned model to it (NOTE [
+        Stage modules are wrapped once ]); a compiled plan's regions get their compiled callables, made once per
+        budget (NOTE [ Regions are wrapped once ] in ``memtune.profiler.region_tree``)."""
+        budget = self.plan.compile_budget
         for k, m in enumerate(self._stages):
-            region = install_region(m)
-            call = region.eager if k in self.plan.eager_stages else region.compiled(budget)
-            region.attach(self)
-            self._regions.append(region)
-            self._region_calls[id(region)] = (k, call)
+            wrapper = install_region(m)
+            call = wrapper.eager if budget is None or k in self.plan.eager_stages else wrapper.compiled(budget)
+            wrapper.attach(self)
+            self._forwards.append(wrapper)
+            self._calls[id(wrapper)] = (k, call)
 
     @property
     def in_step(self) -> bool:
-        """Whether a planned forward is running now (its regions then apply the plan:
-        ``memtune.profiler.region_tree``)."""
+        """Whether a planned forward is running now (its stage modules' wrappers then apply the plan: NOTE [ Stage
+        modules are wrapped once ])."""
         return self._step_now is not None
 
     def run_region(self, region: RegionForward, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Region ``region`` called inside a planned forward: its compiled (or eager) call under its action.
+        """Stage module ``region`` called inside a planned forward: its call (eager, or its region compiled) under its
+        action.
 
         Raises:
             PlanError: a compiled region's input or output was written in place (NOTE [ In-place writes at region
                 edges ]): the plan was not made from a profile of this model's regions, which runs such a region eager.
         """
-        k, call = self._region_calls[id(region)]
+        k, call = self._calls[id(region)]
         assert self._step_now is not None
-        compiled = k not in self.plan.eager_stages
+        compiled = self.plan.compile_budget is not None and k not in self.plan.eager_stages
         self._check_edges(f"before region {k} ({self.stage_names[k]})")
         leaves = [t for t in tensor_leaves((args, kwargs))] if compiled else []
         versions = [t._version for t in leaves]
@@ -191,13 +215,13 @@ class PlannedModule(PlannedBase):
         )
 
     def release(self) -> None:
-        """Give the region modules their own ``forward`` back (where no other planned model runs them): the model
-        then runs eagerly as written, and this planned model no longer applies its plan (NOTE [ Regions are wrapped
-        once ]). Nothing to do for an eager plan, which wraps its stages only during each forward."""
-        for region in self._regions:
-            region.detach(self)
-        self._regions.clear()
-        self._region_calls.clear()
+        """Give the stage modules their own ``forward`` back (where no other planned model runs them): the model then
+        runs as written, and this planned model no longer applies its plan and refuses to train (NOTE [ Stage modules
+        are wrapped once ])."""
+        for wrapper in self._forwards:
+            wrapper.detach(self)
+        self._forwards.clear()
+        self._calls.clear()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
@@ -205,40 +229,21 @@ class PlannedModule(PlannedBase):
         tensors = [*self.model.parameters(), *self.model.buffers()]
         device = tensors[0].device if tensors else torch.device("cpu")
         exclude = resident_storage_ptrs([*tensors, *tensor_leaves((args, kwargs))])  # the inputs: always resident
-        if self.plan.compile_budget is not None and not self._regions:
+        if not self._forwards:
             raise PlanError("this planned model was released (release()); plan the model again to train with it")
         step = self._begin_step(device, exclude)
         try:
-            if self._regions:  # wrapped once (NOTE [ Regions are wrapped once ])
-                self._step_now = step
-                self._edges.clear()
-                out = self.model(*args, **kwargs)
-                self._check_edges("by the end of the forward")
-                self._edges.clear()
-                return out
-            with self._wrapped(step):
-                return self.model(*args, **kwargs)
+            self._step_now = step  # the stages' wrappers apply the plan now (NOTE [ Stage modules are wrapped once ])
+            self._edges.clear()
+            out = self.model(*args, **kwargs)
+            self._check_edges("by the end of the forward")
+            self._edges.clear()
+            return out
         except torch.OutOfMemoryError as exc:
             raise self._oom(exc, "forward", step.forward_stage) from exc
         finally:
             self._step_now = None
             step.end_forward()
-
-    @contextlib.contextmanager
-    def _wrapped(self, step: StepState) -> Iterator[None]:
-        """Each stage module's ``forward`` replaced by its plan's wrapper for the duration of one forward."""
-        saved: list[tuple[nn.Module, Any]] = []
-        try:
-            for k, m in enumerate(self._stages):
-                saved.append((m, m.__dict__.get("forward")))
-                m.forward = self._stage(k, m.forward, step)  # type: ignore[method-assign]
-            yield
-        finally:
-            for m, previous in reversed(saved):
-                if previous is None:
-                    del m.forward
-                else:
-                    m.forward = previous  # type: ignore[method-assign]
 
     def _stage(self, k: int, fn: Callable[..., Any], step: StepState) -> Callable[..., Any]:
         action = self.plan.actions[k]

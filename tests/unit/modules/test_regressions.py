@@ -288,22 +288,28 @@ class Failing(nn.Module):
         return self.fc(x)  # type: ignore[no-any-return]
 
 
-def test_stage_forwards_are_restored_after_a_step_and_after_an_error() -> None:
+def test_stage_forwards_are_unchanged_by_a_step_and_by_an_error_and_restored_by_release() -> None:
+    """NOTE [ Stage modules are wrapped once ] in memtune.tuner.runtime.planned_module: a step, even one that fails,
+    leaves each stage's wrapper as planning installed it, and stops applying the plan; ``release`` removes it."""
     torch.manual_seed(0)
     failing = Failing()
     model = nn.Sequential(nn.Linear(8, 16), Failing(), failing, nn.Linear(16, 1))
     x = torch.randn(4, 8)
     profile = profile_module(model, x, loss_fn=mean_square, warmup=0, repeats=1)
     pm = planned(model, Plan.from_actions("korr"[: profile.n_stages]).named(profile))
+    wrappers = {id(m): m.__dict__.get("forward") for m in model.modules()}
     mean_square(pm(x)).backward()
-    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert {id(m): m.__dict__.get("forward") for m in model.modules()} == wrappers
     failing.fail = True
     with pytest.raises(RuntimeError, match="stage failed"):
         pm(x)
-    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert {id(m): m.__dict__.get("forward") for m in model.modules()} == wrappers
+    assert not pm.in_step  # the failed step ended: the model called directly runs plainly
     failing.fail = False
     with torch.no_grad():
         assert torch.equal(pm(x), model(x))  # without grad the model runs plainly
+    pm.release()
+    assert all("forward" not in m.__dict__ for m in model.modules())
 
 
 def test_the_chain_profiler_given_a_plain_module_says_to_use_memtune_profile() -> None:
