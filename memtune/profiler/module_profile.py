@@ -58,7 +58,7 @@ from memtune.profiler.devices import GPUSpec, get_gpu
 from memtune.profiler.fused_attention import gpu_attention
 from memtune.profiler.identity import cuda_identity, spec_identity, transfer_ms
 from memtune.profiler.measure import ProgressFn, _autocast
-from memtune.profiler.module_roofline import count_module_step, modeled_compute_source, modeled_timings
+from memtune.profiler.module_roofline import ModuleCount, count_module_step, modeled_compute_source, modeled_timings
 from memtune.profiler.module_stages import (
     Inputs,
     StageTrace,
@@ -74,6 +74,7 @@ from memtune.profiler.module_step import (
     _resident_bytes,
     _step_ms,
     _step_peak,
+    modeled_resident_bytes,
 )
 from memtune.profiler.profile import DeviceIdentity, Profile, SavedStorage, StageProfile, StepPeak
 from memtune.profiler.profiler_errors import ProfilerError
@@ -499,14 +500,22 @@ def _measure_stages(
             counted = count_module_step(model, inputs, modules, trace.input_grad, loss, dtype)
         timings, step_ms = modeled_timings(timings, counted, spec, dtype)
     step_peak = _step_peak(model, inputs, loss, dtype, dev, output_held, gpu_workspaces)
-    resident = _resident_bytes(  # NOTE [ Memory held before the step ]
-        dev, lambda: _step_peak(model, inputs, loss, dtype, dev, output_held, gpu_workspaces)
+    resident = (  # NOTE [ Memory held before the step ]
+        _resident_bytes(dev, lambda: _step_peak(model, inputs, loss, dtype, dev, output_held, gpu_workspaces))
+        if spec is None
+        else modeled_resident_bytes(spec.compute_capability, _runs_matmul(counted))
     )
     tail = _loss_backward_bytes(model, modules[-1], inputs, loss, dtype, dev, gpu_workspaces)
     return _StagesRun(
         names, coarse, modules, eager_regions, compile_seconds, trace, timings, step_ms, recompute_step_ms, step_peak,
         tail, resident,
     )  # fmt: skip
+
+
+def _runs_matmul(counted: ModuleCount) -> bool:
+    """Whether the counted step ran a matrix product (in a stage or outside them)."""
+    facts = (*counted.stages, counted.prologue, counted.outside)
+    return any(k.kind == "matmul" for f in facts for k in f.count.kernels)
 
 
 def _stage_profiles(

@@ -170,3 +170,16 @@ def test_cpu_dropout_is_priced_as_the_gpus_one_fused_kernel() -> None:
     dropout, matmul = fused.kernels
     assert dropout.kind == "memory" and dropout.bytes_moved == 2 * x.numel() * 4 + x.numel()
     assert matmul.kind == "matmul"
+
+
+def test_a_profile_for_a_gpu_models_the_cublas_workspaces_a_step_holds(gpt2: Profile, unet: Profile) -> None:
+    """NOTE [ Memory held before the step ]: two handles' workspaces where the model runs matrix products (GPT-2),
+    none where it runs none (the convolutional U-Net); 32.5 MiB a handle on compute capability 9.0, PyTorch's default
+    workspace below it."""
+    from memtune.profiler.module_step import CUBLAS_HELD_BYTES_DEFAULT, modeled_resident_bytes
+
+    assert gpt2.resident_bytes == 65 * 2**20
+    assert unet.resident_bytes == 0
+    assert modeled_resident_bytes("8.0", True) == 2 * CUBLAS_HELD_BYTES_DEFAULT
+    assert modeled_resident_bytes("9.0", False) == 0
+
