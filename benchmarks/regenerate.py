@@ -126,6 +126,13 @@ GENERATED: tuple[Generated, ...] = (
         70,
     ),
     Generated(
+        "modeled-check-b2",
+        f"{_R}/h100/promises-b2/modeled-check.md",
+        ("benchmarks.modeled_check", f"{_R}/h100/promises-b2", "--trials", "100"),
+        "cpu",
+        40,
+    ),
+    Generated(
         "selective",
         f"{_R}/selective-search.txt",
         (
@@ -269,6 +276,11 @@ KEPT: tuple[Kept, ...] = (
         "*.json beside them are `scripts/modeled_profiles.py`'s CPU profiles, kept as the inputs modeled_check read",
     ),
     Kept(f"{_R}/h100/promises/*.txt", "`scripts/uniform_steps.py` on the H100: measurement"),
+    Kept(
+        f"{_R}/h100/promises-b2/*.json",
+        "`benchmarks.promises --batch 2` on the H100 and `scripts/modeled_profiles.py --batch 2`'s CPU profile beside "
+        "it, the inputs modeled_check read",
+    ),
     Kept(f"{_R}/h100/step-time/*.json", "`benchmarks.step_time` on the H100: measurement"),
     Kept(
         f"{_R}/h100/compiled-regions/*.json",
