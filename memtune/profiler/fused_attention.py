@@ -91,8 +91,17 @@ def _attention(
     scale: float,
     seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output and the float32 log-sum-exp of every row, block by block."""
     with torch.autocast(q.device.type, enabled=False):
-        return _forward(q, k, v, mask, p, causal, scale, seed)
+        out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        for n, index in _blocks(q, k):
+            s = _scores(q[index], k[index], _mask_block(mask, q, index), causal, scale)
+            lse[index] = torch.logsumexp(s, dim=-1)
+            probs = torch.exp(s - lse[index].unsqueeze(-1)) * _drop(s.shape, p, seed, n)
+            out[index] = torch.matmul(probs, v[index].float()).to(q.dtype)
+            del s, probs
+        return out, lse
 
 
 @_attention.register_fake
@@ -116,8 +125,22 @@ def _attention_backward(
     scale: float,
     seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of query, key and value, the scores recomputed block by block from the log-sum-exp."""
     with torch.autocast(q.device.type, enabled=False):
-        return _backward(grad_out, q, k, v, out, lse, mask, p, causal, scale, seed)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        delta = (grad_out.float() * out.float()).sum(-1)  # rowsum(dO * O) = rowsum(P * dP)
+        for n, index in _blocks(q, k):
+            qb, kb, vb, go = q[index].float(), k[index].float(), v[index].float(), grad_out[index].float()
+            s = _scores(q[index], k[index], _mask_block(mask, q, index), causal, scale)
+            probs = torch.exp(s - lse[index].unsqueeze(-1))
+            drop = _drop(s.shape, p, seed, n)
+            dv[index] = torch.matmul((probs * drop).transpose(-2, -1), go).to(v.dtype)
+            dp = torch.matmul(go, vb.transpose(-2, -1)) * drop
+            ds = probs * (dp - delta[index].unsqueeze(-1)) * scale
+            dq[index] = torch.matmul(ds, kb).to(q.dtype)
+            dk[index] = torch.matmul(ds.transpose(-2, -1), qb).to(k.dtype)
+            del s, probs, drop, dp, ds
+        return dq, dk, dv
 
 
 @_attention_backward.register_fake
@@ -170,58 +193,6 @@ def fused_attention(
     seed = int(torch.randint(0, 2**62, (1,)).item())
     out, _lse = _attention(q, k, v, mask, p, causal, scale, seed)
     return out
-
-
-def _forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    p: float,
-    causal: bool,
-    scale: float,
-    seed: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The output and the float32 log-sum-exp of every row, block by block."""
-    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    for n, index in _blocks(q, k):
-        s = _scores(q[index], k[index], _mask_block(mask, q, index), causal, scale)
-        lse[index] = torch.logsumexp(s, dim=-1)
-        probs = torch.exp(s - lse[index].unsqueeze(-1)) * _drop(s.shape, p, seed, n)
-        out[index] = torch.matmul(probs, v[index].float()).to(q.dtype)
-        del s, probs
-    return out, lse
-
-
-def _backward(
-    grad_out: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    mask: torch.Tensor | None,
-    p: float,
-    causal: bool,
-    scale: float,
-    seed: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The gradients of query, key and value, the scores recomputed block by block from the log-sum-exp."""
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    delta = (grad_out.float() * out.float()).sum(-1)  # rowsum(dO * O) = rowsum(P * dP)
-    for n, index in _blocks(q, k):
-        qb, kb, vb, go = q[index].float(), k[index].float(), v[index].float(), grad_out[index].float()
-        s = _scores(q[index], k[index], _mask_block(mask, q, index), causal, scale)
-        probs = torch.exp(s - lse[index].unsqueeze(-1))
-        drop = _drop(s.shape, p, seed, n)
-        dv[index] = torch.matmul((probs * drop).transpose(-2, -1), go).to(v.dtype)
-        dp = torch.matmul(go, vb.transpose(-2, -1)) * drop
-        ds = probs * (dp - delta[index].unsqueeze(-1)) * scale
-        dq[index] = torch.matmul(ds, kb).to(q.dtype)
-        dk[index] = torch.matmul(ds.transpose(-2, -1), qb).to(k.dtype)
-        del s, probs, drop, dp, ds
-    return dq, dk, dv
 
 
 #: the operations ``fused_attention`` runs, for the selective policy (NOTE [ Selective stages ]) and the roofline
