@@ -26,12 +26,12 @@ def test_upload_tune_best_leaderboard(server: str, database_url: str, tmp_path: 
     with MemtuneClient(server, api_key=key, timeout_s=30) as mt:
         model = mt.upload_exported(archive, name="tiny-e2e")
         assert model.kind == "exported" and mt.upload_exported(archive).id == model.id
-        job = mt.submit_job(model.id, batch=4, gpu="h200", budget="1MiB", trials=10)
+        job = mt.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=10)
         events = list(mt.events(job.id, timeout_s=180))
         assert events[-1].event == "end"
         done = mt.get_job(job.id)
         assert done.state == "succeeded", done.error
-        best = mt.best("h200", model="tiny-e2e", batch=4, budget="1MiB")
+        best = mt.best("h200", model="tiny-e2e", batch=4, budget="100MiB")
         assert best.job_id == job.id and best.source == "simulated" and len(best.plan["actions"]) == 3
         board = mt.leaderboard(model=model.id, gpu="h200", batch=4, page_size=5)
         assert board.count >= 1 and board.data[0].step_ms == best.step_ms

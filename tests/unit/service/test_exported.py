@@ -43,7 +43,7 @@ def test_upload_tune_best_and_leaderboard(client: MemtuneClient, db: Database, t
     assert info["batch"] == 4 and info["inputs"] == [{"name": "x", "shape": [4, 64], "dtype": "float32", "high": None}]
     assert info["n_parameters"] == 6 and info["parameter_bytes"] == (2 * (64 * 64 + 64) + 4 * 64 + 4) * 4
 
-    job = client.submit_job(model.id, batch=4, gpu="h200", budget="1MiB", trials=12, validate_top_k=1)
+    job = client.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=12, validate_top_k=1)
     assert _run_worker(db) == job.id
     done = client.get_job(job.id)
     assert done.state == "succeeded", done.error
@@ -57,11 +57,11 @@ def test_upload_tune_best_and_leaderboard(client: MemtuneClient, db: Database, t
 
     results = client.job_results(job.id, plans=True)
     assert {r.kind for r in results.data} >= {"baseline", "optuna"}
-    best = client.best("h200", model=model.id, batch=4, budget="1MiB")
+    best = client.best("h200", model=model.id, batch=4, budget="100MiB")
     assert best.fallback == "exact" and best.source == "simulated" and best.job_id == job.id
     assert best.step_ms == min(r.step_ms for r in results.data if r.feasible)
     assert len(best.plan["actions"]) == 3
-    assert client.best("h200", model="tiny-exported", batch=4, budget="1MiB").plan == best.plan  # by name
+    assert client.best("h200", model="tiny-exported", batch=4, budget="100MiB").plan == best.plan  # by name
 
     rows = list(client.iter_leaderboard(model=model.id, gpu="h200", page_size=5))
     assert rows and rows[0].step_ms == best.step_ms and all(r.model_id == model.id for r in rows)
@@ -93,7 +93,7 @@ def test_the_same_model_exported_twice_is_one_model(client: MemtuneClient, db: D
 def test_a_job_runs_at_the_exported_batch(client: MemtuneClient, tiny: bytes) -> None:
     model = client.upload_exported(tiny)
     with pytest.raises(ApiError) as e:
-        client.submit_job(model.id, batch=8, gpu="h200", budget="1MiB", trials=5)
+        client.submit_job(model.id, batch=8, gpu="h200", budget="100MiB", trials=5)
     assert (e.value.status, e.value.code, e.value.problem["model_batch"]) == (422, "batch_mismatch", 4)
     assert "batch 4" in e.value.detail
 

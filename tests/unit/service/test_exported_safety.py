@@ -115,7 +115,7 @@ def test_a_stack_trace_never_reaches_generated_code(
 ) -> None:
     """Stack traces are dropped from the canonical form (FX would paste them into comments of generated code)."""
     model = client.upload_exported(stack_trace_variant(base, markers))
-    job = client.submit_job(model.id, batch=4, gpu="h200", budget="1MiB", trials=4)
+    job = client.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=4)
     assert Worker(db, worker_id="unit-worker", heartbeat_interval_s=0.5).run_once() == job.id
     assert client.get_job(job.id).state == "succeeded"
     assert not any(markers.iterdir()), "a payload ran"
@@ -194,7 +194,7 @@ def test_the_worker_checks_the_stored_archive_again(
             definition={"exported": {**summary.summary(), "int_high": None}},
             program=hostile,
         )
-    job = client.submit_job(model.id, batch=4, gpu="h200", budget="1MiB", trials=4)
+    job = client.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=4)
     assert Worker(db, worker_id="unit-worker", heartbeat_interval_s=0.5).run_once() == job.id
     done = client.get_job(job.id)
     assert done.state == "failed" and "use_pickle" in (done.error or "") and "ExportedError" in (done.error or "")
