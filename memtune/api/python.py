@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from memtune.profiler.region_profile import RegionProfile
     from memtune.tuner.bound import StepBound
+    from memtune.tuner.compiled_bound import CompiledBound
     from memtune.tuner.region_plans import RegionTrial
     from memtune.tuner.runtime.planned import PlannedBase
 
@@ -46,6 +47,7 @@ __all__ = [
     "Tuned",
     "bound_words",
     "check_arguments",
+    "compiled_bound_words",
     "compute_words",
     "device_label",
     "planned",
@@ -178,11 +180,15 @@ class Tuned:
             the solver gave no answer.
         regions: with compiling on, every compiled-region profile measured and what its search found (or why it
             failed); empty otherwise.
+        compiled_bound: with compiled plans among the candidates (compiler points, compiled-region profiles), no
+            compiled plan steps faster (NOTE [ Compiled lower bound ] in ``memtune.tuner.compiled_bound``); None
+            where there were none.
     """
 
     result: TuneResult
     bound: StepBound | None
     regions: tuple[RegionTrial, ...] = ()
+    compiled_bound: CompiledBound | None = None
 
     @property
     def plan(self) -> Plan | None:
@@ -268,8 +274,11 @@ class Tuned:
         return lines + [f"  {name or '(model)'}: {a.value}" for name, a in zip(names, best.plan.actions, strict=True)]
 
     def _bound_lines(self, fmt: Callable[[float], str]) -> list[str]:
-        """The lower bound on every plan's step within the budget, in words."""
-        return [] if self.bound is None else [bound_words(self.bound, fmt(self.result.budget_bytes))]
+        """The lower bounds on every plan's step within the budget, in words: the eager one, and the compiled one where
+        compiled plans were candidates."""
+        budget = fmt(self.result.budget_bytes)
+        lines = [] if self.bound is None else [bound_words(self.bound, budget)]
+        return lines + ([] if self.compiled_bound is None else [compiled_bound_words(self.compiled_bound, budget)])
 
 
 def bound_words(bound: StepBound, budget: str) -> str:
@@ -283,6 +292,21 @@ def bound_words(bound: StepBound, budget: str) -> str:
     return (
         f"no plan of offload, recompute and algorithm choice can step faster than {bound.step_ms:.2f} ms "
         f"({bound.ratio:.2f}x) within {budget} (the lower bound, {CONCEPTS})"
+    )
+
+
+def compiled_bound_words(bound: CompiledBound, budget: str) -> str:
+    """The lower bound on every compiled plan's step within ``budget`` (as printed), in the words of ``bound_words``;
+    where no compiled plan can fit, that, with no infinite time."""
+    if not math.isfinite(bound.step_ms):
+        return (
+            f"no compiled plan can run within {budget}: offload and recompute of the compiled regions cannot free "
+            f"enough at their peak (the compiled lower bound, {CONCEPTS})"
+        )
+    return (
+        f"no compiled plan (the whole model compiled, or compiled regions with offload and recompute) can step faster "
+        f"than {bound.step_ms:.2f} ms ({bound.ratio:.2f}x the compiled unconstrained step) within {budget} (the "
+        f"compiled lower bound, {CONCEPTS})"
     )
 
 
@@ -368,7 +392,8 @@ def tune(
             a warning says why (the region and the compiler's first line) and the other plans stand.
 
     Returns:
-        A ``Tuned``: ``plan`` (for ``planned``), ``table()``, ``bound``; ``print(tuned)`` shows all three.
+        A ``Tuned``: ``plan`` (for ``planned``), ``table()``, ``bound`` (and ``compiled_bound`` where compiled plans
+        were candidates); ``print(tuned)`` shows them all.
 
     Raises:
         ProfilerError: as ``profile``; ``UnknownGPUError`` for a ``gpu`` memtune does not know.
@@ -448,6 +473,7 @@ def tune_profiles(
     from memtune.tuner import Simulator
     from memtune.tuner import tune as run_tune
     from memtune.tuner.bound import step_lower_bound
+    from memtune.tuner.compiled_bound import compiled_lower_bound
     from memtune.tuner.region_plans import fastest, region_trial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -487,7 +513,8 @@ def tune_profiles(
         bound: StepBound | None = step_lower_bound(Simulator(result.profile, optimizer), budget_bytes)
     except RuntimeError:  # the solver gave no answer: the plan stands without its bound
         bound = None
-    return Tuned(result, bound, tuple(trials_done))
+    compiled = [prof] + [run.profile for run in regions if run.profile is not None]
+    return Tuned(result, bound, tuple(trials_done), compiled_lower_bound(compiled, budget_bytes, optimizer))
 
 
 #: the dtypes a step is profiled in: ``float32``, or ``bfloat16``/``float16`` under autocast

@@ -1,6 +1,7 @@
 """How fast any plan can be at a budget: a lower bound on the step time, from the profile alone.
 
-``memtune tune`` prints it beside the best plan; ``python -m benchmarks.budget_bound`` tabulates it per budget.
+``memtune tune`` prints it beside the best plan; ``python -m benchmarks.budget_bound`` tabulates it per budget. Compiled
+plans have a bound of their own (NOTE [ Compiled lower bound ] in ``memtune.tuner.compiled_bound``).
 
 # NOTE [ Budget bound ]
 At every moment of the step (each event of the simulator's timeline of the unconstrained step: a stage's forward
@@ -54,7 +55,7 @@ from memtune.tuner.simulator import Simulator
 if TYPE_CHECKING:
     from scipy.sparse import coo_array
 
-__all__ = ["StepBound", "lower_envelope", "step_lower_bound"]
+__all__ = ["StepBound", "lower_envelope", "remake_pieces", "step_lower_bound"]
 
 GIB = float(1 << 30)
 
@@ -294,7 +295,7 @@ def _remake_columns(
 ) -> tuple[list[int], list[float]]:
     """Add, per stage that makes storages, the pieces of ``c_p`` (the cheapest way to re-make bytes it made, GiB, for
     ms) and the equality tying them to the storages dropped (columns from ``drop``); their columns and ms per GiB."""
-    prof, tab = sim.profile, sim.tables
+    tab = sim.tables
     made_by: dict[int, list[int]] = {}
     for s, p in enumerate(tab.s_producer):
         if p >= 0:
@@ -302,14 +303,7 @@ def _remake_columns(
     remake_cols: list[int] = []
     remake_cost: list[float] = []
     for p, sids in made_by.items():
-        made = sum(size[s] for s in sids)
-        extra = sum(max(0.0, x) for x in prof.stages[p].selective_extra_ms) * sim.compute_scale
-        gain = min(selective_gain_bytes(prof, p) / GIB, made)
-        # bytes kept -> ms; a selective stage costs a little, so that keeping everything stays the anchor
-        measured = sim.rec_extra_ms[p]
-        rerun = fwd[p] if measured is None else measured  # as the simulator prices it
-        points = [(made, 0.0), (0.0, rerun)] + ([(made - gain, max(extra, 1e-9))] if gain > 0 else [])
-        _, _, pieces = lower_envelope(points)
+        pieces = remake_pieces(sim, p, sum(size[s] for s in sids), fwd[p])
         first = lp.add(len(pieces), cost=[c for _, c in pieces], upper=[w for w, _ in pieces])
         lp.eqs.append(
             (
@@ -320,6 +314,20 @@ def _remake_columns(
         remake_cols += list(range(first, first + len(pieces)))
         remake_cost += [c for _, c in pieces]
     return remake_cols, remake_cost
+
+
+def remake_pieces(sim: Simulator, p: int, made_gib: float, fwd_ms: float) -> list[tuple[float, float]]:
+    """The cheapest way to re-make bytes stage ``p`` made (``made_gib`` GiB of them; ``fwd_ms`` its forward at the
+    fastest algorithms): the lower convex envelope of keeping them all, its selective stage and its full re-run as the
+    simulator prices them, as ``[(GiB, ms per GiB), ...]`` with slopes rising (``lower_envelope``)."""
+    prof = sim.profile
+    extra = sum(max(0.0, x) for x in prof.stages[p].selective_extra_ms) * sim.compute_scale
+    gain = min(selective_gain_bytes(prof, p) / GIB, made_gib)
+    # bytes kept -> ms; a selective stage costs a little, so that keeping everything stays the anchor
+    measured = sim.rec_extra_ms[p]
+    rerun = fwd_ms if measured is None else measured  # as the simulator prices it
+    points = [(made_gib, 0.0), (0.0, rerun)] + ([(made_gib - gain, max(extra, 1e-9))] if gain > 0 else [])
+    return lower_envelope(points)[2]
 
 
 def _workspace_columns(
