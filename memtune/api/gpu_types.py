@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from memtune.profiler import GPUS, UnknownGPUError, get_gpu
 from memtune.profiler.identity import spec_identity
 from memtune.storage.records import GpuType
-from memtune.storage.repositories import GpuRepository, identity_hash
+from memtune.storage.repositories import GpuRepository
 
 __all__ = ["KnownGpu", "known_gpus", "resolve_gpu", "same_architecture"]
 
@@ -24,19 +24,8 @@ class KnownGpu:
 
 
 def _from_spec(key: str) -> GpuType:
-    ident = spec_identity(GPUS[key])
-    return GpuType(
-        key=ident.key,
-        name=ident.name,
-        compute_capability=ident.compute_capability,
-        sm_count=ident.sm_count,
-        memory_bytes=ident.memory_bytes,
-        pcie_gen=ident.pcie_gen,
-        pcie_width=ident.pcie_width,
-        driver=None,
-        cudnn_version=None,
-        identity_hash=identity_hash(ident),
-    )
+    """The GPU type of roofline spec ``key``: its datasheet identity, no driver or cuDNN version."""
+    return GpuType.from_identity(spec_identity(GPUS[key]))
 
 
 def known_gpus(session: Session) -> list[KnownGpu]:

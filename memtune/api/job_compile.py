@@ -94,15 +94,12 @@ class NoCompilerPoints(Exception):
 
 
 def cuda_gpu_key() -> str | None:
-    """The GPU type (``memtune.profiler.devices.gpu_key``) of this process's CUDA device 0, or None without CUDA."""
-    import torch
+    """The GPU type of this process's CUDA device 0 (``memtune.tuner.measure.first_use.present_gpu``), or None without
+    CUDA."""
+    from memtune.tuner.measure.first_use import present_gpu
 
-    from memtune.profiler.devices import gpu_key
-
-    if not torch.cuda.is_available():
-        return None
-    props = torch.cuda.get_device_properties(0)
-    return gpu_key(props.name, props.total_memory)
+    present = present_gpu()
+    return None if present is None else present.key
 
 
 def points_text(points: Sequence[CompilerPoint]) -> str:

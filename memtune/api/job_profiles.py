@@ -82,16 +82,13 @@ def exported_profile(model: ModelRecord, job: Job, archive: bytes) -> Profile:
     import torch
 
     from memtune.profiler import profile_module
-    from memtune.profiler.devices import gpu_key
+    from memtune.tuner.measure.first_use import present_gpu
 
     exported = model.definition["exported"]
     if job.batch != exported["batch"]:  # the API refuses such jobs; a job queued another way fails here
         raise ValueError(f"job batch {job.batch} is not the exported program's batch {exported['batch']}")
-    device = torch.device("cpu")
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        if gpu_key(props.name, props.total_memory) == job.gpu_key:
-            device = torch.device("cuda", 0)
+    present = present_gpu()
+    device = torch.device("cuda", 0) if present is not None and present.key == job.gpu_key else torch.device("cpu")
     module, inputs = load_stored_program(model, archive, device)
     gpu = None if device.type == "cuda" else job.gpu_key
     return profile_module(module, inputs, dtype=job.dtype, gpu=gpu, name=model.name)

@@ -155,20 +155,8 @@ def row_public(r: Result, rank: int, *, with_plan: bool = False) -> LeaderboardR
 
 
 def gpu_public(g: GpuType, *, modeled: bool, stored: bool, calibration: CalibrationSummary | None = None) -> GpuPublic:
-    return GpuPublic(
-        key=g.key,
-        name=g.name,
-        compute_capability=g.compute_capability,
-        sm_count=g.sm_count,
-        memory_bytes=g.memory_bytes,
-        pcie_gen=g.pcie_gen,
-        pcie_width=g.pcie_width,
-        driver=g.driver,
-        cudnn_version=g.cudnn_version,
-        modeled=modeled,
-        stored=stored,
-        calibration=calibration,
-    )
+    """A GPU type's public view: its identity (NOTE [ GPU identity ] in ``memtune.storage.records``) and sources."""
+    return GpuPublic(**g.identity_fields(), modeled=modeled, stored=stored, calibration=calibration)
 
 
 def calibration_summary(found: ServiceCalibration) -> CalibrationSummary | None:

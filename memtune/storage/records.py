@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from memtune.profiler import Profile
+from memtune.profiler import DeviceIdentity, Profile
 from memtune.tuner.budget import search_budget
 
 __all__ = [
     "COMPILE_CHOICES",
+    "GPU_IDENTITY_FIELDS",
     "HEADROOM_SOURCES",
     "TERMINAL_STATES",
     "VALIDATION_STATES",
@@ -28,6 +32,7 @@ __all__ = [
     "Result",
     "ResultIn",
     "ValidationState",
+    "identity_hash",
 ]
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -54,9 +59,26 @@ had), ``off`` (never: the points are left out)."""
 COMPILE_CHOICES: frozenset[str] = frozenset({"auto", "on", "off"})
 
 
+# NOTE [ GPU identity ]
+# The fields that identify a GPU type are defined once, here: ``GpuType``'s fields before ``identity_hash`` (key, name,
+# compute capability, SM count, memory bytes, PCIe generation and width, and for a measured type driver and cuDNN
+# version), listed by ``GPU_IDENTITY_FIELDS``. The layers reuse them:
+# * profiler: a profile's ``DeviceIdentity`` carries them among its measured facts; ``GpuType.from_identity`` is the one
+#   conversion from it, and ``identity_hash`` hashes them but the key;
+# * storage: ``GpuRepository.upsert`` writes a row from ``from_identity``'s record and ``to_gpu`` reads one back by the
+#   record's fields; the columns of ``GpuTypeRow`` (``memtune.storage.orm``) are the migrated schema, written out there;
+# * api: a roofline spec's type is ``GpuType.from_identity(spec_identity(spec))`` (``memtune.api.gpu_types``), and
+#   ``memtune.api.views.gpu_public`` builds ``GpuPublic`` from ``identity_fields()``; ``GpuPublic``'s fields are the
+#   published OpenAPI schema, written out in ``memtune.api.schemas``.
+# tests/unit/service/test_gpu_identity.py holds those columns and that schema to this list. The GPU type of the CUDA
+# device a process runs on is the key of ``memtune.tuner.measure.first_use.present_gpu``, for the command line and the
+# service's worker alike.
+
+
 @dataclass(frozen=True)
 class GpuType:
-    """A GPU type's structured identity; ``key`` is its stable short name (``h200``)."""
+    """A GPU type's structured identity (NOTE [ GPU identity ]); ``key`` is its stable short name (``h200``),
+    ``memory_bytes`` in bytes, ``identity_hash`` the ``identity_hash`` of the fields before it."""
 
     key: str
     name: str
@@ -68,6 +90,25 @@ class GpuType:
     driver: str | None
     cudnn_version: str | None
     identity_hash: str
+
+    @classmethod
+    def from_identity(cls, identity: DeviceIdentity) -> GpuType:
+        """The GPU type a profile's device identity describes (its bandwidths and torch version are not kept)."""
+        return cls(**{f: getattr(identity, f) for f in GPU_IDENTITY_FIELDS}, identity_hash=identity_hash(identity))
+
+    def identity_fields(self) -> dict[str, Any]:
+        """``{field: value}`` of ``GPU_IDENTITY_FIELDS``: the identity without its hash."""
+        return {f: getattr(self, f) for f in GPU_IDENTITY_FIELDS}
+
+
+GPU_IDENTITY_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(GpuType) if f.name != "identity_hash")
+"""The fields that identify a GPU type, in ``GpuType``'s order (NOTE [ GPU identity ])."""
+
+
+def identity_hash(identity: DeviceIdentity) -> str:
+    """SHA-256 (hex) of the identity fields but the key, in a canonical JSON form: stable across runs."""
+    data = {f: getattr(identity, f) for f in GPU_IDENTITY_FIELDS if f != "key"}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 ModelKind = Literal["zoo", "spec", "exported"]

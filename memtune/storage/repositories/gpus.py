@@ -1,37 +1,20 @@
-"""GPU types: upsert from a profile's ``DeviceIdentity``, list, find the same architecture."""
+"""GPU types: upsert from a profile's ``DeviceIdentity``, list, find the same architecture (NOTE [ GPU identity ] in
+``memtune.storage.records``)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import dataclasses
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from memtune.profiler import DeviceIdentity
 from memtune.storage.orm import GpuTypeRow
-from memtune.storage.records import GpuType
+from memtune.storage.records import GpuType, identity_hash
 from memtune.storage.repositories._convert import to_gpu
 from memtune.storage.storage_errors import NotFoundError
 
 __all__ = ["GpuRepository", "identity_hash"]
-
-_IDENTITY_FIELDS = (
-    "name",
-    "compute_capability",
-    "sm_count",
-    "memory_bytes",
-    "pcie_gen",
-    "pcie_width",
-    "driver",
-    "cudnn_version",
-)
-
-
-def identity_hash(identity: DeviceIdentity) -> str:
-    """SHA-256 (hex) of the structured identity fields, in a canonical JSON form: stable across runs."""
-    data = {f: getattr(identity, f) for f in _IDENTITY_FIELDS}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 class GpuRepository:
@@ -42,13 +25,14 @@ class GpuRepository:
 
     def upsert(self, identity: DeviceIdentity) -> GpuType:
         """Insert the GPU type or update its identity fields (a newer driver, a measured identity)."""
-        row = self.s.get(GpuTypeRow, identity.key)
+        gpu = GpuType.from_identity(identity)
+        row = self.s.get(GpuTypeRow, gpu.key)
         if row is None:
-            row = GpuTypeRow(key=identity.key)
+            row = GpuTypeRow(key=gpu.key)
             self.s.add(row)
-        for f in _IDENTITY_FIELDS:
-            setattr(row, f, getattr(identity, f))
-        row.identity_hash = identity_hash(identity)
+        for column, value in dataclasses.asdict(gpu).items():
+            if column != "key":  # the primary key, set when the row is made
+                setattr(row, column, value)
         self.s.flush()
         return to_gpu(row)
 
