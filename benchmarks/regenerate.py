@@ -270,6 +270,7 @@ KEPT: tuple[Kept, ...] = (
     Kept(f"{_R}/h100/sweep/bench-*", "`memtune bench --sweep` on the H100: measurement and console log"),
     Kept(f"{_R}/h100/compiled/*.json", "compiled runs on the H100: measurement"),
     Kept(f"{_R}/h100/compiled/*.txt", "GPU test log on the H100"),
+    Kept(f"{_R}/h100/module-peers/*.json", "`benchmarks.module_peers` on the H100: measurement (one row per model)"),
     Kept(
         f"{_R}/h100/promises/*.json",
         "`benchmarks.promises` on the H100 (rows with measured profiles); the modeled-"
