@@ -10,7 +10,9 @@ it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import inspect
 import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -23,6 +25,7 @@ from memtune.tuner.runtime.allocator import reserved_summary
 from memtune.tuner.runtime.offload import OffloadRuntime, OffloadStats, StepState
 from memtune.tuner.runtime.pool import HostPool
 from memtune.tuner.runtime.run_errors import Phase, PlanOutOfMemoryError
+from memtune.tuner.tuner_errors import PlanError
 
 __all__ = ["PlannedBase"]
 
@@ -71,6 +74,36 @@ def _load_into_wrapped(
         metadata.setdefault(prefix + _WRAPPED + key[len(prefix) :], metadata[key])
 
 
+# NOTE [ Seen as the model ]
+# Code that trains a model reads more of it than its forward, and a planned model stands where the model stood, so it
+# answers as the model. Hugging Face's ``Trainer`` (transformers 5) reads: ``inspect.signature(model.forward)``, to
+# keep the batch columns the forward takes (without datasets' ``Dataset``, a collator drops the rest: a bare
+# ``(*args, **kwargs)`` dropped every column) and to decide whether it passes ``num_items_in_batch``; ``config``, on
+# which it sets ``use_cache`` (off by default, else a GPT-2 threads a cache through its stages); ``loss_type``, which
+# says a causal model's loss shifts its labels, so the tokens that divide a summed loss are counted over
+# ``labels[..., 1:]`` (a Llama's is ``ForCausalLM``; without it a row counts one token more, and a Llama's loss came
+# out 15/16 of its own at 16 tokens a row; a GPT-2's is None); and ``main_input_name``, ``num_parameters``,
+# ``hf_device_map``, ``accepts_loss_kwargs`` and ``_keys_to_ignore_on_save`` where a run uses them. So the planned
+# model's ``forward`` carries the wrapped model's signature (an instance attribute set once, calling the class's
+# ``forward``), and an attribute the planned model lacks is the wrapped model's (as ``torch.compile``'s
+# ``OptimizedModule`` forwards to the module it compiled). It moves, trains and saves as an ``nn.Module`` holding the
+# model (``.to``, ``.train()``, NOTE [ The model's own state dict ]). Two things are the caller's: ``Trainer`` takes
+# label names from the class's forward (``find_labels``), so an evaluation that should report a loss passes
+# ``TrainingArguments(label_names=["labels"])``; and the model's own activation checkpointing (``Trainer``'s
+# ``activation_checkpointing``, ``gradient_checkpointing`` before) would recompute inside the plan's stages, so the
+# planned model refuses it and the plan alone decides what recomputes. ``tests/unit/modules/test_trainer_compiled.py``
+# trains planned models under ``Trainer``: a GPT-2 of compiled regions, and a Llama whose loss needs ``loss_type``.
+
+
+def _signed_forward(planned: nn.Module, model: nn.Module) -> functools.partial[Any]:
+    """``type(planned).forward`` bound to ``planned``, with the signature of ``model.forward`` (NOTE [ Seen as the
+    model ]); a forward whose signature cannot be read keeps the planned model's."""
+    call = functools.partial(type(planned).forward, planned)
+    with contextlib.suppress(TypeError, ValueError):
+        call.__signature__ = inspect.signature(model.forward)  # type: ignore[attr-defined]
+    return call
+
+
 class PlannedBase(nn.Module):
     """What every planned model shares: the offload runtime, where a step is, and out-of-memory errors that name
     the plan and the stage. ``PlannedChain`` runs a chain; ``memtune.tuner.runtime.planned_module.PlannedModule`` any
@@ -93,6 +126,33 @@ class PlannedBase(nn.Module):
         self._budget_bytes: int | None = None  # set by oom_guard, for error messages
         self.register_state_dict_post_hook(_state_dict_without_wrapper)  # NOTE [ The model's own state dict ]
         self.register_load_state_dict_pre_hook(_load_into_wrapped)
+        self.forward = _signed_forward(self, model)  # type: ignore[method-assign]  # NOTE [ Seen as the model ]
+
+    def __getattr__(self, name: str) -> Any:
+        """The planned model's own attribute, parameter or submodule, else the wrapped model's (NOTE [ Seen as the
+        model ]); dunder names are never forwarded."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules")
+            model = modules.get("model") if modules is not None else None
+            if model is None or name.startswith("__"):
+                raise
+            return getattr(model, name)
+
+    def gradient_checkpointing_enable(self, *_: Any, **__: Any) -> None:
+        """Refused: the plan decides what recomputes (NOTE [ Seen as the model ]).
+
+        Raises:
+            PlanError: always.
+        """
+        raise PlanError(
+            "a planned model recomputes what its plan says; the model's own activation checkpointing would re-run "
+            "inside the plan's stages: leave it off (Trainer's activation_checkpointing or gradient_checkpointing, off "
+            "by default)"
+        )
+
+    activation_checkpointing_enable = gradient_checkpointing_enable
 
     # ---- inspection ------------------------------------------------------------------------------
     @property
