@@ -182,4 +182,3 @@ def test_a_profile_for_a_gpu_models_the_cublas_workspaces_a_step_holds(gpt2: Pro
     assert unet.resident_bytes == 0
     assert modeled_resident_bytes("8.0", True) == 2 * CUBLAS_HELD_BYTES_DEFAULT
     assert modeled_resident_bytes("9.0", False) == 0
-
