@@ -167,7 +167,10 @@ def _plans(args: argparse.Namespace, cfg: _Config) -> tuple[dict[int, Any], dict
         plain = simulate(rank_prof, keep, optimizer="adam")
         rows: dict[str, dict[str, Any]] = {"fsdp": {"step_ms": round(plain.step_ms, 3), "peak_bytes": plain.peak_bytes}}
         budget = args.budget_bytes or plain.peak_bytes
-        result = tune(rank_prof, budget, trials=args.trials, seed=0, optimizer="adam", headroom=planning_headroom(prof))
+        # without a budget the budget is the unplanned peak itself: no headroom, or a model whose peak is mostly the
+        # bytes a step holds throughout (cuBLAS's workspaces, NOTE [ Memory held before the step ]) has no plan
+        headroom = planning_headroom(prof) if args.budget_bytes else 0.0
+        result = tune(rank_prof, budget, trials=args.trials, seed=0, optimizer="adam", headroom=headroom)
         if result.best is not None:
             plans[batch] = result.best.plan
             rows["plan"] = {
