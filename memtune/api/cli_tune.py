@@ -362,9 +362,10 @@ def _print_tuned(
 ) -> None:
     """``tune``'s report: the baselines, the best plan in words or stage by stage, its bound (``bound``'s where
     given, NOTE [ Bound beside the search ]), the Pareto front; every size in one unit, the table's."""
-    from memtune.api.python import bound_words, compute_words, device_label, retries_words
+    from memtune.api.python import bound_words, compiled_bound_words, compute_words, device_label, retries_words
     from memtune.tuner import Simulator
     from memtune.tuner.bound import step_lower_bound
+    from memtune.tuner.compiled_bound import compiled_lower_bound
 
     unit, size = bytes_unit(budget_bytes, result.unconstrained.peak_bytes, *(c.peak_bytes for c in result.policies))
 
@@ -407,6 +408,9 @@ def _print_tuned(
         out.print(f"  [dim]{bound_words(lower, fmt(budget_bytes))}[/]")
     except RuntimeError as exc:  # the solver gave no answer: the plan stands, without its bound
         out.print(f"  [dim]no lower bound: {exc}[/]")
+    compiled = compiled_lower_bound([prof], budget_bytes, optimizer)  # None without compiler points
+    if compiled is not None:
+        out.print(f"  [dim]{compiled_bound_words(compiled, fmt(budget_bytes))}[/]")
     if pareto:
         table = Table("step ms", f"peak {unit}", "plan", title="Pareto front (time vs memory)")
         for c in result.pareto:

@@ -85,6 +85,9 @@ def test_tune_says_when_its_best_plan_compiles_the_whole_model(tmp_path: Path) -
     flat = " ".join(out.split())
     assert "the whole model compiled by torch.compile with activation_memory_budget 0.5" in flat, out
     assert "best: compiled whole 0.5" in flat and "best plan: lookahead" not in flat
+    # NOTE [ Compiled lower bound ]: beside the eager bound, the compiled one, at most the compile it served
+    compiled = re.search(r"no compiled plan .* can step faster than ([0-9.]+) ms", flat)
+    assert compiled and float(compiled.group(1)) <= 0.8 * base.step_ms + 0.01, out
 
 
 @pytest.mark.slow
