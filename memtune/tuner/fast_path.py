@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import accumulate, chain
 from operator import itemgetter
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from memtune.tuner.plan import Action
 
@@ -374,7 +374,7 @@ class FastPath:
         fwd_after, bwd_end, prog_end, made = st.fwd_after, st.bwd_end, st.prog_end, st.made
         final_out = self.final_out
         fates: list[_Fate] = []
-        own_fates = self.own_fates
+        own_fates = cast("list[tuple[_Fate, _Fate]]", self.own_fates)  # set for every storage of shape _OWN
         for sid, p, savers, readers, last, nbytes, shape in self.storages:
             if shape is _OWN:  # one saver, no stage takes it as input: its saver's action decides
                 r = savers[0]
