@@ -18,7 +18,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -124,31 +123,22 @@ def measure_steps(
     or, when a step runs out of memory, ``ok`` False with the error's first line."""
     import torch
 
+    from memtune.tuner.measure.step_timing import timed_ms
     from memtune.tuner.runtime import PlanOutOfMemoryError
 
-    times: list[float] = []
     try:
         with guard if guard is not None else contextlib.nullcontext():
-            for k in range(warmup + steps):
-                if k == warmup and cuda:
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                if cuda:
-                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    begin.record()
-                    step()
-                    end.record()
-                    end.synchronize()
-                    times.append(float(begin.elapsed_time(end)))
-                else:
-                    start = time.perf_counter()
-                    step()
-                    times.append((time.perf_counter() - start) * 1e3)
+            for _ in range(warmup):
+                step()
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            times = timed_ms(step, steps, cuda=cuda)
     except (torch.OutOfMemoryError, PlanOutOfMemoryError) as exc:
         return {"ok": False, "ms": None, "peak": None, "error": f"out of memory: {str(exc).splitlines()[0][:200]}"}
     return {
         "ok": True,
-        "ms": statistics.median(times[warmup:]),
+        "ms": statistics.median(times),
         "peak": torch.cuda.max_memory_allocated() if cuda else None,
         "reserved": torch.cuda.max_memory_reserved() if cuda else None,
         "error": None,
