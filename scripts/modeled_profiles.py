@@ -6,8 +6,8 @@ profiles measured on an H100 that the promises benchmark keeps in its JSON rows.
 Each model is built on the CPU as ``benchmarks.promises`` builds it on CUDA (same configuration, batch and loss),
 profiled by ``memtune.profile(..., gpu="h100")`` and written to ``OUT_DIR/modeled-MODEL.json`` with the seconds it
 took; ``--batch N`` builds every model at batch N (``benchmarks.promises --batch N`` measures the H100 side). Full
-sizes need tens of GiB of host memory (GPT-2 at 8 x 1,024 in fp32 about 30). ``python -m benchmarks.modeled_check``
-compares the two profiles' tuned plans.
+sizes can need tens of GiB of host memory (GPT-2 at 8 x 1,024 in fp32 needed 28-36 GB with attention unfused).
+``python -m benchmarks.modeled_check`` compares the two profiles' tuned plans.
 """
 
 from __future__ import annotations

@@ -199,8 +199,10 @@ def fused_attention(
 FUSED_OPS = frozenset({torch.ops.memtune.gpu_attention.default, torch.ops.memtune.gpu_attention_backward.default})
 
 
-def _fused_applies(q: torch.Tensor, dropout_p: float, enable_gqa: bool) -> bool:
-    return dropout_p > 0 and torch.is_grad_enabled() and not enable_gqa and q.dim() >= 3
+def _fused_applies(q: torch.Tensor, mask: torch.Tensor | None, dropout_p: float, causal: bool, gqa: bool) -> bool:
+    """Whether a call is one the GPU runs fused with dropout; every other call (a mask with ``is_causal``, which the
+    framework refuses with its own error, included) goes to the framework's function."""
+    return dropout_p > 0 and torch.is_grad_enabled() and not gqa and q.dim() >= 3 and not (causal and mask is not None)
 
 
 @contextmanager
@@ -219,7 +221,7 @@ def gpu_attention() -> Iterator[None]:
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor:
-        if not _fused_applies(query, dropout_p, enable_gqa):
+        if not _fused_applies(query, attn_mask, dropout_p, is_causal, enable_gqa):
             return original(  # type: ignore[call-arg]
                 query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                 enable_gqa=enable_gqa,

@@ -68,6 +68,7 @@ def test_within_the_block_dropout_attention_saves_what_the_fused_kernel_saves() 
     def attend() -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
 
+    original = F.scaled_dot_product_attention
     unfused = _saved(attend)
     assert any(shape == (B, H, S, S) for shape, _ in unfused)  # the CPU's math backend saves the probabilities
     with gpu_attention():
@@ -75,11 +76,14 @@ def test_within_the_block_dropout_attention_saves_what_the_fused_kernel_saves() 
         out = attend()
     assert sorted(fused) == sorted([((B, H, S, D), torch.float32)] * 4 + [((B, H, S), torch.float32)])
     assert "memtune_gpu_attention" in type(out.grad_fn).__name__
-    assert F.scaled_dot_product_attention is not attend  # restored on exit
+    assert F.scaled_dot_product_attention is original  # restored on exit
     with gpu_attention():  # without dropout, or without a graph, the call is the framework's
         assert "memtune" not in type(F.scaled_dot_product_attention(q, k, v).grad_fn).__name__
         with torch.no_grad():
             F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+        with pytest.raises(RuntimeError, match="attn_mask should not be set when is_causal"):  # the framework's error
+            F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(S, S, dtype=torch.bool), dropout_p=0.1,
+                                           is_causal=True)  # fmt: skip
 
 
 def test_it_is_one_operation_to_the_flop_counter_and_the_selective_policy() -> None:
