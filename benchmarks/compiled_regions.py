@@ -258,10 +258,10 @@ class Bench:
 
     def plans(self) -> None:
         import memtune
-        from memtune.api.python import tune_profiles
         from memtune.profiler import Profile
         from memtune.profiler.region_profile import RegionProfile
         from memtune.profiler.region_tree import RegionPartition
+        from memtune.tuner.pipeline import tune_profiles
         from memtune.tuner.runtime import PlanOutOfMemoryError
 
         prof = Profile.from_json((self.out / f"{self.name}-profile.json").read_text())

@@ -108,9 +108,9 @@ def _tune(args: tuple[str, str, int, float, int, str, str]) -> dict[str, Any]:
     """One search in a worker process: ``(side, profile JSON, budget, headroom, trials, optimizer, weights JSON)``."""
     import optuna
 
-    from memtune.api.python import Tuned
     from memtune.profiler import Profile
     from memtune.tuner import tune
+    from memtune.tuner.tuned import Tuned
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     side, profile_json, budget, headroom, trials, optimizer, weights_json = args
@@ -228,9 +228,9 @@ def count_row(kind: str, measured_dir: Path, small_seq: int) -> dict[str, Any]:
     import optuna
 
     import memtune
-    from memtune.api.python import Tuned, device_label
     from memtune.profiler import Profile
     from memtune.tuner import Action, Plan, simulate, tune
+    from memtune.tuner.tuned import Tuned, device_label
 
     source = measured_dir / f"{kind}.json"
     ref = json.loads(source.read_text())
@@ -318,8 +318,8 @@ def run_model(
     """The row of one model (see the module docstring)."""
 
     import memtune
-    from memtune.api.python import device_label
     from memtune.profiler import Profile
+    from memtune.tuner.tuned import device_label
 
     source = measured_dir / f"{kind}.json"
     ref = json.loads(source.read_text())

@@ -34,20 +34,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the lazy names, for type checkers (``__getattr__`` would make them ``Any``)
-    from memtune.api.python import Tuned, planned, profile, tune
     from memtune.profiler import Profile
     from memtune.tuner import Action, Plan
+    from memtune.tuner.measure.tune_module import planned, profile, tune
     from memtune.tuner.runtime import budget_guard, load_plan
+    from memtune.tuner.tuned import Tuned
 
 __all__ = ["Action", "Plan", "Profile", "Tuned", "budget_guard", "load_plan", "planned", "profile", "tune"]
 
 #: where each name of the face lives; loaded on first use, so that importing one room (``memtune.tuner.policies``,
 #: the command line's help) does not import torch and every other room with it
 _FACE = {
-    "Tuned": "memtune.api.python",
-    "planned": "memtune.api.python",
-    "profile": "memtune.api.python",
-    "tune": "memtune.api.python",
+    "Tuned": "memtune.tuner.tuned",
+    "planned": "memtune.tuner.measure.tune_module",
+    "profile": "memtune.tuner.measure.tune_module",
+    "tune": "memtune.tuner.measure.tune_module",
     "Profile": "memtune.profiler",
     "Action": "memtune.tuner",
     "Plan": "memtune.tuner",

@@ -314,7 +314,7 @@ def simulate(
         f"stalls {r.stall_ms:.2f} ms, recompute {r.recompute_ms:.2f} ms"
     )
     if priced.get("alloc_retries"):
-        from memtune.api.python import retries_words
+        from memtune.tuner.tuned import retries_words
 
         out.print(f"  {retries_words(r.step_ms, priced['allocator_ms'], priced['alloc_retries'])}")
     out.print(f"  actions {plan.compact()}  (k keep, o offload, r recompute, s selective)")

@@ -19,6 +19,7 @@ from memtune.tuner import TunerError
 
 if TYPE_CHECKING:
     from memtune.profiler import ModelChain
+    from memtune.tuner.budget import Budget
 
 __all__ = [
     "GiB",
@@ -121,13 +122,14 @@ def sample_shape(input_shape: str | None) -> tuple[int, ...]:
         raise fail(f"--input-shape {input_shape!r}: write sizes separated by commas, e.g. 3,224,224") from None
 
 
-def check_options(**arguments: Any) -> None:
+def check_options(**arguments: Any) -> Budget | None:
     """Refuse a bad --budget, --optimizer, --dtype, --gpu or --headroom at once, before any profiling
-    (``memtune.api.python.check_arguments``: each message names the option and what it takes)."""
-    from memtune.api.python import check_arguments
+    (``memtune.tuner.pipeline.check_arguments``: each message names the option and what it takes); the budget read,
+    for ``memtune.tuner.budget.profile_budget`` (NOTE [ One pipeline ]), or None without one."""
+    from memtune.tuner.pipeline import check_arguments
 
     try:
-        check_arguments(**arguments)
+        return check_arguments(**arguments)
     except (ProfilerError, TunerError) as exc:
         message = str(exc).strip("\"'")
         named = next((name for name in arguments if message.startswith(f"{name} ")), None)

@@ -103,7 +103,7 @@ def profile_command(
 
 def _print_profile(prof: Profile) -> None:
     """The profile stage by stage (times in ms, saved bytes in MiB), its totals and its self-check."""
-    from memtune.api.python import compute_words, device_label
+    from memtune.tuner.tuned import compute_words, device_label
 
     table = Table(
         "#",
@@ -226,9 +226,9 @@ def factory_profile(
 ) -> Profile:
     """Build a factory model and measure it stage by stage on ``device`` (NOTE [ Module stages ]); ``batch`` in
     samples, ``input_shape`` one sample's sizes."""
-    from memtune.api.python import profile as measure_module
     from memtune.profiler import build_factory
     from memtune.profiler.factory import factory_inputs
+    from memtune.tuner.measure.tune_module import profile as measure_module
 
     if device not in ("cpu", "cuda"):
         raise fail(f"--device {device!r}: a factory model is measured; use cpu or cuda")

@@ -33,13 +33,15 @@ from memtune.api.cli_common import (
 )
 from memtune.api.cli_profile import factory_profile
 from memtune.profiler import Profile, ProfilerError
-from memtune.tuner import Plan, TunerError, format_bytes, planning_headroom
+from memtune.tuner import BoundError, Plan, TunerError, format_bytes
 from memtune.tuner.budget import bytes_unit, profile_budget, search_budget
+from memtune.tuner.pipeline import calibration_advice, search_plans
 
 if TYPE_CHECKING:
     from memtune.api.bound_beside import BoundBeside
     from memtune.profiler import ModelChain
     from memtune.tuner import TuneResult
+    from memtune.tuner.budget import Budget
 
 __all__ = ["tune_command"]
 
@@ -79,7 +81,8 @@ def tune_command(
 
     from memtune.profiler.factory import is_factory
 
-    check_options(dtype=dtype, gpu=gpu, budget=budget, optimizer=optimizer, headroom=headroom)
+    wanted = check_options(dtype=dtype, gpu=gpu, budget=budget, optimizer=optimizer, headroom=headroom)
+    assert wanted is not None  # --budget is required
     if measure and not inference:
         raise fail("--measure runs an inference plan: add --inference (`memtune bench` measures training plans)")
     if compile_whole not in ("auto", "on", "off"):
@@ -95,15 +98,13 @@ def tune_command(
         _run_inference(chain, batch, dtype, budget, device, measure, conv_workspace, profile, as_json, plan_out)
         return
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from memtune.tuner.calibration import missing_calibration
-
     beside: BoundBeside | None = None
-    try:
+    try:  # NOTE [ One pipeline ] in memtune.tuner.pipeline: the profile, its budget, the advice, the search, the bound
         prof, budget_bytes = _searched_profile(
-            model, batch, dtype, gpu, budget, param, spec, profile_file, optimizer, device, input_shape, vocab, stage,
+            model, batch, dtype, gpu, wanted, param, spec, profile_file, optimizer, device, input_shape, vocab, stage,
             output_held, compile_whole,
         )  # fmt: skip
-        advice = missing_calibration(prof) if headroom is None else None
+        advice = calibration_advice(prof, headroom)
         if advice:
             err.print(f"[yellow]warning:[/] {advice}")
         if not as_json:  # NOTE [ Bound beside the search ]
@@ -137,7 +138,7 @@ def _searched_profile(
     batch: int,
     dtype: str,
     gpu: str | None,
-    budget: str,
+    budget: Budget,
     param: list[str] | None,
     spec: Path | None,
     profile_file: Path | None,
@@ -180,10 +181,9 @@ def _search(
     headroom: float | None,
     as_json: bool,
 ) -> TuneResult:
-    """The search (``memtune.tuner.tune``) within ``budget_bytes``, with a progress bar on standard error showing
-    the best step in ms; ``headroom`` (a share of the budget) None takes the profile's planning headroom."""
-    from memtune.tuner import tune as run_tune
-
+    """The search (``memtune.tuner.pipeline.search_plans``) within ``budget_bytes``, with a progress bar on standard
+    error showing the best step in ms; ``headroom`` (a share of the budget) None takes the profile's planning
+    headroom."""
     with Progress(
         TextColumn("[bold]tuning[/] {task.description}"),
         BarColumn(),
@@ -200,7 +200,7 @@ def _search(
             shown = f"best {best.step_ms:.2f} ms" if best is not None else "no feasible plan yet"
             bar.update(task, completed=done, total=total, best=shown)
 
-        return run_tune(
+        return search_plans(
             prof,
             budget_bytes,
             trials=trials,
@@ -210,7 +210,7 @@ def _search(
             study_name=study,
             optimizer=optimizer,
             progress=tick,
-            headroom=planning_headroom(prof) if headroom is None else headroom,
+            headroom=headroom,
         )
 
 
@@ -306,10 +306,10 @@ def _factory_compiler_points(
 ) -> Profile:
     """``prof`` with the factory model compiled whole at activation budgets 1, 0.5 and 0.25, measured on ``device``
     (NOTE [ Compiler points of a module ]); a budget that fails to compile is reported and left out."""
-    from memtune.api.python import COMPILE_BUDGETS
     from memtune.profiler import build_factory
     from memtune.profiler.factory import factory_inputs
     from memtune.tuner.measure.compiler_points import measure_module_points, with_compiler_points
+    from memtune.tuner.measure.tune_module import COMPILE_BUDGETS
 
     net = build_factory(model, params).to(device)  # the same architecture: the points do not depend on the weights
     x = factory_inputs(batch, sample_shape(input_shape), vocab=vocab, device=device)
@@ -362,10 +362,10 @@ def _print_tuned(
 ) -> None:
     """``tune``'s report: the baselines, the best plan in words or stage by stage, its bound (``bound``'s where
     given, NOTE [ Bound beside the search ]), the Pareto front; every size in one unit, the table's."""
-    from memtune.api.python import bound_words, compiled_bound_words, compute_words, device_label, retries_words
     from memtune.tuner import Simulator
     from memtune.tuner.bound import step_lower_bound
     from memtune.tuner.compiled_bound import compiled_lower_bound
+    from memtune.tuner.tuned import bound_words, compiled_bound_words, compute_words, device_label, retries_words
 
     unit, size = bytes_unit(budget_bytes, result.unconstrained.peak_bytes, *(c.peak_bytes for c in result.policies))
 
@@ -406,7 +406,7 @@ def _print_tuned(
     try:
         lower = bound.result() if bound is not None else step_lower_bound(Simulator(prof, optimizer), budget_bytes)
         out.print(f"  [dim]{bound_words(lower, fmt(budget_bytes))}[/]")
-    except RuntimeError as exc:  # the solver gave no answer: the plan stands, without its bound
+    except BoundError as exc:  # the solver gave no answer: the plan stands, without its bound
         out.print(f"  [dim]no lower bound: {exc}[/]")
     compiled = compiled_lower_bound([prof], budget_bytes, optimizer)  # None without compiler points
     if compiled is not None:

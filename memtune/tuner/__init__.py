@@ -29,7 +29,14 @@ from memtune.tuner.prefetch_trigger import PrefetchTrigger, prefetch_trigger
 from memtune.tuner.ranks import RanksResult, Stagger, ranks_prefetch_trigger, simulate_ranks, stagger_for
 from memtune.tuner.sharding import shard_units, sharded_profile
 from memtune.tuner.simulator import SimResult, Simulator, simulate
-from memtune.tuner.tuner_errors import BudgetError, CalibrationError, PlanError, SearchError, TunerError
+from memtune.tuner.tuner_errors import (
+    BoundError,
+    BudgetError,
+    CalibrationError,
+    PlanError,
+    SearchError,
+    TunerError,
+)
 
 # The lazy names, for type checkers (``__getattr__`` would make them ``Any``).
 if TYPE_CHECKING:
@@ -39,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "POLICIES",
     "Action",
+    "BoundError",
     "BudgetError",
     "CalibrationError",
     "Candidate",

@@ -51,6 +51,7 @@ import numpy as np
 
 from memtune.tuner.plan import Plan, selective_gain_bytes
 from memtune.tuner.simulator import Simulator
+from memtune.tuner.tuner_errors import BoundError
 
 if TYPE_CHECKING:
     from scipy.sparse import coo_array
@@ -178,7 +179,7 @@ class _Program:
         """The optimal variables; None when the program is infeasible.
 
         Raises:
-            RuntimeError: the solver stopped without an answer (iteration limit, numerical trouble).
+            BoundError: the solver stopped without an answer (iteration limit, numerical trouble).
         """
         from scipy.optimize import linprog  # imported here: about a second (NOTE [ Bound beside the search ])
         from scipy.sparse import coo_array
@@ -203,7 +204,7 @@ class _Program:
         if res.status == 2:
             return None
         if res.status != 0:
-            raise RuntimeError(f"the budget bound's linear program was not solved: {res.message}")
+            raise BoundError(f"the budget bound's linear program was not solved: {res.message}")
         return np.asarray(res.x)
 
 
@@ -212,7 +213,7 @@ def step_lower_bound(sim: Simulator, budget_bytes: int) -> StepBound:
 
     Raises:
         ValueError: the budget is not positive.
-        RuntimeError: the solver stopped without an answer.
+        BoundError: the solver stopped without an answer.
     """
     if budget_bytes <= 0:
         raise ValueError(f"budget must be positive, not {budget_bytes} bytes")

@@ -6,12 +6,13 @@ Hierarchy::
     ├── PlanError     a plan does not fit its profile (names the stage and the field)
     ├── BudgetError   a budget string or number is not understood or not positive
     ├── CalibrationError  a GPU type's calibration data is malformed (names the field)
+    ├── BoundError    the budget bound's linear program gave no answer (the plan stands without its bound)
     └── SearchError   a search could not run (bad settings, no feasible plan where one is required)
 """
 
 from __future__ import annotations
 
-__all__ = ["BudgetError", "CalibrationError", "PlanError", "SearchError", "TunerError"]
+__all__ = ["BoundError", "BudgetError", "CalibrationError", "PlanError", "SearchError", "TunerError"]
 
 
 class TunerError(Exception):
@@ -41,3 +42,9 @@ class CalibrationError(TunerError, ValueError):
 
 class SearchError(TunerError):
     """A plan search could not be run."""
+
+
+class BoundError(TunerError):
+    """The lower bound on a budget's step (``memtune.tuner.bound.step_lower_bound``, NOTE [ Budget bound ]) has no
+    answer: its linear program's solver stopped without one (the message gives the solver's). A plan found by the
+    search stands without its bound; callers catch this error alone, so that any other failure shows."""

@@ -140,10 +140,10 @@ def test_a_compiled_region_plan_that_tune_serves_runs_within_its_budget_on_cuda(
     ``CUBLAS_WORKSPACE_CONFIG``; the model and its input), which is asserted before the cap; each plan's first step,
     which compiles its regions and runs inductor's autotuning (NOTE [ Regions compile at their first call ]), runs
     before the cap, and no graph compiles under it."""
-    import memtune.api.python
+    import memtune.tuner.measure.tune_module
     from memtune.profiler.compiled import GRAPHS_COMPILED
 
-    monkeypatch.setattr(memtune.api.python, "COMPILE_BUDGETS", (1.0, 0.5))
+    monkeypatch.setattr(memtune.tuner.measure.tune_module, "COMPILE_BUDGETS", (1.0, 0.5))
     gc.collect()
     torch.cuda.empty_cache()  # what earlier tests left in the cache does not count against the cap
     model, x = _resnet(batch=64, size=128)

@@ -23,8 +23,9 @@ EXPECTED = {
         "from_spec", "get_gpu", "modeled_profile", "profile_module", "spec_hash",
     },
     memtune.tuner: {
-        "POLICIES", "Action", "BudgetError", "CalibrationError", "Candidate", "Plan", "PlanError", "PrefetchTrigger",
-        "RanksResult", "SearchError", "SharedLink", "SimResult", "Simulator", "Stagger", "TuneResult", "TunerError",
+        "POLICIES", "Action", "BoundError", "BudgetError", "CalibrationError", "Candidate", "Plan", "PlanError",
+        "PrefetchTrigger", "RanksResult", "SearchError", "SharedLink", "SimResult", "Simulator", "Stagger",
+        "TuneResult", "TunerError",
         "exact_front", "exact_optimum", "format_bytes", "parse_budget", "prefetch_trigger", "ranks_prefetch_trigger",
         "run_policy", "shard_units", "sharded_profile", "simulate", "simulate_ranks", "stagger_for", "tune",
         "InferenceFacts", "InferencePlan", "InferenceSim", "LayerFitError", "LayerPlan", "plan_inference",

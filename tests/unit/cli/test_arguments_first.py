@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import memtune
 import memtune.api.cli
-import memtune.api.python
+import memtune.tuner.measure.tune_module
 from memtune.profiler import ProfilerError
 from memtune.tuner import TunerError
 
@@ -37,7 +37,7 @@ def _no_profiling(*args: object, **kwargs: object) -> None:
 def test_tune_refuses_a_bad_argument_before_profiling(
     bad: dict[str, Any], message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(memtune.api.python, "profile", _no_profiling)
+    monkeypatch.setattr(memtune.tuner.measure.tune_module, "profile", _no_profiling)
     arguments: dict[str, Any] = {"budget": "60% of peak", **bad}
     budget = arguments.pop("budget")
     with pytest.raises((TunerError, ProfilerError), match=message):

@@ -108,7 +108,7 @@ def test_a_model_planned_coarser_than_its_blocks_says_so() -> None:
 
 def test_scaled_stages_are_said_in_words(unet: tuple[object, memtune.Profile]) -> None:
     """A profile whose stages were scaled to the whole step says why, not ``(stages scaled x0.636 ...)``."""
-    from memtune.api.python import compute_words
+    from memtune.tuner.tuned import compute_words
 
     _, prof = unet
     scaled = prof.model_copy(update={"compute_source": "measured:h100 (stages scaled x0.636 to the whole step)"})

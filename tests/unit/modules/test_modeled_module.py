@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 import memtune
-from memtune.api.python import device_label
 from memtune.profiler.devices import get_gpu
 from memtune.profiler.flops import count_stage
 from memtune.profiler.fused_attention import gpu_attention
@@ -20,6 +19,7 @@ from memtune.profiler.module_roofline import _OpNames
 from memtune.profiler.profile import Profile
 from memtune.profiler.stagefacts import StageFacts
 from memtune.tuner.plan import Action
+from memtune.tuner.tuned import device_label
 from tests.unit.modules.models import UNet, build_case, mean_square
 
 H100 = get_gpu("h100")

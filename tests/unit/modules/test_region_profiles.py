@@ -85,13 +85,13 @@ def _failing_backend(budget: float) -> Callable[..., Any]:
 
 
 def test_a_region_that_fails_to_compile_is_named_and_the_eager_plans_stand(monkeypatch: pytest.MonkeyPatch) -> None:
-    import memtune.api.python
     import memtune.profiler.compiled
     import memtune.profiler.region_tree
+    import memtune.tuner.measure.tune_module
 
     monkeypatch.setattr(memtune.profiler.region_tree, "budget_backend", _failing_backend)
     monkeypatch.setattr(memtune.profiler.compiled, "budget_backend", _failing_backend)  # the whole model fails too
-    monkeypatch.setattr(memtune.api.python, "COMPILE_BUDGETS", (1.0,))
+    monkeypatch.setattr(memtune.tuner.measure.tune_module, "COMPILE_BUDGETS", (1.0,))
     model, x = TinyResNet(), _batch()
     parts = [RegionPartition(1, LAYERS)]
     (run,) = profile_regions(model, x, (1.0,), partitions=parts, loss_fn=square, warmup=0, repeats=1)
@@ -113,9 +113,9 @@ def test_a_region_that_fails_to_compile_is_named_and_the_eager_plans_stand(monke
 
 @pytest.mark.slow
 def test_tune_with_compile_measures_every_partition_and_serves_the_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
-    import memtune.api.python
+    import memtune.tuner.measure.tune_module
 
-    monkeypatch.setattr(memtune.api.python, "COMPILE_BUDGETS", (1.0,))
+    monkeypatch.setattr(memtune.tuner.measure.tune_module, "COMPILE_BUDGETS", (1.0,))
     torch.manual_seed(0)
     model, x = TinyResNet(), _batch()
     prof = memtune.profile(model, x, loss_fn=square, progress=False)

@@ -94,13 +94,13 @@ def test_cli_tune_compiles_a_factory_model_when_asked(tmp_path: Path, monkeypatc
 @pytest.mark.parametrize("budget", ["2", "60%", "12 parsecs"])
 def test_a_bad_budget_is_refused_before_profiling(budget: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A budget not in the grammar is refused at once, not after the model was profiled."""
-    import memtune.api.python
+    import memtune.tuner.measure.tune_module
     from memtune.tuner import BudgetError
 
     def no_profiling(*args: object, **kwargs: object) -> None:
         raise AssertionError("profiled before the budget was read")
 
-    monkeypatch.setattr(memtune.api.python, "profile", no_profiling)
+    monkeypatch.setattr(memtune.tuner.measure.tune_module, "profile", no_profiling)
     with pytest.raises(BudgetError):
         memtune.tune(_model(), budget, example_inputs=_batch(), progress=False)
 

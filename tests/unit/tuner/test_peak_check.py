@@ -66,7 +66,7 @@ def test_an_over_prediction_is_reported_but_keeps_the_headroom(profile: Profile)
 
 def test_profile_warns_when_the_check_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """``memtune.profile`` warns (never silent) where its own check is above the tolerance."""
-    import memtune.api.python as face
+    import memtune.tuner.measure.tune_module as face
 
     model, x = small()
     monkeypatch.setattr(face, "peak_check", lambda p: peak_check(with_measured(p, 1.5)))
