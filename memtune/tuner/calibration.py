@@ -21,6 +21,16 @@ A calibration is JSON data (``Calibration.from_data`` checks it): ``gpu``, ``hea
 the all-reduce rate between them, ``memtune.tuner.link``), ``source`` and whatever else a newer ``memtune calibrate``
 writes, which is kept as it came (``Calibration.data``, ``to_data``) and passed on unread.
 
+# NOTE [ Calibration is an input ]
+The calibration is an input of the simulator, like its profile: ``Simulator(profile, ..., calibration=cal)`` keeps
+it as ``Simulator.calibration``, and everything downstream of a simulator (``memtune.tuner.search.tune``, the fast
+path, the placement pricer, the peak check, ``memtune.tuner.ranks``) reads it from the simulator or from its own
+``calibration=`` parameter. ``calibration_for`` is only the default lookup at the edges: a ``calibration`` of None
+is looked up once, where the simulator (or the function) is made, and never again below it. So two calibrations of
+one GPU type can price one profile side by side in one process (a service's jobs, a test), and no job's prices
+depend on what another installed. The registry (``install_calibration``) stays for the edges that have no
+calibration in hand.
+
 # NOTE [ Compute scale ]
 The profiler times each stage alone (forward, then backward, synchronised around each); a training step runs
 them back to back, so launch gaps overlap and caches stay warm. On the H200 every measured profile's simulated

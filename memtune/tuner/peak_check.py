@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from memtune.profiler import Profile
 from memtune.tuner.budget import format_bytes
-from memtune.tuner.calibration import calibration_for
+from memtune.tuner.calibration import Calibration, calibration_for
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.simulator import Simulator
 
@@ -82,13 +82,14 @@ class PeakCheck:
         )
 
 
-def peak_check(profile: Profile) -> PeakCheck | None:
+def peak_check(profile: Profile, *, calibration: Calibration | None = None) -> PeakCheck | None:
     """The profile's measured unplanned peak beside the simulator's; None where the profile measured none
-    (NOTE [ Profile self-check ])."""
+    (NOTE [ Profile self-check ]). ``calibration`` is the simulator's (None: ``calibration_for``, NOTE [ Calibration
+    is an input ] in ``memtune.tuner.calibration``)."""
     measured = profile.step_peak
     if measured is None:
         return None
-    sim = Simulator(profile, "none").run(Plan.uniform(profile.n_stages, Action.KEEP))
+    sim = Simulator(profile, "none", calibration=calibration).run(Plan.uniform(profile.n_stages, Action.KEEP))
     return PeakCheck(
         measured_bytes=measured.allocated_bytes,
         reserved_bytes=measured.reserved_bytes,
@@ -98,11 +99,14 @@ def peak_check(profile: Profile) -> PeakCheck | None:
     )
 
 
-def planning_headroom(profile: Profile) -> float:
-    """The headroom a search uses by default: the GPU type's calibrated headroom widened by the simulator's measured
-    under-prediction of this profile's unplanned step (NOTE [ Profile self-check ])."""
-    headroom = calibration_for(profile.device.key).headroom
-    check = peak_check(profile)
+def planning_headroom(profile: Profile, *, calibration: Calibration | None = None) -> float:
+    """The headroom a search uses by default: the calibration's headroom widened by the simulator's measured
+    under-prediction of this profile's unplanned step (NOTE [ Profile self-check ]). ``calibration`` None: the GPU
+    type's, looked up once here with ``calibration_for`` (NOTE [ Calibration is an input ] in
+    ``memtune.tuner.calibration``)."""
+    cal = calibration if calibration is not None else calibration_for(profile.device.key)
+    headroom = cal.headroom
+    check = peak_check(profile, calibration=cal)
     if check is None or check.gap <= 0:
         return headroom
     return min(0.95, 1.0 - (1.0 - headroom) / (1.0 + check.gap))

@@ -44,9 +44,13 @@ from bisect import bisect_left
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from memtune.profiler import Profile
 from memtune.tuner.plan import Plan
+
+if TYPE_CHECKING:
+    from memtune.tuner.calibration import Calibration
 
 __all__ = [
     "AllocatorModel",
@@ -335,19 +339,26 @@ def _replay(model: AllocatorModel, events: Iterable[tuple[str, object, int]], ta
 
 
 def predict_retries(
-    profile: Profile, plan: Plan, cap_bytes: int, *, steps: int = 6, optimizer: str = "sgd"
+    profile: Profile,
+    plan: Plan,
+    cap_bytes: int,
+    *,
+    steps: int = 6,
+    optimizer: str = "sgd",
+    calibration: Calibration | None = None,
 ) -> PlacementResult:
     """Replay ``steps`` training steps of ``plan`` through ``AllocatorModel`` under ``cap_bytes``.
 
     Each step's tensors come from the simulator (``SimResult.blocks``, unmerged storages). The batch and
     each stage's parameters are allocated first; the optimizer's state after the first step's backward;
-    each step ends with its parameter gradients freed (``zero_grad(set_to_none=True)``).
+    each step ends with its parameter gradients freed (``zero_grad(set_to_none=True)``). ``calibration`` is the
+    simulator's (None: ``calibration_for``, NOTE [ Calibration is an input ] in ``memtune.tuner.calibration``).
     """
     from memtune.tuner.simulator import Simulator
 
     if steps < 1:
         raise ValueError(f"steps must be at least 1, not {steps}")
-    sim = Simulator(profile, optimizer, merge=False).run(plan, timeline=True)
+    sim = Simulator(profile, optimizer, merge=False, calibration=calibration).run(plan, timeline=True)
     return _place(profile, sim.blocks, cap_bytes, steps, optimizer)
 
 
@@ -385,14 +396,22 @@ def _place(
 
 
 def allocator_cost(
-    profile: Profile, plan: Plan, cap_bytes: int, *, steps: int = 6, optimizer: str = "sgd"
+    profile: Profile,
+    plan: Plan,
+    cap_bytes: int,
+    *,
+    steps: int = 6,
+    optimizer: str = "sgd",
+    calibration: Calibration | None = None,
 ) -> tuple[PlacementResult, float | None]:
-    """``predict_retries`` and what the retries cost per step at the GPU type's calibrated price, ms (None
-    where the GPU type has no price, ``memtune.tuner.calibration``)."""
+    """``predict_retries`` and what the retries cost per step at the calibration's price, ms (None where it has no
+    price, ``memtune.tuner.calibration``). ``calibration`` None: the GPU type's, looked up once here with
+    ``calibration_for`` (NOTE [ Calibration is an input ])."""
     from memtune.tuner.calibration import calibration_for
 
-    placed = predict_retries(profile, plan, cap_bytes, steps=steps, optimizer=optimizer)
-    price = calibration_for(profile.device.key).remap_ms_per_gib
+    cal = calibration if calibration is not None else calibration_for(profile.device.key)
+    placed = predict_retries(profile, plan, cap_bytes, steps=steps, optimizer=optimizer, calibration=cal)
+    price = cal.remap_ms_per_gib
     return placed, placed.cost_ms(price) if price is not None else None
 
 
@@ -409,10 +428,19 @@ class AllocatorPricer:
         cap_bytes: the per-process limit, bytes (``predict_retries``).
         steps: training steps replayed per plan.
         optimizer: ``sgd``, ``adam`` or ``none`` (the optimizer state allocated after the first step).
+        calibration: the calibration whose price the retries pay (a search passes its simulator's); None: the GPU
+            type's, looked up once here (NOTE [ Calibration is an input ] in ``memtune.tuner.calibration``).
     """
 
-    def __init__(self, profile: Profile, cap_bytes: int, *, steps: int = 6, optimizer: str = "sgd") -> None:
-        from memtune.tuner.calibration import calibration_for
+    def __init__(
+        self,
+        profile: Profile,
+        cap_bytes: int,
+        *,
+        steps: int = 6,
+        optimizer: str = "sgd",
+        calibration: Calibration | None = None,
+    ) -> None:
         from memtune.tuner.simulator import Simulator
 
         if steps < 1:
@@ -421,12 +449,14 @@ class AllocatorPricer:
         self.cap_bytes = cap_bytes
         self.steps = steps
         self.optimizer = optimizer
-        self._sim = Simulator(profile, optimizer, merge=False)
-        self._price = calibration_for(profile.device.key).remap_ms_per_gib
+        self._sim = Simulator(profile, optimizer, merge=False, calibration=calibration)
+        self.calibration = self._sim.calibration
+        self._price = self.calibration.remap_ms_per_gib
         self._by_events: dict[tuple[tuple[str, object, int], ...], PlacementResult] = {}
 
     def cost(self, plan: Plan) -> tuple[PlacementResult, float | None]:
-        """What ``allocator_cost(profile, plan, cap_bytes, steps=steps, optimizer=optimizer)`` returns."""
+        """What ``allocator_cost(profile, plan, cap_bytes, steps=steps, optimizer=optimizer, calibration=calibration)``
+        returns."""
         blocks = tuple(self._sim.run(plan, timeline=True).blocks)
         placed = self._by_events.get(blocks)
         if placed is None:

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from memtune.profiler import Profile
-from memtune.tuner.calibration import calibration_for
+from memtune.tuner.calibration import Calibration, calibration_for
 from memtune.tuner.link import Direction, LinkSource, SharedLink, ring_allreduce_ms
 from memtune.tuner.plan import Plan, storage_copy_ms
 from memtune.tuner.prefetch_trigger import PrefetchTrigger, prefetch_trigger
@@ -214,24 +214,24 @@ class _Copies:
         return profile.model_copy(update={"stages": tuple(stages)})
 
 
-def _link_for(profile: Profile, link: SharedLink | None) -> SharedLink:
+def _link_for(profile: Profile, link: SharedLink | None, calibration: Calibration) -> SharedLink:
     """The given link, else the calibration's measured table, else one GPU's profile rates shared fairly."""
     if link is not None:
         return link
-    measured = calibration_for(profile.device.key).shared_link
+    measured = calibration.shared_link
     if measured is not None:
         return measured
     return SharedLink.fair_share(profile.device.d2h_gbps, profile.device.h2d_gbps)
 
 
-def _allreduce_rate(profile: Profile, ranks: int, given: float | None) -> float | None:
+def _allreduce_rate(profile: Profile, ranks: int, given: float | None, calibration: Calibration) -> float | None:
     if ranks == 1:
         return None
     if given is not None:
         if not given > 0:
             raise ValueError(f"allreduce_gbps must be > 0 (NCCL bus GB/s), got {given}")
         return given
-    rate = calibration_for(profile.device.key).allreduce_gbps(ranks)
+    rate = calibration.allreduce_gbps(ranks)
     if rate is None:
         raise CalibrationError(
             f"no all-reduce rate for {ranks} ranks of GPU type {profile.device.key!r} (calibration field "
@@ -408,6 +408,7 @@ def simulate_ranks(
     allreduce_gbps: float | None = None,
     optimizer: str = "sgd",
     bucket_caps: tuple[int, int] = (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES),
+    calibration: Calibration | None = None,
 ) -> RanksResult:
     """Price one data-parallel step of ``ranks`` ranks of one host, each running ``plan`` on ``profile``'s batch
     (NOTE [ Shared host link ]).
@@ -421,6 +422,9 @@ def simulate_ranks(
         allreduce_gbps: NCCL bus bandwidth among ``ranks`` GPUs, GB/s; None: the calibration's (``allreduce_gbps``).
         optimizer: ``sgd``, ``adam`` or ``none`` (the simulator's optimizer state).
         bucket_caps: DDP's first and other bucket caps, bytes.
+        calibration: the GPU type's calibration (shared link, all-reduce rate, compute scale); None looks it up once
+            with ``calibration_for(profile.device.key)`` (NOTE [ Calibration is an input ] in
+            ``memtune.tuner.calibration``).
 
     Returns:
         A ``RanksResult``: the step, a rank's peak (with DDP's buckets), the all-reduce and what the link cost.
@@ -436,22 +440,23 @@ def simulate_ranks(
         >>> staggered = simulate_ranks(profile, plan, 4, stagger_slots=2, allreduce_gbps=150.0)
         >>> alone.contention_ms, staggered.contention_ms
     """
-    the_link = _link_for(profile, link)
+    cal = calibration if calibration is not None else calibration_for(profile.device.key)
+    the_link = _link_for(profile, link, cal)
     stagger = [stagger_for(s, ranks, stagger_slots, the_link) for s in range(stagger_slots)]
-    bus = _allreduce_rate(profile, ranks, allreduce_gbps)
+    bus = _allreduce_rate(profile, ranks, allreduce_gbps, cal)
     plan.check(profile)
-    slots, rounds = _contend(profile, plan, stagger, the_link, optimizer)
+    slots, rounds = _contend(profile, plan, stagger, the_link, optimizer, cal)
     return _ranks_result(profile, ranks, stagger_slots, the_link, bus, slots, rounds, bucket_caps)
 
 
 def _contend(
-    profile: Profile, plan: Plan, stagger: Sequence[Stagger], link: SharedLink, optimizer: str
+    profile: Profile, plan: Plan, stagger: Sequence[Stagger], link: SharedLink, optimizer: str, calibration: Calibration
 ) -> tuple[tuple[RankSlot, ...], int]:
     """Each slot's step with the slowdowns its copies meet, iterated to agree with the windows they give
     (NOTE [ Shared host link ]); returns the slots and the rounds run."""
     ranks, n_slots, n = stagger[0].ranks, len(stagger), profile.n_stages
     copies = _Copies(profile)
-    scale = calibration_for(profile.device.key).compute_scale_for(profile)
+    scale = calibration.compute_scale_for(profile)  # the profile's, whatever its copies become below
     members = [len(range(s, ranks, n_slots)) for s in range(n_slots)]
     waits = [
         {d: [0.0 if plan.sync == "inline" else st.delay_ms(d, b) for b in copies.bytes] for d in _DIRECTIONS}
@@ -463,7 +468,7 @@ def _contend(
     while True:
         rounds += 1
         profiles = [copies.profile_with(profile, slow[s], waits[s]) for s in range(n_slots)]
-        sims = [Simulator(p, optimizer, compute_scale=scale) for p in profiles]
+        sims = [Simulator(p, optimizer, compute_scale=scale, calibration=calibration) for p in profiles]
         results = [sim.run(plan, timeline=True, check=False) for sim in sims]
         seen = [
             _windows(r, _owners(sim, plan), copies, slow[s], waits[s])
@@ -531,19 +536,28 @@ def ranks_prefetch_trigger(
     link: SharedLink | None = None,
     allreduce_gbps: float | None = None,
     optimizer: str = "sgd",
+    calibration: Calibration | None = None,
 ) -> PrefetchTrigger:
     """Per-layer swap-in triggers for ``plan`` at the copy rates its ranks really get (NOTE [ Shared host link ]).
 
     The per-layer trigger search (``memtune.tuner.prefetch_trigger``) runs on the slowest slot's contended copy times
     (its stagger waits included), within ``budget_bytes`` less DDP's gradient buckets; every rank then runs the plan it
-    returns (a trigger changes when a copy starts, never the math).
+    returns (a trigger changes when a copy starts, never the math). ``calibration`` as ``simulate_ranks``.
 
     Raises:
         PlanError / CalibrationError / ValueError: as ``simulate_ranks``.
         TunerError: the budget does not even hold DDP's gradient buckets.
     """
+    cal = calibration if calibration is not None else calibration_for(profile.device.key)
     priced = simulate_ranks(
-        profile, plan, ranks, stagger_slots=stagger_slots, link=link, allreduce_gbps=allreduce_gbps, optimizer=optimizer
+        profile,
+        plan,
+        ranks,
+        stagger_slots=stagger_slots,
+        link=link,
+        allreduce_gbps=allreduce_gbps,
+        optimizer=optimizer,
+        calibration=cal,
     )
     if budget_bytes <= priced.bucket_bytes:
         raise TunerError(
@@ -551,4 +565,6 @@ def ranks_prefetch_trigger(
             "copy of the gradients); give a larger budget"
         )
     slowest = max(priced.slots, key=lambda s: s.result.step_ms)
-    return prefetch_trigger(slowest.profile, plan, budget_bytes - priced.bucket_bytes, optimizer=optimizer)
+    sim = Simulator(slowest.profile, optimizer, calibration=cal)
+    within = budget_bytes - priced.bucket_bytes
+    return prefetch_trigger(slowest.profile, plan, within, optimizer=optimizer, simulator=sim)

@@ -75,7 +75,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from memtune.profiler import Profile
 from memtune.tuner.budget import search_budget
-from memtune.tuner.calibration import calibration_for
+from memtune.tuner.calibration import Calibration, calibration_for
 from memtune.tuner.collection import collecting_less
 from memtune.tuner.plan import Plan
 from memtune.tuner.search_results import (
@@ -145,6 +145,7 @@ def tune(
     headroom: float = 0.0,
     placement: bool = True,
     seeds: Sequence[Plan] = (),
+    calibration: Calibration | None = None,
 ) -> TuneResult:
     """Search plans for ``profile`` within ``budget_bytes``. See NOTE [ Search space ].
 
@@ -167,6 +168,10 @@ def tune(
         seeds: plans enqueued as first trials beside the baselines, e.g. the best plan of a tighter budget, which
             fits this one too (a sweep's searches then never get worse with more memory). Their actions and knobs
             are taken; per-convolution overrides (``conv_algos``) are outside the search space and dropped.
+        calibration: the GPU type's calibration every simulator and price of the search uses (its compute scale,
+            its allocator price); None looks it up once with ``calibration_for(profile.device.key)`` (NOTE
+            [ Calibration is an input ] in ``memtune.tuner.calibration``). ``headroom`` is given apart: a caller
+            that wants the calibration's passes ``calibration.headroom`` (or ``planning_headroom``).
 
     Returns:
         A ``TuneResult``: unconstrained step, every baseline, the best plan and the Pareto front.
@@ -182,8 +187,10 @@ def tune(
     requested_budget = budget_bytes
     budget_bytes = search_budget(budget_bytes, headroom)
 
-    priced = placement and calibration_for(profile.device.key).remap_ms_per_gib is not None
-    search = _Search(profile, budget_bytes, mode, seed, optimizer, cap=requested_budget, priced=priced)
+    # NOTE [ Calibration is an input ]: looked up here at the latest, once; below, every simulator gets this one
+    cal = calibration if calibration is not None else calibration_for(profile.device.key)
+    priced = placement and cal.remap_ms_per_gib is not None
+    search = _Search(profile, budget_bytes, mode, seed, optimizer, cap=requested_budget, priced=priced, calibration=cal)
     policies = evaluate_policies(profile, budget_bytes, search.sim)
     unconstrained = next(c for c in policies if c.name == "none")
     seeded = evaluate_seeds(profile, seeds, budget_bytes, search.sim)  # NOTE [ Seeds kept as they are ]
@@ -205,6 +212,7 @@ def tune(
                 should_stop=should_stop,
                 headroom=headroom,
                 placement=False,
+                calibration=cal,
             ).best
             if pre is not None:
                 queue.append((_params_for(pre.plan, True), {"policy": "no algorithm choice"}))

@@ -6,7 +6,7 @@ kept as they are ]), and the first trials they make, enqueued before the sampler
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from memtune.profiler import Profile
 from memtune.tuner.plan import Plan
@@ -44,15 +44,31 @@ def evaluate_seeds(profile: Profile, seeds: Sequence[Plan], budget_bytes: int, s
 
 
 def evaluate_policies(profile: Profile, budget_bytes: int, sim: Simulator) -> list[Candidate]:
-    """Run every baseline policy and simulate its plan."""
+    """Run every baseline policy and simulate its plan with ``sim``.
+
+    vDNN_dyn measures its passes' peaks with a simulator of its own (SGD's state, as ``vdnn_dyn`` does alone); it is
+    made here with ``sim``'s calibration (NOTE [ Calibration is an input ] in ``memtune.tuner.calibration``), so no
+    policy looks one up. A peak is the same under every calibration (memory events run in program order), so the plan
+    is the one ``vdnn_dyn`` chooses.
+    """
     from memtune.tuner.policies import POLICIES
+    from memtune.tuner.policies.vdnn_dyn import vdnn_dyn, vdnn_dyn_passes
 
     out = []
     for name, fn in POLICIES.items():
-        plan = fn(profile, budget_bytes)
+        if fn is vdnn_dyn:
+            passes = sim if sim.optimizer == "sgd" else Simulator(profile, "sgd", calibration=sim.calibration)
+            plan = vdnn_dyn_passes(profile, budget_bytes, peak=_peak_of(passes))[0]
+        else:
+            plan = fn(profile, budget_bytes)
         r = sim.run(plan)
         out.append(Candidate(name, plan, r.step_ms, r.peak_bytes, r.peak_bytes <= budget_bytes))
     return out
+
+
+def _peak_of(sim: Simulator) -> Callable[[Plan], int]:
+    """A plan's simulated peak under ``sim``, bytes."""
+    return lambda plan: sim.run(plan, check=False).peak_bytes
 
 
 def first_trials(policies: Sequence[Candidate], seeds: Sequence[Plan], with_conv: bool) -> TrialQueue:

@@ -18,6 +18,7 @@ from optuna.samplers._base import _CONSTRAINTS_KEY
 from optuna.trial import FrozenTrial, TrialState
 
 from memtune.profiler import Profile
+from memtune.tuner.calibration import Calibration
 from memtune.tuner.placement import AllocatorPricer
 from memtune.tuner.plan import Action, Plan, stage_actions
 from memtune.tuner.prefetch_trigger import prefetch_trigger
@@ -57,6 +58,7 @@ class SearchState(LocalDescent):
         *,
         cap: int | None = None,
         priced: bool = False,
+        calibration: Calibration | None = None,
     ) -> None:
         from memtune.tuner.policies.layup_cumulative import layup_cumulative
 
@@ -70,7 +72,9 @@ class SearchState(LocalDescent):
         self.priced = priced
         self._placements: dict[str, tuple[float, float, bool]] = {}
         self._pricer: AllocatorPricer | None = None  # made on the first placement
-        self.sim = Simulator(profile, optimizer)
+        # NOTE [ Calibration is an input ] (memtune.tuner.calibration): every price of the search reads this one
+        self.sim = Simulator(profile, optimizer, calibration=calibration)
+        self.calibration = self.sim.calibration
         self.rng = random.Random(seed)
         self._threshold_cache: dict[float, tuple[Action, ...]] = {}
         self._layup = layup_cumulative
@@ -179,7 +183,9 @@ class SearchState(LocalDescent):
         key = plan.model_dump_json(exclude={"label"})
         if key not in self._placements:
             if self._pricer is None:
-                self._pricer = AllocatorPricer(self.profile, self.cap, optimizer=self.optimizer)
+                self._pricer = AllocatorPricer(
+                    self.profile, self.cap, optimizer=self.optimizer, calibration=self.calibration
+                )
             placed, cost = self._pricer.cost(plan)
             self._placements[key] = (placed.steady_retries, cost or 0.0, placed.out_of_memory is None)
         return self._placements[key]

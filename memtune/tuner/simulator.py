@@ -57,7 +57,7 @@ from typing import Literal
 
 from memtune.profiler import CompilerPoint, ConvAlgo, Profile
 from memtune.profiler.loss_model import profile_loss_ms
-from memtune.tuner.calibration import calibration_for
+from memtune.tuner.calibration import Calibration, calibration_for
 from memtune.tuner.conv_choice import RuleChoices
 from memtune.tuner.conv_costs import price_choices
 from memtune.tuner.fast_path import FastPath
@@ -125,21 +125,33 @@ class Simulator:
         merge: use merged storages where that is exact (``merge_storages``); only faster.
         compute_scale: factor on every compute time (stages, convolution algorithms, loss); None takes the
             profile's calibrated one (NOTE [ Compute scale ]), 1.0 the profile as measured.
+        calibration: the GPU type's calibration the simulator prices with (its compute scale here; the search's
+            allocator price and the ranks' shared link read it from ``Simulator.calibration``); None looks it up
+            once, here, with ``calibration_for(profile.device.key)`` (NOTE [ Calibration is an input ] in
+            ``memtune.tuner.calibration``).
     """
 
     def __init__(
-        self, profile: Profile, optimizer: str = "sgd", *, merge: bool = True, compute_scale: float | None = None
+        self,
+        profile: Profile,
+        optimizer: str = "sgd",
+        *,
+        merge: bool = True,
+        compute_scale: float | None = None,
+        calibration: Calibration | None = None,
     ) -> None:
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, not {optimizer!r}")
         self.profile = profile
         self.optimizer = optimizer
+        # NOTE [ Calibration is an input ]: looked up once, at the edge, when not given
+        self.calibration = calibration if calibration is not None else calibration_for(profile.device.key)
         st = profile.stages
         self.n = len(st)
         # NOTE [ Compute scale ]: stage times are measured one stage at a time; a whole step runs them back to
         # back. The calibration's factor per profile (measured unconstrained step / simulated) scales compute
         if compute_scale is None:
-            compute_scale = calibration_for(profile.device.key).compute_scale_for(profile)
+            compute_scale = self.calibration.compute_scale_for(profile)
         self.compute_scale = compute_scale
         self._fwd0 = [s.forward_ms for s in st]
         self._bwd0 = [s.backward_ms for s in st]
@@ -752,7 +764,14 @@ def _measured(point: CompilerPoint) -> SimResult:
     )
 
 
-def simulate(profile: Profile, plan: Plan, *, optimizer: str = "sgd", timeline: bool = False) -> SimResult:
+def simulate(
+    profile: Profile,
+    plan: Plan,
+    *,
+    optimizer: str = "sgd",
+    timeline: bool = False,
+    calibration: Calibration | None = None,
+) -> SimResult:
     """Simulate one training step of ``profile`` under ``plan``.
 
     Args:
@@ -760,6 +779,7 @@ def simulate(profile: Profile, plan: Plan, *, optimizer: str = "sgd", timeline: 
         plan: the plan; it must have one action per stage.
         optimizer: ``sgd`` (momentum), ``adam`` or ``none``.
         timeline: also return the memory timeline (slower).
+        calibration: the GPU type's calibration; None: ``calibration_for(profile.device.key)`` (``Simulator``).
 
     Returns:
         A ``SimResult`` with step ms, peak bytes, stalls and (optionally) the timeline.
@@ -769,4 +789,4 @@ def simulate(profile: Profile, plan: Plan, *, optimizer: str = "sgd", timeline: 
         >>> result = simulate(profile, Plan.uniform(profile.n_stages))
         >>> result.step_ms, result.peak_bytes
     """
-    return Simulator(profile, optimizer).run(plan, timeline=timeline)
+    return Simulator(profile, optimizer, calibration=calibration).run(plan, timeline=timeline)
