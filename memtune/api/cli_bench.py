@@ -75,7 +75,8 @@ def bench_command(
     from memtune.profiler.factory import is_factory
     from memtune.profiler.provenance import run_record
 
-    check_options(dtype=dtype, budget=budget)
+    wanted = check_options(dtype=dtype, budget=budget)  # the budget read once (NOTE [ One pipeline ])
+    assert wanted is not None  # --budget is required
     run = run_record()  # NOTE [ Run record ]: what the JSON says made it
     if is_factory(model):
         try:
@@ -86,7 +87,7 @@ def bench_command(
             from memtune.tuner.measure.module_peers import COMPILER_SWEEP
 
             sweep_budgets = list(COMPILER_SWEEP)
-        _factory_bench(model, batch, budget, trials, parse_params(param), input_shape, vocab, stage, iters, warmup,
+        _factory_bench(model, batch, wanted, trials, parse_params(param), input_shape, vocab, stage, iters, warmup,
                        json_out, run, sweep_budgets if peers else None)  # fmt: skip
         return
 
@@ -120,8 +121,7 @@ def bench_command(
             policies=policies, variants=variants, builtins=builtins, cap_builtins=cap_builtins, no_choice=no_choice,
             no_selective=no_selective, offload_peer=offload_peer,
         )  # fmt: skip
-        text = budget.strip()
-        main_budget = Budget.parse(text).resolve(gpu_memory_bytes=ident.memory_bytes, peak_bytes=base_peak)
+        main_budget = wanted.resolve(gpu_memory_bytes=ident.memory_bytes, peak_bytes=base_peak)
     except (ValueError, TunerError) as exc:
         raise fail(str(exc)) from exc
     try:
@@ -203,7 +203,7 @@ def _bench_table(rows: list[BenchRow], input_kind: str, title: str) -> Table:
 def _factory_bench(
     model: str,
     batch: int,
-    budget: str,
+    budget: Budget,
     trials: int,
     params: dict[str, Any],
     input_shape: str | None,
@@ -215,9 +215,9 @@ def _factory_bench(
     run: dict[str, Any],
     peer_budgets: list[float] | None = None,
 ) -> None:
-    """``memtune bench`` for a factory model: NOTE [ Module bench ] at ``budget`` (a fraction of the peak), then the
-    model's peers with ``peer_budgets`` as the compiler's sweep (None: no peers; NOTE [ Module peers ]); ``run`` is
-    the NOTE [ Run record ] its JSON carries."""
+    """``memtune bench`` for a factory model: NOTE [ Module bench ] at ``budget`` (as ``check_options`` read it; a
+    fraction of the peak), then the model's peers with ``peer_budgets`` as the compiler's sweep (None: no peers; NOTE
+    [ Module peers ]); ``run`` is the NOTE [ Run record ] its JSON carries."""
     import torch
 
     from memtune.profiler import build_factory
@@ -227,13 +227,11 @@ def _factory_bench(
 
     if not torch.cuda.is_available():
         raise fail("memtune bench measures on a CUDA GPU and none is available here; use `memtune tune` on a CPU")
-    try:
-        wanted = Budget.parse(budget)
-    except TunerError as exc:
-        raise fail(str(exc)) from exc
-    if wanted.kind != "peak":
-        raise fail(f"--budget {budget!r}: a factory model is benched at a fraction of its measured peak, '60% of peak'")
-    fraction = wanted.value
+    if budget.kind != "peak":
+        raise fail(
+            f"--budget {budget.text!r}: a factory model is benched at a fraction of its measured peak, '60% of peak'"
+        )
+    fraction = budget.value
     import optuna
 
     shape = sample_shape(input_shape)
