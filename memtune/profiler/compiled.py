@@ -65,13 +65,26 @@ def configure_dynamo() -> None:
 
 
 @functools.cache
-def budget_backend(budget: float) -> Callable[..., Any]:
-    """Inductor, partitioning under ``activation_memory_budget = budget``: one backend object per budget, so that
-    dynamo's cache (which checks the backend, not the functorch config) keeps one compiled graph per budget.
+def budget_backend(budget: float, saves: str | None = None) -> Callable[..., Any]:
+    """Inductor, partitioning under ``activation_memory_budget = budget``: one backend object per budget and save rule,
+    so that dynamo's cache (which checks the backend, not the functorch config) keeps one compiled graph per policy.
+
+    With ``saves`` (one of ``memtune.profiler.saved_tags.SAVE_RULES``) the partitioner is memtune's: the rule's tags on
+    the joint graph, then the min-cut under ``budget`` (NOTE [ Saved tensors chosen inside a compiled region ] in
+    ``memtune.profiler.saved_tags``).
 
     Outputs keep the layout inductor chose (``keep_output_stride=False``): a stage whose convolutions it ran in
     channels-last order hands that layout to the next stage instead of copying back to the eager layout at every
-    stage boundary, forward and backward (the values are the same; only strides differ)."""
+    stage boundary, forward and backward (the values are the same; only strides differ).
+
+    Raises:
+        ValueError: ``saves`` is not a save rule.
+    """
+    patches: dict[str, Any] = {"keep_output_stride": False}
+    if saves is not None:
+        from memtune.profiler.saved_tags import SavedTags
+
+        patches["custom_partitioner_fn"] = SavedTags(saves)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
         import torch._functorch.config as functorch_config
@@ -79,9 +92,9 @@ def budget_backend(budget: float) -> Callable[..., Any]:
 
         GRAPHS_COMPILED[budget] += 1
         with functorch_config.patch(activation_memory_budget=budget):
-            return compile_fx(gm, example_inputs, config_patches={"keep_output_stride": False})
+            return compile_fx(gm, example_inputs, config_patches=patches)
 
-    backend.__name__ = f"inductor_activation_budget_{budget:g}"
+    backend.__name__ = f"inductor_activation_budget_{budget:g}" + (f"_saves_{saves}" if saves else "")
     return backend
 
 
@@ -91,24 +104,26 @@ class CompiledStage(nn.Module):
     Args:
         inner: the stage's module; its parameters and buffers are shared, not copied.
         budget: ``activation_memory_budget`` while the stage compiles (NOTE [ Compiled stages ]).
+        saves: memtune's save rule inside the stage, None for the compiler's own choice (``budget_backend``).
 
     Raises:
         ValueError: ``budget`` is outside 0..1.
     """
 
-    def __init__(self, inner: nn.Module, budget: float) -> None:
+    def __init__(self, inner: nn.Module, budget: float, saves: str | None = None) -> None:
         super().__init__()
         if not 0.0 <= budget <= 1.0:
             raise ValueError(f"a compiled stage's activation budget is a share from 0 to 1, not {budget}")
         configure_dynamo()
         self.inner = inner
         self.budget = float(budget)
+        self.saves = saves
         #: a stage that writes its input in place (ReLU(inplace=True)) runs eagerly: compiled, its graph mutates
         #: the input after saving it, and under a low budget the backward then finds the saved tensor changed
         #: (seen with ResNet's relu stage at budget 0, on the H100 and the CPU)
         self.eager = may_write_input(inner)
         compiled: Callable[..., Any] = (
-            inner if self.eager else torch.compile(inner, dynamic=False, backend=budget_backend(self.budget))
+            inner if self.eager else torch.compile(inner, dynamic=False, backend=budget_backend(self.budget, saves))
         )
         # not a submodule: the parameters are ``inner``'s, listed once (state_dict, optimizers)
         object.__setattr__(self, "_compiled", compiled)

@@ -283,6 +283,7 @@ def profile_module(
     output_held: bool = True,
     transients: Literal["gpu", "cpu"] = "gpu",
     compile_budget: float | None = None,
+    compile_saves: str | None = None,
 ) -> Profile:
     """Measure a profile of any ``nn.Module`` on the device its parameters are on (NOTE [ Module stages ]).
 
@@ -309,6 +310,9 @@ def profile_module(
         compile_budget: measure every stage as a region compiled by ``torch.compile`` under this activation budget (0
             to 1; NOTE [ Profiles of compiled regions ]); ``stages`` then names the regions
             (``memtune.profiler.region_tree.region_partitions`` gives candidates). None: eager stages.
+        compile_saves: with ``compile_budget``, memtune's save rule inside each region (one of
+            ``memtune.profiler.saved_tags.SAVE_RULES``; NOTE [ Saved tensors chosen inside a compiled region ]);
+            None: the compiler's own choice under the budget.
 
     Returns:
         A ``Profile`` with ``stages_from="modules"``: stage names are the modules' qualified names.
@@ -316,10 +320,11 @@ def profile_module(
     Raises:
         ProfilerError: inputs on another device than the model, a stage that does not run exactly once per forward,
             a pattern matching nothing, a loss that is not a scalar, a ``gpu`` that is not this CUDA device, or a
-            ``compile_budget`` outside 0..1 or whose one region is the whole model.
+            ``compile_budget`` outside 0..1 or whose one region is the whole model, or a ``compile_saves`` that is no
+            save rule or comes without ``compile_budget``.
     """
     inputs, first, dev, identity, spec, gpu_workspaces = _checked_arguments(
-        model, example_inputs, dtype, gpu, warmup, repeats, transients, compile_budget
+        model, example_inputs, dtype, gpu, warmup, repeats, transients, compile_budget, compile_saves
     )
     loss = loss_fn or default_loss
     with _left_as_found(model, dev), ExitStack() as stack:
@@ -327,7 +332,7 @@ def profile_module(
             stack.enter_context(gpu_attention())
         run = _measure_stages(
             model, inputs, stack, loss, stages, dtype, dev, spec, warmup, repeats, progress, output_held,
-            gpu_workspaces, compile_budget,
+            gpu_workspaces, compile_budget, compile_saves,
         )  # fmt: skip
     trace, timings, names = run.trace, run.timings, run.names
     _gradient_storages(trace, [t.input_grads for t in timings])
@@ -365,6 +370,7 @@ def profile_module(
         resident_bytes=run.resident,
         recompute_step_ms=run.recompute_step_ms,
         compile_budget=compile_budget,
+        compile_saves=compile_saves,
         compile_seconds=run.compile_seconds,
         eager_stages=tuple(sorted(run.eager_regions)),
     )
@@ -395,6 +401,7 @@ def _checked_arguments(
     repeats: int,
     transients: str,
     compile_budget: float | None,
+    compile_saves: str | None = None,
 ) -> tuple[Inputs, torch.Tensor, torch.device, DeviceIdentity, GPUSpec | None, bool]:
     """``profile_module``'s arguments checked, in its order: the inputs, their first tensor (whose first dimension is
     the batch), the device, the profile's identity, the GPU spec a CPU profile is modeled for (None on CUDA), and
@@ -421,6 +428,14 @@ def _checked_arguments(
     gpu_workspaces = dev.type == "cpu" and transients == "gpu"
     if compile_budget is not None and not 0.0 <= compile_budget <= 1.0:
         raise ProfilerError(f"compile_budget is an activation budget from 0 to 1, not {compile_budget}")
+    if compile_saves is not None:
+        from memtune.profiler.saved_tags import SAVE_RULES
+
+        if compile_budget is None or compile_saves not in SAVE_RULES:
+            raise ProfilerError(
+                f"compile_saves={compile_saves!r}: a save rule ({', '.join(SAVE_RULES)}) of regions compiled under a "
+                "compile_budget"
+            )
     return inputs, first, dev, identity, spec, gpu_workspaces
 
 
@@ -459,6 +474,7 @@ def _measure_stages(
     output_held: bool,
     gpu_workspaces: bool,
     compile_budget: float | None,
+    compile_saves: str | None = None,
 ) -> _StagesRun:
     """Find the stages, trace them, time each (compiled as regions under ``compile_budget`` when given, their
     contexts entered on ``stack``), and measure the whole step: ``profile_module``'s measuring, inside its
@@ -476,7 +492,7 @@ def _measure_stages(
                 "memtune.tuner.measure.compiler_points.measure_module_points), or name smaller regions (stages=[...])"
             )
         eager_regions = edge_writes(model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype))
-        regions = stack.enter_context(CompiledRegions(modules, compile_budget, sorted(eager_regions), names))
+        regions = stack.enter_context(CompiledRegions(modules, compile_budget, sorted(eager_regions), names, compile_saves))
         compile_seconds = _first_step_seconds(model, inputs, loss, dtype, dev)
     trace = trace_stages(model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype), output_held=output_held)
     # a profile for a GPU made on the CPU keeps the roofline's times, not the CPU's: one untimed round of each

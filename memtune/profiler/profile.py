@@ -354,6 +354,13 @@ class Profile(_Frozen):
         "[ Compiled stages ] in memtune.profiler.compiled; module stages are then regions, NOTE [ Regions ] in "
         "memtune.profiler.region_tree, except eager_stages); None: eager stages",
     )
+    compile_saves: str | None = Field(
+        default=None,
+        description="with compile_budget: memtune's save rule inside every compiled stage, tags on the compiler's "
+        "joint graph ('compute': keep matrix products', convolutions' and attention's outputs, recompute the rest; "
+        "NOTE [ Saved tensors chosen inside a compiled region ] in memtune.profiler.saved_tags); None: the compiler's "
+        "own choice under compile_budget",
+    )
     eager_stages: tuple[int, ...] = Field(
         default=(),
         description="a compiled profile of module stages (regions): the stages measured eager, written in place at "
@@ -443,6 +450,8 @@ class Profile(_Frozen):
                 raise ValueError(f"storages[{k}].producer {s.producer} is outside -1..{n - 1}")
             if any(not 0 <= j < n for j in s.read_by):
                 raise ValueError(f"storages[{k}].read_by {s.read_by} names a stage outside 0..{n - 1}")
+        if self.compile_saves is not None and self.compile_budget is None:
+            raise ValueError("compile_saves is a save rule of compiled stages: it needs compile_budget")
         if self.eager_stages and (self.compile_budget is None or not self.modules):
             raise ValueError("eager_stages belongs to a compiled profile of module stages (compile_budget set)")
         if any(not 0 <= k < n for k in self.eager_stages):

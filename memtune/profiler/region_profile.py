@@ -2,7 +2,8 @@
 ``memtune.profiler.region_tree``, NOTE [ Profiles of compiled regions ] in ``memtune.profiler.module_profile``).
 
 ``profile_regions`` measures one ``profile_module(..., stages=partition.names, compile_budget=b)`` per partition and
-budget, in this process, one after the other; a partition whose compile or measurement fails is kept with its error
+budget, and one ``profile_module(..., compile_budget=1, compile_saves=rule)`` per partition and save rule (NOTE [ Saved
+tensors chosen inside a compiled region ] in ``memtune.profiler.saved_tags``), in this process, one after the other; a partition whose compile or measurement fails is kept with its error
 (the region that failed and the first line of the compiler's message), so the caller plans the others and eager.
 """
 
@@ -19,6 +20,7 @@ from torch import nn
 from memtune.profiler.module_profile import as_inputs, profile_module
 from memtune.profiler.profile import Profile
 from memtune.profiler.region_tree import RegionPartition, first_line, region_partitions
+from memtune.profiler import saved_tags
 
 __all__ = ["RegionProfile", "profile_regions"]
 
@@ -30,6 +32,7 @@ class RegionProfile:
     Attributes:
         partition: the regions.
         budget: the activation budget they were compiled under.
+        saves: memtune's save rule inside the regions; None: the compiler's own choice under ``budget``.
         profile: the compiled profile (None where it failed).
         error: why it failed, in one line (None where it did not).
         seconds: wall seconds its measurement took, compiling included.
@@ -40,6 +43,12 @@ class RegionProfile:
     profile: Profile | None
     error: str | None
     seconds: float
+    saves: str | None = None
+
+    @property
+    def policy(self) -> str:
+        """What decided the saved tensors, in words: ``activation budget 0.5`` or ``save rule 'compute'``."""
+        return f"save rule {self.saves!r}" if self.saves is not None else f"activation budget {self.budget:g}"
 
 
 def profile_regions(
@@ -56,6 +65,7 @@ def profile_regions(
     repeats: int = 5,
     output_held: bool = True,
     progress: Callable[[int, int, str], None] | None = None,
+    rules: Sequence[str] | None = None,
 ) -> list[RegionProfile]:
     """Measure every candidate partition of ``model`` compiled at every budget of ``budgets``.
 
@@ -67,23 +77,32 @@ def profile_regions(
             ``stages``, as the finest).
         loss_fn, stages, dtype, gpu, warmup, repeats, output_held: as ``profile_module``.
         progress: called with (profiles done, profiles, text) before each and at the end.
+        rules: memtune's save rules, each measured at activation budget 1 after the budgets; None: every one of
+            ``SAVE_RULES``; empty: the compiler's choice only.
 
     Returns:
-        One ``RegionProfile`` per partition and budget, partitions coarsest first, budgets in the order given.
+        One ``RegionProfile`` per partition and budget, then per partition and rule: partitions coarsest first,
+        budgets and rules in the order given.
 
     Raises:
-        ValueError: a budget outside 0..1.
+        ValueError: a budget outside 0..1, or a rule that is not one of ``SAVE_RULES``.
         ProfilerError: as ``region_partitions`` (the model's stages cannot be found).
     """
     bad = [b for b in budgets if not 0.0 <= b <= 1.0]
     if bad:
         raise ValueError(f"activation budgets are shares from 0 to 1, not {bad}")
+    rules = saved_tags.SAVE_RULES if rules is None else tuple(rules)
+    unknown = [r for r in rules if r not in saved_tags.SAVE_RULES]
+    if unknown:
+        raise ValueError(f"save rules {unknown} are not among {list(saved_tags.SAVE_RULES)}")
     parts = list(partitions) if partitions is not None else region_partitions(model, as_inputs(example_inputs), stages)
-    todo = [(p, b) for p in parts for b in budgets]
+    policies: list[tuple[float, str | None]] = [(b, None) for b in budgets] + [(1.0, r) for r in rules]
+    todo = [(p, b, r) for p in parts for b, r in policies]
     out: list[RegionProfile] = []
-    for k, (part, budget) in enumerate(todo):
+    for k, (part, budget, rule) in enumerate(todo):
         if progress is not None:
-            progress(k, len(todo), f"{part.label} at activation budget {budget:g}")
+            policy = f"save rule {rule!r}" if rule is not None else f"activation budget {budget:g}"
+            progress(k, len(todo), f"{part.label} at {policy}")
         began = time.perf_counter()
         prof: Profile | None = None
         error: str | None = None
@@ -99,10 +118,11 @@ def profile_regions(
                 repeats=repeats,
                 output_held=output_held,
                 compile_budget=budget,
+                compile_saves=rule,
             )
         except Exception as exc:  # the compiler's errors have no common type; the other candidates still stand
             error = first_line(exc)
-        out.append(RegionProfile(part, budget, prof, error, time.perf_counter() - began))
+        out.append(RegionProfile(part, budget, prof, error, time.perf_counter() - began, rule))
     if progress is not None:
         progress(len(todo), len(todo), "done")
     return out

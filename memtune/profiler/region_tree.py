@@ -315,7 +315,7 @@ class RegionForward:
         self._module = weakref.ref(module)
         self.previous: Callable[..., Any] | None = module.__dict__.get("forward")
         self._runners: list[weakref.ref[Any]] = []
-        self._compiled: dict[float, Callable[..., Any]] = {}
+        self._compiled: dict[tuple[float, str | None], Callable[..., Any]] = {}
         _sign(self, module)
 
     @property
@@ -332,16 +332,17 @@ class RegionForward:
         m = self.module
         return type(m).forward(m, *args, **kwargs)
 
-    def compiled(self, budget: float) -> Callable[..., Any]:
-        """The module's forward compiled by ``torch.compile`` under activation budget ``budget``, made once per
-        budget (NOTE [ Compiled stages ] in ``memtune.profiler.compiled``)."""
-        fn = self._compiled.get(budget)
+    def compiled(self, budget: float, saves: str | None = None) -> Callable[..., Any]:
+        """The module's forward compiled by ``torch.compile`` under activation budget ``budget`` and save rule
+        ``saves``, made once per policy (NOTE [ Compiled stages ] in ``memtune.profiler.compiled``, NOTE [ Saved
+        tensors chosen inside a compiled region ] in ``memtune.profiler.saved_tags``)."""
+        fn = self._compiled.get((budget, saves))
         if fn is None:
             configure_dynamo()
             m = self.module
             own = self.previous if self.previous is not None else types.MethodType(type(m).forward, m)
-            fn = torch.compile(own, dynamic=False, backend=budget_backend(budget))
-            self._compiled[budget] = fn
+            fn = torch.compile(own, dynamic=False, backend=budget_backend(budget, saves))
+            self._compiled[(budget, saves)] = fn
         return fn
 
     def attach(self, runner: RegionRunner) -> None:
@@ -380,7 +381,8 @@ class RegionForward:
         return (_fresh_region_forward, (self.module,))
 
     def __repr__(self) -> str:
-        return f"RegionForward({type(self.module).__name__}, compiled at {sorted(self._compiled)})"
+        policies = sorted(f"{b:g}" + (f" saves {r}" if r else "") for b, r in self._compiled)
+        return f"RegionForward({type(self.module).__name__}, compiled at {policies})"
 
 
 def _fresh_region_forward(module: nn.Module) -> RegionForward:
@@ -427,7 +429,8 @@ _COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "torch._functorch")
 
 
 class CompiledRegions:
-    """While inside, the regions of ``modules`` run compiled under ``budget`` (those in ``eager`` run eagerly), as
+    """While inside, the regions of ``modules`` run compiled under ``budget`` and save rule ``saves`` (those in ``eager``
+    run eagerly), as
     the profiler measures them; ``paused()`` runs them all eagerly. Leaves each module's ``forward`` as found. An
     error of the compiler's in a region's call becomes a ``ProfilerError`` naming the region, the budget and the first
     line of the compiler's message.
@@ -437,6 +440,8 @@ class CompiledRegions:
         budget: the activation budget they are compiled under (0 to 1).
         eager: indices of regions that run eagerly (NOTE [ In-place writes at region edges ]).
         names: the regions' qualified names, for errors (default: their indices).
+        saves: memtune's save rule inside each region, None for the compiler's own choice (NOTE [ Saved tensors chosen
+            inside a compiled region ] in ``memtune.profiler.saved_tags``).
     """
 
     def __init__(
@@ -445,12 +450,14 @@ class CompiledRegions:
         budget: float,
         eager: Sequence[int] = (),
         names: Sequence[str] | None = None,
+        saves: str | None = None,
     ) -> None:
         if not 0.0 <= budget <= 1.0:
             raise ValueError(f"a region's activation budget is a share from 0 to 1, not {budget}")
         self.names = list(names) if names is not None else [str(k) for k in range(len(modules))]
         self.modules = list(modules)
         self.budget = float(budget)
+        self.saves = saves
         self.eager = frozenset(eager)
         self._regions: list[RegionForward] = []
         self._calls: dict[int, tuple[int, Callable[..., Any]]] = {}
@@ -468,7 +475,8 @@ class CompiledRegions:
             if not type(exc).__module__.startswith(_COMPILER_MODULES):
                 raise
             raise ProfilerError(
-                f"region {self.names[k]!r} failed under torch.compile at activation budget {self.budget:g}: "
+                f"region {self.names[k]!r} failed under torch.compile at activation budget {self.budget:g}"
+                f"{f' saving by rule {self.saves!r}' if self.saves else ''}: "
                 f"{first_line(exc)}"
             ) from exc
 
@@ -478,7 +486,7 @@ class CompiledRegions:
                 region = install_region(m)
                 region.attach(self)
                 self._regions.append(region)
-                self._calls[id(region)] = (k, region.eager if k in self.eager else region.compiled(self.budget))
+                self._calls[id(region)] = (k, region.eager if k in self.eager else region.compiled(self.budget, self.saves))
         except BaseException:
             self._release()
             raise

@@ -171,6 +171,13 @@ class Plan(BaseModel):
         "NOTE [ Regions ] in memtune.profiler.region_tree, except eager_stages); the plan is priced on the compiled "
         "profile of that budget. None: eager stages",
     )
+    compile_saves: str | None = Field(
+        default=None,
+        description="with compile_budget: memtune's save rule inside every compiled stage ('compute': keep the outputs "
+        "of matrix products, convolutions and attention, recompute the rest; NOTE [ Saved tensors chosen inside a "
+        "compiled region ] in memtune.profiler.saved_tags), as the compiled profile it is priced on was measured; "
+        "None: the compiler's own choice under compile_budget",
+    )
     eager_stages: tuple[int, ...] = Field(
         default=(),
         description="stage indices that run eager in a plan whose module stages run compiled (compile_budget set): "
@@ -214,6 +221,8 @@ class Plan(BaseModel):
             if self.conv_rule != "default" or self.conv_algos:
                 raise ValueError("a compiled plan leaves convolutions to the compiler: conv_rule must be 'default' "
                                  "and conv_algos empty when compile_budget is set")  # fmt: skip
+        if self.compile_saves is not None and self.compile_budget is None:
+            raise ValueError("compile_saves is a save rule of compiled stages: it needs compile_budget")
         if self.eager_stages:  # NOTE [ In-place writes at region edges ]
             if self.compile_budget is None or self.stages is None:
                 raise ValueError("eager_stages names stages of a plan whose module stages run compiled: it needs "
@@ -251,6 +260,7 @@ class Plan(BaseModel):
         if profile.compile_budget is not None and plan.compile_budget is None and plan.whole_compile is None:
             plan = plan.with_(
                 compile_budget=profile.compile_budget,
+                compile_saves=profile.compile_saves,
                 eager_stages=profile.eager_stages if plan.stages is not None else (),
                 conv_rule="default",
                 conv_algos={},
@@ -298,6 +308,11 @@ class Plan(BaseModel):
             raise PlanError(
                 f"the plan runs its stages compiled under activation budget {self.compile_budget:g} but the profile "
                 f"was measured with {made}; price it on the compiled profile of its budget"
+            )
+        if self.compile_budget is not None and self.compile_saves != profile.compile_saves:
+            raise PlanError(
+                f"the plan's compiled stages save by {_saves_words(self.compile_saves)} but the profile was measured "
+                f"saving by {_saves_words(profile.compile_saves)}; price it on the compiled profile it was tuned on"
             )
         if self.compile_budget is not None and profile.modules and self.eager_stages != profile.eager_stages:
             mine, theirs = (
@@ -526,3 +541,7 @@ def stage_actions(profile: Profile) -> list[tuple[Action, ...]]:
     plain = (Action.KEEP, Action.OFFLOAD, Action.RECOMPUTE)
     with_selective = (*plain, Action.SELECTIVE)
     return [with_selective if selective_pays(profile, k) else plain for k in range(profile.n_stages)]
+
+
+def _saves_words(saves: str | None) -> str:
+    return "the compiler's choice" if saves is None else f"memtune's rule {saves!r}"

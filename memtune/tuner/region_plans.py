@@ -35,6 +35,8 @@ class RegionTrial:
         label: the partition, in words (``depth 1: 8 regions (conv1, …)``).
         regions: the region names.
         budget: the activation budget its regions were compiled under.
+        saves: memtune's save rule inside its regions (NOTE [ Saved tensors chosen inside a compiled region ] in
+            ``memtune.profiler.saved_tags``); None: the compiler's own choice under ``budget``.
         step_ms: its unplanned step, every region kept (the simulator's, from the profile); None where it failed.
         whole_ms: the whole model compiled at the same budget, measured; None where not measured, or where the
             region profile is modeled (on the CPU for a GPU: its times are the roofline's, not comparable).
@@ -57,6 +59,12 @@ class RegionTrial:
     compile_seconds: float | None
     seconds: float
     error: str | None = None
+    saves: str | None = None
+
+    @property
+    def policy(self) -> str:
+        """What decided the saved tensors, in words: ``activation budget 0.5`` or ``save rule 'compute'``."""
+        return f"save rule {self.saves!r}" if self.saves is not None else f"activation budget {self.budget:g}"
 
     @property
     def against_whole(self) -> float | None:
@@ -67,7 +75,7 @@ class RegionTrial:
 
     def line(self) -> str:
         """One line for a printout."""
-        head = f"{self.label} at activation budget {self.budget:g}"
+        head = f"{self.label} at {self.policy}"
         if self.error is not None:
             return f"{head}: failed ({self.error}); planned eager instead"
         ratio = self.against_whole
@@ -95,9 +103,11 @@ def region_trial(
     result: TuneResult | None = None,
     points: Sequence[CompilerPoint] = (),
     error: str | None = None,
+    saves: str | None = None,
 ) -> RegionTrial:
     """The ``RegionTrial`` of one compiled-region profile: from its search's ``result`` (None: it failed with
-    ``error``), compared with the whole-model compiler ``points`` measured at the same budget."""
+    ``error``), compared with the whole-model compiler ``points`` measured at the same budget; ``saves``, the save
+    rule it was measured under."""
     prof: Profile | None = result.profile if result is not None else None
     best = result.best if result is not None else None
     return RegionTrial(
@@ -114,6 +124,7 @@ def region_trial(
         compile_seconds=prof.compile_seconds if prof is not None else None,
         seconds=seconds,
         error=error,
+        saves=saves,
     )
 
 

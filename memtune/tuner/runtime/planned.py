@@ -190,7 +190,7 @@ class PlannedChain(PlannedBase):
         compiled = [self._compiled.get(k) for k in range(len(modules))]
         for k, (m, c) in enumerate(zip(modules, compiled, strict=True)):
             if c is None or c.inner is not m:  # compiled once per module; a swapped module compiles anew
-                self._compiled[k] = CompiledStage(m, budget)
+                self._compiled[k] = CompiledStage(m, budget, self.plan.compile_saves)
         return [self._compiled[k] for k in range(len(modules))]
 
     # ---- forward ---------------------------------------------------------------------------------

@@ -162,11 +162,15 @@ class PlannedModule(PlannedBase):
     def _wrap_stages(self) -> None:
         """Install each stage module's wrapper (or join the one there) and attach this planned model to it (NOTE [
         Stage modules are wrapped once ]); a compiled plan's regions get their compiled callables, made once per
-        budget (NOTE [ Regions are wrapped once ] in ``memtune.profiler.region_tree``)."""
+        budget and save rule (NOTE [ Regions are wrapped once ] in ``memtune.profiler.region_tree``)."""
         budget = self.plan.compile_budget
         for k, m in enumerate(self._stages):
             wrapper = install_region(m)
-            call = wrapper.eager if budget is None or k in self.plan.eager_stages else wrapper.compiled(budget)
+            call = (
+                wrapper.eager
+                if budget is None or k in self.plan.eager_stages
+                else wrapper.compiled(budget, self.plan.compile_saves)
+            )
             wrapper.attach(self)
             self._forwards.append(wrapper)
             self._calls[id(wrapper)] = (k, call)

@@ -77,7 +77,7 @@ def test_a_profile_of_compiled_regions_prices_plans_that_train_with_the_compiled
     run.release()
 
 
-def _failing_backend(budget: float) -> Callable[..., Any]:
+def _failing_backend(budget: float, saves: str | None = None) -> Callable[..., Any]:
     def backend(_gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]) -> Any:
         raise RuntimeError(f"no kernel for this graph at budget {budget:g}\nsecond line")
 
@@ -94,7 +94,7 @@ def test_a_region_that_fails_to_compile_is_named_and_the_eager_plans_stand(monke
     monkeypatch.setattr(memtune.tuner.measure.tune_module, "COMPILE_BUDGETS", (1.0,))
     model, x = TinyResNet(), _batch()
     parts = [RegionPartition(1, LAYERS)]
-    (run,) = profile_regions(model, x, (1.0,), partitions=parts, loss_fn=square, warmup=0, repeats=1)
+    (run,) = profile_regions(model, x, (1.0,), partitions=parts, loss_fn=square, warmup=0, repeats=1, rules=())
     assert run.profile is None and run.error is not None
     assert "region 'conv1' failed under torch.compile at activation budget 1" in run.error
     assert "no kernel for this graph at budget 1" in run.error and "second line" not in run.error
@@ -113,9 +113,11 @@ def test_a_region_that_fails_to_compile_is_named_and_the_eager_plans_stand(monke
 
 @pytest.mark.slow
 def test_tune_with_compile_measures_every_partition_and_serves_the_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    import memtune.profiler.saved_tags
     import memtune.tuner.measure.tune_module
 
     monkeypatch.setattr(memtune.tuner.measure.tune_module, "COMPILE_BUDGETS", (1.0,))
+    monkeypatch.setattr(memtune.profiler.saved_tags, "SAVE_RULES", ())  # the compiler's choice only: test_saved_tags
     torch.manual_seed(0)
     model, x = TinyResNet(), _batch()
     prof = memtune.profile(model, x, loss_fn=square, progress=False)

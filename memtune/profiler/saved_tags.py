@@ -1,0 +1,136 @@
+"""memtune's choice of what a compiled region saves for its backward, made inside the compiler's partitioner.
+
+# NOTE [ Saved tensors chosen inside a compiled region ]
+``torch.compile`` decides what a compiled graph saves for its backward in AOTAutograd's partitioner: it traces forward
+and backward as one joint graph and cuts it so that the backward keeps some forward values and re-makes the others. Its
+one knob, ``activation_memory_budget``, is a share of what the default cut saves; it is one number for the whole
+graph, and it bounds nothing that the partitioner will not recompute (on the H100 ResNet-50 compiled at budget 0 still
+saved every convolution's output and peaked 10.48 GiB against 10.49 at budget 1).
+
+A *save rule* is memtune's own choice, applied per region: before the min-cut runs, ``SavedTags`` tags the forward
+nodes of the joint graph with ``torch.utils.checkpoint.CheckpointPolicy`` in ``node.meta["recompute"]`` (the tags
+PyTorch's selective checkpointing puts there when it runs under the compiler), then calls
+``torch._functorch.partitioners.min_cut_rematerialization_partition``, which honours them: a ``MUST_SAVE`` node is
+never recomputed, so the backward keeps its outputs; a ``MUST_RECOMPUTE`` node is always re-made in the backward from
+what is kept. The rules (``SAVE_RULES``):
+
+* ``compute``: keep the outputs of the operations that cost arithmetic (matrix products, convolutions, attention:
+  ``COMPUTE_OPS``) and re-make everything else the forward computed (normalisations, activations, additions, views),
+  which the backward's own kernels fuse in. What is kept is then what selective checkpointing's usual policy keeps in
+  eager mode, with the compiler's fusions on both sides.
+
+Rules leave three kinds of node untagged, for the partitioner to decide as it always does: random operations (their
+re-make would need the generator's state, which this rule does not carry), nodes of the backward (everything that
+depends on a tangent), and the getter of one output of a multi-output operation (the operation itself is tagged).
+
+Where torch calls it (read in torch 2.11, the GPU image, and 2.13, CI, before relying on it): inductor's
+``compile_fx.partition_fn`` calls ``config.custom_partitioner_fn`` in place of ``min_cut_rematerialization_partition``
+when it is set, with the joint graph, its inputs and the keyword arguments it would have passed (``compiler``,
+``num_fwd_outputs``, ``static_lifetime_input_indices``); it must be an instance of
+``torch._inductor.custom_graph_pass.CustomPartitionerFn`` (an ``ABC`` in 2.11, a ``CustomPassBase`` in 2.13, both
+with ``__call__`` and ``uuid``), whose ``uuid`` keys inductor's cache of compiled graphs. ``must_recompute`` reads
+``MUST_RECOMPUTE`` and ``PREFER_RECOMPUTE`` alike, and ``should_ban_recomputation`` answers "marked MUST_SAVE", in both
+versions. memtune sets the partitioner through ``compile_fx``'s ``config_patches`` for the graphs of one backend
+(``memtune.profiler.compiled.budget_backend(1.0, saves=rule)``) and nowhere else.
+"""
+
+from __future__ import annotations
+
+import collections
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
+from torch.utils.checkpoint import CheckpointPolicy
+
+__all__ = ["COMPUTE_OPS", "SAVE_RULES", "SavedTags", "forward_nodes"]
+
+#: the save rules memtune measures compiled regions under (NOTE [ Saved tensors chosen inside a compiled region ])
+SAVE_RULES: tuple[str, ...] = ("compute",)
+
+_aten = torch.ops.aten
+#: operation packets whose outputs rule ``compute`` keeps: matrix products, convolutions and attention kernels
+COMPUTE_OPS: frozenset[str] = frozenset(
+    name
+    for name in (
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "convolution",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+    )
+    if hasattr(_aten, name)
+)
+
+
+def _packet(node: fx.Node) -> str | None:
+    target = node.target
+    return target._opname if isinstance(target, torch._ops.OpOverload) else None  # type: ignore[attr-defined]
+
+
+def _is_random(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+
+
+def forward_nodes(graph: fx.Graph) -> list[fx.Node]:
+    """The operations of a joint graph's forward: every ``call_function`` node that no tangent reaches."""
+    backward: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "placeholder" and str(node.target).startswith("tangents"):
+            backward.add(node)
+        elif any(arg in backward for arg in node.all_input_nodes):
+            backward.add(node)
+    return [n for n in graph.nodes if n.op == "call_function" and n not in backward]
+
+
+class SavedTags(CustomPartitionerFn):
+    """Inductor's partitioner under one of memtune's save rules (NOTE [ Saved tensors chosen inside a compiled
+    region ]): tag the joint graph's forward, then run the min-cut partitioner, which honours the tags.
+
+    Args:
+        rule: one of ``SAVE_RULES``.
+
+    Raises:
+        ValueError: ``rule`` is not one of ``SAVE_RULES``.
+    """
+
+    def __init__(self, rule: str) -> None:
+        super().__init__()
+        if rule not in SAVE_RULES:
+            raise ValueError(f"save rule {rule!r} is not one of {', '.join(SAVE_RULES)}")
+        self.rule = rule
+        #: tags placed in the graphs partitioned so far, by policy name (for tests and reports)
+        self.tagged: collections.Counter[str] = collections.Counter()
+
+    def tag(self, graph: fx.Graph) -> None:
+        """Put this rule's tags on ``graph``'s forward nodes."""
+        for node in forward_nodes(graph):
+            if node.target is operator.getitem or _is_random(node):
+                continue
+            policy = (
+                CheckpointPolicy.MUST_SAVE if _packet(node) in COMPUTE_OPS else CheckpointPolicy.MUST_RECOMPUTE
+            )
+            node.meta["recompute"] = policy
+            self.tagged[policy.name] += 1
+
+    def __call__(
+        self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
+    ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        self.tag(gm.graph)
+        return min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
+
+    def uuid(self) -> Any:
+        """This file and the rule: inductor's cache keeps graphs of one rule apart from another's."""
+        return (self.rule, get_hash_for_files((__file__,)))
