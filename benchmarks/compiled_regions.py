@@ -179,82 +179,95 @@ class Bench:
 
     def regions(self) -> None:
         import memtune
-        from memtune.profiler.compiled import GRAPHS_COMPILED
         from memtune.profiler.module_profile import as_inputs
-        from memtune.profiler.region_profile import profile_regions
-        from memtune.profiler.region_tree import install_region, region_partitions
-        from memtune.tuner import Plan
+        from memtune.profiler.region_tree import region_partitions
         from memtune.tuner.measure.compiler_points import measure_module_points, with_compiler_points
-        from memtune.tuner.runtime import planned
 
-        began = time.perf_counter()
-        prof = memtune.profile(self.model, self.inputs, loss_fn=self.loss, progress=False)
-        points, errors = measure_module_points(
-            self.model, self.inputs, prof, self.args.budget_list, loss_fn=self.loss, optimizer=self.optimizer
-        )
-        prof = with_compiler_points(prof, points)
-        (self.out / f"{self.name}-profile.json").write_text(prof.to_json())
-        self.row["profile"] = {
-            "stages": prof.n_stages,
-            "seconds": round(time.perf_counter() - began, 1),
-            "point_errors": {str(k): v for k, v in errors.items()},
-        }
-        _clean()
+        if not (self.out / f"{self.name}-profile.json").exists():  # a later run of the phase reuses it
+            began = time.perf_counter()
+            prof = memtune.profile(self.model, self.inputs, loss_fn=self.loss, progress=False)
+            points, errors = measure_module_points(
+                self.model, self.inputs, prof, self.args.budget_list, loss_fn=self.loss, optimizer=self.optimizer
+            )
+            prof = with_compiler_points(prof, points)
+            (self.out / f"{self.name}-profile.json").write_text(prof.to_json())
+            self.row["profile"] = {
+                "stages": prof.n_stages,
+                "seconds": round(time.perf_counter() - began, 1),
+                "point_errors": {str(k): v for k, v in errors.items()},
+            }
+            _clean()
         parts = region_partitions(self.model, as_inputs(self.inputs))
         if self.args.depth_list:
             parts = [p for p in parts if p.depth in self.args.depth_list]
         whole = {w["budget"]: w for w in self.row.get("whole", []) if "step_ms" in w}
-        rows: list[dict[str, Any]] = []
+        policies = [(b, None) for b in self.args.region_budget_list] + [(1.0, r) for r in self.args.rule_list]
+        done = {(e["depth"], e["budget"], e.get("saves")) for e in self.row.get("partitions", [])}
+        rows: list[dict[str, Any]] = [e for e in self.row.get("partitions", [])]  # a later run adds to them
         for part in parts:
-            for budget in self.args.region_budget_list:
-                keeper = _Keeper()
-                regions = [install_region(self.model.get_submodule(n)) for n in part.names]
-                for r in regions:
-                    r.attach(keeper)
-                graphs = sum(GRAPHS_COMPILED.values())
-                (run,) = profile_regions(
-                    self.model,
-                    self.inputs,
-                    (budget,),
-                    partitions=[part],
-                    loss_fn=self.loss,
-                    warmup=self.args.warmup,
-                    repeats=self.args.repeats,
-                )
-                entry: dict[str, Any] = {
-                    "depth": part.depth,
-                    "regions": list(part.names),
-                    "budget": budget,
-                    "profile_seconds": round(run.seconds, 1),
-                    "graphs": sum(GRAPHS_COMPILED.values()) - graphs,
-                    "whole_step_ms": whole.get(budget, {}).get("step_ms"),
-                    "whole_peak_bytes": whole.get(budget, {}).get("peak_bytes"),
-                }
-                if run.profile is None:
-                    entry["error"] = run.error
-                else:
-                    p = run.profile
-                    path = self.out / f"{self.name}-regions-d{part.depth}-b{budget:g}.json"
-                    path.write_text(p.to_json())
-                    stage_sum = sum(s.forward_ms + s.backward_ms for s in p.stages)
-                    entry.update(
-                        profile=path.name,
-                        compile_seconds=p.compile_seconds,
-                        eager_regions=p.model_params.get("eager_regions"),
-                        stage_sum_ms=stage_sum,
-                        profile_step_ms=stage_sum + (p.loss_ms or 0.0),
-                        compute_source=p.compute_source,
-                    )
-                    keep = Plan.uniform(p.n_stages).named(p)
-                    pm = planned(self.model, keep)
-                    entry["measured"] = self.step(pm)
-                    pm.release()
-                for r in regions:
-                    r.detach(keeper)
-                rows.append(entry)
+            for budget, saves in policies:
+                if (part.depth, budget, saves) in done:
+                    continue
+                rows.append(self._partition(part, budget, saves, whole))
                 self.row["partitions"] = rows
                 self.save()
                 _clean()
+
+    def _partition(self, part: Any, budget: float, saves: str | None, whole: dict[float, Any]) -> dict[str, Any]:
+        """One partition profiled compiled under ``budget`` (and save rule ``saves``), its file written, and its
+        unplanned step measured as a planned model that keeps every region."""
+        from memtune.profiler.compiled import GRAPHS_COMPILED
+        from memtune.profiler.region_profile import profile_regions
+        from memtune.profiler.region_tree import install_region
+        from memtune.tuner import Plan
+        from memtune.tuner.runtime import planned
+
+        keeper = _Keeper()
+        regions = [install_region(self.model.get_submodule(n)) for n in part.names]
+        for r in regions:
+            r.attach(keeper)
+        graphs = sum(GRAPHS_COMPILED.values())
+        (run,) = profile_regions(
+            self.model,
+            self.inputs,
+            () if saves else (budget,),
+            partitions=[part],
+            loss_fn=self.loss,
+            warmup=self.args.warmup,
+            repeats=self.args.repeats,
+            rules=(saves,) if saves else (),
+        )
+        entry: dict[str, Any] = {
+            "depth": part.depth,
+            "regions": list(part.names),
+            "budget": budget,
+            "saves": saves,
+            "profile_seconds": round(run.seconds, 1),
+            "graphs": sum(GRAPHS_COMPILED.values()) - graphs,
+            "whole_step_ms": whole.get(budget, {}).get("step_ms"),
+            "whole_peak_bytes": whole.get(budget, {}).get("peak_bytes"),
+        }
+        if run.profile is None:
+            entry["error"] = run.error
+        else:
+            p = run.profile
+            path = self.out / f"{self.name}-regions-d{part.depth}-b{budget:g}{f'-{saves}' if saves else ''}.json"
+            path.write_text(p.to_json())
+            stage_sum = sum(s.forward_ms + s.backward_ms for s in p.stages)
+            entry.update(
+                profile=path.name,
+                compile_seconds=p.compile_seconds,
+                eager_regions=p.model_params.get("eager_regions"),
+                stage_sum_ms=stage_sum,
+                profile_step_ms=stage_sum + (p.loss_ms or 0.0),
+                compute_source=p.compute_source,
+            )
+            pm = planned(self.model, Plan.uniform(p.n_stages).named(p))
+            entry["measured"] = self.step(pm)
+            pm.release()
+        for r in regions:
+            r.detach(keeper)
+        return entry
 
     def plans(self) -> None:
         import memtune
@@ -272,6 +285,7 @@ class Bench:
                 Profile.from_json((self.out / e["profile"]).read_text()) if "profile" in e else None,
                 e.get("error"),
                 e["profile_seconds"],
+                e.get("saves"),
             )
             for e in self.row.get("partitions", [])
         ]
@@ -302,7 +316,7 @@ class Bench:
                 if plan.compile_budget is not None
                 else "eager",
                 plan=plan.model_dump(mode="json"),
-                compact=plan.compact(),
+                compact=plan.compact() + (f" (save rule {plan.compile_saves!r})" if plan.compile_saves else ""),
                 predicted_step_ms=best.step_ms,
                 predicted_peak_bytes=best.peak_bytes,
             )
@@ -356,7 +370,8 @@ def table(folder: Path) -> str:
                              f"{w['peak_bytes'] / GiB:.2f} | 1.00 |")  # fmt: skip
         for p in row.get("partitions", []):
             m = p.get("measured", {})
-            label = f"regions depth {p['depth']} ({len(p['regions'])}), budget {p['budget']:g}"
+            policy = f"save rule {p['saves']!r}" if p.get("saves") else f"budget {p['budget']:g}"
+            label = f"regions depth {p['depth']} ({len(p['regions'])}), {policy}"
             if "step_ms" not in m:
                 lines.append(f"| {label} | {p.get('error') or m.get('error')} | | |")
                 continue
@@ -396,6 +411,7 @@ def main() -> None:
     ap.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
     ap.add_argument("--budgets", default="1,0.5,0.25", help="activation budgets of the whole model compiled")
     ap.add_argument("--region-budgets", default="1,0.5,0.25", help="activation budgets of the region partitions")
+    ap.add_argument("--rules", default="compute", help="memtune's save rules, each at budget 1 ('' for none)")
     ap.add_argument("--depths", default="", help="partition depths to measure (default: every partition)")
     ap.add_argument("--fractions", default="0.6,0.4", help="plan budgets, fractions of the compiled peak")
     ap.add_argument("--batch", type=int, default=None, help="a vision model's batch (default per model)")
@@ -412,6 +428,7 @@ def main() -> None:
         raise SystemExit("this benchmark measures on a CUDA GPU, and none is visible")
     args.budget_list = _floats(args.budgets, "--budgets")
     args.region_budget_list = _floats(args.region_budgets, "--region-budgets")
+    args.rule_list = [r for r in args.rules.split(",") if r]
     args.fraction_list = _floats(args.fractions, "--fractions")
     args.depth_list = [int(d) for d in _floats(args.depths, "--depths")]
     args.phase_list = [p for p in args.phases.split(",") if p]

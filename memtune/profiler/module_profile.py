@@ -492,7 +492,9 @@ def _measure_stages(
                 "memtune.tuner.measure.compiler_points.measure_module_points), or name smaller regions (stages=[...])"
             )
         eager_regions = edge_writes(model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype))
-        regions = stack.enter_context(CompiledRegions(modules, compile_budget, sorted(eager_regions), names, compile_saves))
+        regions = stack.enter_context(
+            CompiledRegions(modules, compile_budget, sorted(eager_regions), names, compile_saves)
+        )
         compile_seconds = _first_step_seconds(model, inputs, loss, dtype, dev)
     trace = trace_stages(model, names, inputs, loss_fn=loss, autocast=_autocast(dev, dtype), output_held=output_held)
     # a profile for a GPU made on the CPU keeps the roofline's times, not the CPU's: one untimed round of each

@@ -486,7 +486,10 @@ class CompiledRegions:
                 region = install_region(m)
                 region.attach(self)
                 self._regions.append(region)
-                self._calls[id(region)] = (k, region.eager if k in self.eager else region.compiled(self.budget, self.saves))
+                self._calls[id(region)] = (
+                    k,
+                    region.eager if k in self.eager else region.compiled(self.budget, self.saves),
+                )
         except BaseException:
             self._release()
             raise

@@ -86,9 +86,9 @@ def forward_nodes(graph: fx.Graph) -> list[fx.Node]:
     """The operations of a joint graph's forward: every ``call_function`` node that no tangent reaches."""
     backward: set[fx.Node] = set()
     for node in graph.nodes:
-        if node.op == "placeholder" and str(node.target).startswith("tangents"):
-            backward.add(node)
-        elif any(arg in backward for arg in node.all_input_nodes):
+        if (node.op == "placeholder" and str(node.target).startswith("tangents")) or any(
+            arg in backward for arg in node.all_input_nodes
+        ):
             backward.add(node)
     return [n for n in graph.nodes if n.op == "call_function" and n not in backward]
 
@@ -117,9 +117,7 @@ class SavedTags(CustomPartitionerFn):
         for node in forward_nodes(graph):
             if node.target is operator.getitem or _is_random(node):
                 continue
-            policy = (
-                CheckpointPolicy.MUST_SAVE if _packet(node) in COMPUTE_OPS else CheckpointPolicy.MUST_RECOMPUTE
-            )
+            policy = CheckpointPolicy.MUST_SAVE if _packet(node) in COMPUTE_OPS else CheckpointPolicy.MUST_RECOMPUTE
             node.meta["recompute"] = policy
             self.tagged[policy.name] += 1
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import nn
 
+from memtune.profiler import ProfilerError
 from memtune.profiler.compiled import CompiledStage
 from memtune.profiler.module_profile import profile_module
-from memtune.profiler import ProfilerError
 from memtune.profiler.region_profile import profile_regions
 from memtune.profiler.region_tree import CompiledRegions, RegionPartition
 from memtune.profiler.saved_tags import COMPUTE_OPS, SavedTags, forward_nodes
