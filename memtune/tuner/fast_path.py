@@ -171,8 +171,11 @@ class FastPath:
         grad_in = [sum(b[2] for b in made) for made, _ in blocks]
         grad_out = [sum(b[2] for b in gone) for _, gone in blocks]
         self.grad_made = [g + p for g, p in zip(grad_in, sim.pgrad, strict=True)]
-        # NOTE [ Gradient storages ]: what a stage's backward leaves of a gradient's storage is not freed at its end
+        # NOTE [ Gradient storages ]: what a stage's backward leaves of a gradient's storage is not freed at its end;
+        # its transient holds at least what of it the incoming gradients do not (NOTE [ Gradient storages made in the
+        # backward ])
         rest_made = tab.grad_rest_made
+        self.rest_floor = tab.grad_rest_floor
         self.grad_gone = [g + r - m for g, r, m in zip(grad_out, outside_release, rest_made, strict=True)]
         # NOTE [ Loss memory ] (``Simulator._loss``): its time, and its events' bytes apart from the model's output
         self.half = sim.loss_ms / 2
@@ -205,8 +208,8 @@ class FastPath:
             rerun,
             [w + p for w, p in zip(ws_f, self.produced_bytes, strict=True)],
             [-w for w in ws_f],
-            [g + w for g, w in zip(self.grad_made, ws_b, strict=True)],
-            [-(w + g) for g, w in zip(self.grad_gone, ws_b, strict=True)],
+            [g + max(w, r) for g, w, r in zip(self.grad_made, ws_b, self.rest_floor, strict=True)],
+            [-(max(w, r) + g) for g, w, r in zip(self.grad_gone, ws_b, self.rest_floor, strict=True)],
             min((*fwd, *bwd, *self.sel_extra_fwd_ms, *self.sel_extra_ms, *self.rec_extra_ms_or_zero, self.half)) >= 0,
             sum(fwd) + 2 * self.half + sum(bwd),
             sum(fwd),
@@ -561,7 +564,7 @@ class FastPath:
     ) -> tuple[list[float], list[float]]:
         """The re-runs' and selective stages' bytes; each stage's forward and backward time under the plan, ms."""
         fwd, bwd, _, ws_b = costs
-        out = self.out
+        out, rest = self.out, self.rest_floor  # the transient holds at least this of a gradient's storage
         fwd_after, bwd_fetch, bwd_start, bwd_end = st.fwd_after, st.bwd_fetch, st.bwd_start, st.bwd_end
         made, bwd_mark = st.made, st.bwd_mark
         for i, j in segs:
@@ -570,7 +573,7 @@ class FastPath:
             bwd_start[j] -= transient
             bwd_mark[j] = True
             if i == j:  # NOTE [ Recompute priced as measured ]
-                extra = self.rec_ws[j] - made[j] - ws_b[j]
+                extra = self.rec_ws[j] - made[j] - max(ws_b[j], rest[j])
                 if extra > 0:
                     bwd_start[j] += extra
                     bwd_end[j] -= extra
@@ -582,7 +585,7 @@ class FastPath:
                 b_ms[k] = ct.bwd_sel[k]
                 keep_k = self.sel_keep[k]
                 fwd_after[k] += keep_k
-                extra = self.sel_ws[k] - ws_b[k]
+                extra = self.sel_ws[k] - max(ws_b[k], rest[k])
                 if extra > 0:
                     bwd_start[k] += extra
                     bwd_end[k] -= extra

@@ -442,7 +442,7 @@ class Simulator:
             made: list[tuple[str, object, int]] = [("alloc", ("g", k - 1), self.out[k - 1])] if k > 0 else []
             return made, [("free", ("g", k), self.out[k])]
         tab = self._tables
-        rest = tab.s_grad_rest  # NOTE [ Gradient storages ]: made at the end of stage k's backward
+        rest = tab.s_grad_rest  # NOTE [ Gradient storages made in the backward ] (memtune.tuner.stage_backward)
         freed: list[tuple[str, object, int]] = [("free", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_freed[k]]
         freed += [("free", ("gr", sid), rest[sid]) for sid in tab.grad_rest_freed[k]]
         return [("alloc", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_made[k]], freed

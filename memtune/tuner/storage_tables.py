@@ -96,6 +96,9 @@ class StorageTables:
         self.s_grad_rest = [max(0, (s.grad_storage_bytes or 0) - s.grad_bytes) for s in storages]
         self.grad_rest_made = [0] * n
         self.grad_rest_freed: list[list[int]] = [[] for _ in range(n)]
+        # NOTE [ Gradient storages made in the backward ] (memtune.tuner.stage_backward): per stage, what its transient
+        # holds of the rest it makes, the part its incoming gradients' bytes (freed by then) do not, bytes
+        self.grad_rest_floor = [0] * n
         if profile.modules:
             final = st[-1].output_storage
             for sid, s in enumerate(storages):
@@ -110,6 +113,10 @@ class StorageTables:
                         self.grad_rest_freed[self._next_gradient(sid, max(readers))].append(sid)
                 elif sid == final:
                     self.grad_freed[s.producer].append(sid)
+            for k in range(n):
+                if self.grad_rest_made[k]:
+                    incoming = sum(self.s_grad[sid] for sid in self.grad_freed[k])
+                    self.grad_rest_floor[k] = max(0, self.grad_rest_made[k] - incoming)
 
     def _next_gradient(self, sid: int, maker: int) -> int:
         """The stage at whose backward's end the next gradient reaches storage ``sid`` after ``maker``'s, and autograd
