@@ -9,8 +9,9 @@ search and reads its answer when it prints: on a machine with a second core idle
 ends. The child runs at a lower priority (``nice``), so it takes no time from the search where the cores are busy.
 The answer is the one computed in the command's own process (the same code on the same profile); where no child can
 be forked (no ``fork`` start method), it failed, or it gave no answer, the bound is computed in the process as
-before, so a failure there shows as it did. ``memtune.tuner.bound`` imports SciPy's solver only to solve (about a second
-of the command's own time before: the child imports it, the command's process no longer does).
+before, so a failure there shows as it did. Where the child's solver gave no answer (``BoundError``), ``result``
+raises that error, as the command's own solver would. ``memtune.tuner.bound`` imports SciPy's solver only to solve
+(about a second of the command's own time before: the child imports it, the command's process no longer does).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class BoundBeside:
         """The bound: the child's answer, else computed here.
 
         Raises:
-            RuntimeError: the solver stopped without an answer (``step_lower_bound``).
+            BoundError: the solver stopped without an answer (``step_lower_bound``), in the child or here.
         """
         answer: tuple[str, Any] | None = None
         if self._conn is not None:
@@ -75,7 +76,9 @@ class BoundBeside:
             bound: StepBound = answer[1]
             return bound
         if answer is not None and answer[0] == "no answer":
-            raise RuntimeError(answer[1])
+            from memtune.tuner import BoundError
+
+            raise BoundError(answer[1])
         from memtune.tuner import Simulator
         from memtune.tuner.bound import step_lower_bound
 
@@ -100,12 +103,12 @@ def _child(send: Connection, profile: Profile, optimizer: str, budget_bytes: int
     with contextlib.suppress(OSError):
         os.nice(_NICE)
     try:
-        from memtune.tuner import Simulator
+        from memtune.tuner import BoundError, Simulator
         from memtune.tuner.bound import step_lower_bound
 
         try:
             answer: tuple[str, Any] = ("bound", step_lower_bound(Simulator(profile, optimizer), budget_bytes))
-        except RuntimeError as exc:
+        except BoundError as exc:
             answer = ("no answer", str(exc))
         except Exception as exc:  # the command computes it again and shows what failed
             answer = ("failed", repr(exc))

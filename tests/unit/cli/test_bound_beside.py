@@ -11,7 +11,7 @@ from profiles import conv_profile
 import memtune.tuner.bound
 from memtune.api.bound_beside import BoundBeside
 from memtune.profiler import Profile
-from memtune.tuner import Simulator
+from memtune.tuner import BoundError, Simulator
 from memtune.tuner.plan import Plan
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="no fork start method")
@@ -41,15 +41,25 @@ def test_a_child_that_fails_leaves_the_bound_to_the_process(monkeypatch: pytest.
     assert beside.result() == real(Simulator(profile, "sgd"), budget)
 
 
+def test_any_other_runtime_error_in_the_child_leaves_the_bound_to_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only ``BoundError`` is the solver's giving no answer; another ``RuntimeError`` is a failure of the child."""
+    profile, budget = _case()
+    real = memtune.tuner.bound.step_lower_bound
+    monkeypatch.setattr(memtune.tuner.bound, "step_lower_bound", lambda *a: (_ for _ in ()).throw(RuntimeError("x")))
+    beside = BoundBeside(profile, "sgd", budget)
+    monkeypatch.setattr(memtune.tuner.bound, "step_lower_bound", real)
+    assert beside.result() == real(Simulator(profile, "sgd"), budget)
+
+
 def test_the_solvers_failure_in_the_child_is_the_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     profile, budget = _case()
 
     def no_answer(*args: object) -> None:
-        raise RuntimeError("the budget bound's linear program was not solved: test")
+        raise BoundError("the budget bound's linear program was not solved: test")
 
     monkeypatch.setattr(memtune.tuner.bound, "step_lower_bound", no_answer)
     beside = BoundBeside(profile, "sgd", budget)
-    with pytest.raises(RuntimeError, match="not solved: test"):
+    with pytest.raises(BoundError, match="not solved: test"):
         beside.result()
 
 
