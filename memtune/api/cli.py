@@ -262,7 +262,8 @@ def simulate(
     from memtune.tuner import POLICIES
     from memtune.tuner import simulate as run_sim
 
-    check_options(dtype=dtype, gpu=gpu, budget=budget, optimizer=optimizer)
+    wanted = check_options(dtype=dtype, gpu=gpu, budget=budget, optimizer=optimizer)  # NOTE [ One pipeline ]
+    assert wanted is not None  # --budget has a default; read once, resolved below
     if profile_file is None and is_factory(model):
         raise fail(
             f"a factory model is simulated from its saved profile: `memtune profile {model} --device cpu "
@@ -273,7 +274,7 @@ def simulate(
             prof = Profile.load(profile_file)
         else:
             prof = resolve_profile(load_chain(model, parse_params(param), spec), batch, dtype, gpu)
-        budget_bytes = profile_budget(budget, prof, optimizer)
+        budget_bytes = profile_budget(wanted, prof, optimizer)
         if plan_file is not None:
             plan = Plan.model_validate_json(plan_file.read_text())
         else:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memtune.tuner import InferenceFacts, InferencePlan, InferenceSim, format_bytes, plan_inference, simulate_inference
-from memtune.tuner.budget import Budget
+from memtune.tuner.budget import Budget, parse_budget
 from memtune.tuner.inference import facts_from_profile, plain_plan, working_sets
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ def tune_inference(
     *,
     batch: int,
     dtype: str,
-    budget: str,
+    budget: str | Budget,
     device: str,
     measure: bool,
     profile: Callable[[], Profile],
@@ -45,8 +45,8 @@ def tune_inference(
     priced latency; with ``measure``, take the facts from ``device`` and run the plan there too.
 
     Without ``measure`` the facts are ``profile()``'s (as ``tune`` finds one), the layers' bytes the model's own.
-    Budgets follow NOTE [ Budget grammar ]: a fraction of the peak is of the plain model's largest working set
-    (every weight resident), one of the GPU of its memory.
+    Budgets follow NOTE [ Budget grammar ] (text, or a ``Budget`` already read): a fraction of the peak is of the
+    plain model's largest working set (every weight resident), one of the GPU of its memory.
 
     ``conv_workspace`` (``InferencePlan.conv_workspace``): ``"none"`` runs convolutions without cuDNN workspace; it
     needs ``measure``, since a profile's times are those of the framework's algorithms.
@@ -79,7 +79,7 @@ def tune_inference(
         err.print(f"measuring {chain.name}'s layers on {device} …")
     facts, gpu_bytes = _facts(chain, x, device if measure else None, profile, conv_workspace)
     peak = max(ws.total_bytes for ws in working_sets(facts, plain_plan(facts)))
-    budget_bytes = Budget.parse(budget).resolve(gpu_memory_bytes=gpu_bytes, peak_bytes=peak)
+    budget_bytes = parse_budget(budget, gpu_bytes, peak_bytes=peak)
     plan = plan_inference(facts, budget_bytes)
     sim = simulate_inference(facts, plan)
     measured = _measure(chain, plan, x, device, repeats) if measure else None
