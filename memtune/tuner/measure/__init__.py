@@ -10,6 +10,8 @@ none changes how a plan runs. Each is imported on its own: they pull in the simu
 * ``validate``: a job's chosen plans measured on the worker's GPU; ``calibrate``, ``first_use``, ``link_share``: what a
   GPU type is (its link, its allocator, its headroom), measured once; ``lean``: stage transients under memory-optimal
   convolution algorithms; ``inference_measure``: inference facts; ``isolate``: one call in a fresh process.
+* ``tune_module``: the Python face's ``profile``, ``tune`` and ``planned`` on a live ``nn.Module``: it measures the
+  model (and its compiled candidates) and hands the profiles to ``memtune.tuner.pipeline`` to search and bound.
 """
 
 from __future__ import annotations
