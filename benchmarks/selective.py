@@ -15,7 +15,7 @@ from __future__ import annotations
 from benchmarks.common import budget_table_args
 from memtune.profiler import Profile
 from memtune.tuner import Action, Candidate, Plan, simulate, tune
-from memtune.tuner.plan import selective_gain_bytes
+from memtune.tuner.stage_choices import selective_gain_bytes
 
 __all__ = ["main"]
 

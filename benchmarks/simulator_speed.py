@@ -26,7 +26,7 @@ from pathlib import Path
 
 from benchmarks.common import environment, zoo_profile
 from memtune.tuner import Plan, Simulator
-from memtune.tuner.plan import stage_actions
+from memtune.tuner.stage_choices import stage_actions
 
 __all__ = ["main"]
 

@@ -49,8 +49,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from memtune.tuner.plan import Plan, selective_gain_bytes
+from memtune.tuner.plan import Plan
 from memtune.tuner.simulator import Simulator
+from memtune.tuner.stage_choices import selective_gain_bytes
 from memtune.tuner.tuner_errors import BoundError
 
 if TYPE_CHECKING:

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from memtune.profiler import Profile
-from memtune.tuner.plan import Action, Plan, stage_actions
+from memtune.tuner.plan import Action, Plan
 from memtune.tuner.search_space import _MAX_LOOKAHEAD, _MAX_SYNC_DELAY
 from memtune.tuner.simulator import Simulator
+from memtune.tuner.stage_choices import stage_actions
 from memtune.tuner.tuner_errors import SearchError
 
 __all__ = ["MAX_EXACT_STAGES", "ExactFront", "ExactOptimum", "exact_front", "exact_optimum"]

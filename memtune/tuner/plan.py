@@ -62,12 +62,64 @@ by need); the simulator queued them in storage order, the one needed last first,
 storages at the backward's start was simulated stalling on copies that the runtime had already made: on a hand-made
 chain (``tests/unit/tuner/test_prefetch_trigger.py``) lookahead 4 was simulated 5.5 ms slower than lookahead 3.
 
+Both fields are stored and neither is derived from the other. The per-stage values are chosen stage by stage (the
+trigger moves each from a start it searched), not a function of one number; and under them the global one is still
+the plan's own knob: the search's ``lookahead`` parameter a plan is seeded with (``memtune.tuner.search_space``, where
+a move that changes it replaces the per-stage values), the trigger's plan keeps it, and ``memtune bench`` prints it.
+Deriving either from the other would lose a stored value and drop a field from the JSON of stored plans and from the
+service's schema. What is derived is the lookahead each stage runs with, ``Plan.stage_lookaheads`` (which also reads
+``sync``); code that prefetches reads that, not the fields.
+
 Convolution algorithms: ``conv_rule`` applies to every convolution (``default`` = the framework's
 choice, ``fastest``, ``memory_optimal``, ``fastest_within`` a workspace cap), ``conv_algos`` overrides
 single convolutions by key ``"<stage index>.<conv name>"`` (``"3."`` for a stage that is a conv). A pass may
 run as several cuDNN calls on batch chunks, each with one chunk's workspace (NOTE [ Batch split ] in
 ``memtune.profiler.conv_split``): ``fastest_within`` weighs the split runs the profile measured, an override names them
 with ``*_split``. The values are the unsplit convolution's (the weight gradient up to summation order).
+
+# NOTE [ Plan kinds ]
+A plan is one of five kinds (``PlanKind``), which ``Plan.kind`` reads off its fields: ``whole_compile`` set makes a
+whole-model compile whatever else is set; otherwise named ``stages`` make a plan of module stages and
+``compile_budget`` makes it compiled. ``Plan``'s validator enforces each kind's rules (its messages name the field and
+why); every kind takes ``actions`` (one per stage), the sync and prefetch knobs and ``label``:
+
+* ``chain``: the stages of a chain ``x_i = s_i(x_{i-1})``, run eager. Uses every action, the convolution choices
+  (``conv_rule``, ``conv_workspace_limit_bytes``, ``conv_algos``) and ``spatial_splits`` of its recompute segments
+  (maximal runs of ``recompute``). Forbids ``compile_saves`` (it needs ``compile_budget``) and ``eager_stages`` (they
+  need ``compile_budget`` and ``stages``).
+* ``compiled_chain``: a chain whose every stage runs compiled under ``compile_budget`` (NOTE [ Compiled stages ] in
+  ``memtune.profiler.compiled``), saving by ``compile_saves`` when set. Forbids ``selective`` actions and convolution
+  choices (``conv_rule`` other than ``default``, ``conv_algos``): both work on eager operations; forbids
+  ``eager_stages`` (they need ``stages``) and ``spatial_splits`` (eager chains only).
+* ``module_stages``: ``stages`` names the module stages the actions apply to, one per action (NOTE [ Module stages ] in
+  ``memtune.profiler.module_stages``); every recompute stage is a segment of its own. Uses every action and the
+  convolution choices. Forbids ``compile_saves``, ``eager_stages`` and ``spatial_splits`` (the model's own forward
+  runs between stages, so none can be split).
+* ``compiled_regions``: module stages run as compiled regions (``stages`` and ``compile_budget`` set; NOTE [ Regions ]
+  in ``memtune.profiler.region_tree``), saving by ``compile_saves`` when set, with ``eager_stages`` the regions that run
+  eager (NOTE [ In-place writes at region edges ]). Forbids what ``compiled_chain`` forbids but ``eager_stages``.
+* ``whole_compile``: the whole model compiled under ``whole_compile`` (NOTE [ Whole-model compile ] in
+  ``memtune.tuner.whole``), priced by a measured compiler point, not the simulator; ``stages`` may name the module
+  stages of its profile. Every action is ``keep``. Forbids ``compile_budget`` (and so ``compile_saves`` and
+  ``eager_stages``), convolution choices, and ``spatial_splits`` (no recompute segment to split). Its sync and prefetch
+  knobs are stored but nothing is copied.
+
+The stored form stays one versioned model, the kind derived, not a pydantic discriminated union of five models:
+
+* The stored JSON has no tag. Plans in the database, in plan files (``load_plan``), in benchmark results and over the
+  service's API are one object of optional fields at ``schema_version`` 1; a tagged union needs a tag field (a new
+  stored field, so a new schema version and a migration of stored plans) or a callable discriminator that reads the
+  flags, which is this property again, inside pydantic.
+* The service's OpenAPI would describe a plan as a ``oneOf`` of five schemas instead of one ``Plan``: a change of the
+  API its clients and the schema's snapshot see, for no change on the wire.
+* ``Plan`` is one class that code builds and changes: ``Plan(...)``, ``Plan.uniform``, ``Plan.with_``,
+  ``model_copy`` and ``Plan.named``, which turns a chain plan into a plan of module stages or compiled stages when it
+  meets its profile; over a union each would pick a class, and a change of kind would be a change of class.
+* A field a kind forbids is refused by the validator with a message that says which field and what to do; kind
+  models with ``extra="forbid"`` would refuse it as pydantic's bare "Extra inputs are not permitted".
+
+The price: a type checker does not narrow the fields by ``kind`` (``stages`` stays ``tuple | None`` after
+``plan.kind is PlanKind.COMPILED_REGIONS``), so code that reads a kind's own field tests that field.
 """
 
 from __future__ import annotations
@@ -78,6 +130,8 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# forwarded, not the plan's: memtune.tuner.policies._storage still imports it from here
+from memtune.tuner.copy_costs import storage_copy_ms  # noqa: F401
 from memtune.tuner.spatial import check_split_keys, parse_segment_key, spatial_refusal
 from memtune.tuner.tuner_errors import PlanError
 
@@ -89,13 +143,10 @@ __all__ = [
     "Action",
     "ConvChoice",
     "Plan",
+    "PlanKind",
     "StorageFate",
     "resolve_storages",
     "segments",
-    "selective_gain_bytes",
-    "selective_pays",
-    "stage_actions",
-    "storage_copy_ms",
 ]
 
 PLAN_SCHEMA_VERSION = 1
@@ -108,6 +159,17 @@ class Action(str, Enum):
     OFFLOAD = "offload"
     RECOMPUTE = "recompute"
     SELECTIVE = "selective"
+
+
+class PlanKind(str, Enum):
+    """What a plan runs: a chain or module stages, eager or compiled, or the whole model compiled. Read off a plan's
+    fields (``Plan.kind``); each kind's fields and rules are NOTE [ Plan kinds ]."""
+
+    CHAIN = "chain"
+    COMPILED_CHAIN = "compiled_chain"
+    MODULE_STAGES = "module_stages"
+    COMPILED_REGIONS = "compiled_regions"
+    WHOLE_COMPILE = "whole_compile"
 
 
 class ConvChoice(BaseModel):
@@ -250,6 +312,17 @@ class Plan(BaseModel):
         )
         return self
 
+    @property
+    def kind(self) -> PlanKind:
+        """What this plan runs, read off its fields (NOTE [ Plan kinds ]): ``whole_compile`` set is a whole-model
+        compile; otherwise ``stages`` named make module stages and ``compile_budget`` set makes them compiled. Not
+        stored: a plan's JSON is its fields."""
+        if self.whole_compile is not None:
+            return PlanKind.WHOLE_COMPILE
+        if self.stages is None:
+            return PlanKind.CHAIN if self.compile_budget is None else PlanKind.COMPILED_CHAIN
+        return PlanKind.MODULE_STAGES if self.compile_budget is None else PlanKind.COMPILED_REGIONS
+
     def named(self, profile: Profile) -> Plan:
         """This plan as it applies to ``profile``: with the stage names of a profile of module stages, and with the
         compile budget of a compiled profile (NOTE [ Compiled stages ]; convolutions are then the compiler's, as
@@ -257,7 +330,7 @@ class Plan(BaseModel):
         plan = self
         if profile.modules and plan.stages is None:
             plan = plan.model_copy(update={"stages": tuple(s.name for s in profile.stages)})
-        if profile.compile_budget is not None and plan.compile_budget is None and plan.whole_compile is None:
+        if profile.compile_budget is not None and plan.kind in (PlanKind.CHAIN, PlanKind.MODULE_STAGES):
             plan = plan.with_(
                 compile_budget=profile.compile_budget,
                 compile_saves=profile.compile_saves,
@@ -376,7 +449,7 @@ class Plan(BaseModel):
 
     def compact(self) -> str:
         """One letter per stage (k, o, r, s): a short human-readable form; a whole-model compile says so."""
-        if self.whole_compile is not None:
+        if self.kind is PlanKind.WHOLE_COMPILE:
             return f"compiled whole, budget {self.whole_compile:g}"
         return "".join(a.value[0] for a in self.actions)
 
@@ -483,64 +556,6 @@ def resolve_storages(profile: Profile, actions: Sequence[Action]) -> list[Storag
         fate: Literal["keep", "offload"] = "keep" if Action.KEEP in kinds else "offload"
         fates.append(StorageFate(fate, bool(packers), min(packers) if packers else 0, need, release))
     return fates
-
-
-def storage_copy_ms(profile: Profile) -> tuple[list[float], list[float]]:
-    """Per storage, the D2H and H2D copy times in ms.
-
-    A storage's share of its first saver's measured ``d2h_ms``/``h2d_ms`` (by bytes) when that stage has
-    one, else its bytes over the device's pinned bandwidth. The simulator and the policies both use this.
-    """
-    d2h_bw = profile.device.d2h_gbps * 1e6  # bytes per ms
-    h2d_bw = profile.device.h2d_gbps * 1e6
-    d2h: list[float] = []
-    h2d: list[float] = []
-    for s in profile.storages:
-        owner = profile.stages[min(s.saved_by)] if s.saved_by else None
-        if owner is not None and owner.saved_bytes > 0 and owner.d2h_ms > 0:
-            share = s.bytes / owner.saved_bytes
-            d2h.append(owner.d2h_ms * share)
-            h2d.append(owner.h2d_ms * share)
-        else:
-            d2h.append(s.bytes / d2h_bw if d2h_bw > 0 else 0.0)
-            h2d.append(s.bytes / h2d_bw if h2d_bw > 0 else 0.0)
-    return d2h, h2d
-
-
-def selective_gain_bytes(profile: Profile, k: int) -> int:
-    """What making stage ``k`` ``selective`` frees against ``keep``, bytes: the storages only it saves (its input
-    aside) less what it keeps under selective checkpointing (NOTE [ Selective stages ] in
-    ``memtune.profiler.selective``);
-    0 where the profile did not measure it so, or the stage writes its input in place."""
-    st = profile.stages[k]
-    if not st.selective_measured or st.inplace or st.selective_saved_bytes is None:
-        return 0
-    inputs = set(profile.stage_inputs(k))
-    own = sum(s.bytes for sid, s in enumerate(profile.storages) if s.saved_by == (k,) and sid not in inputs)
-    return max(0, own - st.selective_saved_bytes)
-
-
-def selective_pays(profile: Profile, k: int) -> bool:
-    """Whether ``selective`` can beat ``recompute`` at stage ``k``: it frees memory (``selective_gain_bytes`` > 0)
-    and its extra time (forward and backward, measured) is less than a one-stage recompute segment's re-run
-    (measured, else the stage's forward; NOTE [ Recompute priced as measured ] in ``memtune.tuner.simulator``), which
-    frees at least as much (everything the stage alone saves, holding the same input).
-    Where it costs more, recompute frees more for less, and offering the action only dilutes the search: with
-    GPT bf16's measured costs (4.0 ms extra against a 1.3 ms forward) the search at 80% of the peak ended at
-    136.6 ms simulated instead of 130.75."""
-    if selective_gain_bytes(profile, k) <= 0:
-        return False
-    st = profile.stages[k]
-    rerun = st.forward_ms if st.recompute_extra_ms is None else st.recompute_extra_ms
-    return sum(st.selective_extra_ms) < rerun
-
-
-def stage_actions(profile: Profile) -> list[tuple[Action, ...]]:
-    """Per stage, the actions a search gives it: ``keep``, ``offload`` and ``recompute``, and ``selective`` where
-    it can beat recompute (``selective_pays``)."""
-    plain = (Action.KEEP, Action.OFFLOAD, Action.RECOMPUTE)
-    with_selective = (*plain, Action.SELECTIVE)
-    return [with_selective if selective_pays(profile, k) else plain for k in range(profile.n_stages)]
 
 
 def _saves_words(saves: str | None) -> str:

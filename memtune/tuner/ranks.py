@@ -53,8 +53,9 @@ from dataclasses import dataclass, field
 
 from memtune.profiler import Profile
 from memtune.tuner.calibration import Calibration, calibration_for
+from memtune.tuner.copy_costs import storage_copy_ms
 from memtune.tuner.link import Direction, LinkSource, SharedLink, ring_allreduce_ms
-from memtune.tuner.plan import Plan, storage_copy_ms
+from memtune.tuner.plan import Plan
 from memtune.tuner.prefetch_trigger import PrefetchTrigger, prefetch_trigger
 from memtune.tuner.simulator import SimResult, Simulator
 from memtune.tuner.tuner_errors import CalibrationError, TunerError

@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 from memtune.profiler import Profile
 from memtune.tuner.calibration import Calibration
 from memtune.tuner.placement import AllocatorPricer
-from memtune.tuner.plan import Action, Plan, stage_actions
+from memtune.tuner.plan import Action, Plan
 from memtune.tuner.prefetch_trigger import prefetch_trigger
 from memtune.tuner.search_descent import LocalDescent
 from memtune.tuner.search_results import CONSTRAINTS, Candidate, Mode, pareto_front, trial_fits
@@ -40,6 +40,7 @@ from memtune.tuner.search_space import (
 )
 from memtune.tuner.simulator import SimResult, Simulator
 from memtune.tuner.spatial_search import STRIP_CHOICES, split_descent, splittable
+from memtune.tuner.stage_choices import stage_actions
 from memtune.tuner.trials import FixedTrial
 
 __all__ = ["SearchState"]

@@ -62,10 +62,11 @@ from memtune.tuner.conv_choice import RuleChoices
 from memtune.tuner.conv_costs import price_choices
 from memtune.tuner.fast_path import FastPath
 from memtune.tuner.ledger import Ledger
-from memtune.tuner.plan import Action, Plan, StorageFate, resolve_storages, segments, selective_gain_bytes
+from memtune.tuner.plan import Action, Plan, StorageFate, resolve_storages, segments
 from memtune.tuner.schedule import StepState, backward_schedule, forward_schedule
 from memtune.tuner.spatial import SplitPricing, parse_segment_key
 from memtune.tuner.stage_backward import stage_backward
+from memtune.tuner.stage_choices import selective_gain_bytes
 from memtune.tuner.storage_tables import StorageTables, backward_transients, merge_storages
 from memtune.tuner.whole import compiler_point
 

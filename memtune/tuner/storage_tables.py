@@ -9,7 +9,7 @@ the simulator adds it; ``merge_storages`` makes an equivalent profile with fewer
 from __future__ import annotations
 
 from memtune.profiler import Profile, SavedStorage
-from memtune.tuner.plan import storage_copy_ms
+from memtune.tuner.copy_costs import storage_copy_ms
 
 __all__ = ["StorageTables", "backward_transients", "merge_storages"]
 

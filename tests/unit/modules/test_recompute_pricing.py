@@ -11,8 +11,9 @@ from torch import nn
 from memtune.profiler.module_profile import _recompute_step_ms, as_inputs, profile_module
 from memtune.profiler.profile import Profile
 from memtune.tuner.bound import step_lower_bound
-from memtune.tuner.plan import Action, Plan, selective_pays
+from memtune.tuner.plan import Action, Plan
 from memtune.tuner.simulator import Simulator
+from memtune.tuner.stage_choices import selective_pays
 
 
 def _loss(out: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from memtune.profiler.meta import meta_chain, meta_input
 from memtune.profiler.selective import SAVED_OPS, selective_saved_bytes
 from memtune.profiler.stagefacts import chain_facts
 from memtune.profiler.zoo import build
-from memtune.tuner.plan import selective_gain_bytes
+from memtune.tuner.stage_choices import selective_gain_bytes
 
 
 def test_an_mlp_keeps_its_two_matrix_products() -> None:

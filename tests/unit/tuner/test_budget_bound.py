@@ -13,10 +13,11 @@ from memtune.api.cli import resolve_profile
 from memtune.profiler.profile import Profile
 from memtune.profiler.zoo import build
 from memtune.tuner.bound import lower_envelope, step_lower_bound
-from memtune.tuner.plan import Plan, stage_actions
+from memtune.tuner.plan import Plan
 from memtune.tuner.policies import POLICIES, run_policy
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import Simulator
+from memtune.tuner.stage_choices import stage_actions
 
 
 def test_the_envelope_starts_at_the_fastest_point_and_saves_at_rising_cost() -> None:

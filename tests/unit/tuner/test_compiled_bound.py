@@ -23,10 +23,11 @@ from memtune.profiler.region_tree import RegionPartition
 from memtune.tuner.compiled_bound import compiled_lower_bound, region_floor, whole_floor
 from memtune.tuner.measure.compiler_points import with_compiler_points
 from memtune.tuner.pipeline import tune_profiles
-from memtune.tuner.plan import Plan, stage_actions
+from memtune.tuner.plan import Plan
 from memtune.tuner.search import tune
 from memtune.tuner.search_results import compiler_candidates
 from memtune.tuner.simulator import Simulator, simulate
+from memtune.tuner.stage_choices import stage_actions
 
 
 def _points(prof: Profile, *shares: tuple[float, float, float]) -> Profile:

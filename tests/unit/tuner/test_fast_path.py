@@ -17,8 +17,9 @@ from profiles import conv_profile
 
 from benchmarks.common import zoo_profile
 from memtune.profiler import Profile
-from memtune.tuner.plan import Action, Plan, stage_actions
+from memtune.tuner.plan import Action, Plan
 from memtune.tuner.simulator import SimResult, Simulator
+from memtune.tuner.stage_choices import stage_actions
 
 PROMISES = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "h100" / "promises"
 

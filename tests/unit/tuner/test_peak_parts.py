@@ -13,8 +13,9 @@ from profiles import MiB, conv_profile
 
 from memtune.profiler import Profile
 from memtune.tuner.peak_parts import PARTS, peak_parts, step_parts
-from memtune.tuner.plan import Action, Plan, stage_actions
+from memtune.tuner.plan import Action, Plan
 from memtune.tuner.simulator import Simulator
+from memtune.tuner.stage_choices import stage_actions
 
 PROMISES = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "h100" / "promises"
 

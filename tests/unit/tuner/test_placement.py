@@ -19,10 +19,11 @@ from memtune.tuner.placement import (
     allocator_cost,
     predict_retries,
 )
-from memtune.tuner.plan import Action, Plan, stage_actions
+from memtune.tuner.plan import Action, Plan
 from memtune.tuner.policies import POLICIES
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import Simulator
+from memtune.tuner.stage_choices import stage_actions
 
 MiB = 2**20
 GiB = 2**30

@@ -8,8 +8,9 @@ import random
 import pytest
 from chains import MiB, linear_chain
 
-from memtune.tuner.plan import Action, Plan, stage_actions
+from memtune.tuner.plan import Action, Plan
 from memtune.tuner.simulator import Simulator, simulate
+from memtune.tuner.stage_choices import stage_actions
 
 
 def unplanned_peak(profile, optimizer_factor: float = 1.0) -> int:

@@ -16,8 +16,9 @@ import pytest
 
 from memtune.profiler import Profile
 from memtune.tuner.ledger import Ledger, blocks_peak
-from memtune.tuner.plan import Action, Plan, stage_actions
+from memtune.tuner.plan import Action, Plan
 from memtune.tuner.simulator import SimResult, Simulator
+from memtune.tuner.stage_choices import stage_actions
 
 DATA = Path(__file__).resolve().parents[3] / "memtune" / "profiler" / "data"
 PROFILES = (

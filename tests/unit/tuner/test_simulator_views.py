@@ -14,8 +14,9 @@ import pytest
 
 from memtune.profiler import Profile
 from memtune.tuner.ledger import blocks_peak
-from memtune.tuner.plan import Action, Plan, stage_actions
+from memtune.tuner.plan import Action, Plan
 from memtune.tuner.simulator import Simulator
+from memtune.tuner.stage_choices import stage_actions
 
 PROMISES = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "h100" / "promises"
 #: module profiles of the H100 promises: (file, gradients made slices of storages twice their size)
