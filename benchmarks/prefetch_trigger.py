@@ -40,6 +40,7 @@ from memtune.profiler import Profile
 from memtune.tuner import POLICIES, Plan, SimResult, Simulator, prefetch_trigger, tune
 from memtune.tuner.budget import search_budget
 from memtune.tuner.calibration import calibration_for
+from memtune.tuner.plan import PlanKind
 
 __all__ = ["CONFIGS", "Config", "Variant", "main", "parse_config", "variants_for"]
 
@@ -118,7 +119,7 @@ def variants_for(
     ``search_bytes`` and is faster or smaller than the best global lookahead that fits."""
     sim = Simulator(profile)
     found = tune(profile, budget_bytes, trials=trials, headroom=headroom, seed=0).best
-    named = [("tuned", found.plan)] if found is not None and found.plan.whole_compile is None else []
+    named = [("tuned", found.plan)] if found is not None and found.plan.kind is not PlanKind.WHOLE_COMPILE else []
     named += [(name, POLICIES[name](profile, search_bytes)) for name in CANDIDATES]
     named = [(source, plan.with_(prefetch_lookaheads=None)) for source, plan in named]  # own: one global lookahead
     if not profile.has_conv_algos:  # no tables: every convolution rule runs the framework's algorithms

@@ -36,6 +36,7 @@ from memtune.profiler import Profile, ProfilerError
 from memtune.tuner import BoundError, Plan, TunerError, format_bytes
 from memtune.tuner.budget import bytes_unit, profile_budget, search_budget
 from memtune.tuner.pipeline import calibration_advice, search_plans
+from memtune.tuner.plan import PlanKind
 
 if TYPE_CHECKING:
     from memtune.api.bound_beside import BoundBeside
@@ -389,7 +390,7 @@ def _print_tuned(
         out.print(f"[bold red]no plan fits {fit}[/]: the smallest peak found is {smallest}")
         raise typer.Exit(1)
     best = result.best
-    if best.plan.whole_compile is None:
+    if best.plan.kind is not PlanKind.WHOLE_COMPILE:
         out.print(_plan_table(prof, best.plan))
     else:  # NOTE [ Whole-model compile ]: no action per stage; the compiler partitions the whole model
         out.print(

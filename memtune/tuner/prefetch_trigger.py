@@ -46,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memtune.profiler import Profile
-from memtune.tuner.plan import Plan, resolve_storages
+from memtune.tuner.plan import Plan, PlanKind, resolve_storages
 from memtune.tuner.simulator import SimResult, Simulator
 
 __all__ = ["PrefetchTrigger", "need_stages", "prefetch_trigger"]
@@ -137,7 +137,7 @@ def prefetch_trigger(
     n = profile.n_stages
     needs = need_stages(sim.tables.profile, plan)
     runner = _Runner(sim, plan, budget_bytes)
-    if not needs or plan.sync == "inline" or plan.whole_compile is not None:
+    if not needs or plan.sync == "inline" or plan.kind is PlanKind.WHOLE_COMPILE:
         r = sim.run(plan, check=False)
         own = plan.stage_lookaheads()
         return PrefetchTrigger(plan, r, r.peak_bytes <= budget_bytes, own[0], r, own, 1)

@@ -62,7 +62,7 @@ from memtune.tuner.conv_choice import RuleChoices
 from memtune.tuner.conv_costs import price_choices
 from memtune.tuner.fast_path import FastPath
 from memtune.tuner.ledger import Ledger
-from memtune.tuner.plan import Action, Plan, StorageFate, resolve_storages, segments
+from memtune.tuner.plan import Action, Plan, PlanKind, StorageFate, resolve_storages, segments
 from memtune.tuner.schedule import StepState, backward_schedule, forward_schedule
 from memtune.tuner.spatial import SplitPricing, parse_segment_key
 from memtune.tuner.stage_backward import stage_backward
@@ -234,7 +234,7 @@ class Simulator:
         """Simulate one step under ``plan``. ``check=False`` skips validating it against the profile."""
         if check:
             plan.check(self.profile)
-        if plan.whole_compile is not None:
+        if plan.kind is PlanKind.WHOLE_COMPILE:
             return _measured(compiler_point(self.profile, plan))
         if not timeline and self._fast_applies(plan.actions, plan):
             return self._run_fast(plan.actions, plan)

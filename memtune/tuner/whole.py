@@ -26,7 +26,7 @@ budget, equal to eager up to floating-point reassociation.
 from __future__ import annotations
 
 from memtune.profiler import CompilerPoint, Profile
-from memtune.tuner.plan import Plan
+from memtune.tuner.plan import Plan, PlanKind
 from memtune.tuner.tuner_errors import PlanError
 
 __all__ = ["compiler_point"]
@@ -38,7 +38,7 @@ def compiler_point(profile: Profile, plan: Plan) -> CompilerPoint:
     Raises:
         PlanError: the plan does not compile the whole model, or the profile has no point at its budget.
     """
-    if plan.whole_compile is None:
+    if plan.kind is not PlanKind.WHOLE_COMPILE:
         raise PlanError("the plan runs stage by stage (whole_compile is None): the simulator prices it")
     plan.check(profile)  # raises PlanError naming the budgets measured when none is at the plan's budget
     return next(p for p in profile.compiler_points if p.activation_budget == plan.whole_compile)

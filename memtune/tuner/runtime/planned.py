@@ -42,7 +42,7 @@ from torch import nn
 from memtune.profiler import ModelChain
 from memtune.profiler.chain import flatten
 from memtune.profiler.compiled import CompiledStage
-from memtune.tuner.plan import Action, Plan, segments
+from memtune.tuner.plan import Action, Plan, PlanKind, segments
 from memtune.tuner.runtime.conv import ChosenConv2d
 from memtune.tuner.runtime.offload import resident_storage_ptrs
 from memtune.tuner.runtime.planned_base import PlannedBase
@@ -300,7 +300,7 @@ def planned(
         model = planned(model, load_plan("plan.json"))
     """
     the_plan = load_plan(plan)
-    if the_plan.whole_compile is not None:  # NOTE [ Whole-model compile ] (memtune.tuner.whole)
+    if the_plan.kind is PlanKind.WHOLE_COMPILE:  # NOTE [ Whole-model compile ] (memtune.tuner.whole)
         return CompiledWhole(model, the_plan)
     if the_plan.stages is not None:  # NOTE [ Module stages ] (memtune.profiler.module_stages)
         from memtune.tuner.runtime.planned_module import PlannedModule

@@ -84,7 +84,7 @@ from memtune.profiler import ProfilerError
 from memtune.profiler.chain import may_write_input
 from memtune.profiler.module_stages import checkpointed_call, tensor_leaves
 from memtune.profiler.region_tree import RegionForward, install_region
-from memtune.tuner.plan import Action, Plan
+from memtune.tuner.plan import Action, Plan, PlanKind
 from memtune.tuner.runtime.offload import StepState, resident_storage_ptrs
 from memtune.tuner.runtime.planned_base import PlannedBase
 from memtune.tuner.runtime.rng import RandomState
@@ -152,7 +152,7 @@ class PlannedModule(PlannedBase):
         self._calls: dict[int, tuple[int, Callable[..., Any]]] = {}
         #: inputs and outputs of the compiled regions run so far in this forward, with their versions (weakly held)
         self._edges: list[tuple[int, weakref.ref[torch.Tensor], int]] = []
-        if plan.compile_budget is not None and plan.stages == ("",):
+        if plan.kind is PlanKind.COMPILED_REGIONS and plan.stages == ("",):
             raise PlanError(
                 "a compiled plan whose one stage is the whole model is a whole-model compile: use whole_compile "
                 "(NOTE [ Whole-model compile ])"
@@ -191,7 +191,7 @@ class PlannedModule(PlannedBase):
         """
         k, call = self._calls[id(region)]
         assert self._step_now is not None
-        compiled = self.plan.compile_budget is not None and k not in self.plan.eager_stages
+        compiled = self.plan.kind is PlanKind.COMPILED_REGIONS and k not in self.plan.eager_stages
         self._check_edges(f"before region {k} ({self.stage_names[k]})")
         leaves = [t for t in tensor_leaves((args, kwargs))] if compiled else []
         versions = [t._version for t in leaves]
