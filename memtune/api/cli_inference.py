@@ -12,8 +12,16 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from memtune.tuner import InferenceFacts, InferencePlan, InferenceSim, format_bytes, plan_inference, simulate_inference
-from memtune.tuner.budget import Budget, parse_budget
+from memtune.tuner import (
+    InferenceFacts,
+    InferencePlan,
+    InferenceSim,
+    format_bytes,
+    parse_budget,
+    plan_inference,
+    simulate_inference,
+)
+from memtune.tuner.budget import Budget
 from memtune.tuner.inference import facts_from_profile, plain_plan, working_sets
 
 if TYPE_CHECKING:
