@@ -310,9 +310,8 @@ def profile_module(
         compile_budget: measure every stage as a region compiled by ``torch.compile`` under this activation budget (0
             to 1; NOTE [ Profiles of compiled regions ]); ``stages`` then names the regions
             (``memtune.profiler.region_tree.region_partitions`` gives candidates). None: eager stages.
-        compile_saves: with ``compile_budget``, memtune's save rule inside each region (one of
-            ``memtune.profiler.saved_tags.SAVE_RULES``; NOTE [ Saved tensors chosen inside a compiled region ]);
-            None: the compiler's own choice under the budget.
+        compile_saves: with ``compile_budget``, memtune's save rule in each region (NOTE [ Saved tensors chosen
+            inside a compiled region ]); None: the compiler's own choice.
 
     Returns:
         A ``Profile`` with ``stages_from="modules"``: stage names are the modules' qualified names.
@@ -320,8 +319,7 @@ def profile_module(
     Raises:
         ProfilerError: inputs on another device than the model, a stage that does not run exactly once per forward,
             a pattern matching nothing, a loss that is not a scalar, a ``gpu`` that is not this CUDA device, or a
-            ``compile_budget`` outside 0..1 or whose one region is the whole model, or a ``compile_saves`` that is no
-            save rule or comes without ``compile_budget``.
+            ``compile_budget`` outside 0..1 or whose one region is the whole model, or a bad ``compile_saves``.
     """
     inputs, first, dev, identity, spec, gpu_workspaces = _checked_arguments(
         model, example_inputs, dtype, gpu, warmup, repeats, transients, compile_budget, compile_saves
@@ -339,11 +337,7 @@ def profile_module(
     table, remap, input_bytes = _table(trace)
     first_saver, copies = _first_saver_copies(table, len(names), spec, dev, warmup, repeats)
     params, shared, outside_params = _stage_params(model, run.modules)
-    staged_ms = sum(t.forward_ms + t.backward_ms for t in timings)
-    scale = min(1.0, run.step_ms / staged_ms) if staged_ms > 0 else 1.0  # NOTE [ Time outside stages ]
-    timings = [
-        dataclasses.replace(t, forward_ms=t.forward_ms * scale, backward_ms=t.backward_ms * scale) for t in timings
-    ]
+    timings, staged_ms, scale = _scaled_to_step(timings, run.step_ms)
     stage_profiles = _stage_profiles(run, timings, remap, first_saver, params, shared, copies, scale)
     return Profile(
         model=name or type(model).__name__,
@@ -374,6 +368,17 @@ def profile_module(
         compile_seconds=run.compile_seconds,
         eager_stages=tuple(sorted(run.eager_regions)),
     )
+
+
+def _scaled_to_step(timings: list[_Timing], step_ms: float) -> tuple[list[_Timing], float, float]:
+    """The stages' timings scaled down to the whole step where they sum above it (NOTE [ Time outside stages ]), with
+    their unscaled sum (ms) and the scale (at most 1)."""
+    staged_ms = sum(t.forward_ms + t.backward_ms for t in timings)
+    scale = min(1.0, step_ms / staged_ms) if staged_ms > 0 else 1.0
+    scaled = [
+        dataclasses.replace(t, forward_ms=t.forward_ms * scale, backward_ms=t.backward_ms * scale) for t in timings
+    ]
+    return scaled, staged_ms, scale
 
 
 def _first_saver_copies(

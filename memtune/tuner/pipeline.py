@@ -219,7 +219,7 @@ def tune_profiles(
     result = search(prof, "tuning")
     results, trials_done = [result], []
     for run in regions:  # NOTE [ Compiled-region candidates ] (memtune.tuner.region_plans)
-        found = search(run.profile, f"tuning regions at {run.budget:g}") if run.profile is not None else None
+        found = search(run.profile, f"tuning regions at {run.policy}") if run.profile is not None else None
         results += [found] if found is not None else []
         trials_done.append(
             region_trial(
@@ -230,6 +230,7 @@ def tune_profiles(
                 result=found,
                 points=prof.compiler_points,
                 error=run.error,
+                saves=run.saves,
             )
         )
     result = fastest(results)

@@ -133,7 +133,8 @@ class Tuned:
         if not self.regions:
             return []
         return [
-            "compiled regions (each partition of the model into regions compiled at one activation budget, its "
+            "compiled regions (each partition of the model into regions compiled at one activation budget or save "
+            "rule, its "
             "unplanned step against the whole model compiled, and its best plan within the budget):"
         ] + [f"  {t.line()}" for t in self.regions]
 
@@ -167,7 +168,9 @@ class Tuned:
             but = f", except {eager} (eager: written in place at its edges)" if eager else ""
             lines.append(
                 f"  its stages are regions compiled by torch.compile under activation budget "
-                f"{best.plan.compile_budget:g}{but}"
+                f"{best.plan.compile_budget:g}"
+                + (f", saving by memtune's rule {best.plan.compile_saves!r}" if best.plan.compile_saves else "")
+                + but
             )
         names = best.plan.stages or tuple(s.name for s in r.profile.stages)
         return lines + [f"  {name or '(model)'}: {a.value}" for name, a in zip(names, best.plan.actions, strict=True)]

@@ -159,7 +159,8 @@ def tune(
             ``headroom`` is given), calibrate it first, in this process (NOTE [ First use of a GPU type ]).
         compile: whether compiled plans are candidates: ``True`` measures, after profiling, the model compiled whole
             at activation budgets 1, 0.5 and 0.25 (NOTE [ Compiler points of a module ]) and each candidate partition
-            of it into regions compiled at those budgets (NOTE [ Regions ], NOTE [ Compiled-region candidates ]),
+            of it into regions compiled at those budgets and under memtune's save rules (NOTE [ Regions ], NOTE
+            [ Compiled-region candidates ], NOTE [ Saved tensors chosen inside a compiled region ]),
             tunes each, and serves the fastest plan that fits, eager, compiled whole or of compiled regions;
             ``"auto"`` does so for a module on a CUDA device, not on the CPU; ``False`` never. Where compiling fails,
             a warning says why (the region and the compiler's first line) and the other plans stand.
@@ -280,8 +281,7 @@ def _region_profiles(
     for run in runs:
         if run.error is not None:
             warnings.warn(
-                f"compiled regions {run.partition.label} at activation budget {run.budget:g} failed ({run.error}); "
-                "the other plans stand",
+                f"compiled regions {run.partition.label} at {run.policy} failed ({run.error}); the other plans stand",
                 stacklevel=3,
             )
     return runs
