@@ -23,7 +23,7 @@ peak bytes allocated and reserved (``memtune.tuner.measure.module_bench.measure_
    partition's measured training step with every region kept (a planned model), the graphs it compiled, its compile
    and profile seconds, the regions it runs eager and why; or its error.
 4. ``plans``: at each of ``--fractions`` of the whole model's compiled peak (allocated, budget 1), memtune's search
-   over all of them (``memtune.api.python.tune_profiles``: the eager plans, the compiler's points, every compiled-region
+   over all of them (``memtune.tuner.pipeline.tune_profiles``: the eager plans, the compiler's points, every compiled-region
    profile); the plan served (its kind, its regions and budget), its predicted step and peak, and the same plan
    measured under ``budget_guard`` at that budget (an out-of-memory is a result), with every candidate's line.
 
@@ -387,9 +387,10 @@ def table(folder: Path) -> str:
                 if "predicted_step_ms" in p
                 else p.get("error", "")
             )
+            kind, compact = p.get("kind", ""), p.get("compact", "")
+            plan = compact if compact.startswith(kind) else f"{kind} {compact}".strip()
             lines.append(
-                f"| {p['fraction']:.0%} ({p['budget_bytes'] / GiB:.2f} GiB) | {p.get('kind', '')} "
-                f"{p.get('compact', '')} | {predicted} | {measured} |"
+                f"| {p['fraction']:.0%} ({p['budget_bytes'] / GiB:.2f} GiB) | {plan} | {predicted} | {measured} |"
             )
         lines.append("")
     return "\n".join(lines)
