@@ -1,10 +1,11 @@
-"""A worker's calibrations: those of the database installed in its process, and the first calibration of a GPU type
-measured (or taken from this host's file) before a job's search (NOTE [ Calibrations in the service ] in
-``memtune.api.worker``).
+"""A job's calibration: the one its search is priced with, and the first calibration of a GPU type measured (or taken
+from this host's file) before a job's search (NOTE [ Calibrations in the service ] in ``memtune.api.worker``).
 
-``install_stored_calibrations`` installs the database's calibrations of the GPU types a worker serves;
-``FirstCalibration`` calibrates a job's GPU type first where it has none, with ``calibrate_fn`` (``measure_calibration``
-by default, about a minute). Headrooms are shares of a budget (0 to 1).
+``job_calibration`` is the calibration of a job's GPU type as the service finds it (the database's, else this host's
+files), passed to the search (NOTE [ Calibration is an input ] in ``memtune.tuner.calibration``): nothing is installed
+in the process, so no job's prices depend on another's. ``FirstCalibration`` calibrates a job's GPU type first where
+it has none, with ``calibrate_fn`` (``measure_calibration`` by default, about a minute), and hands back the calibration
+it stored. Headrooms are shares of a budget (0 to 1).
 """
 
 from __future__ import annotations
@@ -12,21 +13,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memtune.api.calibration_lookup import effective_calibration
 from memtune.api.job_lease import LeaseLost, LeaseWatch
 from memtune.api.job_profiles import stored_model
 from memtune.api.job_validation import validation_refusal
-from memtune.storage import ConflictError, Database, StorageError
+from memtune.storage import ConflictError, Database
 from memtune.storage.records import CalibrationRecord, Job
 from memtune.storage.repositories import CalibrationRepository, JobLease, JobRepository
 from memtune.tuner import CalibrationError
-from memtune.tuner.calibration import Calibration, calibration_for, install_calibration, installed_calibrations
+from memtune.tuner.calibration import Calibration, calibration_for
 
-__all__ = ["CalibrateFn", "FirstCalibration", "install_stored_calibrations", "measure_calibration"]
+__all__ = ["CalibrateFn", "FirstCalibration", "job_calibration", "measure_calibration"]
 
 log = logging.getLogger("memtune.worker")
 
@@ -50,29 +52,16 @@ def measure_calibration(progress: Callable[[str], None]) -> dict[str, Any]:
         return dict(calibrate(output=Path(tmp) / "calibration.json", progress=progress).data)
 
 
-def install_stored_calibrations(db: Database, gpu_keys: Sequence[str] | None, worker_id: str) -> list[str]:
-    """Install the database's calibrations of the GPU types ``gpu_keys`` (all, when None: a worker serving every one)
-    in this process; the keys of those in effect. ``worker_id`` names the worker in the log. Never raises: a database
-    error or a malformed row is logged and the calibrations installed before stay."""
-    try:
-        with db.session() as s:
-            records = CalibrationRepository(s).list_all(gpu_keys)
-    except StorageError as e:
-        log.warning("worker %s: the stored calibrations could not be read: %s", worker_id, e)
-        return []
-    installed = installed_calibrations()
-    keys: list[str] = []
-    for record in records:
-        current = installed.get(record.gpu_key)
-        if current is None or current.data != record.data:
-            try:
-                install_calibration(record.data)
-            except CalibrationError as e:
-                log.warning("worker %s: the stored calibration of %r is ignored: %s", worker_id, record.gpu_key, e)
-                continue
-            log.info("worker %s: installed the stored calibration of GPU type %r", worker_id, record.gpu_key)
-        keys.append(record.gpu_key)
-    return keys
+def job_calibration(db: Database, job: Job) -> Calibration:
+    """The calibration ``job``'s search is priced with (NOTE [ Calibrations in the service ]): ``Calibration.from_data``
+    of the database's row for ``job.gpu_key``, else this host's file of the type (the user's, then the committed one;
+    ``calibration_for``), else an empty one. Installs nothing. A malformed row or file is logged and passed over.
+
+    Raises:
+        StorageError: the database could not be read (the job fails, naming it, rather than be priced otherwise).
+    """
+    with db.session() as s:
+        return effective_calibration(s, job.gpu_key).calibration
 
 
 @dataclass
@@ -109,18 +98,21 @@ class FirstCalibration:
             return None
         return local if self.local_gpu() == job.gpu_key else None
 
-    def run(self, job: Job, lease: JobLease, watch: LeaseWatch) -> tuple[Job, str | None]:
+    def run(self, job: Job, lease: JobLease, watch: LeaseWatch) -> tuple[Job, str | None, Calibration | None]:
         """Calibrate the job's GPU type before its search when it has no calibration (NOTE [ Calibrations in the
-        service ]); the job (at the new headroom when its own came from no calibration) and what happened, for its
-        validation note (None when nothing was done). Never raises but LeaseLost."""
+        service ]). Returns the job (at the new headroom when its own came from no calibration), what happened, for
+        its validation note, and the calibration stored for the type, for the job's search; the last two None when
+        nothing was done, the calibration None too when calibrating failed (``job_calibration`` then). Installs
+        nothing. Never raises but LeaseLost."""
         local = self._needs_calibration(job)
         if local is None:
-            return job, None
+            return job, None, None
         key = job.gpu_key
         self._pending_note(job, lease, watch, f"GPU type {key!r} has no calibration: calibrating it on this worker")
+        cal: Calibration | None = None
         try:
             record, created, how = self._first_calibration(job, lease, watch, local)
-            cal = install_calibration(record.data)
+            cal = Calibration.from_data(record.data, gpu=record.gpu_key)
             if created:
                 text = f"calibrated GPU type {key!r} first ({how}; headroom {cal.headroom:g}), stored for every worker"
             else:
@@ -132,13 +124,14 @@ class FirstCalibration:
         except LeaseLost:
             raise
         except Exception as e:
+            cal = None
             log.warning("job %s: calibrating GPU type %r failed: %s", job.id, key, e, exc_info=True)
             text = f"calibrating GPU type {key!r} failed, so its plans are searched at headroom {job.headroom:g}: "
             text = (text + f"{type(e).__name__}: {e}")[:2000]
         else:
             log.info("job %s: %s", job.id, text)
         self._pending_note(job, lease, watch, text)
-        return job, text
+        return job, text, cal
 
     def _first_calibration(
         self, job: Job, lease: JobLease, watch: LeaseWatch, local: Calibration

@@ -22,7 +22,7 @@ results are labeled ``simulated`` (the numbers come from the simulator, whatever
 validated on the GPU are stored again, labeled ``measured`` (NOTE [ Measured validation ]).
 
 The worker's steps live beside it, each in a module of its own: the lease watch (``memtune.api.job_lease``), the
-first calibration of a GPU type and the stored calibrations (``memtune.api.job_calibration``), the job's profile
+job's calibration and the first calibration of a GPU type (``memtune.api.job_calibration``), the job's profile
 (``memtune.api.job_profiles``), its compiler points (``memtune.api.job_compile``), the rows it stores
 (``memtune.api.job_results``) and its measured validation (``memtune.api.job_validation``). The notes below describe
 them as one job's course and stay here, where the rest of the code cites them.
@@ -90,9 +90,11 @@ service looks for one, the first found wins:
 3. none: headroom 0, so plans are searched right up to the budget.
 
 A job's headroom is resolved in that order when it is submitted (unless the request gives one) and stored with
-where it came from (``headroom_source``). A worker installs the database's calibrations of the GPU types it
-serves in its process (``memtune.tuner.calibration.install_calibration``) when it starts and before each job, so that
-its searches (compute scales, allocator prices) use them too.
+where it came from (``headroom_source``). The rest of the calibration (compute scales, allocator prices) is looked up
+in the same order when a worker runs the job (``memtune.api.job_calibration.job_calibration``) and passed to the job's
+search (``tune(..., calibration=)``, NOTE [ Calibration is an input ] in ``memtune.tuner.calibration``). A worker
+installs nothing in its process: no job's prices depend on what another job ran with, and two jobs of one GPU type
+under two calibrations (one stored between them) are each priced with their own.
 
 First measurement: a GPU type with no calibration in the database nor a committed one is calibrated by the first
 worker about to measure plans of it on its own GPU: a job of that type with ``validate_top_k`` > 0 that validation
@@ -100,11 +102,11 @@ would not skip, on a worker whose CUDA device is of that type. Before the job's 
 ``memtune calibrate`` file of the type when it has one, else measures one (``calibrate_fn``: by default
 ``memtune.tuner.measure.calibrate.calibrate`` into a temporary file, NOTE [ Calibrating a GPU type ], about a minute);
 stores it unless another worker stored one first (the first stored is kept: a later one replaces it only through
-``PUT``); installs it; and, when the job's headroom came from no calibration (``none``), searches the job at the new
-headroom (stored on the job, ``headroom_source`` ``database``), so that the first plan measured on a new GPU type
-runs within its budget. The job's validation note says what is happening while it happens, and how it went at the
-end. Calibrating never fails a job: a failure is named in the note, with a warning in the log, and the job goes on
-at the headroom it had.
+``PUT``); prices the job's search with the one stored; and, when the job's headroom came from no calibration
+(``none``), searches the job at the new headroom (stored on the job, ``headroom_source`` ``database``), so that the
+first plan measured on a new GPU type runs within its budget. The job's validation note says what is happening while
+it happens, and how it went at the end. Calibrating never fails a job: a failure is named in the note, with a warning
+in the log, and the job goes on at the headroom it had, priced with the calibration it had.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ import optuna
 from memtune.api.job_calibration import (
     CalibrateFn,
     FirstCalibration,
-    install_stored_calibrations,
+    job_calibration,
     measure_calibration,
 )
 from memtune.api.job_compile import (
@@ -148,6 +150,7 @@ if TYPE_CHECKING:
     from memtune.api.settings import Settings
     from memtune.profiler import Profile
     from memtune.tuner import Candidate, TuneResult
+    from memtune.tuner.calibration import Calibration
 
 __all__ = [
     "COMPILE_BUDGETS",
@@ -268,7 +271,6 @@ class Worker:
         beater = threading.Thread(target=self._beat, name=f"memtune-heartbeat-{self.worker_id}", daemon=True)
         beater.start()
         try:
-            self.refresh_calibrations()
             while not self._stop.is_set():
                 try:
                     job_id = self.run_once()
@@ -325,13 +327,6 @@ class Worker:
                 )
         return self._optuna
 
-    # ---- calibrations (NOTE [ Calibrations in the service ]) ------------------------------------------
-    def refresh_calibrations(self) -> list[str]:
-        """Install the database's calibrations of the GPU types this worker serves (all, when it serves every one)
-        in this process; the keys of those in effect. Never raises: a database error or a malformed row is logged
-        and the calibrations installed before stay."""
-        return install_stored_calibrations(self.db, self.gpu_keys, self.worker_id)
-
     def _local_gpu_type(self) -> str | None:
         if self._local_gpu_key is None:
             self._local_gpu_key = (self._local_gpu(),)
@@ -342,14 +337,14 @@ class Worker:
         watch = LeaseWatch(self.db, lease, self.heartbeat_interval_s)
         watch.start()
         try:
-            self.refresh_calibrations()
             first = FirstCalibration(self.db, self.worker_id, self.calibrate_fn, self._local_gpu_type)
-            job, calibrated = first.run(job, lease, watch)
+            job, calibrated, stored = first.run(job, lease, watch)
+            cal = stored if stored is not None else job_calibration(self.db, job)  # passed, never installed
             profile, profile_id = job_profile(self.db, job, lease)
             profile = search_profile(
                 self.db, job, lease, watch, profile, local_gpu=self._local_gpu_type, measure=self.compiler_points_fn
             )
-            result = self._tune(job, lease, profile, watch)
+            result = self._tune(job, lease, profile, watch, cal)
             if watch.lost:
                 raise LeaseLost
             rows = simulated_rows(job, result)
@@ -376,8 +371,11 @@ class Worker:
         finally:
             watch.stop()
 
-    def _tune(self, job: Job, lease: JobLease, profile: Profile, watch: LeaseWatch) -> TuneResult:
-        """Run (or resume) the job's Optuna study at the job's headroom (NOTE [ Headroom ] in ``memtune.tuner.search``).
+    def _tune(
+        self, job: Job, lease: JobLease, profile: Profile, watch: LeaseWatch, calibration: Calibration
+    ) -> TuneResult:
+        """Run (or resume) the job's Optuna study at the job's headroom (NOTE [ Headroom ] in ``memtune.tuner.search``),
+        priced with ``calibration``, the job's (NOTE [ Calibrations in the service ]).
 
         Candidates are feasible when their simulated peak fits ``job.search_budget_bytes`` (the budget less
         the headroom); the result, and every row stored from it, keeps ``job.budget_bytes``, the budget asked
@@ -415,6 +413,7 @@ class Worker:
             progress=progress,
             should_stop=watch.should_stop,
             headroom=job.headroom,
+            calibration=calibration,
         )
 
     def _store(

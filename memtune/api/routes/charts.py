@@ -1,7 +1,9 @@
 """``/v1/jobs/{id}/timeline`` and ``/v1/jobs/{id}/trials``: read-only data behind the job page's charts.
 
 The timeline is recomputed by the simulator from the job's stored profile and its best stored plan (it is
-not stored: a few milliseconds to simulate, hundreds of points to keep). The trials are read from the job's
+not stored: a few milliseconds to simulate, hundreds of points to keep), priced with the calibration of the job's GPU
+type as a worker would price it now (the database's, else this host's files: NOTE [ Calibrations in the service ] in
+``memtune.api.worker``). The trials are read from the job's
 Optuna study, which lives in the same database (``RDBStorage``); Optuna's public storage API is used, not
 its tables.
 """
@@ -17,6 +19,7 @@ import optuna
 from fastapi import APIRouter, Query, Request
 from optuna.trial import TrialState
 
+from memtune.api.calibration_lookup import effective_calibration
 from memtune.api.deps import DbDep, ReadAccess
 from memtune.api.schemas import TimelinePoint, TimelinePublic, TimelineSeries, TrialPoint, TrialsPublic
 from memtune.storage import Database
@@ -73,8 +76,9 @@ def job_timeline(job_id: str, db: DbDep, _read: ReadAccess) -> TimelinePublic:
             )
         record = ProfileRepository(s).get(job.profile_id)
         best = best_result(ResultRepository(s).for_job(job_id), job.best_name)
+        calibration = effective_calibration(s, job.gpu_key).calibration
     profile = record.profile()
-    sim = Simulator(profile, job.optimizer)
+    sim = Simulator(profile, job.optimizer, calibration=calibration)
     unplanned = _series("none", sim.run(Plan.uniform(profile.n_stages, Action.KEEP), timeline=True))
     if best is None:
         return answer(

@@ -1,5 +1,6 @@
 """Fixtures for the service unit tests: a migrated SQLite database per test, an in-process app, keys; calibrations
-installed in this process (by a worker, NOTE [ Calibrations in the service ]) are forgotten after each test."""
+installed in this process (by a test: the service installs none, NOTE [ Calibrations in the service ]) are forgotten
+after each test."""
 
 from __future__ import annotations
 

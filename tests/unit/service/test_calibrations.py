@@ -1,7 +1,8 @@
 """Calibrations per GPU type in the service (NOTE [ Calibrations in the service ] in ``memtune.api.worker``): the table
 and migration 0006 (SQLite, and PostgreSQL when a server answers), ``GET``/``PUT /v1/gpus/{gpu}/calibration``, the
-headroom of new jobs (the database's calibration before the host's files), and the worker that installs the stored
-calibrations and calibrates a new GPU type before the first job it validates (the measurement is a test double)."""
+headroom of new jobs (the database's calibration before the host's files), and the worker that prices each job with its
+GPU type's calibration, installing none, and calibrates a new GPU type before the first job it validates (the
+measurement is a test double)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ from memtune.api.settings import Settings
 from memtune.api.worker import Worker
 from memtune.storage.database import Database
 from memtune.storage.migrate import alembic_config, current_revision, head_revision, upgrade
-from memtune.storage.repositories import CalibrationRepository, JobRepository, KeyRepository
+from memtune.storage.repositories import CalibrationRepository, JobRepository, KeyRepository, ProfileRepository
 from memtune.storage.storage_errors import NotFoundError
-from memtune.tuner.calibration import calibration_for
+from memtune.tuner import Action, Plan, Simulator
+from memtune.tuner.calibration import Calibration, calibration_for, install_calibration, installed_calibrations
 
 NEW_GPU = "a100-80gb"  # a roofline spec, no committed calibration
 MEASURED: dict[str, Any] = {
@@ -345,7 +347,7 @@ def test_a_worker_calibrates_a_new_gpu_type_before_the_first_job_it_validates(
         f"calibrated GPU type '{NEW_GPU}' first (measured on this worker's GPU; headroom 0.07), stored for every "
         "worker; this job is searched at that headroom (it had none); measured 1 of 1 plan(s)"
     )
-    assert calibration_for(NEW_GPU).origin == "installed" and calibration_for(NEW_GPU).headroom == 0.07
+    assert installed_calibrations() == {} and calibration_for(NEW_GPU).origin == "none"  # passed to the search only
     assert client.calibration(NEW_GPU).origin == "database"
 
     nxt = _submit(client, gpu=NEW_GPU, validate_top_k=1)  # from now on: the stored calibration, measured once
@@ -458,22 +460,57 @@ def test_an_explicit_headroom_stays_when_the_worker_calibrates(client: MemtuneCl
         assert CalibrationRepository(s).get(NEW_GPU).data["headroom"] == 0.07  # stored for the next jobs all the same
 
 
-def test_a_worker_installs_the_stored_calibrations_of_the_gpu_types_it_serves(
-    client: MemtuneClient, db: Database
+#: a zoo model with committed measured profiles on the H100 and the H200: its calibration's compute scale shows in the
+#: unplanned step of every job of it (NOTE [ Compute scale ] in memtune.tuner.calibration)
+SCALED = "alexnet-b256-float32"
+
+
+def _scaled(gpu: str, scale: float) -> dict[str, Any]:
+    """A calibration of ``gpu`` whose only price is a compute scale of ``scale`` on ``SCALED``."""
+    return {"gpu": gpu, "headroom": 0.1, "source": f"a test: {gpu} at {scale}", "compute_scale": {SCALED: scale}}
+
+
+def _unplanned_ms(db: Database, job_id: str, data: dict[str, Any]) -> float:
+    """The unplanned step of ``job_id``'s stored profile, simulated under the calibration ``data``, ms."""
+    with db.session() as s:
+        job = JobRepository(s).get(job_id)
+        assert job.profile_id is not None
+        profile = ProfileRepository(s).get(job.profile_id).profile()
+    assert profile.source == "measured" and profile.device.key == data["gpu"]
+    sim = Simulator(profile, "sgd", calibration=Calibration.from_data(data))
+    return sim.run(Plan.uniform(profile.n_stages, Action.KEEP)).step_ms
+
+
+def test_each_job_is_priced_with_its_own_calibration_and_none_is_installed(
+    client: MemtuneClient, http: TestClient, db: Database
 ) -> None:
-    client.put_calibration(H100)
-    client.put_calibration(SENT)
-    only_h100 = _worker(db, FakeCalibrate(), gpu_keys=["h100", "h200"])
-    assert only_h100.refresh_calibrations() == ["h100"]
-    assert calibration_for("h100").headroom == 0.2 and calibration_for(NEW_GPU).origin == "none"
-    assert calibration_for("h200").origin == "committed"
-    client.put_calibration({**H100, "headroom": 0.22})
-    job = _submit(client, gpu="h100", trials=5)
-    assert only_h100.run_once() == job.id  # before each job: the stored ones again
-    assert calibration_for("h100").headroom == 0.22
-    every = _worker(db, FakeCalibrate())
-    assert every.refresh_calibrations() == [NEW_GPU, "h100"]
-    assert calibration_for(NEW_GPU).data["compute_source"] == SENT["compute_source"]
+    """One worker in one process runs jobs of two GPU types, then of one type under a second calibration: each is
+    priced with its GPU type's calibration in the database when it runs (NOTE [ Calibrations in the service ]), the
+    timeline with the same, and the process's registry is what it was (a calibration installed there is not used)."""
+    install_calibration(_scaled("h100", 3.0))  # hidden state the service must neither read nor change
+    before = installed_calibrations()
+    first, other, second = _scaled("h100", 0.5), _scaled("h200", 2.0), _scaled("h100", 0.8)
+    client.put_calibration(first)
+    client.put_calibration(other)
+    worker = _worker(db, FakeCalibrate(), gpu=None)
+    job_args: dict[str, Any] = {"batch": 256, "budget": "100% of gpu", "trials": 3}
+    jobs = [client.submit_job({"zoo": "alexnet"}, gpu=gpu, **job_args) for gpu in ("h100", "h200")]
+    assert [worker.run_once(), worker.run_once()] == [j.id for j in jobs]
+    client.put_calibration(second)  # the same GPU type, calibrated again: the next job is priced with it
+    jobs.append(client.submit_job({"zoo": "alexnet"}, gpu="h100", **job_args))
+    assert worker.run_once() == jobs[2].id
+
+    steps = []
+    for job, data in zip(jobs, (first, other, second), strict=True):
+        done = client.get_job(job.id)
+        assert done.state == "succeeded" and done.unconstrained is not None, done.error
+        assert done.unconstrained.step_ms == pytest.approx(_unplanned_ms(db, job.id, data), rel=1e-9)
+        steps.append(done.unconstrained.step_ms)
+    assert steps[2] == pytest.approx(steps[0] * 0.8 / 0.5, rel=0.05)  # the compute scale, on one profile
+    for job, data in zip(jobs[1:], (other, second), strict=True):  # the timeline: the calibration in effect
+        timeline = http.get(f"/v1/jobs/{job.id}/timeline").json()
+        assert timeline["unplanned"]["step_ms"] == pytest.approx(_unplanned_ms(db, job.id, data), rel=1e-9)
+    assert installed_calibrations() == before
 
 
 def test_the_client_says_when_there_is_no_calibration(client: MemtuneClient) -> None:
