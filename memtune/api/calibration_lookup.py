@@ -1,8 +1,9 @@
 """GPU types' calibrations as the service sees them: its database's first, else this host's files.
 
 The order (NOTE [ Calibrations in the service ] in ``memtune.api.worker``): the calibration stored in the service's
-database (``mt_calibrations``), else this host's ``memtune.tuner.calibration.calibration_for`` (an installed one counts
-as the database's, a worker installs only those; then the user's file, then the committed one), else none (headroom 0).
+database (``mt_calibrations``), else this host's ``memtune.tuner.calibration.calibration_for`` (the user's file, then
+the committed one; workers install none), else none (headroom 0). A worker passes the calibration found to the job's
+search (NOTE [ Calibration is an input ] in ``memtune.tuner.calibration``).
 """
 
 from __future__ import annotations

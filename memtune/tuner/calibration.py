@@ -9,8 +9,9 @@ its stages (NOTE [ Compute scale ]). ``python -m benchmarks.calibrate`` derives 
 
 Where ``calibration_for`` finds a GPU type's calibration, first found wins:
 
-1. one installed in this process (``install_calibration``): the service's workers install those of its database
-   (NOTE [ Calibrations in the service ] in ``memtune.api.worker``);
+1. one installed in this process (``install_calibration``, for a program that got calibrations from elsewhere; the
+   service's workers install none: they pass each job's to its search, NOTE [ Calibrations in the service ] in
+   ``memtune.api.worker``);
 2. this user's file (``memtune calibrate`` writes it, ``user_calibration_dir``);
 3. the committed file in ``memtune/tuner/data``, unless ``MEMTUNE_SHIPPED_DATA=0``
 (``memtune.profiler.library.shipped_data``);
@@ -267,7 +268,7 @@ _installed_lock = threading.Lock()
 def install_calibration(data: Mapping[str, Any]) -> Calibration:
     """Make ``calibration_for(data["gpu"])`` answer with this calibration in this process, before any file.
 
-    For a process that got calibrations from elsewhere (the service's workers, from its database). Installing the
+    For a process that got calibrations from elsewhere (a program of its own, a test). Installing the
     same GPU type again replaces it. Thread safe.
 
     Raises:
