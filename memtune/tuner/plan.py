@@ -130,8 +130,6 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# forwarded, not the plan's: memtune.tuner.policies._storage still imports it from here
-from memtune.tuner.copy_costs import storage_copy_ms  # noqa: F401
 from memtune.tuner.spatial import check_split_keys, parse_segment_key, spatial_refusal
 from memtune.tuner.tuner_errors import PlanError
 

@@ -3,7 +3,7 @@
 # NOTE [ Search space ]
 A trial chooses a cumulative-threshold value ``threshold`` (Layup's rule, ``memtune.tuner.policies.layup_cumulative``,
 gives every stage a default action), an override per stage ``aNNN`` in {auto, keep, offload, recompute}, and
-``selective`` for the stages where it can beat recompute (``memtune.tuner.plan.stage_actions``),
+``selective`` for the stages where it can beat recompute (``memtune.tuner.stage_choices.stage_actions``),
 ``lookahead`` (prefetch stages), ``sync`` (deferred or layer) and ``sync_delay`` (stages a deferred copy may
 overlap before compute waits for it). ``auto`` takes the threshold rule's action,
 so the search starts from the published policy and edits it stage by stage. ``per_layer_prefetch`` (a boolean)

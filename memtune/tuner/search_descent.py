@@ -41,7 +41,7 @@ class LocalDescent:
     budget: int
     sim: Simulator
     rng: random.Random
-    #: per stage, the actions it may take (``memtune.tuner.plan.stage_actions``)
+    #: per stage, the actions it may take (``memtune.tuner.stage_choices.stage_actions``)
     actions: list[tuple[Action, ...]]
     has_conv_algos: bool
     #: most simulations of one trial's descent

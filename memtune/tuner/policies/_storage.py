@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from memtune.profiler import Profile, StageProfile
-from memtune.tuner.plan import storage_copy_ms
+from memtune.tuner.copy_costs import storage_copy_ms
 
 __all__ = ["StorageMap", "is_conv"]
 
