@@ -22,7 +22,11 @@ language models), the output held through the backward (the profile's default), 
    ``memtune.tuner.tune`` with the default headroom (``memtune.tuner.planning_headroom``), the plans searched in
    parallel processes; each plan measured under ``budget_guard`` at its budget (an out-of-memory is a result) and
    without the cap, beside the simulator's prediction. A compiled plan runs at a budget of the sweep, so its compiled
-   graph is the sweep's (``memtune.profiler.compiled.budget_backend``).
+   graph is the sweep's (``memtune.profiler.compiled.budget_backend``). With ``--region-depths`` (e.g. ``1,2``) the
+   search also weighs compiled regions (NOTE [ Compiled-region candidates ] in ``memtune.tuner.region_plans``): the
+   model's region partitions of those depths profiled compiled at each of ``--region-budgets`` and under each of
+   ``--rules`` (``memtune.profiler.region_profile.profile_regions``, kept in the row as they are measured), every one
+   searched at each budget, the fastest plan of them all served (``memtune.tuner.pipeline.tune_profiles``).
 
 ``<out>/<model>.json`` is written after every measurement (with NOTE [ Run record ] and the versions of transformers
 and torchvision), so a run stopped by a time limit keeps what it measured, and the same command run again continues
@@ -204,9 +208,11 @@ class _Run:
         row["reference"] = {"of": "compiled, budget 1" if top is not None else "eager", "peak_bytes": reference}
         headroom = planning_headroom(prof)
         row["headroom"] = headroom
+        regions = self._regions(model, inputs, loss)
         budgets = [int(f * reference) for f in todo]
+        jobs = [(prof.to_json(), b, headroom, args.trials, opt, regions) for b in budgets]
         with ProcessPoolExecutor(max_workers=min(len(budgets), 5)) as pool:
-            found = list(pool.map(_tune, [(prof.to_json(), b, headroom, args.trials, opt) for b in budgets]))
+            found = list(pool.map(_tune, jobs))
         for fraction, budget, best in zip(todo, budgets, found, strict=True):
             entry: dict[str, Any] = {"fraction": fraction, "budget_bytes": budget, **best}
             if "plan_json" in entry:
@@ -231,22 +237,75 @@ class _Run:
             row["plans"] = [kept[f] for f in args.fractions if f in kept]
             self.save()
 
+    def _regions(self, model: Any, inputs: Any, loss: Callable[[Any], Any]) -> list[dict[str, Any]]:
+        """The region profiles ``--region-depths`` asks for, measured where the row lacks them (each kept in the row as
+        soon as it is measured): one entry per partition and policy, its profile's JSON or its error."""
+        from memtune.profiler.module_profile import as_inputs
+        from memtune.profiler.region_profile import profile_regions
+        from memtune.profiler.region_tree import region_partitions
 
-def _tune(job: tuple[str, int, float, int, str]) -> dict[str, Any]:
-    """One search in a worker process: ``(profile JSON, budget bytes, headroom, trials, optimizer)``."""
+        args, row = self.args, self.row
+        if not args.region_depths:
+            return []
+        done = row.setdefault("regions", [])
+        have = {(e["depth"], e["budget"], e.get("saves")) for e in done}
+        parts = [p for p in region_partitions(model, as_inputs(inputs)) if p.depth in args.region_depths]
+        policies = [(b, None) for b in args.region_budgets] + [(1.0, r) for r in args.rules]
+        for part in parts:
+            for budget, saves in policies:
+                if (part.depth, budget, saves) in have:
+                    continue
+                print(f"{self.name}: regions {part.label} at budget {budget:g}{f' rule {saves}' if saves else ''}")
+                (run,) = profile_regions(
+                    model, inputs, () if saves else (budget,), partitions=[part], loss_fn=loss,
+                    warmup=args.warmup, repeats=5, rules=(saves,) if saves else (),
+                )  # fmt: skip
+                done.append({
+                    "depth": part.depth, "regions": list(part.names), "budget": budget, "saves": saves,
+                    "seconds": round(run.seconds, 1), "error": run.error,
+                    "profile": json.loads(run.profile.to_json()) if run.profile is not None else None,
+                })  # fmt: skip
+                self.save()
+        return [e for e in done if e["depth"] in args.region_depths]
+
+
+def _region_runs(entries: Sequence[dict[str, Any]]) -> list[Any]:
+    """The ``RegionProfile`` of each region entry of a row (``_Run._regions``)."""
     from memtune.profiler import Profile
-    from memtune.tuner import tune
+    from memtune.profiler.region_profile import RegionProfile
+    from memtune.profiler.region_tree import RegionPartition
 
-    profile_json, budget, headroom, trials, optimizer = job
-    result = tune(Profile.from_json(profile_json), budget, trials=trials, seed=0, headroom=headroom,
-                  optimizer=optimizer)  # fmt: skip
-    if result.best is None:
-        return {"error": "no plan fits"}
-    best = result.best
+    return [
+        RegionProfile(
+            RegionPartition(e["depth"], tuple(e["regions"])),
+            e["budget"],
+            Profile.from_json(json.dumps(e["profile"])) if e["profile"] is not None else None,
+            e["error"],
+            e["seconds"],
+            e.get("saves"),
+        )
+        for e in entries
+    ]
+
+
+def _tune(job: tuple[str, int, float, int, str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One search in a worker process: ``(profile JSON, budget bytes, headroom, trials, optimizer, region entries)``;
+    with region entries, every region profile is searched too and the fastest plan of them all is served."""
+    from memtune.profiler import Profile
+    from memtune.tuner.pipeline import tune_profiles
+
+    profile_json, budget, headroom, trials, optimizer, regions = job
+    tuned = tune_profiles(Profile.from_json(profile_json), budget, regions=_region_runs(regions), trials=trials,
+                          seed=0, optimizer=optimizer, headroom=headroom, progress=False)  # fmt: skip
+    candidates = [t.line() for t in tuned.regions]
+    best = tuned.result.best
+    if best is None:
+        return {"error": "no plan fits", "candidates": candidates}
     return {
-        "plan": best.plan.compact(),
+        "plan": best.plan.compact() + (f" (save rule {best.plan.compile_saves!r})" if best.plan.compile_saves else ""),
         "plan_json": best.plan.model_dump(mode="json"),
         "predicted": {"step_ms": best.step_ms, "peak_bytes": best.peak_bytes},
+        "candidates": candidates,
     }
 
 
@@ -378,6 +437,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--fractions", default=",".join(f"{f:g}" for f in FRACTIONS),
                         help="memtune's budgets, as fractions of the compiled unconstrained peak")  # fmt: skip
     parser.add_argument("--trials", type=int, default=150)
+    parser.add_argument("--region-depths", default="", help="region partitions' depths to weigh too, e.g. 1,2")
+    parser.add_argument("--region-budgets", default="1,0.5", help="activation budgets of the region partitions")
+    parser.add_argument("--rules", default="compute", help="memtune's save rules of the region partitions ('' none)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h100/module-peers"))
@@ -389,6 +451,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     args.compiler_sweep = _floats(args.compiler_sweep, "--compiler-sweep")
     args.fractions = _floats(args.fractions, "--fractions")
+    args.region_depths = [int(d) for d in _floats(args.region_depths, "--region-depths")] if args.region_depths else []
+    args.region_budgets = _floats(args.region_budgets, "--region-budgets")
+    args.rules = [r for r in args.rules.split(",") if r]
     if any(not 0.0 <= b <= 1.0 for b in args.compiler_sweep):
         raise SystemExit("--compiler-sweep: activation budgets are shares from 0 to 1")
     model_rows(args.models, MODELS, lambda name: run_model(name, args), args.out)

@@ -105,7 +105,7 @@ def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
     monkeypatch.setattr(memtune.tuner.runtime, "budget_guard", lambda *_a, **_k: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
     args = argparse.Namespace(out=tmp_path, fresh=False, warmup=1, steps=1, trials=10, compiler_sweep=[],
-                              fractions=[0.9, 0.5])  # fmt: skip
+                              fractions=[0.9, 0.5], region_depths=[], region_budgets=[1.0], rules=[])  # fmt: skip
     row = module_peers.run_model("mlp", args)
     assert "error" not in row and "plans_error" not in row, row
     assert [p["family"] for p in row["peers"]] == ["hf_checkpointing", "checkpoint_sequential", "offload_activations"]
@@ -118,3 +118,37 @@ def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
     measured = len(steps)
     again = module_peers.run_model("mlp", args)  # continues: everything is there, nothing is measured again
     assert len(steps) == measured and again["plans"] == row["plans"]
+
+
+@pytest.mark.slow  # CPU inductor compiles two blocks under two policies
+def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from torch import nn
+
+    import memtune.tuner.measure.module_bench
+    import memtune.tuner.runtime
+
+    torch.manual_seed(0)
+
+    def block() -> nn.Module:
+        return nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64), nn.LayerNorm(64))
+
+    model = nn.Sequential(block(), block(), nn.Linear(64, 4))
+    x = torch.randn(128, 64)
+    monkeypatch.setattr(module_peers, "build", lambda name: (model, x, lambda out: out.square().mean(), "sgd", 128))
+    monkeypatch.setattr(memtune.tuner.measure.module_bench, "measure_step", lambda *_a, **_k: {
+        "step_ms": 10.0, "peak_bytes": 8 << 20, "reserved_bytes": 8 << 20, "alloc_retries_per_step": 0.0})  # fmt: skip
+    monkeypatch.setattr(memtune.tuner.runtime, "budget_guard", lambda *_a, **_k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
+    args = argparse.Namespace(out=tmp_path, fresh=False, warmup=0, steps=1, trials=10, compiler_sweep=[],
+                              fractions=[1.0], region_depths=[1], region_budgets=[1.0], rules=["compute"])  # fmt: skip
+    row = module_peers.run_model("blocks", args)
+    assert "error" not in row and "plans_error" not in row, row
+    regions = row["regions"]
+    assert [(e["depth"], e["budget"], e["saves"]) for e in regions] == [(1, 1.0, None), (1, 1.0, "compute")]
+    assert all(e["error"] is None and e["profile"]["compile_budget"] == 1.0 for e in regions), regions
+    assert regions[1]["profile"]["compile_saves"] == "compute"
+    (plan,) = row["plans"]
+    assert len(plan["candidates"]) == 2 and "save rule 'compute'" in plan["candidates"][1], plan["candidates"]
+    again = module_peers.run_model("blocks", args)  # continues: the region profiles are not measured again
+    assert [e["seconds"] for e in again["regions"]] == [e["seconds"] for e in regions]
