@@ -15,9 +15,9 @@ never recomputed, so the backward keeps its outputs; a ``MUST_RECOMPUTE`` node i
 what is kept. The rules (``SAVE_RULES``):
 
 * ``compute``: keep the outputs of the operations that cost arithmetic (matrix products, convolutions, attention:
-  ``COMPUTE_OPS``) and re-make everything else the forward computed (normalisations, activations, additions, views),
-  which the backward's own kernels fuse in. What is kept is then what selective checkpointing's usual policy keeps in
-  eager mode, with the compiler's fusions on both sides.
+  ``memtune.profiler.selective.SAVED_OPS``, what memtune's selective checkpointing keeps in eager mode) and re-make
+  everything else the forward computed (normalisations, activations, additions, views), which the backward's own
+  kernels fuse in: selective checkpointing's policy with the compiler's fusions on both sides.
 
 Rules leave three kinds of node untagged, for the partitioner to decide as it always does: random operations (their
 re-make would need the generator's state, which this rule does not carry), nodes of the backward (everything that
@@ -46,35 +46,12 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
 from torch.utils.checkpoint import CheckpointPolicy
 
-__all__ = ["COMPUTE_OPS", "SAVE_RULES", "SavedTags", "forward_nodes"]
+from memtune.profiler.selective import SAVED_OPS
+
+__all__ = ["SAVE_RULES", "SavedTags", "forward_nodes"]
 
 #: the save rules memtune measures compiled regions under (NOTE [ Saved tensors chosen inside a compiled region ])
 SAVE_RULES: tuple[str, ...] = ("compute",)
-
-_aten = torch.ops.aten
-#: operation packets whose outputs rule ``compute`` keeps: matrix products, convolutions and attention kernels
-COMPUTE_OPS: frozenset[str] = frozenset(
-    name
-    for name in (
-        "mm",
-        "addmm",
-        "bmm",
-        "baddbmm",
-        "convolution",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_flash_attention_forward",
-        "_efficient_attention_forward",
-    )
-    if hasattr(_aten, name)
-)
-
-
-def _packet(node: fx.Node) -> str | None:
-    target = node.target
-    return target._opname if isinstance(target, torch._ops.OpOverload) else None  # type: ignore[attr-defined]
 
 
 def _is_random(node: fx.Node) -> bool:
@@ -117,7 +94,7 @@ class SavedTags(CustomPartitionerFn):
         for node in forward_nodes(graph):
             if node.target is operator.getitem or _is_random(node):
                 continue
-            policy = CheckpointPolicy.MUST_SAVE if _packet(node) in COMPUTE_OPS else CheckpointPolicy.MUST_RECOMPUTE
+            policy = CheckpointPolicy.MUST_SAVE if node.target in SAVED_OPS else CheckpointPolicy.MUST_RECOMPUTE
             node.meta["recompute"] = policy
             self.tagged[policy.name] += 1
 

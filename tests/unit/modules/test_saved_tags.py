@@ -17,7 +17,8 @@ from memtune.profiler.compiled import CompiledStage
 from memtune.profiler.module_profile import profile_module
 from memtune.profiler.region_profile import profile_regions
 from memtune.profiler.region_tree import CompiledRegions, RegionPartition
-from memtune.profiler.saved_tags import COMPUTE_OPS, SavedTags, forward_nodes
+from memtune.profiler.saved_tags import SavedTags, forward_nodes
+from memtune.profiler.selective import SAVED_OPS
 from memtune.tuner.plan import Action, Plan, PlanError
 from memtune.tuner.runtime import planned
 from memtune.tuner.simulator import simulate
@@ -54,7 +55,7 @@ def _saved(fn: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
 def test_a_rule_is_checked_and_tags_only_the_forward() -> None:
     with pytest.raises(ValueError, match="save rule 'everything' is not one of compute"):
         SavedTags("everything")
-    assert {"mm", "addmm", "convolution"} <= COMPUTE_OPS
+    assert {torch.ops.aten.mm.default, torch.ops.aten.convolution.default} <= SAVED_OPS
 
     def f(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.relu(a @ w).sum()
