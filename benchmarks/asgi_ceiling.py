@@ -3,10 +3,10 @@
     python -m benchmarks.asgi_ceiling [--runs 6] [--seconds 10] [--clients 200] [--databases sqlite,postgresql]
 
 A bare ASGI app (``benchmarks.asgi_ceiling:app``: no FastAPI, no database, a constant JSON body) is the floor for
-any Python service on the machine. The service (``uvicorn --factory memtune.api.main:create_app``, one process) runs on
-a fresh SQLite database and on a fresh PostgreSQL one (on ``MEMTUNE_TEST_PG``'s server, dropped afterwards), each
-seeded by a real VGG-16 job. All servers stay up for the whole run; each run loads, per database, the bare app, then
-``GET /v1/gpus/h200/best`` and ``GET /v1/leaderboard`` of that database's service, with ``wrk`` (Debian:
+any Python service on the machine. The service (``uvicorn --factory memtune.api.service.main:create_app``, one process)
+runs on a fresh SQLite database and on a fresh PostgreSQL one (on ``MEMTUNE_TEST_PG``'s server, dropped afterwards),
+each seeded by a real VGG-16 job. All servers stay up for the whole run; each run loads, per database, the bare app,
+then ``GET /v1/gpus/h200/best`` and ``GET /v1/leaderboard`` of that database's service, with ``wrk`` (Debian:
 ``apt-get install wrk``), one wrk thread, ``--clients`` connections back to back for ``--seconds`` after a
 ``--warmup``, and a request unanswered after ``--timeout`` seconds (wrk's default, 2) counted as a timeout. Each
 lookup's p50 and p99 are given as ratios of the bare app's in the load just before it, so that other work on shared

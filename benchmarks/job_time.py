@@ -97,7 +97,7 @@ def _run_backend(backend: str, runs: int, trials: int) -> tuple[list[float], lis
     port = _free_port()
     log = tmp / "serve.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MEMTUNE_POLL_INTERVAL_S": "0.1"}
-    cmd = [sys.executable, "-m", "memtune.api.cli_service", "serve", "--port", str(port), "--database-url", url]
+    cmd = [sys.executable, "-m", "memtune.api.cli.cli_service", "serve", "--port", str(port), "--database-url", url]
     out = log.open("wb")
     proc = subprocess.Popen([*cmd, "--log-level", "warning"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

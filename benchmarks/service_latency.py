@@ -5,8 +5,8 @@
 Against PostgreSQL (a fresh database on ``MEMTUNE_TEST_PG``'s server, dropped afterwards, unless
 ``--database-url`` is given). The database is seeded by a real tuning job (VGG-16, batch 256, 18 GiB,
 ``--seed-trials`` trials, run in this process by a ``Worker``), the API is started as
-``uvicorn --factory memtune.api.main:create_app`` with ``--workers`` processes, and ``--clients`` connections ask
-for the best plan back to back (closed loop) for ``--duration`` seconds after a warm-up. The load comes
+``uvicorn --factory memtune.api.service.main:create_app`` with ``--workers`` processes, and ``--clients`` connections
+ask for the best plan back to back (closed loop) for ``--duration`` seconds after a warm-up. The load comes
 from ``wrk`` when it is installed (Debian: ``apt-get install wrk``), else from an ``httpx.AsyncClient``
 in this process (which then competes with the server for the same cores). Prints a markdown table.
 """
@@ -146,8 +146,8 @@ def run_wrk(url: str, clients: int, duration_s: float, threads: int = 2, timeout
 
 def _seed(url: str, trials: int) -> None:
     """A real tuned job for VGG-16 batch 256 at 18 GiB on h200, so that the lookup has rows to find."""
-    from memtune.api.model_refs import store_zoo_model
-    from memtune.api.worker import Worker
+    from memtune.api.service.model_refs import store_zoo_model
+    from memtune.api.service.worker import Worker
     from memtune.storage import Database, upgrade
     from memtune.storage.repositories import JobRepository
 
@@ -201,7 +201,7 @@ def _free_port() -> int:
 def _serve(url: str, workers: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     env = {**os.environ, "MEMTUNE_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", "memtune.api.main:create_app", "--host", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "memtune.api.service.main:create_app", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

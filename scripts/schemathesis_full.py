@@ -80,7 +80,7 @@ def _run(url: str, root: Path, max_examples: int, extra: list[str]) -> int:
         return 2
     port = _free_port()
     env = {**os.environ, "MEMTUNE_DATA_DIR": str(root), "MEMTUNE_DATABASE_URL": url}
-    serve = [sys.executable, "-m", "uvicorn", "--factory", "memtune.api.main:create_app", "--port", str(port)]
+    serve = [sys.executable, "-m", "uvicorn", "--factory", "memtune.api.service.main:create_app", "--port", str(port)]
     server = subprocess.Popen([*serve, "--log-level", "warning"], cwd=ROOT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:

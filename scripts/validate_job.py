@@ -4,8 +4,8 @@ For each ``model:batch:dtype:frac`` configuration (``scripts/configs.py``; the b
 unconstrained simulated peak) a job is submitted to an in-process app on a fresh SQLite database and run by a
 ``Worker`` with the real validator: the Optuna search, then its top ``--top-k`` plans and, where the best
 chooses cuDNN algorithms, the best plan without algorithm choice, each measured in a fresh process (NOTE
-[ Measured validation ] in ``memtune.api.worker``, NOTE [ Measured selection ] in ``memtune.tuner.search``). Writes one
-JSON file per configuration (job, simulated and measured rows, the best-plan answer) and prints a summary.
+[ Measured validation ] in ``memtune.api.service.worker``, NOTE [ Measured selection ] in ``memtune.tuner.search``).
+Writes one JSON file per configuration (job, simulated and measured rows, the best-plan answer) and prints a summary.
 
 Usage (on the H200, after the wheels of ``scripts/gpu_wheels.sh``)::
 
@@ -27,8 +27,8 @@ from configs import read_config
 from fastapi.testclient import TestClient
 
 from memtune.api import MemtuneClient, create_app
-from memtune.api.settings import Settings
-from memtune.api.worker import Worker
+from memtune.api.service.settings import Settings
+from memtune.api.service.worker import Worker
 from memtune.profiler.identity import cuda_identity
 from memtune.storage import Database, upgrade
 from memtune.storage.repositories import KeyRepository

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from memtune.api.schemas import (
+from memtune.api.service.schemas import (
     BestPlanPublic,
     CalibrationPublic,
     GpusPublic,

@@ -1,7 +1,7 @@
 """A job with ``compile`` ``auto`` on a worker with a CUDA GPU of the job's type: the worker measures the whole model
-compiled at ``COMPILE_BUDGETS`` on that GPU (NOTE [ Compiler points in the service ] in ``memtune.api.worker``), keeps
-the points with the stored profile, and serves the faster of the compiled points that fit and the searched eager plans;
-a second job reuses the points. On a migrated SQLite database in the test's folder, the API in process."""
+compiled at ``COMPILE_BUDGETS`` on that GPU (NOTE [ Compiler points in the service ] in ``memtune.api.service.worker``),
+keeps the points with the stored profile, and serves the faster of the compiled points that fit and the searched eager
+plans; a second job reuses the points. On a migrated SQLite database in the test's folder, the API in process."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch
 from fastapi.testclient import TestClient
 
 from memtune.api.client import MemtuneClient
-from memtune.api.main import create_app
-from memtune.api.settings import Settings
-from memtune.api.worker import COMPILE_BUDGETS, Worker, cuda_gpu_key
+from memtune.api.service.main import create_app
+from memtune.api.service.settings import Settings
+from memtune.api.service.worker import COMPILE_BUDGETS, Worker, cuda_gpu_key
 from memtune.storage.database import Database
 from memtune.storage.migrate import upgrade
 from memtune.storage.repositories import KeyRepository, ProfileRepository

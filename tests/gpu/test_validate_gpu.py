@@ -15,9 +15,9 @@ import torch
 from fastapi.testclient import TestClient
 
 from memtune.api.client import MemtuneClient
-from memtune.api.main import create_app
-from memtune.api.settings import Settings
-from memtune.api.worker import Worker
+from memtune.api.service.main import create_app
+from memtune.api.service.settings import Settings
+from memtune.api.service.worker import Worker
 from memtune.profiler.identity import cuda_identity
 from memtune.storage.database import Database
 from memtune.storage.migrate import upgrade

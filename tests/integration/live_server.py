@@ -1,4 +1,4 @@
-"""Helpers of the integration tests: PostgreSQL reachability, subprocesses of ``memtune.api.cli_service``, keys.
+"""Helpers of the integration tests: PostgreSQL reachability, subprocesses of ``memtune.api.cli.cli_service``, keys.
 
 PostgreSQL is expected at 127.0.0.1:5432 (user ``postgres``, trust auth); override the admin URL with
 ``MEMTUNE_TEST_PG``.
@@ -73,11 +73,11 @@ def free_port() -> int:
 
 
 def spawn(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
-    """Run ``python -m memtune.api.cli_service ARGS`` from the repository root, output to ``log``."""
+    """Run ``python -m memtune.api.cli.cli_service ARGS`` from the repository root, output to ``log``."""
     full_env = {**os.environ, **FAST_ENV, **env, "PYTHONPATH": str(ROOT)}
     fh = open(log, "wb")  # noqa: SIM115 - the child holds it for its lifetime
     return subprocess.Popen(
-        [sys.executable, "-m", "memtune.api.cli_service", *args],
+        [sys.executable, "-m", "memtune.api.cli.cli_service", *args],
         cwd=ROOT,
         env=full_env,
         stdout=fh,

@@ -1,7 +1,8 @@
 """Code in one package imports another package's public names through that package's face, checked on the source.
 
 A face is a package's ``__init__.py`` and its ``__all__`` (``memtune.profiler``, ``memtune.tuner``, the sub-faces
-``memtune.tuner.runtime`` and ``memtune.storage.repositories``, ``memtune.storage``, ``memtune.api`` …). Every module
+``memtune.tuner.runtime`` and ``memtune.storage.repositories``, ``memtune.storage``, ``memtune.api`` and its rooms'
+``memtune.api.cli`` and ``memtune.api.service`` …). Every module
 under ``WALKED`` is parsed with ``ast``; for each ``from pkg.sub import name`` of another room (at the top, inside a
 function or under ``TYPE_CHECKING``: a type is a public name too), no ``name`` may be in the ``__all__`` of a face above
 ``pkg.sub``: if the face offers it, the import goes through the face (``from memtune.tuner import tune``, not ``from
@@ -9,7 +10,9 @@ memtune.tuner.search import tune``; ``from memtune.tuner.runtime import planned`
 memtune.tuner.runtime.planned …``). ``import pkg.sub`` and ``from pkg import sub`` (a submodule reached through its
 package) hide which names are used, so across packages they are refused too. Imports within one room
 (``memtune.tuner.runtime`` importing ``memtune.tuner.plan``, a face importing its own submodules) are the package's own
-business and are not checked.
+business and are not checked. The API's rooms (``memtune.api.cli``, ``memtune.api.service``, and ``memtune.api``
+itself for the client; NOTE [ Rooms of the API ] in ``memtune/api/__init__.py``) are rooms here too: the command line
+takes the client and ``create_app`` through ``memtune.api``, as any other package would.
 
 Importing through a face costs nothing at run time: ``import pkg.sub`` runs ``pkg/__init__.py`` first anyway, and
 the faces that must stay torch-free (``profiler``, ``api``) load their heavy names lazily (PEP 562 ``__getattr__``).
@@ -38,7 +41,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 #: the rooms of the one installed name, and the face above them: the targets whose faces are checked
-PACKAGES = ("memtune.profiler", "memtune.tuner", "memtune.storage", "memtune.api", "memtune")
+PACKAGES = (
+    "memtune.profiler", "memtune.tuner", "memtune.storage", "memtune.api.cli", "memtune.api.service", "memtune.api",
+    "memtune",
+)  # fmt: skip
+#: the rooms inside ``memtune.api`` (NOTE [ Rooms of the API ]); the rest of ``memtune.api`` (its face, the client)
+#: is the room ``memtune.api``
+API_ROOMS = ("memtune.api.cli", "memtune.api.service")
 #: the folders whose modules are checked (``memtune/__init__.py`` is a face made only of the rooms' names)
 WALKED = ("memtune", "benchmarks", "scripts")
 
@@ -118,8 +127,11 @@ class DeepImport:
 
 
 def _top(name: str) -> str:
-    """The room ``name`` lives in (``memtune.tuner`` for ``memtune.tuner.search``), ``memtune`` for the face, or the
-    top-level folder of a benchmark or script."""
+    """The room ``name`` lives in (``memtune.tuner`` for ``memtune.tuner.search``, ``memtune.api.service`` for
+    ``memtune.api.service.worker``), ``memtune`` for the face, or the top-level folder of a benchmark or script."""
+    for room in API_ROOMS:
+        if name == room or name.startswith(room + "."):
+            return room
     parts = name.split(".")
     return ".".join(parts[:2]) if parts[0] == "memtune" and len(parts) > 1 else parts[0]
 
@@ -136,8 +148,8 @@ def deep_imports(importer: str, source: str, faces: dict[str, set[str]], modules
                     found.append(DeepImport(importer, alias.name, node.lineno, "import names from the module instead"))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             module = node.module
-            if _top(module) not in PACKAGES or _top(module) == _top(importer):
-                continue
+            if _top(module) not in PACKAGES or _top(module) == _top(importer) or module.startswith(importer + "."):
+                continue  # a face importing from below itself is its own business
             parts = module.split(".")
             # the faces above the module, within its room: ``memtune`` itself is the users' face, made of the rooms'
             # names, and no room imports it (the layering test says so)
@@ -234,7 +246,7 @@ def test_face_names_are_not_shadowed_by_submodules() -> None:
     modules = project_modules()
     shadowed = set()
     for face, names in faces().items():
-        if face == "memtune.api.routes":
+        if face == "memtune.api.service.routes":
             continue  # its __all__ lists its submodules on purpose
         package = importlib.import_module(face)
         for name in names:

@@ -1,6 +1,7 @@
 """One installed name, and the dependency direction inside it: ``memtune.profiler`` <- ``memtune.tuner`` <-
 ``memtune.storage`` <- ``memtune.api``, checked on the source's imports (NOTE [ One installed name ] in
-``memtune/__init__.py``)."""
+``memtune/__init__.py``); inside ``memtune.api``, the command line, the service and the client import one another only
+as NOTE [ Rooms of the API ] in ``memtune/api/__init__.py`` says."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def test_the_wheel_installs_one_name() -> None:
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["memtune*"]
-    assert set(project["tool"]["setuptools"]["package-data"]) <= {f"memtune.{r}" for r in ROOMS}
+    for package in project["tool"]["setuptools"]["package-data"]:  # a room, or a package inside one
+        assert package.split(".")[:2] in [["memtune", r] for r in ROOMS], package
+        assert (REPO / package.replace(".", "/") / "__init__.py").exists(), f"package data of no package: {package}"
     assert project["project"]["scripts"]["memtune"].startswith("memtune.")
     stray = [r for r in ROOMS if (REPO / r).exists()]
     assert not stray, f"rooms outside memtune/: {stray}"
@@ -60,6 +63,63 @@ def test_package_imports_only_downward(package: str) -> None:
         if hit:
             bad.append(f"{path.relative_to(ROOT)} imports {sorted(hit)}")
     assert not bad, "\n".join(bad)
+
+
+#: the API's rooms (NOTE [ Rooms of the API ] in ``memtune/api/__init__.py``): each one's modules, and the modules of
+#: the other rooms it may import (``memtune.api``'s face stands for the modules its names come from)
+API_ROOMS: dict[str, tuple[str, ...]] = {
+    "memtune.api.cli": ("cli",),
+    "memtune.api.service": ("service",),
+    "memtune.api.client": ("client.py",),
+}
+API_ALLOWED: dict[str, set[str]] = {
+    # ``memtune serve`` and ``memtune worker`` start the service; ``memtune calibration push|get`` use the client
+    "memtune.api.cli": {
+        "memtune.api.client", "memtune.api.service.main", "memtune.api.service.settings",
+        "memtune.api.service.supervisor", "memtune.api.service.worker",
+    },
+    "memtune.api.service": set(),
+    "memtune.api.client": {"memtune.api.service.schemas"},  # the response bodies it parses
+}  # fmt: skip
+
+
+def _api_imports(path: Path) -> set[str]:
+    """The ``memtune.api`` modules ``path`` imports, the face's lazy names resolved to their modules."""
+    import memtune.api
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("memtune.api."))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "memtune.api":
+                found.update(memtune.api._LAZY.get(a.name, f"memtune.api.{a.name}") for a in node.names)
+            elif node.module.startswith("memtune.api."):
+                found.add(node.module)
+    return found
+
+
+def _api_room(module: str) -> str | None:
+    return next((room for room in API_ROOMS if module == room or module.startswith(room + ".")), None)
+
+
+@pytest.mark.parametrize("room", sorted(API_ROOMS))
+def test_api_rooms_import_one_another_only_as_mapped(room: str) -> None:
+    bad = []
+    for place in API_ROOMS[room]:
+        paths = [ROOT / "api" / place] if place.endswith(".py") else sorted((ROOT / "api" / place).rglob("*.py"))
+        assert paths and paths[0].exists(), f"{room}: {place} is gone"
+        for path in paths:
+            other = {m for m in _api_imports(path) if _api_room(m) not in (room, None)}
+            if other - API_ALLOWED[room]:
+                bad.append(f"{path.relative_to(ROOT)} imports {sorted(other - API_ALLOWED[room])}")
+    assert not bad, "\n".join(bad)
+
+
+def test_api_modules_live_in_a_room() -> None:
+    """Every module of ``memtune/api`` but its face and ``__main__`` belongs to one of the API's rooms."""
+    loose = [p.name for p in (ROOT / "api").glob("*.py") if p.name not in ("__init__.py", "__main__.py", "client.py")]
+    assert not loose, f"modules of memtune/api in no room (move them to cli/ or service/): {loose}"
 
 
 def test_tuner_decision_code_imports_no_torch() -> None:

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from memtune.api.client import MemtuneClient
-from memtune.api.main import create_app
-from memtune.api.settings import Settings
+from memtune.api.service.main import create_app
+from memtune.api.service.settings import Settings
 from memtune.storage.database import Database
 from memtune.storage.migrate import upgrade
 from memtune.storage.repositories import KeyRepository

@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 
 from memtune.api.client import ApiError, MemtuneClient
-from memtune.api.main import create_app
-from memtune.api.settings import Settings
-from memtune.api.worker import Worker
+from memtune.api.service.main import create_app
+from memtune.api.service.settings import Settings
+from memtune.api.service.worker import Worker
 from memtune.storage.database import Database
 from memtune.storage.migrate import head_revision
 from memtune.storage.repositories import JobRepository, KeyRepository

@@ -1,7 +1,7 @@
-"""Calibrations per GPU type in the service (NOTE [ Calibrations in the service ] in ``memtune.api.worker``): the table
-and migration 0006 (SQLite, and PostgreSQL when a server answers), ``GET``/``PUT /v1/gpus/{gpu}/calibration``, the
-headroom of new jobs (the database's calibration before the host's files), and the worker that prices each job with its
-GPU type's calibration, installing none, and calibrates a new GPU type before the first job it validates (the
+"""Calibrations per GPU type in the service (NOTE [ Calibrations in the service ] in ``memtune.api.service.worker``):
+the table and migration 0006 (SQLite, and PostgreSQL when a server answers), ``GET``/``PUT /v1/gpus/{gpu}/calibration``,
+the headroom of new jobs (the database's calibration before the host's files), and the worker that prices each job with
+its GPU type's calibration, installing none, and calibrates a new GPU type before the first job it validates (the
 measurement is a test double)."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from service_fixtures import SMALL_SPEC, FakeValidator, insert_old_job, schema_d
 from sqlalchemy import MetaData, Table, inspect
 
 from memtune.api.client import ApiError, MemtuneClient
-from memtune.api.schemas import JobPublic
-from memtune.api.settings import Settings
-from memtune.api.worker import Worker
+from memtune.api.service.schemas import JobPublic
+from memtune.api.service.settings import Settings
+from memtune.api.service.worker import Worker
 from memtune.storage.database import Database
 from memtune.storage.migrate import alembic_config, current_revision, head_revision, upgrade
 from memtune.storage.repositories import CalibrationRepository, JobRepository, KeyRepository, ProfileRepository
@@ -288,8 +288,8 @@ def _submit(client: MemtuneClient, **kw: Any) -> JobPublic:
 
 
 class FakeCalibrate:
-    """Stands in for ``memtune.api.worker.measure_calibration``: reports progress, then returns ``data`` or raises
-    ``fail``;
+    """Stands in for ``memtune.api.service.worker.measure_calibration``: reports progress, then returns ``data`` or
+    raises ``fail``;
     ``during`` runs at the progress report (to look at the job, or to store a calibration meanwhile)."""
 
     def __init__(

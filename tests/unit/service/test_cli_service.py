@@ -12,11 +12,11 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 from typer.testing import CliRunner
 
-from memtune.api.cli_service import register
+from memtune.api.cli.cli_service import register
 from memtune.api.client import MemtuneClient
-from memtune.api.main import create_app
-from memtune.api.model_refs import store_spec_model
-from memtune.api.settings import Settings
+from memtune.api.service.main import create_app
+from memtune.api.service.model_refs import store_spec_model
+from memtune.api.service.settings import Settings
 from memtune.storage.database import Database, default_url
 from memtune.storage.repositories import JobRepository, KeyRepository
 
@@ -85,7 +85,7 @@ def test_calibration_push_and_get(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db: Database, settings: Settings, api_key: str
 ) -> None:
     """``memtune calibration push FILE`` / ``get KEY`` through the HTTP client (an in-process app here)."""
-    import memtune.api.cli_service
+    import memtune.api.cli.cli_service
 
     keys: list[str | None] = []
 
@@ -95,7 +95,7 @@ def test_calibration_push_and_get(
         keys.append(key)
         return MemtuneClient(api_key=key, http=TestClient(create_app(admin, db=db)))
 
-    monkeypatch.setattr(memtune.api.cli_service, "_client", in_process)
+    monkeypatch.setattr(memtune.api.cli.cli_service, "_client", in_process)
     runner, app = CliRunner(), _app()
     file = tmp_path / "calibration-h100.json"
     file.write_text(
@@ -122,13 +122,13 @@ def test_calibration_push_and_get(
 
 
 def test_serve_runs_its_worker_in_another_process_by_default(tmp_path: Path) -> None:
-    from memtune.api.cli_service import serve_plan
+    from memtune.api.cli.cli_service import serve_plan
 
     settings = Settings(data_dir=tmp_path, worker_gpus=["h200"])
     plan = serve_plan(settings)
     assert not plan.settings.embedded_worker  # no worker thread in the API process
     assert plan.worker_command is not None
-    assert plan.worker_command[1:6] == ["-m", "memtune.api.cli_service", "worker", "--database-url", settings.url()]
+    assert plan.worker_command[1:6] == ["-m", "memtune.api.cli.cli_service", "worker", "--database-url", settings.url()]
     assert plan.worker_command[-2:] == ["--gpu", "h200"]
     threaded = serve_plan(settings, in_process=True)
     assert threaded.settings.embedded_worker and threaded.worker_command is None
@@ -141,7 +141,7 @@ def test_serve_starts_and_stops_the_worker_process(tmp_path: Path, monkeypatch: 
 
     import uvicorn
 
-    import memtune.api.cli_service as cli_service
+    import memtune.api.cli.cli_service as cli_service
 
     started: list[object] = []
     real_start = cli_service._start_worker
@@ -185,8 +185,8 @@ def test_the_worker_ends_with_serve_when_serve_is_terminated(tmp_path: Path) -> 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     root = Path(__file__).resolve().parents[3]
-    cmd = [sys.executable, "-m", "memtune.api.cli_service", "serve", "--port", str(port), "--data-dir", str(tmp_path),
-           "--log-level", "warning"]  # fmt: skip
+    cmd = [sys.executable, "-m", "memtune.api.cli.cli_service", "serve", "--port", str(port),
+           "--data-dir", str(tmp_path), "--log-level", "warning"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(root)}
     serve = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

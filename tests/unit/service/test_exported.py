@@ -14,9 +14,9 @@ from exported_fixtures import TinyNet, TokenNet, export_archive
 from fastapi.testclient import TestClient
 
 from memtune.api.client import ApiError, MemtuneClient
-from memtune.api.main import create_app
-from memtune.api.settings import Settings
-from memtune.api.worker import Worker
+from memtune.api.service.main import create_app
+from memtune.api.service.settings import Settings
+from memtune.api.service.worker import Worker
 from memtune.profiler.exported import check_exported, load_exported
 from memtune.storage.database import Database
 from memtune.storage.repositories import ModelRepository

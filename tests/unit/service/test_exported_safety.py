@@ -32,9 +32,9 @@ from exported_fixtures import (
 from fastapi.testclient import TestClient
 
 from memtune.api.client import MemtuneClient
-from memtune.api.main import create_app
-from memtune.api.settings import Settings
-from memtune.api.worker import Worker
+from memtune.api.service.main import create_app
+from memtune.api.service.settings import Settings
+from memtune.api.service.worker import Worker
 from memtune.profiler import exported_checks
 from memtune.profiler.exported import (
     ArchiveTooLargeError,

@@ -18,9 +18,9 @@ from service_fixtures import SMALL_SPEC, insert_old_job, schema_diff
 from sqlalchemy import MetaData, Table, inspect
 
 from memtune.api.client import MemtuneClient
-from memtune.api.routes.jobs import _request_hash
-from memtune.api.schemas import JobCreate, JobPublic
-from memtune.api.worker import Worker
+from memtune.api.service.routes.jobs import _request_hash
+from memtune.api.service.schemas import JobCreate, JobPublic
+from memtune.api.service.worker import Worker
 from memtune.storage.database import Database
 from memtune.storage.migrate import alembic_config, current_revision, head_revision, upgrade
 from memtune.storage.repositories import JobRepository, ResultRepository

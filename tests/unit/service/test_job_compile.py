@@ -1,7 +1,7 @@
-"""Whole-model compile on service jobs (NOTE [ Compiler points in the service ] in ``memtune.api.worker``), on SQLite:
-the request field (422 naming it), what the job stores and shows, the idempotency hash, the worker under ``off``,
-``auto`` and ``on`` (on this CPU machine: stored test points, a stand-in for the GPU measurement, a worker without a
-GPU), and migration 0009.
+"""Whole-model compile on service jobs (NOTE [ Compiler points in the service ] in ``memtune.api.service.worker``), on
+SQLite: the request field (422 naming it), what the job stores and shows, the idempotency hash, the worker under
+``off``, ``auto`` and ``on`` (on this CPU machine: stored test points, a stand-in for the GPU measurement, a worker
+without a GPU), and migration 0009.
 
 The compiler points below are test values added to a committed profile, not measurements."""
 
@@ -20,9 +20,9 @@ from service_fixtures import insert_old_job, schema_diff
 from sqlalchemy import MetaData, Table, inspect
 
 from memtune.api.client import MemtuneClient
-from memtune.api.routes.jobs import _request_hash
-from memtune.api.schemas import JobCreate, JobPublic
-from memtune.api.worker import COMPILE_BUDGETS, Worker
+from memtune.api.service.routes.jobs import _request_hash
+from memtune.api.service.schemas import JobCreate, JobPublic
+from memtune.api.service.worker import COMPILE_BUDGETS, Worker
 from memtune.profiler import CompilerPoint, Profile, find_profile
 from memtune.storage.database import Database
 from memtune.storage.migrate import alembic_config, current_revision, head_revision, upgrade

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from memtune.api.cli import app
 from memtune.api.client import MemtuneClient
-from memtune.api.worker import Worker, job_seed
+from memtune.api.service.worker import Worker, job_seed
 from memtune.storage.database import Database
 from memtune.storage.repositories import JobRepository
 from memtune.tuner.search import DEFAULT_SEED

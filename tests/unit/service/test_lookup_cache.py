@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 
 from memtune.api.client import MemtuneClient
-from memtune.api.lookup_cache import LookupCache, etag_matches
-from memtune.api.main import create_app
-from memtune.api.settings import Settings
-from memtune.api.worker import Worker
+from memtune.api.service.lookup_cache import LookupCache, etag_matches
+from memtune.api.service.main import create_app
+from memtune.api.service.settings import Settings
+from memtune.api.service.worker import Worker
 from memtune.storage.database import Database
 from memtune.storage.records import ResultIn
 from memtune.storage.repositories import JobRepository, ResultRepository

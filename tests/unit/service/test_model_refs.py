@@ -1,5 +1,5 @@
-"""``memtune.api.model_refs``: the builder a worker hands to a fresh measuring process is text plus a module-level
-function (NOTE [ Bench isolation ]), and it builds the model that was stored."""
+"""``memtune.api.service.model_refs``: the builder a worker hands to a fresh measuring process is text plus a
+module-level function (NOTE [ Bench isolation ]), and it builds the model that was stored."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Literal
 import pytest
 from service_fixtures import SMALL_SPEC
 
-from memtune.api.model_refs import build_stored_chain, stored_chain_builder
+from memtune.api.service.model_refs import build_stored_chain, stored_chain_builder
 from memtune.profiler.chain import ModelChain
 from memtune.profiler.spec import from_spec
 from memtune.profiler.zoo import build

@@ -1,6 +1,6 @@
 """Jobs belong to the API key that submitted them, and each key is held to limits (NOTE [ Job limits and
-ownership ] in ``memtune.api.routes.jobs``): only the owner or an admin key cancels a job (403 for others); active jobs,
-jobs per hour and trials per job over their limits are 429, with ``Retry-After`` where waiting helps."""
+ownership ] in ``memtune.api.service.routes.jobs``): only the owner or an admin key cancels a job (403 for others);
+active jobs, jobs per hour and trials per job over their limits are 429, with ``Retry-After`` where waiting helps."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC, schema_diff
 from sqlalchemy import inspect, update
 
-from memtune.api.deps import ID_MAX
-from memtune.api.main import create_app
-from memtune.api.settings import Settings
+from memtune.api.service.deps import ID_MAX
+from memtune.api.service.main import create_app
+from memtune.api.service.settings import Settings
 from memtune.storage.database import Database
 from memtune.storage.migrate import upgrade
 from memtune.storage.orm import JobRow

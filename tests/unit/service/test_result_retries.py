@@ -9,7 +9,7 @@ import pytest
 from service_fixtures import SMALL_SPEC
 
 from memtune.api.client import MemtuneClient
-from memtune.api.worker import Worker
+from memtune.api.service.worker import Worker
 from memtune.storage.database import Database
 
 

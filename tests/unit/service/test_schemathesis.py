@@ -1,4 +1,5 @@
-"""A bounded schemathesis run over the whole API, every check on (NOTE [ Exact OpenAPI ] in ``memtune.api.openapi``).
+"""A bounded schemathesis run over the whole API, every check on (NOTE [ Exact OpenAPI ] in
+``memtune.api.service.openapi``).
 
 Each operation gets ``MAX_EXAMPLES`` generated requests, made with a valid API key against an app on a fresh SQLite
 database (no worker: submitted jobs stay queued). The checks read the repository's ``schemathesis.toml``, as
@@ -22,8 +23,8 @@ schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is a dev
 from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.config import SchemathesisConfig  # noqa: E402
 
-from memtune.api.main import create_app  # noqa: E402
-from memtune.api.settings import Settings  # noqa: E402
+from memtune.api.service.main import create_app  # noqa: E402
+from memtune.api.service.settings import Settings  # noqa: E402
 from memtune.storage import Database, upgrade  # noqa: E402
 from memtune.storage.repositories import KeyRepository  # noqa: E402
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 from fastapi.testclient import TestClient
 
-from memtune.api.supervisor import WorkerSupervisor
+from memtune.api.service.supervisor import WorkerSupervisor
 
 
 def _sleeper(seconds: float) -> Callable[[], subprocess.Popen[bytes]]:
@@ -40,7 +40,7 @@ def test_a_killed_worker_is_reaped_and_started_again(caplog: pytest.LogCaptureFi
     try:
         first = sup.pid
         assert first is not None and sup.state == "up"
-        with caplog.at_level(logging.ERROR, logger="memtune.api.supervisor"):
+        with caplog.at_level(logging.ERROR, logger="memtune.api.service.supervisor"):
             os.kill(first, signal.SIGKILL)
             _until(lambda: sup.restarts == 1 and sup.state == "up")
         assert sup.pid != first
@@ -53,7 +53,7 @@ def test_a_killed_worker_is_reaped_and_started_again(caplog: pytest.LogCaptureFi
 
 def test_a_worker_that_keeps_dying_is_given_up_loudly(caplog: pytest.LogCaptureFixture) -> None:
     sup = WorkerSupervisor(_sleeper(0), _stop, backoff_s=(0.05,), max_restarts=3, window_s=60, poll_s=0.05)
-    with caplog.at_level(logging.ERROR, logger="memtune.api.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="memtune.api.service.supervisor"):
         sup.start()
         _until(lambda: sup.state == "down")
     sup.stop()

@@ -18,9 +18,9 @@ from sqlalchemy import update
 
 import memtune.tuner.search
 from memtune.api.client import MemtuneClient
-from memtune.api.routes.jobs import _request_hash
-from memtune.api.schemas import JobCreate, JobPublic
-from memtune.api.worker import Validator, Worker
+from memtune.api.service.routes.jobs import _request_hash
+from memtune.api.service.schemas import JobCreate, JobPublic
+from memtune.api.service.worker import Validator, Worker
 from memtune.storage.database import Database
 from memtune.storage.orm import JobRow
 from memtune.storage.records import Job

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 from sqlalchemy import update
 
-from memtune.api.worker import Worker
+from memtune.api.service.worker import Worker
 from memtune.storage.database import Database
 from memtune.storage.orm import WorkerRow, utcnow
 from memtune.storage.repositories import WorkerRepository

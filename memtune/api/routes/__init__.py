@@ -1,7 +1,0 @@
-"""One ``APIRouter`` per resource."""
-
-from __future__ import annotations
-
-from memtune.api.routes import charts, gpus, health, jobs, leaderboard, models, profiles, web
-
-__all__ = ["charts", "gpus", "health", "jobs", "leaderboard", "models", "profiles", "web"]
