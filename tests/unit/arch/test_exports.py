@@ -9,6 +9,8 @@ import pytest
 
 import memtune
 import memtune.api
+import memtune.api.cli
+import memtune.api.service
 import memtune.profiler
 import memtune.storage
 import memtune.storage.repositories
@@ -46,6 +48,8 @@ EXPECTED = {
         "WorkerRecord", "WorkerRepository", "content_hash", "hash_key", "identity_hash", "pareto_flags",
     },
     memtune.api: {"MemtuneClient", "create_app"},
+    memtune.api.cli: {"app", "load_chain", "resolve_profile"},
+    memtune.api.service: set(),
     memtune: {"Action", "Plan", "Profile", "Tuned", "budget_guard", "load_plan", "planned", "profile", "tune"},
 }  # fmt: skip
 
