@@ -75,9 +75,9 @@ __all__ = [
 # program JSON deflates some 10-30x; a model's graph has some thousands of operator calls (ResNet-50's training
 # graph ~1,700, a 48-layer transformer's ~10,000). Within these limits a check can still take long (20,000 dead
 # nodes: some 5 s; 100,000: some 25 s on two busy cores), so the service checks an upload in a child process it kills
-# past MEMTUNE_MAX_EXPORTED_CHECK_S (``memtune.api.exported_upload``). And a small archive can declare a tensor no GPU
-# holds: a parameter whose record is empty (torch.export.load makes zeros of its declared shape), or a call such as
-# ``torch.ones(2**32)`` (``aten.ones.default`` with ``size`` [4294967296], 16 GiB): every tensor the program holds or
+# past MEMTUNE_MAX_EXPORTED_CHECK_S (``memtune.api.service.exported_upload``). And a small archive can declare a tensor
+# no GPU holds: a parameter whose record is empty (torch.export.load makes zeros of its declared shape), or a call such
+# as ``torch.ones(2**32)`` (``aten.ones.default`` with ``size`` [4294967296], 16 GiB): every tensor the program holds or
 # makes (``TensorSize``: parameters, buffers, constants, every node's declared output, and the size a call that
 # allocates (no view) is given, whatever its output's metadata says) is checked against the GPU type's memory, at
 # upload (the ``gpu`` asked for, else the largest GPU type known) and again when a job names its GPU type. Shapes are

@@ -3,8 +3,9 @@
 
 ``profile_regions`` measures one ``profile_module(..., stages=partition.names, compile_budget=b)`` per partition and
 budget, and one ``profile_module(..., compile_budget=1, compile_saves=rule)`` per partition and save rule (NOTE [ Saved
-tensors chosen inside a compiled region ] in ``memtune.profiler.saved_tags``), in this process, one after the other; a partition whose compile or measurement fails is kept with its error
-(the region that failed and the first line of the compiler's message), so the caller plans the others and eager.
+tensors chosen inside a compiled region ] in ``memtune.profiler.saved_tags``), in this process, one after the other; a
+partition whose compile or measurement fails is kept with its error (the region that failed and the first line of the
+compiler's message), so the caller plans the others and eager.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from memtune.profiler import saved_tags
 from memtune.profiler.module_profile import as_inputs, profile_module
 from memtune.profiler.profile import Profile
 from memtune.profiler.region_tree import RegionPartition, first_line, region_partitions
-from memtune.profiler import saved_tags
 
 __all__ = ["RegionProfile", "profile_regions"]
 

@@ -429,11 +429,10 @@ _COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "torch._functorch")
 
 
 class CompiledRegions:
-    """While inside, the regions of ``modules`` run compiled under ``budget`` and save rule ``saves`` (those in ``eager``
-    run eagerly), as
-    the profiler measures them; ``paused()`` runs them all eagerly. Leaves each module's ``forward`` as found. An
-    error of the compiler's in a region's call becomes a ``ProfilerError`` naming the region, the budget and the first
-    line of the compiler's message.
+    """While inside, the regions of ``modules`` run compiled under ``budget`` and save rule ``saves`` (those in
+    ``eager`` run eagerly), as the profiler measures them; ``paused()`` runs them all eagerly. Leaves each module's
+    ``forward`` as found. An error of the compiler's in a region's call becomes a ``ProfilerError`` naming the region,
+    the budget and the first line of the compiler's message.
 
     Args:
         modules: the region modules, in run order.

@@ -21,8 +21,8 @@ re-runs the cheap operations and then differentiates; its forward and backward t
 
 A stage gains from it only where what it re-makes is larger than what the policy keeps beyond a plain save: a
 transformer block or a bottleneck, not a lone convolution, whose output a plain ``keep`` does not save at all.
-``memtune.tuner.stage_choices.selective_gain_bytes`` says what a stage gains, and the search offers the action only where it
-frees memory for less time than a one-stage recompute (``memtune.tuner.stage_choices.selective_pays``).
+``memtune.tuner.stage_choices.selective_gain_bytes`` says what a stage gains, and the search offers the action only
+where it frees memory for less time than a one-stage recompute (``memtune.tuner.stage_choices.selective_pays``).
 """
 
 from __future__ import annotations

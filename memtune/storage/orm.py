@@ -276,7 +276,7 @@ class ApiKeyRow(Base):
 class CalibrationRow(Base):
     """A GPU type's calibration (``memtune.tuner.calibration``, its JSON object in ``data``), one per GPU type key, with
     who
-    measured or sent it (NOTE [ Calibrations in the service ] in ``memtune.api.worker``)."""
+    measured or sent it (NOTE [ Calibrations in the service ] in ``memtune.api.service.worker``)."""
 
     __tablename__ = "mt_calibrations"
 

@@ -11,7 +11,7 @@ Where ``calibration_for`` finds a GPU type's calibration, first found wins:
 
 1. one installed in this process (``install_calibration``, for a program that got calibrations from elsewhere; the
    service's workers install none: they pass each job's to its search, NOTE [ Calibrations in the service ] in
-   ``memtune.api.worker``);
+   ``memtune.api.service.worker``);
 2. this user's file (``memtune calibrate`` writes it, ``user_calibration_dir``);
 3. the committed file in ``memtune/tuner/data``, unless ``MEMTUNE_SHIPPED_DATA=0``
 (``memtune.profiler.library.shipped_data``);

@@ -39,8 +39,8 @@ Its step is at least
   (``memtune.tuner.bound.remake_pieces``, as NOTE [ Budget bound ] prices them), the cheapest pieces of all regions
   taken first;
 - link floor: o (1/d2h + 1/h2d), d2h and h2d the fastest copy rates of any storage of the profile, bytes per ms (the
-  simulator's copy times, ``memtune.tuner.copy_costs.storage_copy_ms``): a byte away at the peak went out before it on the
-  one copy engine to the host and comes back after it on the one from the host, so its two copies never overlap.
+  simulator's copy times, ``memtune.tuner.copy_costs.storage_copy_ms``): a byte away at the peak went out before it on
+  the one copy engine to the host and comes back after it on the one from the host, so its two copies never overlap.
 
 The floor is the least over r of the larger of the two, the split most favourable to the plan; r is at most the bytes
 the regions make, and D at most the profile's storages (beyond that no plan of the profile fits: the floor is

@@ -1,7 +1,7 @@
 """Profiles to plans: the arguments checked, the budget read once, the search at the default headroom, the bounds.
 
 ``memtune.tune`` (``memtune.tuner.measure.tune_module``, which measures a model first) and ``memtune tune`` (the
-command line, ``memtune.api.cli_tune``) both go through here, each with its own progress display; a benchmark that
+command line, ``memtune.api.cli.tune``) both go through here, each with its own progress display; a benchmark that
 measures once and tunes at several budgets calls ``tune_profiles`` directly. Pure Python (no torch).
 
 # NOTE [ One pipeline ]

@@ -47,8 +47,8 @@ budget (``"closest"``), recorded with its constraints as they are, so ``study.be
 Before, the best was recorded only where no trial held it, and a resumed 600-trial job's study ended with 601.
 ``TuneResult.n_trials`` counts them all. A search stopped early (a cancelled job) holds fewer.
 
-Seeds: ``tune``, ``memtune tune`` and a job (``memtune.api.worker.job_seed``) all search with ``DEFAULT_SEED`` unless
-told otherwise, and a study in a database keeps its seed as the study attribute ``seed``: the same request gives
+Seeds: ``tune``, ``memtune tune`` and a job (``memtune.api.service.worker.job_seed``) all search with ``DEFAULT_SEED``
+unless told otherwise, and a study in a database keeps its seed as the study attribute ``seed``: the same request gives
 the same plan from the command line and from the service.
 
 With ``storage`` and ``study_name`` the study lives in a database (Optuna ``RDBStorage``): it is created or
@@ -123,8 +123,8 @@ predicted 1.0% faster and measured 1.9% slower in two runs of fresh processes; V
 2.0% faster and measured 3.2% slower (BENCHMARKS.md, "Convolution algorithms"). Two plans the simulator cannot
 tell apart are settled by measuring both: ``tune`` returns, beside ``best``, the fastest feasible plan that leaves every
 convolution's algorithm to the framework (``TuneResult.no_choice``, when ``best`` chooses algorithms), and a
-job's measured validation runs it with its top plans (NOTE [ Measured validation ] in ``memtune.api.worker``). The plan
-served for the GPU type is the fastest measured one, so algorithm choice is only served where the GPU measured
+job's measured validation runs it with its top plans (NOTE [ Measured validation ] in ``memtune.api.service.worker``).
+The plan served for the GPU type is the fastest measured one, so algorithm choice is only served where the GPU measured
 it faster.
 """
 

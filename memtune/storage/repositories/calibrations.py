@@ -2,7 +2,7 @@
 
 The repository stores what it is given (callers check it with ``memtune.tuner.calibration.Calibration.from_data``):
 ``put`` replaces a GPU type's calibration, ``add_first`` keeps the one already stored (NOTE [ Calibrations in the
-service ] in ``memtune.api.worker``: the first measurement of a GPU type is the one every worker uses).
+service ] in ``memtune.api.service.worker``: the first measurement of a GPU type is the one every worker uses).
 """
 
 from __future__ import annotations

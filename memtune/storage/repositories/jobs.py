@@ -308,7 +308,7 @@ class JobRepository:
 
     def set_headroom(self, lease: JobLease, headroom: float, source: HeadroomSource) -> LeaseStatus:
         """Record the headroom the job will be searched at (a worker that calibrated its GPU type before the search:
-        NOTE [ Calibrations in the service ] in ``memtune.api.worker``); also a heartbeat."""
+        NOTE [ Calibrations in the service ] in ``memtune.api.service.worker``); also a heartbeat."""
         _check_headroom_source(source)
         if not 0.0 <= headroom < 1.0:
             raise ValueError(f"headroom must be in [0, 1) (a share of the budget), got {headroom}")
@@ -316,7 +316,7 @@ class JobRepository:
 
     def set_compile_note(self, lease: JobLease, note: str) -> LeaseStatus:
         """Record what the worker does or did about the job's compiler points (measuring them, why none are used:
-        NOTE [ Compiler points in the service ] in ``memtune.api.worker``); also a heartbeat."""
+        NOTE [ Compiler points in the service ] in ``memtune.api.service.worker``); also a heartbeat."""
         return self._lease_write(lease, {"compile_note": note})
 
     def set_validation(

@@ -1,8 +1,9 @@
 """Workers' heartbeats: which worker processes are alive, and which queued GPU types none of them serves.
 
 # NOTE [ Worker heartbeats ]
-A worker (``memtune.api.worker.Worker``) writes a row of ``mt_workers`` when it starts and refreshes its ``last_seen``
-every ``heartbeat_interval_s`` from a thread of its own, idle or busy, and deletes it when it stops cleanly. A worker
+A worker (``memtune.api.service.worker.Worker``) writes a row of ``mt_workers`` when it starts and refreshes its
+``last_seen`` every ``heartbeat_interval_s`` from a thread of its own, idle or busy, and deletes it when it stops
+cleanly. A worker
 whose ``last_seen`` is older than ``stale_after_s`` (the same limit after which its running job is reclaimed) is taken
 as
 dead: killed, out of memory, on a host that went away. ``/healthz`` then reads, for every GPU type with a queued job,

@@ -3,7 +3,7 @@ plans at each headroom and each fraction of the peak, with and without algorithm
 plans, diagnosis variants) and their measurement on this GPU (``bench_plans``), each row written to the JSON file as
 it comes.
 
-``memtune.api.cli_bench`` finds the profile, parses the options, calls ``measure_bench`` and prints its rows. What
+``memtune.api.cli.cli_bench`` finds the profile, parses the options, calls ``measure_bench`` and prints its rows. What
 the closures of the command shared is explicit here: ``Searching`` (the searches' settings and the plans found so far)
 and ``Measuring`` (what every ``bench_plans`` call of one run takes).
 """

@@ -12,8 +12,8 @@ as an exception.
 Given a picklable function that builds the model, validation measures each configuration in a fresh process
 (NOTE [ Bench isolation ] in ``memtune.tuner.measure.bench``): cuDNN keeps the fallback algorithm a capped plan ran and
 would hand it to the next plan of the same process, so plans measured in one process are not independent. The
-worker passes ``memtune.api.model_refs.stored_chain_builder``'s builder, so a job's measured numbers are what its
-plans do in a training job of their own.
+worker passes ``memtune.api.service.model_refs.stored_chain_builder``'s builder, so a job's measured numbers are what
+its plans do in a training job of their own.
 
 Validation refuses (``ValidationUnavailable``) when this process has no CUDA device, or when its GPU is
 not of the GPU type the plans were made for: measured numbers for an H200 plan must come from an H200.

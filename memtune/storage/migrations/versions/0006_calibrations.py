@@ -2,8 +2,8 @@
 
 ``mt_calibrations`` holds one calibration per GPU type key (``memtune.tuner.calibration``: its JSON object, its
 ``source``, who measured or sent it, when), written by the workers that measure a GPU type first and by
-``PUT /v1/gpus/{key}/calibration`` (NOTE [ Calibrations in the service ] in ``memtune.api.worker``). ``mt_jobs`` gains
-``headroom_source`` (``request``, ``database``, ``user file``, ``committed`` or ``none``); jobs stored before read
+``PUT /v1/gpus/{key}/calibration`` (NOTE [ Calibrations in the service ] in ``memtune.api.service.worker``). ``mt_jobs``
+gains ``headroom_source`` (``request``, ``database``, ``user file``, ``committed`` or ``none``); jobs stored before read
 null: where their headroom came from was not recorded.
 
 Revision ID: 0006

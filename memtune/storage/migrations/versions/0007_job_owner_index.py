@@ -1,5 +1,5 @@
 """An index on ``mt_jobs (owner, created_at)``: each job submission counts its API key's active jobs and the jobs it
-submitted in the last hour (the per-key limits, ``memtune.api.routes.jobs``).
+submitted in the last hour (the per-key limits, ``memtune.api.service.routes.jobs``).
 
 Revision ID: 0007
 Revises: 0006
