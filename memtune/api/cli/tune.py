@@ -12,7 +12,7 @@ import functools
 import importlib.util
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +41,10 @@ from memtune.tuner.plan import PlanKind
 if TYPE_CHECKING:
     from memtune.api.cli.bound_beside import BoundBeside
     from memtune.profiler import ModelChain
+    from memtune.profiler.region_profile import RegionProfile
     from memtune.tuner import TuneResult
     from memtune.tuner.budget import Budget
+    from memtune.tuner.region_plans import RegionTrial
 
 __all__ = ["tune_command"]
 
@@ -101,7 +103,7 @@ def tune_command(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     beside: BoundBeside | None = None
     try:  # NOTE [ One pipeline ] in memtune.tuner.pipeline: the profile, its budget, the advice, the search, the bound
-        prof, budget_bytes = _searched_profile(
+        prof, budget_bytes, regions = _searched_profile(
             model, batch, dtype, gpu, wanted, param, spec, profile_file, optimizer, device, input_shape, vocab, stage,
             output_held, compile_whole,
         )  # fmt: skip
@@ -114,6 +116,7 @@ def tune_command(
             beside = BoundBeside(prof, optimizer, budget_bytes)
         result = _search(prof, budget_bytes, trials=trials, pareto=pareto, seed=seed, storage=storage, study=study,
                          optimizer=optimizer, headroom=headroom, as_json=as_json)  # fmt: skip
+        result, trials_done = _with_regions(result, regions, budget_bytes, trials, seed, optimizer, headroom)
     except (ProfilerError, TunerError, ValueError, OSError) as exc:
         if beside is not None:
             beside.close()
@@ -125,10 +128,12 @@ def tune_command(
     if plan_out is not None and result.best is not None:
         plan_out.write_text(result.best.plan.model_dump_json(indent=1) + "\n")
     if as_json:
-        sys.stdout.write(json.dumps(result.to_dict()) + "\n")
+        regions_json = {"compiled_regions": [t.line() for t in trials_done]} if trials_done else {}
+        sys.stdout.write(json.dumps({**result.to_dict(), **regions_json}) + "\n")
         return
     try:
-        _print_tuned(result, prof, budget_bytes, optimizer, pareto, beside)
+        measured = [r.profile for r in regions if r.profile is not None]
+        _print_tuned(result, prof, budget_bytes, optimizer, pareto, beside, trials_done, measured)
     finally:
         if beside is not None:
             beside.close()
@@ -150,9 +155,11 @@ def _searched_profile(
     stage: list[str] | None,
     output_held: bool,
     compile_whole: str,
-) -> tuple[Profile, int]:
-    """The profile ``tune`` searches and its budget in bytes: a factory model measured on ``device`` (and, as
-    ``compile_whole`` says, compiled whole too), else ``_tune_profile``'s; a bad budget is refused before compiling."""
+) -> tuple[Profile, int, list[RegionProfile]]:
+    """The profile ``tune`` searches, its budget in bytes and the compiled-region profiles beside it: a factory model
+    measured on ``device`` (and, as ``compile_whole`` says, compiled whole and in regions too, NOTE [ Compiled-region
+    candidates ] in ``memtune.tuner.region_plans``), else ``_tune_profile``'s and no regions; a bad budget is refused
+    before compiling."""
     from memtune.profiler.factory import is_factory
 
     if profile_file is None and is_factory(model):
@@ -165,8 +172,11 @@ def _searched_profile(
     budget_bytes = profile_budget(budget, prof, optimizer)  # a bad budget is refused before compiling
     compiles = compile_whole == "on" or (compile_whole == "auto" and device == "cuda")
     if profile_file is None and is_factory(model) and compiles:
-        prof = _factory_compiler_points(model, batch, device, parse_params(param), input_shape, vocab, prof, optimizer)
-    return prof, budget_bytes
+        prof, regions = _factory_compiled(
+            model, batch, device, parse_params(param), input_shape, vocab, prof, optimizer, stage, dtype, output_held
+        )
+        return prof, budget_bytes, regions
+    return prof, budget_bytes, []
 
 
 def _search(
@@ -295,7 +305,7 @@ def _gpu_torch() -> bool:
     return "cuda" not in versions or "hip" not in versions or any(v is not None for v in versions.values())
 
 
-def _factory_compiler_points(
+def _factory_compiled(
     model: str,
     batch: int,
     device: str,
@@ -304,11 +314,16 @@ def _factory_compiler_points(
     vocab: int | None,
     prof: Profile,
     optimizer: str,
-) -> Profile:
+    stage: list[str] | None,
+    dtype: str,
+    output_held: bool,
+) -> tuple[Profile, list[RegionProfile]]:
     """``prof`` with the factory model compiled whole at activation budgets 1, 0.5 and 0.25, measured on ``device``
-    (NOTE [ Compiler points of a module ]); a budget that fails to compile is reported and left out."""
+    (NOTE [ Compiler points of a module ]), and the model's region partitions profiled compiled at those budgets and
+    under memtune's save rules (NOTE [ Compiled-region candidates ]); what fails to compile is reported and left out."""
     from memtune.profiler import build_factory
     from memtune.profiler.factory import factory_inputs
+    from memtune.profiler.region_profile import profile_regions
     from memtune.tuner.measure.compiler_points import measure_module_points, with_compiler_points
     from memtune.tuner.measure.tune_module import COMPILE_BUDGETS
 
@@ -320,7 +335,54 @@ def _factory_compiler_points(
         )
     for budget, error in errors.items():
         err.print(f"[yellow]warning:[/] compiling at activation budget {budget:g} failed ({error}); plans stay eager")
-    return with_compiler_points(prof, points)
+    described = None if device == "cuda" else prof.device.key  # a CPU profile describes a GPU (NOTE [ Regions ])
+    with err.status("compiling regions") as status:
+        regions = profile_regions(
+            net, x, COMPILE_BUDGETS, stages=stage, dtype=dtype, gpu=described, output_held=output_held,
+            progress=lambda done, total, what: status.update(f"compiling regions {done + 1}/{total}: {what}"),
+        )  # fmt: skip
+    for run in regions:
+        if run.error is not None:
+            err.print(
+                f"[yellow]warning:[/] compiled regions {run.partition.label} at {run.policy} failed ({run.error})"
+            )
+    return with_compiler_points(prof, points), regions
+
+
+def _with_regions(
+    result: TuneResult,
+    regions: list[RegionProfile],
+    budget_bytes: int,
+    trials: int,
+    seed: int,
+    optimizer: str,
+    headroom: float | None,
+) -> tuple[TuneResult, list[RegionTrial]]:
+    """``result`` or, where a compiled-region profile's best plan is faster, that search's result; with every region
+    profile's line (NOTE [ Compiled-region candidates ] in ``memtune.tuner.region_plans``)."""
+    from memtune.tuner.region_plans import fastest, region_trial
+
+    results, trials_done = [result], []
+    for run in regions:
+        found = None
+        if run.profile is not None:
+            with err.status(f"tuning regions {run.partition.label} at {run.policy}"):
+                found = search_plans(run.profile, budget_bytes, trials=trials, seed=seed, optimizer=optimizer,
+                                     headroom=headroom)  # fmt: skip
+            results.append(found)
+        trials_done.append(
+            region_trial(
+                run.partition.label,
+                run.partition.names,
+                run.budget,
+                run.seconds,
+                result=found,
+                points=result.profile.compiler_points,
+                error=run.error,
+                saves=run.saves,
+            )
+        )
+    return fastest(results), trials_done
 
 
 def _inference_chain(model: str, param: list[str] | None, spec: Path | None) -> ModelChain:
@@ -359,10 +421,18 @@ def _run_inference(
 
 
 def _print_tuned(
-    result: TuneResult, prof: Profile, budget_bytes: int, optimizer: str, pareto: bool, bound: BoundBeside | None = None
+    result: TuneResult,
+    prof: Profile,
+    budget_bytes: int,
+    optimizer: str,
+    pareto: bool,
+    bound: BoundBeside | None = None,
+    regions: Sequence[RegionTrial] = (),
+    region_profiles: Sequence[Profile] = (),
 ) -> None:
-    """``tune``'s report: the baselines, the best plan in words or stage by stage, its bound (``bound``'s where
-    given, NOTE [ Bound beside the search ]), the Pareto front; every size in one unit, the table's."""
+    """``tune``'s report: the baselines, the compiled-region candidates (``regions``, measured as
+    ``region_profiles``), the best plan in words or stage by stage, its bounds (``bound``'s where given, NOTE [ Bound
+    beside the search ]), the Pareto front; every size in one unit, the table's."""
     from memtune.tuner import Simulator
     from memtune.tuner.bound import step_lower_bound
     from memtune.tuner.compiled_bound import compiled_lower_bound
@@ -379,6 +449,10 @@ def _print_tuned(
     )
     print_peak_check(prof)
     out.print(_policy_table(result, unit, size))
+    if regions:  # NOTE [ Compiled-region candidates ] in memtune.tuner.region_plans
+        out.print("compiled regions (each partition of the model compiled at one activation budget or save rule):")
+        for trial in regions:
+            out.print(f"  {trial.line()}", markup=False)
     fit = fmt(search_budget(budget_bytes, result.headroom))
     if result.headroom:
         out.print(
@@ -391,7 +465,7 @@ def _print_tuned(
         raise typer.Exit(1)
     best = result.best
     if best.plan.kind is not PlanKind.WHOLE_COMPILE:
-        out.print(_plan_table(prof, best.plan))
+        out.print(_plan_table(result.profile, best.plan))
     else:  # NOTE [ Whole-model compile ]: no action per stage; the compiler partitions the whole model
         out.print(
             f"best plan: the whole model compiled by torch.compile with activation_memory_budget "
@@ -409,7 +483,7 @@ def _print_tuned(
         out.print(f"  [dim]{bound_words(lower, fmt(budget_bytes))}[/]")
     except BoundError as exc:  # the solver gave no answer: the plan stands, without its bound
         out.print(f"  [dim]no lower bound: {exc}[/]")
-    compiled = compiled_lower_bound([prof], budget_bytes, optimizer)  # None without compiler points
+    compiled = compiled_lower_bound([prof, *region_profiles], budget_bytes, optimizer)  # None: no compiled candidate
     if compiled is not None:
         out.print(f"  [dim]{compiled_bound_words(compiled, fmt(budget_bytes))}[/]")
     if pareto:

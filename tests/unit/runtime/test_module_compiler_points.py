@@ -85,6 +85,15 @@ def test_cli_tune_compiles_a_factory_model_when_asked(tmp_path: Path, monkeypatc
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout.strip().splitlines()[-1])
     assert [p["activation_budget"] for p in data["compiler_points"]] == [0.25, 0.5, 1.0]
+    # NOTE [ Compiled-region candidates ]: each region partition at each budget and under each save rule, one line each
+    lines = data["compiled_regions"]
+    assert any("at activation budget 0.5" in line for line in lines), lines
+    assert any("at save rule 'compute'" in line for line in lines), lines
+    shown = runner.invoke(app, [*args[:-1], "--compile", "on"])
+    assert shown.exit_code == 0, shown.output
+    flat = " ".join(shown.stdout.split())
+    assert "compiled regions (each partition of the model compiled at one activation budget or save rule):" in flat
+    assert "save rule 'compute': unplanned" in flat and "no compiled plan" in flat  # the compiled bound, regions in
     refused = runner.invoke(app, ["tune", "resnet18", "--compile", "on"])
     assert refused.exit_code != 0 and "--compiler-sweep" in refused.output
     off = runner.invoke(app, [*args, "--compile", "off"])
