@@ -200,7 +200,7 @@ def tune_profiles(
     """
     from memtune.tuner.bound import step_lower_bound
     from memtune.tuner.compiled_bound import compiled_lower_bound
-    from memtune.tuner.region_plans import fastest, region_trial
+    from memtune.tuner.region_plans import weigh_regions
 
     def search(p: Profile, label: str) -> TuneResult:
         with progress_bar(label, progress) as update:
@@ -216,24 +216,9 @@ def tune_profiles(
                 ),
             )
 
-    result = search(prof, "tuning")
-    results, trials_done = [result], []
-    for run in regions:  # NOTE [ Compiled-region candidates ] (memtune.tuner.region_plans)
-        found = search(run.profile, f"tuning regions at {run.policy}") if run.profile is not None else None
-        results += [found] if found is not None else []
-        trials_done.append(
-            region_trial(
-                run.partition.label,
-                run.partition.names,
-                run.budget,
-                run.seconds,
-                result=found,
-                points=prof.compiler_points,
-                error=run.error,
-                saves=run.saves,
-            )
-        )
-    result = fastest(results)
+    result, trials_done = weigh_regions(  # NOTE [ Compiled-region candidates ] (memtune.tuner.region_plans)
+        search(prof, "tuning"), regions, lambda run, p: search(p, f"tuning regions at {run.policy}")
+    )
     try:
         bound: StepBound | None = step_lower_bound(Simulator(result.profile, optimizer), budget_bytes)
     except BoundError:  # the solver gave no answer: the plan stands without its bound

@@ -14,7 +14,7 @@ it failed (the region and the compiler's first line).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,9 +22,10 @@ from memtune.tuner.plan import Plan
 
 if TYPE_CHECKING:
     from memtune.profiler import CompilerPoint, Profile
+    from memtune.profiler.region_profile import RegionProfile
     from memtune.tuner.search import TuneResult
 
-__all__ = ["RegionTrial", "fastest", "region_trial"]
+__all__ = ["RegionTrial", "fastest", "region_trial", "weigh_regions"]
 
 
 @dataclass(frozen=True)
@@ -141,3 +142,28 @@ def fastest(results: Sequence[TuneResult]) -> TuneResult:
     if not with_best:
         return results[0]
     return min(with_best, key=lambda r: (r.best.step_ms, r.best.peak_bytes))  # type: ignore[union-attr]
+
+
+def weigh_regions(
+    result: TuneResult, regions: Sequence[RegionProfile], search: Callable[[RegionProfile, Profile], TuneResult]
+) -> tuple[TuneResult, list[RegionTrial]]:
+    """The fastest of ``result`` (the eager profile's search) and ``search(run, its profile)`` of every compiled-region
+    profile of ``regions`` that was measured, with each one's ``RegionTrial`` (NOTE [ Compiled-region candidates ])."""
+    results, trials = [result], []
+    for run in regions:
+        found = search(run, run.profile) if run.profile is not None else None
+        results += [found] if found is not None else []
+        points = result.profile.compiler_points
+        trials.append(
+            region_trial(
+                run.partition.label,
+                run.partition.names,
+                run.budget,
+                run.seconds,
+                result=found,
+                points=points,
+                error=run.error,
+                saves=run.saves,
+            )
+        )
+    return fastest(results), trials

@@ -360,29 +360,14 @@ def _with_regions(
 ) -> tuple[TuneResult, list[RegionTrial]]:
     """``result`` or, where a compiled-region profile's best plan is faster, that search's result; with every region
     profile's line (NOTE [ Compiled-region candidates ] in ``memtune.tuner.region_plans``)."""
-    from memtune.tuner.region_plans import fastest, region_trial
+    from memtune.tuner.region_plans import weigh_regions
 
-    results, trials_done = [result], []
-    for run in regions:
-        found = None
-        if run.profile is not None:
-            with err.status(f"tuning regions {run.partition.label} at {run.policy}"):
-                found = search_plans(run.profile, budget_bytes, trials=trials, seed=seed, optimizer=optimizer,
-                                     headroom=headroom)  # fmt: skip
-            results.append(found)
-        trials_done.append(
-            region_trial(
-                run.partition.label,
-                run.partition.names,
-                run.budget,
-                run.seconds,
-                result=found,
-                points=result.profile.compiler_points,
-                error=run.error,
-                saves=run.saves,
-            )
-        )
-    return fastest(results), trials_done
+    def search(run: RegionProfile, profile: Profile) -> TuneResult:
+        with err.status(f"tuning regions {run.partition.label} at {run.policy}"):
+            return search_plans(profile, budget_bytes, trials=trials, seed=seed, optimizer=optimizer,
+                                headroom=headroom)  # fmt: skip
+
+    return weigh_regions(result, regions, search)
 
 
 def _inference_chain(model: str, param: list[str] | None, spec: Path | None) -> ModelChain:
