@@ -19,6 +19,7 @@ from memtune.profiler.profile import (
     DeviceIdentity,
     Profile,
     SavedStorage,
+    SaveRule,
     StageProfile,
     StepPeak,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "Profile",
     "ProfilerError",
     "RowMap",
+    "SaveRule",
     "SavedStorage",
     "SpecError",
     "StageProfile",

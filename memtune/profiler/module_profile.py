@@ -76,7 +76,7 @@ from memtune.profiler.module_step import (
     _step_peak,
     modeled_resident_bytes,
 )
-from memtune.profiler.profile import DeviceIdentity, Profile, SavedStorage, StageProfile, StepPeak
+from memtune.profiler.profile import DeviceIdentity, Profile, SavedStorage, SaveRule, StageProfile, StepPeak
 from memtune.profiler.profiler_errors import ProfilerError
 from memtune.profiler.region_tree import CompiledRegions, edge_writes
 from memtune.profiler.stage_run import GradStorage, _capture, _StageRun, _Timing
@@ -283,7 +283,7 @@ def profile_module(
     output_held: bool = True,
     transients: Literal["gpu", "cpu"] = "gpu",
     compile_budget: float | None = None,
-    compile_saves: str | None = None,
+    compile_saves: SaveRule | None = None,
 ) -> Profile:
     """Measure a profile of any ``nn.Module`` on the device its parameters are on (NOTE [ Module stages ]).
 

@@ -30,6 +30,7 @@ __all__ = [
     "ConvProfile",
     "DeviceIdentity",
     "Profile",
+    "SaveRule",
     "SavedStorage",
     "StageProfile",
     "StepPeak",
@@ -38,6 +39,10 @@ __all__ = [
 PROFILE_SCHEMA_VERSION = 1
 
 Source = Literal["measured", "modeled"]
+
+#: memtune's save rules inside a compiled region (NOTE [ Saved tensors chosen inside a compiled region ] in
+#: ``memtune.profiler.saved_tags``)
+SaveRule = Literal["compute"]
 
 
 class _Frozen(BaseModel):
@@ -354,7 +359,7 @@ class Profile(_Frozen):
         "[ Compiled stages ] in memtune.profiler.compiled; module stages are then regions, NOTE [ Regions ] in "
         "memtune.profiler.region_tree, except eager_stages); None: eager stages",
     )
-    compile_saves: str | None = Field(
+    compile_saves: SaveRule | None = Field(
         default=None,
         description="with compile_budget: memtune's save rule inside every compiled stage, tags on the compiler's "
         "joint graph ('compute': keep matrix products', convolutions' and attention's outputs, recompute the rest; "

@@ -13,14 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from memtune.profiler import saved_tags
 from memtune.profiler.module_profile import as_inputs, profile_module
-from memtune.profiler.profile import Profile
+from memtune.profiler.profile import Profile, SaveRule
 from memtune.profiler.region_tree import RegionPartition, first_line, region_partitions
 
 __all__ = ["RegionProfile", "profile_regions"]
@@ -44,7 +44,7 @@ class RegionProfile:
     profile: Profile | None
     error: str | None
     seconds: float
-    saves: str | None = None
+    saves: SaveRule | None = None
 
     @property
     def policy(self) -> str:
@@ -66,7 +66,7 @@ def profile_regions(
     repeats: int = 5,
     output_held: bool = True,
     progress: Callable[[int, int, str], None] | None = None,
-    rules: Sequence[str] | None = None,
+    rules: Sequence[SaveRule] | None = None,
 ) -> list[RegionProfile]:
     """Measure every candidate partition of ``model`` compiled at every budget of ``budgets``.
 
@@ -92,12 +92,13 @@ def profile_regions(
     bad = [b for b in budgets if not 0.0 <= b <= 1.0]
     if bad:
         raise ValueError(f"activation budgets are shares from 0 to 1, not {bad}")
-    rules = saved_tags.SAVE_RULES if rules is None else tuple(rules)
-    unknown = [r for r in rules if r not in saved_tags.SAVE_RULES]
+    chosen: Sequence[str] = saved_tags.SAVE_RULES if rules is None else tuple(rules)
+    unknown = [r for r in chosen if r not in saved_tags.SAVE_RULES]
     if unknown:
         raise ValueError(f"save rules {unknown} are not among {list(saved_tags.SAVE_RULES)}")
     parts = list(partitions) if partitions is not None else region_partitions(model, as_inputs(example_inputs), stages)
-    policies: list[tuple[float, str | None]] = [(b, None) for b in budgets] + [(1.0, r) for r in rules]
+    policies: list[tuple[float, SaveRule | None]] = [(b, None) for b in budgets]
+    policies += [(1.0, cast(SaveRule, r)) for r in chosen]
     todo = [(p, b, r) for p in parts for b, r in policies]
     out: list[RegionProfile] = []
     for k, (part, budget, rule) in enumerate(todo):

@@ -39,19 +39,20 @@ from __future__ import annotations
 import collections
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
 from torch.utils.checkpoint import CheckpointPolicy
 
+from memtune.profiler.profile import SaveRule
 from memtune.profiler.selective import SAVED_OPS
 
 __all__ = ["SAVE_RULES", "SavedTags", "forward_nodes"]
 
 #: the save rules memtune measures compiled regions under (NOTE [ Saved tensors chosen inside a compiled region ])
-SAVE_RULES: tuple[str, ...] = ("compute",)
+SAVE_RULES: tuple[str, ...] = get_args(SaveRule)
 
 
 def _is_random(node: fx.Node) -> bool:

@@ -130,6 +130,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from memtune.profiler import SaveRule
 from memtune.tuner.spatial import check_split_keys, parse_segment_key, spatial_refusal
 from memtune.tuner.tuner_errors import PlanError
 
@@ -231,7 +232,7 @@ class Plan(BaseModel):
         "NOTE [ Regions ] in memtune.profiler.region_tree, except eager_stages); the plan is priced on the compiled "
         "profile of that budget. None: eager stages",
     )
-    compile_saves: str | None = Field(
+    compile_saves: SaveRule | None = Field(
         default=None,
         description="with compile_budget: memtune's save rule inside every compiled stage ('compute': keep the outputs "
         "of matrix products, convolutions and attention, recompute the rest; NOTE [ Saved tensors chosen inside a "

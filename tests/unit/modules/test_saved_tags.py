@@ -56,6 +56,8 @@ def test_a_rule_is_checked_and_tags_only_the_forward() -> None:
     with pytest.raises(ValueError, match="save rule 'everything' is not one of compute"):
         SavedTags("everything")
     assert {torch.ops.aten.mm.default, torch.ops.aten.convolution.default} <= SAVED_OPS
+    with pytest.raises(ValueError, match="compile_saves"):  # a stored plan names a rule memtune has
+        Plan.uniform(3, compile_budget=1.0, compile_saves="everything")
 
     def f(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.relu(a @ w).sum()
