@@ -381,7 +381,9 @@ def table(folder: Path) -> str:
             lines += ["", "| budget | plan | predicted ms / GiB | measured ms / GiB |", "|---|---|---|---|"]
         for p in row.get("plans", []):
             m = p.get("measured", {})
-            measured = f"{m['step_ms']:.1f} / {m['peak_bytes'] / GiB:.2f}" if "step_ms" in m else m.get("error", "")
+            # an error in its first two sentences (a CUDA out-of-memory goes on to list the allocator's state)
+            error = ". ".join(m.get("error", "").split(". ")[:2])
+            measured = f"{m['step_ms']:.1f} / {m['peak_bytes'] / GiB:.2f}" if "step_ms" in m else error
             predicted = (
                 f"{p['predicted_step_ms']:.1f} / {p['predicted_peak_bytes'] / GiB:.2f}"
                 if "predicted_step_ms" in p
