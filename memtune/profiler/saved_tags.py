@@ -4,8 +4,8 @@
 ``torch.compile`` decides what a compiled graph saves for its backward in AOTAutograd's partitioner: it traces forward
 and backward as one joint graph and cuts it so that the backward keeps some forward values and re-makes the others. Its
 one knob, ``activation_memory_budget``, is a share of what the default cut saves; it is one number for the whole
-graph, and it bounds nothing that the partitioner will not recompute (on the H100 ResNet-50 compiled at budget 0 still
-saved every convolution's output and peaked 10.48 GiB against 10.49 at budget 1).
+graph, and it bounds nothing that the partitioner will not recompute (on the H100 ResNet-50 compiled at budget 0
+peaked 10.48 GiB against 10.49 at budget 1, docs/results/torch-compile.md).
 
 A *save rule* is memtune's own choice, applied per region: before the min-cut runs, ``SavedTags`` tags the forward
 nodes of the joint graph with ``torch.utils.checkpoint.CheckpointPolicy`` in ``node.meta["recompute"]`` (the tags
