@@ -31,9 +31,8 @@ def main() -> None:
     import memtune
     from benchmarks.compiled_regions import build
     from memtune.profiler import Profile
-    from memtune.tuner import Plan
+    from memtune.tuner import Plan, simulate
     from memtune.tuner.measure.module_bench import measure_step
-    from memtune.tuner.simulator import simulate
 
     row = json.loads((args.folder / f"{args.model}.json").read_text())
     entry = next((p for p in row.get("plans", []) if p["fraction"] == args.fraction and "plan" in p), None)
