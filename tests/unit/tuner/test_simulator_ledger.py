@@ -9,16 +9,14 @@ fetches ])."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
 from memtune.profiler import Profile
 from memtune.tuner.ledger import Ledger, blocks_peak
-from memtune.tuner.plan import Action, Plan
 from memtune.tuner.simulator import SimResult, Simulator
-from memtune.tuner.stage_choices import stage_actions
+from tests.unit.tuner.random_plans import random_plans
 
 DATA = Path(__file__).resolve().parents[3] / "memtune" / "profiler" / "data"
 PROFILES = (
@@ -33,31 +31,6 @@ PROFILES = (
 
 def _profile(name: str) -> Profile:
     return Profile.model_validate_json((DATA / f"{name}.json").read_text())
-
-
-def _random_plans(profile: Profile, count: int, seed: int, syncs: tuple[str, ...]) -> list[Plan]:
-    """Plans of every action a stage may take, runs of recompute, each sync in ``syncs`` and every convolution rule."""
-    rng = random.Random(seed)
-    n = profile.n_stages
-    choices = stage_actions(profile)
-    skewed = [(Action.RECOMPUTE, Action.RECOMPUTE, *acts) for acts in choices]
-    rules = ["default", "fastest", "memory_optimal", "fastest_within"] if profile.has_conv_algos else ["default"]
-    plans = []
-    for i in range(count):
-        sync = rng.choice(syncs)
-        rule = rng.choice(rules)
-        plans.append(
-            Plan(
-                actions=tuple(rng.choice(acts) for acts in (skewed if i % 3 == 0 else choices)),
-                prefetch_lookahead=rng.randint(0, 8),
-                sync=sync,  # type: ignore[arg-type]
-                sync_delay=rng.randint(0, 6),
-                sync_points=tuple(sorted(rng.sample(range(n), rng.randint(1, n // 4)))) if sync == "points" else (),
-                conv_rule=rule,  # type: ignore[arg-type]
-                conv_workspace_limit_bytes=rng.choice([0, 64 << 20, 1 << 30]) if rule == "fastest_within" else None,
-            )
-        )
-    return plans
 
 
 def _final_live(r: SimResult) -> int:
@@ -86,7 +59,7 @@ def test_the_blocks_peak_where_the_running_total_does(name: str) -> None:
     """60 plans of each profile under ``layer``, ``deferred`` and ``points`` sync: 360 in all."""
     profile = _profile(name)
     sim = Simulator(profile)
-    for plan in _random_plans(profile, 60, seed=len(name), syncs=("layer", "deferred", "points")):
+    for plan in random_plans(profile, 60, seed=len(name), syncs=("layer", "deferred", "points")):
         r = sim.run(plan, timeline=True, check=False)
         what = f"{name}: {plan.compact()} {plan.sync}"
         assert blocks_peak(r.base_bytes, r.blocks) == r.peak_bytes, what
@@ -99,7 +72,7 @@ def test_the_blocks_peak_where_the_running_total_does(name: str) -> None:
 def test_inline_blocks_peak_at_most_where_the_running_total_does(name: str) -> None:
     profile = _profile(name)
     sim = Simulator(profile)
-    for plan in _random_plans(profile, 30, seed=len(name) + 1, syncs=("inline",)):
+    for plan in random_plans(profile, 30, seed=len(name) + 1, syncs=("inline",)):
         r = sim.run(plan, timeline=True, check=False)
         assert blocks_peak(r.base_bytes, r.blocks) <= r.peak_bytes, f"{name}: {plan.compact()}"
         assert _final_live(r) == r.timeline[-1][1]

@@ -7,16 +7,15 @@ agreement is ``test_simulator_ledger.py``'s."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 
 from memtune.profiler import Profile
 from memtune.tuner.ledger import blocks_peak
-from memtune.tuner.plan import Action, Plan
+from memtune.tuner.plan import Plan
 from memtune.tuner.simulator import Simulator
-from memtune.tuner.stage_choices import stage_actions
+from tests.unit.tuner.random_plans import random_plans
 
 PROMISES = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "h100" / "promises"
 #: module profiles of the H100 promises: (file, gradients made slices of storages twice their size)
@@ -41,30 +40,6 @@ def _profile(name: str, sliced: bool) -> Profile:
     return profile.model_copy(update={"storages": storages})
 
 
-def _random_plans(profile: Profile, count: int, seed: int) -> list[Plan]:
-    """Plans of every action a stage may take (runs of recompute among them) under ``layer``, ``deferred`` and
-    ``points`` sync."""
-    rng = random.Random(seed)
-    n = profile.n_stages
-    choices = stage_actions(profile)
-    skewed = [(Action.RECOMPUTE, Action.RECOMPUTE, *acts) for acts in choices]
-    plans = []
-    for i in range(count):
-        sync = rng.choice(("layer", "deferred", "points"))
-        plans.append(
-            Plan(
-                actions=tuple(rng.choice(acts) for acts in (skewed if i % 3 == 0 else choices)),
-                prefetch_lookahead=rng.randint(0, 8),
-                sync=sync,  # type: ignore[arg-type]
-                sync_delay=rng.randint(0, 6),
-                sync_points=tuple(sorted(rng.sample(range(n), rng.randint(1, max(1, n // 4)))))
-                if sync == "points"
-                else (),
-            )
-        )
-    return plans
-
-
 def _assert_views_agree(profile: Profile, plans: list[Plan], what: str) -> None:
     sim = Simulator(profile)
     for plan in [Plan.uniform(profile.n_stages), *plans]:
@@ -79,14 +54,14 @@ def _assert_views_agree(profile: Profile, plans: list[Plan], what: str) -> None:
 @pytest.mark.parametrize(("name", "sliced"), CASES)
 def test_the_blocks_peak_where_the_running_total_does_on_module_profiles(name: str, sliced: bool) -> None:
     """100 plans of each of six profiles, and the unplanned step: 606 in all."""
-    _assert_views_agree(_profile(name, sliced), _random_plans(_profile(name, sliced), 100, seed=11), name)
+    _assert_views_agree(_profile(name, sliced), random_plans(_profile(name, sliced), 100, seed=11), name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "sliced"), CASES + SLOW_CASES)
 def test_the_views_agree_on_many_plans(name: str, sliced: bool) -> None:
     profile = _profile(name, sliced)
-    _assert_views_agree(profile, _random_plans(profile, 400, seed=12), name)
+    _assert_views_agree(profile, random_plans(profile, 400, seed=12), name)
 
 
 def test_a_slice_of_a_storage_is_made_after_the_incoming_gradient_and_before_the_transient_goes() -> None:
