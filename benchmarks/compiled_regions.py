@@ -23,9 +23,10 @@ peak bytes allocated and reserved (``memtune.tuner.measure.module_bench.measure_
    partition's measured training step with every region kept (a planned model), the graphs it compiled, its compile
    and profile seconds, the regions it runs eager and why; or its error.
 4. ``plans``: at each of ``--fractions`` of the whole model's compiled peak (allocated, budget 1), memtune's search
-   over all of them (``memtune.tuner.pipeline.tune_profiles``: the eager plans, the compiler's points, every compiled-region
-   profile); the plan served (its kind, its regions and budget), its predicted step and peak, and the same plan
-   measured under ``budget_guard`` at that budget (an out-of-memory is a result), with every candidate's line.
+   over all of them (``memtune.tuner.pipeline.tune_profiles``: the eager plans, the compiler's points, every
+   compiled-region profile); the plan served (its kind, its regions and budget), its predicted step and peak, and the
+   same plan measured under ``budget_guard`` at that budget (an out-of-memory is a result), with every candidate's
+   line.
 
 Each phase writes ``<out>/<model>.json`` as it ends (with NOTE [ Run record ]: date, commit, command, versions, and
 the device), so a run stopped by a time limit keeps what it measured, and a later ``--phases`` run adds to it. A
@@ -432,6 +433,11 @@ def main() -> None:
     args.budget_list = _floats(args.budgets, "--budgets")
     args.region_budget_list = _floats(args.region_budgets, "--region-budgets")
     args.rule_list = [r for r in args.rules.split(",") if r]
+    from memtune.profiler.saved_tags import SAVE_RULES
+
+    unknown = [r for r in args.rule_list if r not in SAVE_RULES]
+    if unknown:  # refused before anything is measured
+        raise SystemExit(f"--rules {','.join(unknown)}: memtune's save rules are {', '.join(SAVE_RULES)}")
     args.fraction_list = _floats(args.fractions, "--fractions")
     args.depth_list = [int(d) for d in _floats(args.depths, "--depths")]
     args.phase_list = [p for p in args.phases.split(",") if p]

@@ -454,6 +454,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.region_depths = [int(d) for d in _floats(args.region_depths, "--region-depths")] if args.region_depths else []
     args.region_budgets = _floats(args.region_budgets, "--region-budgets")
     args.rules = [r for r in args.rules.split(",") if r]
+    from memtune.profiler.saved_tags import SAVE_RULES
+
+    unknown = [r for r in args.rules if r not in SAVE_RULES]
+    if unknown:  # refused before anything is measured
+        raise SystemExit(f"--rules {','.join(unknown)}: memtune's save rules are {', '.join(SAVE_RULES)}")
     if any(not 0.0 <= b <= 1.0 for b in args.compiler_sweep):
         raise SystemExit("--compiler-sweep: activation budgets are shares from 0 to 1")
     model_rows(args.models, MODELS, lambda name: run_model(name, args), args.out)
