@@ -505,16 +505,25 @@ def _measure_stages(
     # a profile for a GPU made on the CPU keeps the roofline's times, not the CPU's: one untimed round of each
     # pass is all it needs of them (which stages run selective, what they keep, their transients)
     rounds = (warmup, repeats) if spec is None else (0, 1)
-    timings: list[_Timing] = []
-    for k, m in enumerate(modules):
+    timings: list[_Timing] = [_Timing(0.0, 0.0)] * len(modules)
+    # NOTE [ Incoming gradients as the chain makes them ] (memtune.profiler.stage_run): last stage first, each given
+    # its output's gradient in the layout its consumer's backward made
+    layouts: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    for done, k in enumerate(reversed(range(len(modules))), start=1):
+        m = modules[k]
         captured, autocast_dtype = _capture(model, m, inputs, _autocast(dev, dtype), dev, grad=regions is not None)
+        out_sid = trace.outputs[k]
         run = _StageRun(
-            m, captured, trace.input_grad[k], dtype, dev, autocast_dtype, gpu_workspaces, selective=regions is None
-        )
-        timings.append(run.time(*rounds))
+            m, captured, trace.input_grad[k], dtype, dev, autocast_dtype, gpu_workspaces, selective=regions is None,
+            out_layout=layouts.get(out_sid) if out_sid is not None else None,
+        )  # fmt: skip
+        timings[k] = run.time(*rounds)
+        for sid, grad in zip(trace.leaf_storages[k], timings[k].input_grads, strict=False):
+            if sid is not None and grad is not None:
+                layouts.setdefault(sid, (grad.shape, grad.stride))
         del captured, run
         if progress is not None:
-            progress(names[k] or type(model).__name__, k + 1, len(modules))
+            progress(names[k] or type(model).__name__, done, len(modules))
     step_ms = _step_ms(model, inputs, loss, dtype, dev, *rounds)
     # a modeled profile keeps no clock reading (NOTE [ Modeled module profiles ])
     recompute_step_ms = None if spec else _recompute_step_ms(model, inputs, loss, dtype, dev, rounds, modules)
