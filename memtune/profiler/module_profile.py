@@ -78,6 +78,7 @@ from memtune.profiler.module_step import (
 )
 from memtune.profiler.profile import DeviceIdentity, Profile, SavedStorage, SaveRule, StageProfile, StepPeak
 from memtune.profiler.profiler_errors import ProfilerError
+from memtune.profiler.region_chain import chain_backward_bytes, with_chain_backward
 from memtune.profiler.region_tree import CompiledRegions, edge_writes
 from memtune.profiler.stage_run import GradStorage, _capture, _StageRun, _Timing
 from memtune.profiler.stagefacts import torch_dtype
@@ -524,6 +525,10 @@ def _measure_stages(
         del captured, run
         if progress is not None:
             progress(names[k] or type(model).__name__, done, len(modules))
+    if regions is not None:  # NOTE [ Region backward measured in the chain ] (memtune.profiler.region_chain)
+        compiled = [k not in eager_regions for k in range(len(modules))]
+        chain = chain_backward_bytes(model, modules, compiled, inputs, loss, dtype, dev)
+        timings = [with_chain_backward(t, c) for t, c in zip(timings, chain, strict=True)]
     step_ms = _step_ms(model, inputs, loss, dtype, dev, *rounds)
     # a modeled profile keeps no clock reading (NOTE [ Modeled module profiles ])
     recompute_step_ms = None if spec else _recompute_step_ms(model, inputs, loss, dtype, dev, rounds, modules)
