@@ -1,15 +1,18 @@
 """Compiled regions' backward transients as a step runs them, read off the CUDA allocator.
 
 # NOTE [ Region backward measured in the chain ]
-A stage's backward is measured alone (``memtune.profiler.stage_run``), its output's gradient made inside it. A compiled
-region's backward in a step differs from that measurement in a way its input cannot reproduce: measured on an H100
-(torch 2.11, ResNet-50, batch 128, fp32), the compiled backward of ``layer2.0`` hands ``layer1.2`` its gradient
-channels-last, and ``layer1.2`` compiled at activation budget 1 then holds 890 MiB above what was live when its
-backward began, where alone it held 498 MiB, given the same channels-last gradient (NOTE [ Incoming gradients as the
-chain makes them ] in ``memtune.profiler.stage_run``; at budget 0.5: 1,275 against 988 MiB). The extra is a copy of
-the incoming gradient, 392 MiB, that AOTAutograd's backward makes before it runs. A region plan at 30% of the
-compiled peak was simulated at 2.82 GiB and peaked 3.11 GiB, every compiled region's backward 57 to 300 MiB above its
-profile (``scripts/region_plan_peak.py --trace``).
+A stage's backward is measured alone (``memtune.profiler.stage_run``), its output's gradient made inside it. For a
+compiled region on CUDA that measurement reads less than a step holds. Measured on an H100 (torch 2.11, ResNet-50,
+batch 128, fp32): the compiled backward of ``layer2.0`` hands ``layer1.2`` its gradient channels-last, and ``layer1.2``
+compiled at activation budget 1 then holds 890 MiB above what was live when its backward began (the incoming gradient
+counted, the gradients it made not), where the profile's measurement of it alone, given the same channels-last
+gradient (NOTE [ Incoming gradients as the chain makes them ]), read 498 MiB; at budget 0.5, 1,275 against 988 MiB.
+The difference, 392 MiB at budget 1, is one incoming gradient: AOTAutograd's backward copies the gradient into the
+layout it traced. A hand-made call of the same compiled region given that gradient also read 890 MiB, so what keeps
+the profile's own isolated run from copying is not located; reading the backward where the step runs it does not
+depend on knowing. A region plan at 30% of the compiled peak was simulated at 2.82 GiB and peaked 3.11 GiB, every
+compiled region's backward 57 to 300 MiB above its profile (``scripts/region_plan_peak.py --trace``); with the
+backward read in the step the same budget's plan was predicted at 2.82 GiB and peaked 2.77 GiB.
 
 So a profile of compiled regions on CUDA also runs one step with every region kept and reads each compiled region's
 backward where it runs: from its node's pre-hook (the allocator's count then, and its peak reset) to its post-hook

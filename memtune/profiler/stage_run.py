@@ -6,16 +6,14 @@ allocator.
 NOTE [ Incoming gradients as the chain makes them ]
 A stage's backward is measured alone, its output's gradient made inside the backward (``_StageRun._transients``) or
 given (``_StageRun._medians``). In a step that gradient is what the next stage's backward made for its input, in the
-layout that backward chose, and a backward given another layout than it was made for copies it first. A compiled
-region's backward does: AOTAutograd traces it for a gradient laid out as the region's output and coerces one that is
-not, and inductor returns its input's gradient in the layout its own kernels chose. So ``profile_module`` measures the
-stages last to first and gives each the gradient in the layout its consumer's measured backward made
-(``GradStorage.shape`` and ``stride``; the consumer that runs backward first, for a tensor several stages read).
-Measured on an H100 (torch 2.11, ResNet-50, batch 128, fp32): ``layer1.2`` compiled at activation budget 0.5 held 988
-MiB above what was live before its backward with a contiguous incoming gradient, alone and between eager neighbours,
-and 1,275 MiB between compiled neighbours, whose gradient came non-contiguous (at budget 1: 498 against 890 MiB). A
-region plan at 30% of the compiled peak was simulated at 2.82 GiB and peaked 3.11 GiB: every compiled region's
-backward ran 57 to 300 MiB above its profile.
+layout that backward chose, and a backward given another layout than it expects may copy it first. So
+``profile_module`` measures the stages last to first and gives each the gradient in the layout its consumer's measured
+backward made (``GradStorage.shape`` and ``stride``; the consumer that runs backward first, for a tensor several stages
+read). On the CPU a stage that makes its incoming gradient contiguous is then measured with the copy a transposing
+consumer causes (``tests/unit/profiler/test_incoming_layout.py``). For compiled regions on CUDA the layout alone does
+not reproduce the step: ResNet-50's ``layer1.2`` compiled at budget 1, given the channels-last gradient ``layer2.0``'s
+compiled backward makes, held 498 MiB alone and 890 MiB in the step (H100, torch 2.11), so their backward is also read
+where it runs (NOTE [ Region backward measured in the chain ] in ``memtune.profiler.region_chain``).
 """
 
 from __future__ import annotations
