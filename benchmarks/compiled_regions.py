@@ -157,7 +157,7 @@ class Bench:
 
     def first_step(self, run: nn.Module) -> dict[str, Any]:
         """One training step of ``run``, uncapped: it compiles a plan's regions and tunes their kernels (NOTE
-        [ Regions compile at their first call ] in ``memtune.tuner.runtime.planned_module``); ``{}`` or its error."""
+        [ Regions compile at their first call ] in ``memtune.tuner.runtime._planned_module``); ``{}`` or its error."""
         from memtune.tuner.measure.module_bench import measure_step
 
         try:

@@ -14,7 +14,7 @@ running its own share of the global batch (``--batches`` are per GPU):
 * ``plan``: FSDP2 with memtune's activation plan on each rank (``memtune.tuner.runtime.fsdp.planned_fsdp``): the model
 is
   profiled unsharded on one GPU at the per-rank batch (``memtune.profile``), the profile rewritten as one rank's
-  (``memtune.tuner.sharding.sharded_profile``, NOTE [ Sharded ranks ]) and searched within the budget with AdamW's
+  (``memtune.tuner._sharding.sharded_profile``, NOTE [ Sharded ranks ]) and searched within the budget with AdamW's
   state.
 
 Per method, in N processes of one group (``memtune.tuner.runtime.ddp.spawn_ranks``: NCCL with NVLink multicast off, or

@@ -1,5 +1,5 @@
 """Inference latency against the working-set budget (mmCNN, NOTE [ Inference plans ] in
-``memtune.tuner.inference.inference_plan``).
+``memtune.tuner.inference._inference_plan``).
 
     python -m benchmarks.inference_budget OUT_DIR [--device cuda] [--image-sizes 224,32] [--budgets ...]
 

@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 from memtune.profiler import Profile, build, modeled_profile
-from memtune.tuner.policies._storage import StorageMap
 from memtune.tuner.policies.layup_cumulative import checkpoint_transfer_ms, cumulative_steps
+from memtune.tuner.policies.storage_map import StorageMap
 
 PANELS = (("p100", 10), ("p100", 20), ("titanx", 10), ("titanx", 20))
 

@@ -4,7 +4,7 @@
 
 Chains: the first ``--stages`` stages of VGG-16, ResNet-50 and AlexNet at batch 256 and of the GPT-style
 model at batch 16 (H200 profiles). The exact optimum enumerates every plan of the exact space (3^n actions × 9
-lookaheads × (n + 1) sync settings: ``layer``, and ``deferred`` with each ``sync_delay`` 1..n; ``memtune.tuner.exact``)
+lookaheads × (n + 1) sync settings: ``layer``, and ``deferred`` with each ``sync_delay`` 1..n; ``memtune.tuner._exact``)
 once per chain, keeping its time–memory Pareto front. Budgets are the peaks of front points at 10%, 40% and 70% of the
 front (ordered from the smallest peak up), so every budget is feasible and binding: a smaller budget would make the
 exact optimum slower. Convolution algorithm tables are removed from the profiles, so both explore the same actions

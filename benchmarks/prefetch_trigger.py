@@ -8,7 +8,7 @@ by default ResNet-50 and VGG-16, batch 128, fp32), on this GPU type's measured p
 ``memtune bench`` would measure), plans are searched at the budget less the GPU type's calibrated headroom, as ``memtune
 bench`` does (NOTE [ Headroom ] in ``memtune.tuner.search``). The candidates are the tuned plan and the offloading
 baselines (``vdnn_all_p``, ``vdnn_conv_p``, ``vdnn_dyn``, ``hmms``, ``layup_cumulative``); for each the per-layer
-trigger (NOTE [ Per-layer prefetch trigger ] in ``memtune.tuner.prefetch_trigger``) is chosen at the search budget, and
+trigger (NOTE [ Per-layer prefetch trigger ] in ``memtune.tuner._prefetch_trigger``) is chosen at the search budget, and
 the ``--plans`` candidates where it gains the most over the best global lookahead within the budget (simulated step
 saved, then peak) are kept. Each kept plan runs three ways, each row in a fresh process under the budget's cap (NOTE [
 Bench isolation ] in ``memtune.tuner.measure.bench``):

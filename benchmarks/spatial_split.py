@@ -3,7 +3,7 @@
     python -m benchmarks.spatial_split OUT                       # both cases, on this CUDA GPU
     python -m benchmarks.spatial_split OUT --simulate-only       # no GPU: the plans and the simulator's figures
 
-Two cases (NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``):
+Two cases (NOTE [ Spatial splitting ] in ``memtune.tuner._spatial``):
 
 * ``vgg16``: the zoo's VGG-16, 224x224 images, batch 32, fp32; the segment is its first two blocks (stages 0-9,
   ``features.0`` to ``features.9``: four convolutions, their ReLUs and two max-pools).

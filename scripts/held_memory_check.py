@@ -1,5 +1,5 @@
 """Memory held before the step, on one CUDA GPU (NOTE [ Memory held before the step ] in
-``memtune.profiler.module_step``): the region tests' small ResNet (width 32, batch 64, 3 x 128 x 128, channels-last,
+``memtune.profiler._module_step``): the region tests' small ResNet (width 32, batch 64, 3 x 128 x 128, channels-last,
 fp32) tuned with default settings at 60, 70 and 80% of its peak; for each served plan, the profile's held bytes, the
 predicted peak, the measured ``max_memory_allocated`` of a step, and three steps under ``memtune.budget_guard``.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from memtune.profiler.profile import (
+from memtune.profiler._profile import (
     CompilerPoint,
     ConvAlgo,
     ConvProfile,
@@ -23,6 +23,7 @@ from memtune.profiler.profile import (
     StageProfile,
     StepPeak,
 )
+from memtune.profiler._spatial_rows import RowMap
 from memtune.profiler.profiler_errors import (
     ArchiveTooLargeError,
     ExportedError,
@@ -30,7 +31,6 @@ from memtune.profiler.profiler_errors import (
     SpecError,
     UnknownGPUError,
 )
-from memtune.profiler.spatial_rows import RowMap
 
 # The lazy names, for type checkers (``__getattr__`` would make them ``Any``).
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from memtune.profiler.profile import ConvAlgo, ConvProfile, Profile, StageProfile
+from memtune.profiler._profile import ConvAlgo, ConvProfile, Profile, StageProfile
 
 __all__ = ["CUDNN_V4", "transplant_algos"]
 

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from memtune.profiler._profile import ConvAlgo, ConvProfile, Profile
 from memtune.profiler.cudnn import (
     PASSES,
     ConvGeometry,
@@ -46,7 +47,6 @@ from memtune.profiler.cudnn import (
     run_pass,
     workspace_bytes,
 )
-from memtune.profiler.profile import ConvAlgo, ConvProfile, Profile
 from memtune.profiler.profiler_errors import ProfilerError
 
 __all__ = [

@@ -1,11 +1,11 @@
 """cuDNN convolution algorithms through ctypes: list every algorithm of a convolution, time it, run it.
 
-``memtune.profiler.conv_enumerate.enumerate_conv`` asks cuDNN for every forward, backward-data and backward-filter
+``memtune.profiler._conv_enumerate.enumerate_conv`` asks cuDNN for every forward, backward-data and backward-filter
 algorithm of one convolution (``cudnnFindConvolution*AlgorithmEx`` on real buffers), times each working one with
 CUDA events (``gpu_median_ms``: median of ``repeats`` after ``warmup``) and returns a ``ConvProfile`` whose table
 keeps the failed and unsupported algorithms too, with their status. ``enumerate_stage_convs`` there does it for every
 ``nn.Conv2d`` of a stage at the input shapes the stage really feeds them. The geometry of one convolution
-(``ConvGeometry``) is in ``memtune.profiler.conv_geometry``. ``run_pass`` runs one chosen algorithm;
+(``ConvGeometry``) is in ``memtune.profiler._conv_geometry``. ``run_pass`` runs one chosen algorithm;
 ``memtune.profiler.conv_split.run_split`` runs it in batch chunks, and ``memtune.tuner.runtime.conv`` builds its
 autograd Function on that.
 
@@ -58,7 +58,7 @@ from typing import Any, Literal
 
 import torch
 
-from memtune.profiler.conv_geometry import _DATA_TYPES, ConvGeometry, module_padding, symmetric_padding
+from memtune.profiler._conv_geometry import _DATA_TYPES, ConvGeometry, module_padding, symmetric_padding
 from memtune.profiler.profiler_errors import ProfilerError
 
 __all__ = [

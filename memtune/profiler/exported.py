@@ -37,7 +37,7 @@ show the stock loader (``torch.export.load(f).module()(x)``) running the payload
    one is kept.
 
 So memtune never gives ``torch.export.load`` the request's archive. ``check_exported`` reads every member with
-``zipfile`` (``memtune.profiler.exported_checks``): only the members ``torch.export.save`` writes for one plain program
+``zipfile`` (``memtune.profiler._exported_checks``): only the members ``torch.export.save`` writes for one plain program
 may be there (a pickled object, a legacy pickle, an extra file or compiled code is refused by name); weights and
 constants must be raw bytes (``use_pickle`` false), each view checked against the bytes present; the sample inputs
 must be a ``torch.save`` archive whose pickle names only tensor-rebuilding globals (decoded with
@@ -56,7 +56,7 @@ What is left is the program's own math: ATen operators on tensors of declared, s
 be slow or ask for much memory. Its largest tensor (``CheckedProgram.max_tensor_bytes``: parameters, buffers and
 constants, every node's declared output, and the sizes factory calls such as ``aten.ones`` ask for) is checked
 against a GPU's memory (``max_tensor_bytes``; the service passes the GPU type's, NOTE [ Upload limits ] in
-``memtune.profiler.exported_checks``); the rest is bounded by the job's failure path and the worker host's limits, not
+``memtune.profiler._exported_checks``); the rest is bounded by the job's failure path and the worker host's limits, not
 by a sandbox.
 
 The digest keys the stored model: SHA-256 of the canonical program JSON (``torch_version`` left out), the weight
@@ -81,7 +81,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memtune.profiler.exported_checks import (
+from memtune.profiler._exported_checks import (
     CONSTANT_RECORD,
     CONSTANTS_CONFIG,
     FLOATS,
@@ -144,7 +144,7 @@ class CheckedProgram:
         n_parameters: parameter tensors; ``parameter_bytes`` their size.
         buffer_bytes: bytes of buffers and tensor constants (their values are kept).
         max_tensor_bytes: the largest tensor the program holds or makes, bytes (NOTE [ Upload limits ] in
-            ``memtune.profiler.exported_checks``); ``largest_tensor`` says which.
+            ``memtune.profiler._exported_checks``); ``largest_tensor`` says which.
         torch_version: the torch that exported it.
         largest_tensor: that tensor, or None for a program without tensors.
     """

@@ -13,8 +13,8 @@ import subprocess
 
 import torch
 
+from memtune.profiler._profile import DeviceIdentity
 from memtune.profiler.devices import GPUSpec, gpu_key
-from memtune.profiler.profile import DeviceIdentity
 from memtune.profiler.profiler_errors import ProfilerError
 
 __all__ = ["cuda_identity", "measure_pinned_gbps", "spec_identity", "transfer_ms"]

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
+from memtune.profiler._profile import Profile
 from memtune.profiler.devices import get_gpu
-from memtune.profiler.profile import Profile
 from memtune.profiler.profiler_errors import ProfilerError, UnknownGPUError
 
 __all__ = [

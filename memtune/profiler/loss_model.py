@@ -23,7 +23,7 @@ from memtune.profiler.devices import GPUSpec, get_gpu
 from memtune.profiler.profiler_errors import UnknownGPUError
 
 if TYPE_CHECKING:
-    from memtune.profiler.profile import Profile
+    from memtune.profiler._profile import Profile
 
 __all__ = [
     "LOSS_KERNELS",

@@ -6,7 +6,7 @@ each S_i through pinned memory on a side stream. The profile is ``source="measur
 
 On the CPU the stage times are measured on the CPU (``compute_source="measured:cpu <model>"``) while
 everything that describes the GPU comes from its spec: the saved-storage table and FLOPs from a meta
-forward with CUDA semantics (``memtune.profiler.meta``), transfers from the spec's host link
+forward with CUDA semantics (``memtune.profiler._meta``), transfers from the spec's host link
 (``transfer_source="modeled:<key>"``). Since not every number was measured on that GPU the profile is
 ``source="modeled"`` and its device is the spec's identity. This path exists for tests and for
 development without a GPU; its times are the CPU's, not the GPU's.
@@ -35,6 +35,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from memtune.profiler._profile import ConvProfile, DeviceIdentity, Profile, StageProfile, StepPeak
+from memtune.profiler._spatial_rows import RowMap
 from memtune.profiler.chain import ModelChain, Stage, may_write_input
 from memtune.profiler.compiled import CompiledStage, compiled_chain, eager_module
 from memtune.profiler.devices import GPUSpec, get_gpu
@@ -43,11 +45,9 @@ from memtune.profiler.loss import measure_loss_ms, step_loss
 from memtune.profiler.loss_model import roofline_loss_ms
 from memtune.profiler.memory_meter import metered
 from memtune.profiler.modeled import meta_facts
-from memtune.profiler.profile import ConvProfile, DeviceIdentity, Profile, StageProfile, StepPeak
 from memtune.profiler.profiler_errors import ProfilerError
 from memtune.profiler.selective import selective_checkpoint
 from memtune.profiler.spatial_modules import chain_row_maps
-from memtune.profiler.spatial_rows import RowMap
 from memtune.profiler.stagefacts import ChainFacts, chain_facts, torch_dtype
 
 __all__ = [
@@ -205,7 +205,7 @@ def _selective_forward(
     stage: Stage, forward: Callable[[torch.Tensor], torch.Tensor]
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """``forward`` under selective checkpointing as the runtime runs a ``selective`` stage: on a clone of its input
-    when the stage writes its input in place (``memtune.tuner.runtime.segments``), so that the checkpoint's copy stays
+    when the stage writes its input in place (``memtune.tuner.runtime._segments``), so that the checkpoint's copy stays
     intact."""
     clone = may_write_input(stage.module)
 
@@ -408,7 +408,7 @@ def profile(
         repeats: timed rounds per stage; the median is kept.
         progress: ``progress(stage_name, done, total)`` after each stage.
         conv_algos: on CUDA, also enumerate and time every cuDNN algorithm of every convolution
-            (``memtune.profiler.conv_enumerate.enumerate_stage_convs``) into ``StageProfile.convs``; CUDA only.
+            (``memtune.profiler._conv_enumerate.enumerate_stage_convs``) into ``StageProfile.convs``; CUDA only.
         compile_budget: measure every stage compiled by ``torch.compile`` under this activation-memory budget
             (0 to 1; NOTE [ Compiled stages ] in ``memtune.profiler.compiled``): times, transients and the saved-storage
             table are the compiled stages', FLOPs and convolution shapes the eager ones'; no algorithm tables and
@@ -718,7 +718,7 @@ def _enumerate_chain_convs(
 ) -> list[tuple[ConvProfile, ...]]:
     """Every stage's cuDNN algorithm tables with their batch-split runs (NOTE [ Batch split ]), each stage fed the
     input the chain gives it."""
-    from memtune.profiler.conv_enumerate import enumerate_stage_convs  # ctypes binding: loaded only when asked for
+    from memtune.profiler._conv_enumerate import enumerate_stage_convs  # ctypes binding: loaded only when asked for
     from memtune.profiler.conv_split import enumerate_splits
 
     x = model_input(chain, batch, dev)

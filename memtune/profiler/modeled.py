@@ -1,13 +1,13 @@
 """Modeled profiles: a roofline estimate of every stage on a GPU that is not present.
 
-The chain runs once on the ``meta`` device at the full batch with CUDA semantics (``memtune.profiler.meta``):
+The chain runs once on the ``meta`` device at the full batch with CUDA semantics (``memtune.profiler._meta``):
 shapes, saved storages and FLOPs are exact for that batch, no memory is used and nothing is computed,
 so VGG-16 at batch 256 is modeled in well under a second. Times come from a roofline.
 
 # NOTE [ Roofline ]
 A stage's time is what the profiler would measure (NOTE [ Stage timing ] in ``memtune.profiler.measure``): its forward,
 then its backward, each timed alone in eager PyTorch. The meta forward lists the ATen ops of each stage in order
-(``memtune.profiler.flops.OpCount``): kind, FLOPs, bytes read plus written (no fusion), dtype and channels. Each op is
+(``memtune.profiler._flops.OpCount``): kind, FLOPs, bytes read plus written (no fusion), dtype and channels. Each op is
 priced on the GPU, and the host issues the ops one after another:
 
 * GPU time of an op = max(compute, memory) + a batch norm's reduction.
@@ -53,9 +53,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from memtune.profiler._flops import OpCount
+from memtune.profiler._meta import meta_chain, meta_input
+from memtune.profiler._profile import Profile, StageProfile
 from memtune.profiler.chain import ModelChain
 from memtune.profiler.devices import GPUSpec, get_gpu
-from memtune.profiler.flops import OpCount
 from memtune.profiler.identity import spec_identity
 from memtune.profiler.loss_model import (
     LOSS_KERNELS,
@@ -63,8 +65,6 @@ from memtune.profiler.loss_model import (
     LOSS_MEMORY_EFFICIENCY,
     roofline_loss_ms,
 )
-from memtune.profiler.meta import meta_chain, meta_input
-from memtune.profiler.profile import Profile, StageProfile
 from memtune.profiler.spatial_modules import chain_row_maps
 from memtune.profiler.stagefacts import ChainFacts, StageFacts, chain_facts, torch_dtype
 

@@ -53,9 +53,21 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from memtune.profiler._fused_attention import gpu_attention
+from memtune.profiler._module_step import (
+    _first_step_seconds,
+    _loss_backward_bytes,
+    _recompute_step_ms,
+    _resident_bytes,
+    _step_ms,
+    _step_peak,
+    modeled_resident_bytes,
+)
+from memtune.profiler._profile import DeviceIdentity, Profile, SavedStorage, SaveRule, StageProfile, StepPeak
+from memtune.profiler._region_chain import chain_backward_bytes, with_chain_backward
+from memtune.profiler._stage_run import GradStorage, _capture, _StageRun, _Timing
 from memtune.profiler.chain import may_write_input
 from memtune.profiler.devices import GPUSpec, get_gpu
-from memtune.profiler.fused_attention import gpu_attention
 from memtune.profiler.identity import cuda_identity, spec_identity, transfer_ms
 from memtune.profiler.measure import ProgressFn, _autocast
 from memtune.profiler.module_roofline import ModuleCount, count_module_step, modeled_compute_source, modeled_timings
@@ -67,20 +79,8 @@ from memtune.profiler.module_stages import (
     tensor_leaves,
     trace_stages,
 )
-from memtune.profiler.module_step import (
-    _first_step_seconds,
-    _loss_backward_bytes,
-    _recompute_step_ms,
-    _resident_bytes,
-    _step_ms,
-    _step_peak,
-    modeled_resident_bytes,
-)
-from memtune.profiler.profile import DeviceIdentity, Profile, SavedStorage, SaveRule, StageProfile, StepPeak
 from memtune.profiler.profiler_errors import ProfilerError
-from memtune.profiler.region_chain import chain_backward_bytes, with_chain_backward
 from memtune.profiler.region_tree import CompiledRegions, edge_writes
-from memtune.profiler.stage_run import GradStorage, _capture, _StageRun, _Timing
 from memtune.profiler.stagefacts import torch_dtype
 
 __all__ = ["as_inputs", "default_loss", "profile_module"]
@@ -507,7 +507,7 @@ def _measure_stages(
     # pass is all it needs of them (which stages run selective, what they keep, their transients)
     rounds = (warmup, repeats) if spec is None else (0, 1)
     timings: list[_Timing] = [_Timing(0.0, 0.0)] * len(modules)
-    # NOTE [ Incoming gradients as the chain makes them ] (memtune.profiler.stage_run): last stage first, each given
+    # NOTE [ Incoming gradients as the chain makes them ] (memtune.profiler._stage_run): last stage first, each given
     # its output's gradient in the layout its consumer's backward made
     layouts: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for done, k in enumerate(reversed(range(len(modules))), start=1):
@@ -525,7 +525,7 @@ def _measure_stages(
         del captured, run
         if progress is not None:
             progress(names[k] or type(model).__name__, done, len(modules))
-    if regions is not None:  # NOTE [ Region backward measured in the chain ] (memtune.profiler.region_chain)
+    if regions is not None:  # NOTE [ Region backward measured in the chain ] (memtune.profiler._region_chain)
         compiled = [k not in eager_regions for k in range(len(modules))]
         chain = chain_backward_bytes(model, modules, compiled, inputs, loss, dtype, dev)
         timings = [with_chain_backward(t, c) for t, c in zip(timings, chain, strict=True)]

@@ -2,7 +2,7 @@
 
 ``profile_module`` on a CPU model with ``gpu="h100"`` describes an H100 (``source="modeled"``); this module gives it
 the H100's compute times (NOTE [ Modeled module profiles ]). ``count_module_step`` runs one forward and loss of the
-model on the CPU and counts each stage's ATen ops (``memtune.profiler.flops.count_stage``) and the ops outside the
+model on the CPU and counts each stage's ATen ops (``memtune.profiler._flops.count_stage``) and the ops outside the
 stages; ``modeled_stage_ms`` and ``outside_ms`` price them by NOTE [ Roofline ] in ``memtune.profiler.modeled``.
 
 # NOTE [ Modeled module profiles ]
@@ -64,8 +64,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import sdpa_flop_count
 
+from memtune.profiler._flops import OpCount, StageCount, count_stage
 from memtune.profiler.devices import GPUSpec
-from memtune.profiler.flops import OpCount, StageCount, count_stage
 from memtune.profiler.measure import _autocast
 from memtune.profiler.modeled import ROOFLINE, Roofline, op_ms, queue_ms, roofline_ms
 from memtune.profiler.module_stages import Inputs, call_model

@@ -3,7 +3,7 @@
 # NOTE [ Module stages ]
 A user's model is planned in place, the way torchtitan's ``apply_ac`` and Hugging Face's gradient checkpointing
 treat it: its stages are submodules, each run once per step by the model's own ``forward``, and a plan wraps their
-calls (``memtune.tuner.runtime.planned_module``). The model's code is neither rewritten nor flattened, so whatever it
+calls (``memtune.tuner.runtime._planned_module``). The model's code is neither rewritten nor flattened, so whatever it
 does between stages (skip connections, concatenations, masks, rotary tables, its own loss) runs as written: a plan
 cannot change that math.
 
@@ -47,7 +47,8 @@ calling it twice on the same input: the second call reads what the first wrote (
 cross-attention of the first call, whose graph its backward already freed). Two callers run a stage more than once
 per state: the profiler times a stage alone, again and again, on the inputs the model gave it once
 (``memtune.profiler.module_profile``), and a ``recompute`` or ``selective`` stage runs again in backward
-(``memtune.tuner.runtime.planned_module``). Hugging Face turns the cache off under gradient checkpointing; memtune keeps
+(``memtune.tuner.runtime._planned_module``). Hugging Face turns the cache off under gradient checkpointing; memtune
+keeps
 the model's math instead: each extra call gets a *structure copy* of the state the stage was given (``copy_structure``):
 every Python object copied (containers, the cache, its list of layer objects, their flags), every tensor shared,
 never copied. The cache's ``update`` rebinds ``keys``/``values`` to new tensors, so what the extra call writes

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from memtune.profiler import saved_tags
+from memtune.profiler._profile import Profile, SaveRule
 from memtune.profiler.module_profile import as_inputs, profile_module
-from memtune.profiler.profile import Profile, SaveRule
 from memtune.profiler.region_tree import RegionPartition, first_line, region_partitions
 
 __all__ = ["RegionProfile", "profile_regions"]

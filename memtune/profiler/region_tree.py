@@ -14,9 +14,9 @@ code runs eagerly, as it does between stages. A region partition of a model is t
 stages, and everything the module-stage machinery does applies unchanged: the profiler measures the regions as stages
 (``memtune.profiler.module_profile.profile_module(..., compile_budget=b)``, each region compiled under
 ``budget_backend(b)``), the simulator and the search price and choose keep, offload and recompute per region, and the
-runtime (``memtune.tuner.runtime.planned_module.PlannedModule``) applies them around the compiled region: recompute is a
-non-reentrant checkpoint around the compiled call, offload the saved-tensor hooks around it (they fire for the tensors a
-compiled graph saves, and the offload runtime keeps strides, which the compiled backward asserts). Selective
+runtime (``memtune.tuner.runtime._planned_module.PlannedModule``) applies them around the compiled region: recompute is
+a non-reentrant checkpoint around the compiled call, offload the saved-tensor hooks around it (they fire for the tensors
+a compiled graph saves, and the offload runtime keeps strides, which the compiled backward asserts). Selective
 checkpointing works on eager operations only, so a compiled plan never takes it (``Plan`` refuses it).
 
 Candidate partitions (``region_partitions``) come from the tree: at depth d every default stage is replaced by its
@@ -25,7 +25,7 @@ region, provided that ancestor runs exactly once per forward and its call covers
 calls' order); otherwise the run is split one level deeper. A container the model iterates but never calls
 (``nn.ModuleList``) is not a module call, so it is never a region. The deepest partition is the default stages
 themselves (each compiled alone, the old per-stage compile); the whole model compiled is measured apart, as compiler
-points (NOTE [ Whole-model compile ] in ``memtune.tuner.whole``). Each partition is measured against the whole model
+points (NOTE [ Whole-model compile ] in ``memtune.tuner._whole``). Each partition is measured against the whole model
 compiled at the same budget: a partition that loses fusion shows it as a slower step.
 
 # NOTE [ In-place writes at region edges ]
@@ -47,14 +47,14 @@ A region module is compiled once, by ``torch.compile`` of its own forward, and w
 ``RegionForward`` (an instance attribute, set once, never re-patched per call; the model's ``state_dict`` keys and
 submodule names are unchanged, since no module is inserted). A ``RegionForward`` runs the module's own forward unless a
 *runner* that was attached to it is running a step: the profiler's ``CompiledRegions`` while it measures, or a planned
-model (``memtune.tuner.runtime.planned_module.PlannedModule``) while its forward runs; the runner then calls the region,
-compiled under its budget or eager as its plan says, with the plan's action around it. So the user's model called
-directly runs as written, eagerly, and two planned models of one model each run their own plan. Dynamo's guards see one
-stable ``forward`` attribute, so calling twice compiles once; the compiled callables are kept per budget on the
+model (``memtune.tuner.runtime._planned_module.PlannedModule``) while its forward runs; the runner then calls the
+region, compiled under its budget or eager as its plan says, with the plan's action around it. So the user's model
+called directly runs as written, eagerly, and two planned models of one model each run their own plan. Dynamo's guards
+see one stable ``forward`` attribute, so calling twice compiles once; the compiled callables are kept per budget on the
 ``RegionForward``. Runners are held by weak references; the profiler detaches on exit and, with no runner left, the
 module's own ``forward`` is restored. A planned model leaves the ``RegionForward`` installed (``PlannedModule.release``
 restores it). A planned model's eager stage modules are wrapped the same way (NOTE [ Stage modules are wrapped once ]
-in ``memtune.tuner.runtime.planned_module``). Module hooks still run eagerly around the call (``nn.Module._call_impl``
+in ``memtune.tuner.runtime._planned_module``). Module hooks still run eagerly around the call (``nn.Module._call_impl``
 calls ``forward``), as do the profiler's trace hooks. Compiling the whole model again while a ``RegionForward`` is
 installed would trace through it: release the planned model first.
 """
@@ -305,7 +305,7 @@ class RegionRunner(Protocol):
 class RegionForward:
     """A region module's ``forward``, installed once (NOTE [ Regions are wrapped once ]): the module's own forward
     unless an attached runner is running, which then calls the region its way. A planned model's eager stage modules
-    are wrapped by it too (NOTE [ Stage modules are wrapped once ] in ``memtune.tuner.runtime.planned_module``).
+    are wrapped by it too (NOTE [ Stage modules are wrapped once ] in ``memtune.tuner.runtime._planned_module``).
 
     Attributes:
         previous: the instance ``forward`` it replaced (None: the class's).

@@ -46,7 +46,7 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
 from torch.utils.checkpoint import CheckpointPolicy
 
-from memtune.profiler.profile import SaveRule
+from memtune.profiler._profile import SaveRule
 from memtune.profiler.selective import SAVED_OPS
 
 __all__ = ["SAVE_RULES", "SavedTags", "forward_nodes"]

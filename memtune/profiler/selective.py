@@ -35,8 +35,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-import memtune.profiler.fused_attention  # noqa: F401  (defines memtune::gpu_attention)
-from memtune.profiler.storages import storage_key
+import memtune.profiler._fused_attention  # noqa: F401  (defines memtune::gpu_attention)
+from memtune.profiler._storages import storage_key
 
 __all__ = [
     "SAVED_OPS",

@@ -5,9 +5,9 @@ convolution with zero padding, a max- or average-pool without ``ceil_mode``, and
 BatchNorm in eval mode, dropout in eval mode or with p=0). Anything that mixes rows globally or draws random
 numbers does not: BatchNorm in training mode (batch statistics over every row), dropout in training mode (a
 strip draws its mask in another order), adaptive pooling, flatten, linear layers, containers with their own
-``forward``. ``memtune.tuner.runtime.spatial_strips`` runs the split; ``leaf_rows`` says why a module is refused, and
+``forward``. ``memtune.tuner.runtime._spatial_strips`` runs the split; ``leaf_rows`` says why a module is refused, and
 ``stage_row_map`` gives the profile's fact (``StageProfile.rows``, NOTE [ Spatial splitting ] in
-``memtune.tuner.spatial``).
+``memtune.tuner._spatial``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from memtune.profiler.spatial_rows import RowMap, compose_rows
+from memtune.profiler._spatial_rows import RowMap, compose_rows
 
 __all__ = ["POINTWISE", "LeafRows", "chain_row_maps", "leaf_rows", "stage_leaves", "stage_row_map"]
 

@@ -24,7 +24,7 @@ Layer types and their fields (sizes are positive integers; ``kernel_size``/``str
 ``linear``             ``out_features``, ``bias`` = true (on a 1-D input, or on the last dim of a 2-D one)
 ``dropout``            ``p`` = 0.5
 ``residual``           ``kind`` (``basic`` | ``bottleneck``), ``channels``, ``stride`` = 1
-                       (a bottleneck outputs 4 x ``channels``; see ``memtune.profiler.layers``)
+                       (a bottleneck outputs 4 x ``channels``; see ``memtune.profiler._layers``)
 ``transformer``        ``heads``, ``mlp_ratio`` = 4, ``causal`` = false (input ``[seq_len, width]``)
 =====================  ==========================================================================
 
@@ -33,7 +33,7 @@ Layer types and their fields (sizes are positive integers; ``kernel_size``/``str
 parameter count and the activation bytes it allocates, and checks ``SpecLimits``, all with integer
 arithmetic, so that an oversized or malformed spec is refused before any module or tensor is allocated.
 ``from_spec`` then builds the ``ModelChain``. Nothing from a spec is executed, imported or unpickled: it
-is plain data. The schema (field types, layer models, ``ModelSpec``) is in ``memtune.profiler.spec_layers``; its
+is plain data. The schema (field types, layer models, ``ModelSpec``) is in ``memtune.profiler._spec_layers``; its
 names are re-exported here.
 
 Every error is a ``memtune.profiler.profiler_errors.SpecError`` naming the layer index, the field and the limit, e.g.
@@ -51,8 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from memtune.profiler.profiler_errors import SpecError
-from memtune.profiler.spec_layers import (
+from memtune.profiler._spec_layers import (
     _LAYER_CLASSES,
     LAYER_TYPES,
     AdaptiveAvgPool2dLayer,
@@ -71,6 +70,7 @@ from memtune.profiler.spec_layers import (
     _is_int,
     _Layer,
 )
+from memtune.profiler.profiler_errors import SpecError
 
 if (
     TYPE_CHECKING
@@ -265,7 +265,7 @@ def _infer_layer(i: int, layer: _Layer, shape: tuple[int, ...]) -> tuple[tuple[i
             params = c * width * 9 + width * width * 9 + 4 * width
             tensors = 4 * width * oh * ow  # conv1, bn1, conv2, bn2 (relu and += in place)
         else:
-            from memtune.profiler.layers import BOTTLENECK_EXPANSION
+            from memtune.profiler._layers import BOTTLENECK_EXPANSION
 
             out_c = width * BOTTLENECK_EXPANSION
             params = c * width + width * width * 9 + width * out_c + 4 * width + 2 * out_c
@@ -529,7 +529,7 @@ def spec_hash(spec: Mapping[str, object] | ModelSpec | ValidatedSpec, limits: Sp
 def _module(layer: _Layer, info: LayerInfo) -> nn.Module:
     from torch import nn
 
-    from memtune.profiler.layers import BasicBlock, Bottleneck, TransformerBlock
+    from memtune.profiler._layers import BasicBlock, Bottleneck, TransformerBlock
 
     shape = info.input_shape
     if isinstance(layer, Conv2dLayer):

@@ -1,7 +1,7 @@
 """Per-stage facts that need no timing: bytes, FLOPs, convolution shapes, from one traced forward.
 
-``chain_facts`` traces a chain once (``memtune.profiler.storages.trace_chain``) with a per-stage counter
-(``memtune.profiler.flops.count_stage``) and returns what both the roofline (``memtune.profiler.modeled``) and the
+``chain_facts`` traces a chain once (``memtune.profiler._storages.trace_chain``) with a per-stage counter
+(``memtune.profiler._flops.count_stage``) and returns what both the roofline (``memtune.profiler.modeled``) and the
 measured profile (``memtune.profiler.measure``) need besides times: output, saved and parameter bytes, the
 saved-storage table, forward FLOPs, bytes moved, and the convolution shapes.
 """
@@ -14,10 +14,10 @@ from typing import cast
 import torch
 from torch import nn
 
+from memtune.profiler._flops import StageCount, count_stage
+from memtune.profiler._profile import ConvProfile, SavedStorage
+from memtune.profiler._storages import stage_saved_bytes, trace_chain
 from memtune.profiler.chain import ModelChain, Stage, conv_modules
-from memtune.profiler.flops import StageCount, count_stage
-from memtune.profiler.profile import ConvProfile, SavedStorage
-from memtune.profiler.storages import stage_saved_bytes, trace_chain
 
 __all__ = ["ChainFacts", "StageFacts", "chain_facts", "conv_profiles", "param_bytes", "torch_dtype"]
 

@@ -411,8 +411,8 @@ def _gpt_activation_bytes(params: Mapping[str, int]) -> int:
 def _build_gpt(params: dict[str, int]) -> ModelChain:
     from torch import nn
 
+    from memtune.profiler._layers import TokenPositionEmbedding, TransformerBlock
     from memtune.profiler.chain import ModelChain, flatten
-    from memtune.profiler.layers import TokenPositionEmbedding, TransformerBlock
 
     width, heads = params["width"], params["heads"]
     if width % heads != 0:

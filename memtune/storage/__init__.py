@@ -6,15 +6,15 @@ SQLAlchemy errors. Optuna's tables live in the same database (``RDBStorage`` on 
 
 from __future__ import annotations
 
-from memtune.storage.database import Database, default_url, normalize_url
-from memtune.storage.migrate import upgrade
-from memtune.storage.storage_errors import (
+from memtune.storage._storage_errors import (
     ConflictError,
     IdempotencyConflictError,
     NotFoundError,
     StorageError,
     UnavailableError,
 )
+from memtune.storage.database import Database, default_url, normalize_url
+from memtune.storage.migrate import upgrade
 
 __all__ = [
     "ConflictError",

@@ -21,8 +21,8 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
-from memtune.storage.lookup_version import read_lookup_version, watch_lookup_writes
-from memtune.storage.storage_errors import ConflictError, NotFoundError, StorageError, UnavailableError
+from memtune.storage._lookup_version import read_lookup_version, watch_lookup_writes
+from memtune.storage._storage_errors import ConflictError, NotFoundError, StorageError, UnavailableError
 
 __all__ = ["Database", "default_url", "is_postgres", "is_sqlite", "normalize_url"]
 
@@ -135,7 +135,7 @@ class Database:
 
     def lookup_version(self) -> int:
         """The counter every write to results, models or GPU types raises (NOTE [ Lookup version ] in
-        ``memtune.storage.lookup_version``): answers computed from those tables at an older version may be out of date.
+        ``memtune.storage._lookup_version``): answers computed from those tables at an older version may be out of date.
 
         Raises:
             UnavailableError, StorageError: the database cannot be read.

@@ -19,8 +19,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 
+from memtune.storage._storage_errors import StorageError
 from memtune.storage.database import Database, engine_kwargs
-from memtune.storage.storage_errors import StorageError
 
 __all__ = [
     "MIGRATIONS_DIR",

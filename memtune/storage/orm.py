@@ -121,7 +121,7 @@ class ModelProgramRow(Base):
 
 
 class ProfileRow(Base):
-    """A stored profile (``memtune.profiler.profile.Profile`` JSON) of one model on one GPU type."""
+    """A stored profile (``memtune.profiler._profile.Profile`` JSON) of one model on one GPU type."""
 
     __tablename__ = "mt_profiles"
     __table_args__ = (
@@ -289,7 +289,7 @@ class CalibrationRow(Base):
 
 
 class WorkerRow(Base):
-    """A worker process's heartbeat (NOTE [ Worker heartbeats ] in ``memtune.storage.repositories.workers``): which GPU
+    """A worker process's heartbeat (NOTE [ Worker heartbeats ] in ``memtune.storage.repositories._workers``): which GPU
     types
     it serves (null: every one) and when it last said it is alive."""
 
@@ -303,7 +303,7 @@ class WorkerRow(Base):
 
 class LookupVersionRow(Base):
     """One row (``id`` 1): a counter raised in the same transaction as every write to the tables the service's
-    lookups read (NOTE [ Lookup version ] in ``memtune.storage.lookup_version``)."""
+    lookups read (NOTE [ Lookup version ] in ``memtune.storage._lookup_version``)."""
 
     __tablename__ = "mt_lookup_version"
 

@@ -52,7 +52,7 @@ the ``committed`` one; ``none`` when the GPU type had no calibration (headroom 0
 HEADROOM_SOURCES: frozenset[str] = frozenset({"request", "database", "user file", "committed", "none"})
 
 CompileChoice = Literal["auto", "on", "off"]
-"""Whether a job's plans may compile the whole model (NOTE [ Whole-model compile ] in ``memtune.tuner.whole``; NOTE
+"""Whether a job's plans may compile the whole model (NOTE [ Whole-model compile ] in ``memtune.tuner._whole``; NOTE
 [ Compiler points in the service ] in ``memtune.api.service.worker``): ``auto`` (the profile's compiler points are
 candidates, measured first on a worker with a GPU of the job's type), ``on`` (as ``auto``, and the job fails where no
 point can be
@@ -68,9 +68,9 @@ COMPILE_CHOICES: frozenset[str] = frozenset({"auto", "on", "off"})
 #   conversion from it, and ``identity_hash`` hashes them but the key;
 # * storage: ``GpuRepository.upsert`` writes a row from ``from_identity``'s record and ``to_gpu`` reads one back by the
 #   record's fields; the columns of ``GpuTypeRow`` (``memtune.storage.orm``) are the migrated schema, written out there;
-# * api: a roofline spec's type is ``GpuType.from_identity(spec_identity(spec))`` (``memtune.api.service.gpu_types``),
-#   and ``memtune.api.service.views.gpu_public`` builds ``GpuPublic`` from ``identity_fields()``; ``GpuPublic``'s fields
-#   are the published OpenAPI schema, written out in ``memtune.api.service.schemas``.
+# * api: a roofline spec's type is ``GpuType.from_identity(spec_identity(spec))`` (``memtune.api.service._gpu_types``),
+#   and ``memtune.api.service._views.gpu_public`` builds ``GpuPublic`` from ``identity_fields()``; ``GpuPublic``'s
+# fields   are the published OpenAPI schema, written out in ``memtune.api.service.schemas``.
 # tests/unit/service/test_gpu_identity.py holds those columns and that schema to this list. The GPU type of the CUDA
 # device a process runs on is the key of ``memtune.tuner.measure.first_use.present_gpu``, for the command line and the
 # service's worker alike.

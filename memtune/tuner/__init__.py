@@ -11,6 +11,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from memtune.tuner._link import SharedLink
+from memtune.tuner._peak_check import PeakCheck, peak_check, planning_headroom
+from memtune.tuner._prefetch_trigger import PrefetchTrigger, prefetch_trigger
+from memtune.tuner._ranks import RanksResult, Stagger, ranks_prefetch_trigger, simulate_ranks, stagger_for
+from memtune.tuner._sharding import shard_units, sharded_profile
+from memtune.tuner._tuner_errors import (
+    BoundError,
+    BudgetError,
+    CalibrationError,
+    PlanError,
+    SearchError,
+    TunerError,
+)
 from memtune.tuner.budget import format_bytes, parse_budget
 from memtune.tuner.inference import (
     InferenceFacts,
@@ -21,26 +34,13 @@ from memtune.tuner.inference import (
     plan_inference,
     simulate_inference,
 )
-from memtune.tuner.link import SharedLink
-from memtune.tuner.peak_check import PeakCheck, peak_check, planning_headroom
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.policies import POLICIES, run_policy
-from memtune.tuner.prefetch_trigger import PrefetchTrigger, prefetch_trigger
-from memtune.tuner.ranks import RanksResult, Stagger, ranks_prefetch_trigger, simulate_ranks, stagger_for
-from memtune.tuner.sharding import shard_units, sharded_profile
 from memtune.tuner.simulator import SimResult, Simulator, simulate
-from memtune.tuner.tuner_errors import (
-    BoundError,
-    BudgetError,
-    CalibrationError,
-    PlanError,
-    SearchError,
-    TunerError,
-)
 
 # The lazy names, for type checkers (``__getattr__`` would make them ``Any``).
 if TYPE_CHECKING:
-    from memtune.tuner.exact import exact_front, exact_optimum
+    from memtune.tuner._exact import exact_front, exact_optimum
     from memtune.tuner.search import Candidate, TuneResult, tune
 
 __all__ = [
@@ -90,8 +90,8 @@ _LAZY = {
     "Candidate": "memtune.tuner.search",
     "TuneResult": "memtune.tuner.search",
     "tune": "memtune.tuner.search",
-    "exact_front": "memtune.tuner.exact",
-    "exact_optimum": "memtune.tuner.exact",
+    "exact_front": "memtune.tuner._exact",
+    "exact_optimum": "memtune.tuner._exact",
 }
 
 

@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from memtune.tuner._tuner_errors import BoundError
 from memtune.tuner.plan import Plan
 from memtune.tuner.simulator import Simulator
 from memtune.tuner.stage_choices import selective_gain_bytes
-from memtune.tuner.tuner_errors import BoundError
 
 if TYPE_CHECKING:
     from scipy.sparse import coo_array

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from memtune.tuner.tuner_errors import BudgetError
+from memtune.tuner._tuner_errors import BudgetError
 
 if TYPE_CHECKING:
     from memtune.profiler import Profile

@@ -19,13 +19,13 @@ Where ``calibration_for`` finds a GPU type's calibration, first found wins:
 
 A calibration is JSON data (``Calibration.from_data`` checks it): ``gpu``, ``headroom``, ``remap_ms_per_gib``,
 ``compute_scale``, ``copy_gbps``, ``shared_link_gbps`` and ``allreduce_gbps`` (the host link several GPUs share and
-the all-reduce rate between them, ``memtune.tuner.link``), ``source`` and whatever else a newer ``memtune calibrate``
+the all-reduce rate between them, ``memtune.tuner._link``), ``source`` and whatever else a newer ``memtune calibrate``
 writes, which is kept as it came (``Calibration.data``, ``to_data``) and passed on unread.
 
 # NOTE [ Calibration is an input ]
 The calibration is an input of the simulator, like its profile: ``Simulator(profile, ..., calibration=cal)`` keeps
 it as ``Simulator.calibration``, and everything downstream of a simulator (``memtune.tuner.search.tune``, the fast
-path, the placement pricer, the peak check, ``memtune.tuner.ranks``) reads it from the simulator or from its own
+path, the placement pricer, the peak check, ``memtune.tuner._ranks``) reads it from the simulator or from its own
 ``calibration=`` parameter. ``calibration_for`` is only the default lookup at the edges: a ``calibration`` of None
 is looked up once, where the simulator (or the function) is made, and never again below it. So two calibrations of
 one GPU type can price one profile side by side in one process (a service's jobs, a test), and no job's prices
@@ -57,8 +57,8 @@ from typing import Any, Literal
 
 from memtune.profiler import Profile
 from memtune.profiler.library import shipped_data, user_data_dir
-from memtune.tuner.link import SharedLink, allreduce_table
-from memtune.tuner.tuner_errors import CalibrationError
+from memtune.tuner._link import SharedLink, allreduce_table
+from memtune.tuner._tuner_errors import CalibrationError
 
 __all__ = [
     "Calibration",
@@ -110,8 +110,8 @@ class Calibration:
         Rules: ``gpu`` a non-empty string (``gpu`` given here fills it in, and must agree with it); ``headroom`` (0
         when absent) a number in [0, 1); ``remap_ms_per_gib`` absent, null or a number >= 0 (ms per GiB);
         ``compute_scale`` an object of numbers > 0; ``copy_gbps`` absent, null or an object of numbers > 0 (GB/s);
-        ``shared_link_gbps`` and ``allreduce_gbps`` absent, null or as ``memtune.tuner.link`` says (GB/s per GPU by GPUs
-        copying at once, the row '1' required; bus GB/s by ranks >= 2);
+        ``shared_link_gbps`` and ``allreduce_gbps`` absent, null or as ``memtune.tuner._link`` says (GB/s per GPU by
+        GPUs copying at once, the row '1' required; bus GB/s by ranks >= 2);
         ``source`` and ``remap_source`` strings; every number finite, the whole object JSON. Other fields are kept
         unread.
 
@@ -135,7 +135,7 @@ class Calibration:
             )
         scale = _positive_table(data, "compute_scale", key, "factors")
         _positive_table(data, "copy_gbps", key, "GB/s by direction (d2h, h2d)")
-        if data.get("shared_link_gbps") is not None:  # NOTE [ Shared host link ] in memtune.tuner.ranks
+        if data.get("shared_link_gbps") is not None:  # NOTE [ Shared host link ] in memtune.tuner._ranks
             SharedLink.from_table(data["shared_link_gbps"], gpu=key)
         allreduce_table(data.get("allreduce_gbps"), gpu=key)
         sources = [_text(data, "source", key), _text(data, "remap_source", key)]

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memtune.profiler import ConvAlgo, ConvProfile, Profile
-from memtune.tuner.conv_choice import PASSES, choose_algorithms, conv_key, working_algos
+from memtune.tuner._conv_choice import PASSES, choose_algorithms, conv_key, working_algos
 from memtune.tuner.placement import PlacementResult, allocator_cost
 from memtune.tuner.plan import ConvChoice, Plan
 from memtune.tuner.simulator import SimResult, Simulator

@@ -6,14 +6,14 @@ plans were candidates.
 
 # NOTE [ Compiled lower bound ]
 With compiling on, two families of compiled plans are candidates: the whole model compiled at one measured activation
-budget, every stage kept, priced by its compiler point (NOTE [ Whole-model compile ] in ``memtune.tuner.whole``); and,
+budget, every stage kept, priced by its compiler point (NOTE [ Whole-model compile ] in ``memtune.tuner._whole``); and,
 per compiled-region profile (one partition into regions, compiled at one activation budget), a plan of offload and
 recompute over its regions, simulated on that profile (NOTE [ Compiled-region candidates ] in
 ``memtune.tuner.region_plans``). For a budget B the bound is the least of the families' floors, each
 max(compute floor, link floor). Times are ms, bytes those of the step's peak.
 
 *The whole model compiled.* Its points (m_j, t_j) are the compiler points' allocated peaks and steps as the search
-serves them (peaks moved for the optimizer, ``memtune.tuner.search_results.compiler_candidates``). T is the fastest
+serves them (peaks moved for the optimizer, ``memtune.tuner._search_results.compiler_candidates``). T is the fastest
 step measured; from it towards less memory the lower convex envelope of the points (``lower_envelope``) has vertices
 (m_0, T), (m_1, t_1), ... and slopes s_i rising: the ms per byte of peak the compiler's recompute frees between two
 measured budgets. The compute floor is
@@ -39,7 +39,7 @@ Its step is at least
   (``memtune.tuner.bound.remake_pieces``, as NOTE [ Budget bound ] prices them), the cheapest pieces of all regions
   taken first;
 - link floor: o (1/d2h + 1/h2d), d2h and h2d the fastest copy rates of any storage of the profile, bytes per ms (the
-  simulator's copy times, ``memtune.tuner.copy_costs.storage_copy_ms``): a byte away at the peak went out before it on
+  simulator's copy times, ``memtune.tuner._copy_costs.storage_copy_ms``): a byte away at the peak went out before it on
   the one copy engine to the host and comes back after it on the one from the host, so its two copies never overlap.
 
 The floor is the least over r of the larger of the two, the split most favourable to the plan; r is at most the bytes
@@ -70,9 +70,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memtune.profiler import Profile
+from memtune.tuner._search_results import compiler_candidates
 from memtune.tuner.bound import lower_envelope, remake_pieces
 from memtune.tuner.plan import Plan
-from memtune.tuner.search_results import compiler_candidates
 from memtune.tuner.simulator import Simulator
 
 __all__ = ["CompiledBound", "CompiledFloor", "compiled_lower_bound", "region_floor", "whole_floor"]

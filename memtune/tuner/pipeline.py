@@ -1,7 +1,7 @@
 """Profiles to plans: the arguments checked, the budget read once, the search at the default headroom, the bounds.
 
 ``memtune.tune`` (``memtune.tuner.measure.tune_module``, which measures a model first) and ``memtune tune`` (the
-command line, ``memtune.api.cli.tune``) both go through here, each with its own progress display; a benchmark that
+command line, ``memtune.api.cli._tune``) both go through here, each with its own progress display; a benchmark that
 measures once and tunes at several budgets calls ``tune_profiles`` directly. Pure Python (no torch).
 
 # NOTE [ One pipeline ]
@@ -18,18 +18,18 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, overload
 
+from memtune.tuner._peak_check import planning_headroom
+from memtune.tuner._tuner_errors import BoundError, TunerError
 from memtune.tuner.budget import Budget
-from memtune.tuner.peak_check import planning_headroom
 from memtune.tuner.simulator import OPTIMIZERS, Simulator
 from memtune.tuner.tuned import Tuned
-from memtune.tuner.tuner_errors import BoundError, TunerError
 
 if TYPE_CHECKING:
     from memtune.profiler import Profile
     from memtune.profiler.region_profile import RegionProfile
+    from memtune.tuner._search_results import Mode
     from memtune.tuner.bound import StepBound
     from memtune.tuner.search import Candidate, TuneResult
-    from memtune.tuner.search_results import Mode
 
 __all__ = [
     "DTYPES",

@@ -33,11 +33,11 @@ This is the plan of docs/concepts.md made exact; the simulator (``memtune.tuner.
   Only stages the profile measured so (``selective_*`` fields) may take it; a recompute segment next to it
   treats it as ``keep``.
 * ``spatial_splits``: a recompute segment i..j of a chain plan, keyed ``"i-j"``, may run in s strips of rows
-  (2..64) with exact halos (NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``): it saves and re-runs what an
+  (2..64) with exact halos (NOTE [ Spatial splitting ] in ``memtune.tuner._spatial``): it saves and re-runs what an
   unsplit segment does (only x_{i-1} is saved), but its forward and its re-run go strip by strip, so one strip's
   intermediates live at a time. Only stages whose profile records ``StageProfile.rows`` may be split.
 
-A storage (NOTE [ Saved storages ] in ``memtune.profiler.profile``) is referenced by every non-recompute stage
+A storage (NOTE [ Saved storages ] in ``memtune.profiler._profile``) is referenced by every non-recompute stage
 that saves it and by every segment whose input it is (with stage i-1's action; ``keep`` for module stages).
 A storage the model's own code saves outside every stage (``SavedStorage.outside``) is kept whatever the plan.
 Then:
@@ -55,7 +55,7 @@ reaches stage min(n-1, k + L_k), where L_k (stages) is ``prefetch_lookaheads[k]`
 lookaheads, else the global ``prefetch_lookahead`` for every k; under ``sync="inline"`` L_k is 0 (fetched on
 demand). ``Plan.stage_lookaheads`` computes L_k once for the simulator's ``prefetch_at`` and the runtime's
 ``StepState.on_backward``. Per-stage values are what the per-layer trigger chooses (NOTE [ Per-layer prefetch
-trigger ] in ``memtune.tuner.prefetch_trigger``); an entry for a stage that no offloaded storage first needs changes
+trigger ] in ``memtune.tuner._prefetch_trigger``); an entry for a stage that no offloaded storage first needs changes
 nothing. The prefetches one backward stage issues share one copy engine: they are queued by need, the storage needed
 first (the highest need stage) first, storage order among equals. The runtime always issued them so (its entries sorted
 by need); the simulator queued them in storage order, the one needed last first, so a lookahead that brought back many
@@ -64,7 +64,7 @@ chain (``tests/unit/tuner/test_prefetch_trigger.py``) lookahead 4 was simulated 
 
 Both fields are stored and neither is derived from the other. The per-stage values are chosen stage by stage (the
 trigger moves each from a start it searched), not a function of one number; and under them the global one is still
-the plan's own knob: the search's ``lookahead`` parameter a plan is seeded with (``memtune.tuner.search_space``, where
+the plan's own knob: the search's ``lookahead`` parameter a plan is seeded with (``memtune.tuner._search_space``, where
 a move that changes it replaces the per-stage values), the trigger's plan keeps it, and ``memtune bench`` prints it.
 Deriving either from the other would lose a stored value and drop a field from the JSON of stored plans and from the
 service's schema. What is derived is the lookahead each stage runs with, ``Plan.stage_lookaheads`` (which also reads
@@ -99,7 +99,7 @@ why); every kind takes ``actions`` (one per stage), the sync and prefetch knobs 
   in ``memtune.profiler.region_tree``), saving by ``compile_saves`` when set, with ``eager_stages`` the regions that run
   eager (NOTE [ In-place writes at region edges ]). Forbids what ``compiled_chain`` forbids but ``eager_stages``.
 * ``whole_compile``: the whole model compiled under ``whole_compile`` (NOTE [ Whole-model compile ] in
-  ``memtune.tuner.whole``), priced by a measured compiler point, not the simulator; ``stages`` may name the module
+  ``memtune.tuner._whole``), priced by a measured compiler point, not the simulator; ``stages`` may name the module
   stages of its profile. Every action is ``keep``. Forbids ``compile_budget`` (and so ``compile_saves`` and
   ``eager_stages``), convolution choices, and ``spatial_splits`` (no recompute segment to split). Its sync and prefetch
   knobs are stored but nothing is copied.
@@ -131,8 +131,8 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memtune.profiler import SaveRule
-from memtune.tuner.spatial import check_split_keys, parse_segment_key, spatial_refusal
-from memtune.tuner.tuner_errors import PlanError
+from memtune.tuner._spatial import check_split_keys, parse_segment_key, spatial_refusal
+from memtune.tuner._tuner_errors import PlanError
 
 if TYPE_CHECKING:
     from memtune.profiler import Profile
@@ -251,14 +251,13 @@ class Plan(BaseModel):
         ge=0.0,
         le=1.0,
         description="the whole model runs compiled by torch.compile under this activation-memory budget, every "
-        "stage 'keep' (NOTE [ Whole-model compile ] in memtune.tuner.whole); priced by the profile's measured compiler "
-        "point "
-        "of that budget. None: the stages run as the actions say",
+        "stage 'keep' (NOTE [ Whole-model compile ] in memtune.tuner._whole); priced by the profile's measured "
+        "compiler point of that budget. None: the stages run as the actions say",
     )
     spatial_splits: dict[str, int] = Field(
         default_factory=dict,
         description="recompute segment 'i-j' -> strips of rows (2..64) it runs in, halos included (NOTE [ Spatial "
-        "splitting ] in memtune.tuner.spatial); empty: every segment runs whole",
+        "splitting ] in memtune.tuner._spatial); empty: every segment runs whole",
     )
 
     @model_validator(mode="after")

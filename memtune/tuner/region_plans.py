@@ -3,7 +3,7 @@
 
 # NOTE [ Compiled-region candidates ]
 ``memtune.tune(model, ..., compile=...)`` with compiling on tunes, besides the eager profile (whose search also sees
-the whole model compiled, NOTE [ Whole-model compile ] in ``memtune.tuner.whole``), one compiled profile per candidate
+the whole model compiled, NOTE [ Whole-model compile ] in ``memtune.tuner._whole``), one compiled profile per candidate
 region partition and activation budget (``memtune.profiler.region_profile.profile_regions``), each searched alone within
 the same budget bytes. The plan served is the fastest feasible best of them all (``fastest``): a compiled-region plan
 only where it beats the eager plans and the compiler's own points, which stay candidates. A ``RegionTrial`` records each

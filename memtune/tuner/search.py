@@ -8,10 +8,10 @@ gives every stage a default action), an override per stage ``aNNN`` in {auto, ke
 overlap before compute waits for it). ``auto`` takes the threshold rule's action,
 so the search starts from the published policy and edits it stage by stage. ``per_layer_prefetch`` (a boolean)
 replaces, once a trial's descent has ended, the global lookahead by the per-layer trigger's per-stage lookaheads
-(NOTE [ Per-layer prefetch trigger ] in ``memtune.tuner.prefetch_trigger``) where that scores better; only where the
+(NOTE [ Per-layer prefetch trigger ] in ``memtune.tuner._prefetch_trigger``) where that scores better; only where the
 trigger can help (the plan is over the budget or stalls in its backward), so it costs a fraction of the trials' time.
 Where the profile records row maps, each trial's descent also splits recompute segments into strips of rows, and
-the counts are refined per segment after it (NOTE [ Searching splits ] in ``memtune.tuner.spatial_search``).
+the counts are refined per segment after it (NOTE [ Searching splits ] in ``memtune.tuner._spatial_search``).
 
 Every baseline policy is evaluated and enqueued as one of the first trials, so the result is never worse than
 the best feasible baseline (a baseline whose knobs the space cannot express, e.g. HMMS sync points, is also
@@ -55,13 +55,13 @@ With ``storage`` and ``study_name`` the study lives in a database (Optuna ``RDBS
 resumed, finished trials count toward ``trials``, stale running trials of dead workers are failed (Optuna
 heartbeat), and several processes may work on one study.
 
-The search's parts: the result types and the rules that read them are in ``memtune.tuner.search_results``, the
-space's ranges and a trial's parameters as a plan in ``memtune.tuner.search_space``, the baselines and seeds a search
-starts from in ``memtune.tuner.search_seeds`` (NOTE [ Seeds kept as they are ]), the state of one search (the
+The search's parts: the result types and the rules that read them are in ``memtune.tuner._search_results``, the
+space's ranges and a trial's parameters as a plan in ``memtune.tuner._search_space``, the baselines and seeds a search
+starts from in ``memtune.tuner._search_seeds`` (NOTE [ Seeds kept as they are ]), the state of one search (the
 objective, pricing, NOTE [ Placement ranking ], and the local edits, NOTE [ Rule basins ]) in
-``memtune.tuner.search_state``, its local descent (NOTE [ Local descent ], NOTE [ Descent memo ], NOTE [ Placed
-descent ]) in ``memtune.tuner.search_descent``, and the studies and their writer (NOTE [ Written behind ]) in
-``memtune.tuner.search_study``. ``tune`` here runs them in order.
+``memtune.tuner._search_state``, its local descent (NOTE [ Local descent ], NOTE [ Descent memo ], NOTE [ Placed
+descent ]) in ``memtune.tuner._search_descent``, and the studies and their writer (NOTE [ Written behind ]) in
+``memtune.tuner._search_study``. ``tune`` here runs them in order.
 """
 
 from __future__ import annotations
@@ -74,11 +74,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from memtune.profiler import Profile
-from memtune.tuner.budget import search_budget
-from memtune.tuner.calibration import Calibration, calibration_for
-from memtune.tuner.collection import collecting_less
-from memtune.tuner.plan import Plan
-from memtune.tuner.search_results import (
+from memtune.tuner._collection import collecting_less
+from memtune.tuner._search_results import (
     CONSTRAINTS,
     Candidate,
     Mode,
@@ -89,12 +86,15 @@ from memtune.tuner.search_results import (
     pareto_front,
     trial_fits,
 )
-from memtune.tuner.search_seeds import evaluate_policies, evaluate_seeds, first_trials
-from memtune.tuner.search_space import _params_for, decode_params
-from memtune.tuner.search_state import SearchState as _Search
-from memtune.tuner.search_study import Studies, _constraint_list, open_study
-from memtune.tuner.trials import TrialQueue, run_trials
-from memtune.tuner.tuner_errors import SearchError
+from memtune.tuner._search_seeds import evaluate_policies, evaluate_seeds, first_trials
+from memtune.tuner._search_space import _params_for, decode_params
+from memtune.tuner._search_state import SearchState as _Search
+from memtune.tuner._search_study import Studies, _constraint_list, open_study
+from memtune.tuner._trials import TrialQueue, run_trials
+from memtune.tuner._tuner_errors import SearchError
+from memtune.tuner.budget import search_budget
+from memtune.tuner.calibration import Calibration, calibration_for
+from memtune.tuner.plan import Plan
 
 __all__ = [
     "CONSTRAINTS",
@@ -196,7 +196,7 @@ def tune(
     seeded = evaluate_seeds(profile, seeds, budget_bytes, search.sim)  # NOTE [ Seeds kept as they are ]
 
     studies = open_study(storage, study_name, seed, mode, priced)
-    # trials enqueued for the sampler's study (NOTE [ Fixed trials ] in memtune.tuner.trials)
+    # trials enqueued for the sampler's study (NOTE [ Fixed trials ] in memtune.tuner._trials)
     queue: TrialQueue = deque()
     if not studies.existing:
         queue = first_trials(policies, seeds, search.has_conv_algos)

@@ -43,9 +43,9 @@ allocating it. With the copy counted the stage is simulated at 8.71 GiB.
 
 The simulator is deterministic and pure Python. ``Simulator(profile)`` precomputes the per-profile
 tables once, so that ``run(plan)`` costs a few hundred microseconds for a 40-stage chain. A run is four steps:
-schedule (``memtune.tuner.schedule``), forward, backward (each stage's in ``memtune.tuner.stage_backward``) and peak,
-every memory event written once to a ``Ledger`` (``memtune.tuner.ledger``). The per-profile tables, with NOTE
-[ Backward transient ] and NOTE [ Gradients between stages ], are in ``memtune.tuner.storage_tables``.
+schedule (``memtune.tuner._schedule``), forward, backward (each stage's in ``memtune.tuner._stage_backward``) and peak,
+every memory event written once to a ``Ledger`` (``memtune.tuner._ledger``). The per-profile tables, with NOTE
+[ Backward transient ] and NOTE [ Gradients between stages ], are in ``memtune.tuner._storage_tables``.
 """
 
 from __future__ import annotations
@@ -57,18 +57,18 @@ from typing import Literal
 
 from memtune.profiler import CompilerPoint, ConvAlgo, Profile
 from memtune.profiler.loss_model import profile_loss_ms
+from memtune.tuner._conv_choice import RuleChoices
+from memtune.tuner._conv_costs import price_choices
+from memtune.tuner._fast_path import FastPath
+from memtune.tuner._ledger import Ledger
+from memtune.tuner._schedule import StepState, backward_schedule, forward_schedule
+from memtune.tuner._spatial import SplitPricing, parse_segment_key
+from memtune.tuner._stage_backward import stage_backward
+from memtune.tuner._storage_tables import StorageTables, backward_transients, merge_storages
+from memtune.tuner._whole import compiler_point
 from memtune.tuner.calibration import Calibration, calibration_for
-from memtune.tuner.conv_choice import RuleChoices
-from memtune.tuner.conv_costs import price_choices
-from memtune.tuner.fast_path import FastPath
-from memtune.tuner.ledger import Ledger
 from memtune.tuner.plan import Action, Plan, PlanKind, StorageFate, resolve_storages, segments
-from memtune.tuner.schedule import StepState, backward_schedule, forward_schedule
-from memtune.tuner.spatial import SplitPricing, parse_segment_key
-from memtune.tuner.stage_backward import stage_backward
 from memtune.tuner.stage_choices import selective_gain_bytes
-from memtune.tuner.storage_tables import StorageTables, backward_transients, merge_storages
-from memtune.tuner.whole import compiler_point
 
 __all__ = ["OPTIMIZERS", "SimResult", "Simulator", "StorageTables", "backward_transients", "merge_storages", "simulate"]
 
@@ -94,7 +94,7 @@ class SimResult:
             timeline is asked for (NOTE [ Allocator placement ] in ``memtune.tuner.placement`` replays them).
         spans: when a timeline is asked for, what the copy engines and the backward ran when: ``("d2h" | "h2d",
             storage id in ``Simulator.tables``, start ms, end ms)`` per copy and ``("backward", stage, start ms, end
-            ms)`` per stage (``memtune.tuner.ranks`` prices a shared host link with them).
+            ms)`` per stage (``memtune.tuner._ranks`` prices a shared host link with them).
     """
 
     step_ms: float
@@ -205,7 +205,7 @@ class Simulator:
         self.loss_ms = profile_loss_ms(profile) * self.compute_scale
         # NOTE [ Held output ]: returned storages the loop holds through the backward
         self.held = profile.output_held_bytes or 0
-        # NOTE [ Memory held before the step ] (memtune.profiler.module_step): library workspaces count too
+        # NOTE [ Memory held before the step ] (memtune.profiler._module_step): library workspaces count too
         self.base = (
             int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes + profile.resident_bytes
         )
@@ -302,7 +302,7 @@ class Simulator:
         # NOTE [ Convolution costs ]
         A stage's measured times include its convolutions run with the framework's algorithms
         (``ConvProfile.default_ms``/``default_bwd_ms``, PyTorch's own convolution at the same shapes).
-        A chosen triple (``memtune.tuner.conv_choice``) replaces that time by the chosen algorithms' ms, and the
+        A chosen triple (``memtune.tuner._conv_choice``) replaces that time by the chosen algorithms' ms, and the
         stage's workspace by the chosen algorithms' largest workspace per pass. The first convolution of
         stage 0 reads the model input, which needs no gradient: its backward is the weight pass alone (the
         profiler times stage 0 so); counting its data pass too over-predicted ResNet-50 bf16 ``vdnn_all_m``'s
@@ -443,14 +443,14 @@ class Simulator:
             made: list[tuple[str, object, int]] = [("alloc", ("g", k - 1), self.out[k - 1])] if k > 0 else []
             return made, [("free", ("g", k), self.out[k])]
         tab = self._tables
-        rest = tab.s_grad_rest  # NOTE [ Gradient storages made in the backward ] (memtune.tuner.stage_backward)
+        rest = tab.s_grad_rest  # NOTE [ Gradient storages made in the backward ] (memtune.tuner._stage_backward)
         freed: list[tuple[str, object, int]] = [("free", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_freed[k]]
         freed += [("free", ("gr", sid), rest[sid]) for sid in tab.grad_rest_freed[k]]
         return [("alloc", ("gs", sid), tab.s_grad[sid]) for sid in tab.grad_made[k]], freed
 
     def _split_pricing(self, plan: Plan, actions: Sequence[Action], tab: StorageTables) -> SplitPricing | None:
         """The plan's spatial splits that are recompute segments of ``actions``, priced (NOTE [ Spatial splitting ]
-        in ``memtune.tuner.spatial``); keys of other segments (a search's move changed the actions) are left out."""
+        in ``memtune.tuner._spatial``); keys of other segments (a search's move changed the actions) are left out."""
         if self.profile.modules:
             return None
         segs = set(segments(actions))
@@ -516,7 +516,7 @@ class Simulator:
         return extra
 
     def _run(self, actions: Sequence[Action], plan: Plan, want_timeline: bool) -> SimResult:
-        # the reference: NOTE [ Fast path ] (memtune.tuner.fast_path) prices most plans without a timeline and must
+        # the reference: NOTE [ Fast path ] (memtune.tuner._fast_path) prices most plans without a timeline and must
         # count what this counts, to the bit; tests/unit/tuner/test_fast_path.py compares the two
         step = self._schedule(actions, plan)
         # every memory event, and on the timeline path the same tensor by tensor (NOTE [ Allocator placement ])
@@ -527,7 +527,7 @@ class Simulator:
         return self._peak(step, led, sp)
 
     def _schedule(self, actions: Sequence[Action], plan: Plan) -> StepState:
-        """The schedule step: the plan's costs, storage fates and tables (``memtune.tuner.schedule``)."""
+        """The schedule step: the plan's costs, storage fates and tables (``memtune.tuner._schedule``)."""
         fwd, bwd, ws_f, ws_b = self.stage_costs(plan)
         inline = plan.sync == "inline"
         tab = self._tables
@@ -536,7 +536,7 @@ class Simulator:
                 self._unmerged = StorageTables(self.profile)
             tab = self._unmerged
         fates = resolve_storages(tab.profile, actions)
-        # NOTE [ Spatial splitting ] (memtune.tuner.spatial): a split segment's stages cost their strips' share
+        # NOTE [ Spatial splitting ] (memtune.tuner._spatial): a split segment's stages cost their strips' share
         split = self._split_pricing(plan, actions, tab) if plan.spatial_splits else None
         # what a re-run's second copies hold (NOTE [ Re-made copies ]): one strip's when split
         s_bytes = c_bytes = tab.s_bytes
@@ -747,7 +747,7 @@ class Simulator:
 
 
 def _measured(point: CompilerPoint) -> SimResult:
-    """A whole-model compile plan's cost: its measured point (NOTE [ Whole-model compile ] in ``memtune.tuner.whole``),
+    """A whole-model compile plan's cost: its measured point (NOTE [ Whole-model compile ] in ``memtune.tuner._whole``),
     no
     copies and no stalls; the step is reported as forward, since one compiled step is not split into phases."""
     return SimResult(

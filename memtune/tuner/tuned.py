@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memtune.tuner._peak_check import peak_check
 from memtune.tuner.budget import bytes_unit, format_bytes, search_budget
-from memtune.tuner.peak_check import peak_check
 
 if TYPE_CHECKING:
     from memtune.profiler import Profile

@@ -77,9 +77,9 @@ def test_whole_compile_plans_are_measured_chosen_and_run_on_cuda() -> None:
     ``planned`` running it gives the compiler's own run at that budget (within the noise of two such runs)."""
     import functools
 
+    from memtune.tuner.measure._peers import compiled_model
     from memtune.tuner.measure.compiler_points import measure_compiler_points, with_compiler_points
-    from memtune.tuner.measure.peers import compiled_model
-    from memtune.tuner.runtime.planned import CompiledWhole
+    from memtune.tuner.runtime._planned import CompiledWhole
 
     params = {"image_size": 64, "num_classes": 10}
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """cuDNN algorithms on a real GPU: enumeration, every working algorithm's numerics, workspaces, the swap.
 
-Skipped without CUDA. Each case enumerates one convolution with ``memtune.profiler.conv_enumerate.enumerate_conv`` and
+Skipped without CUDA. Each case enumerates one convolution with ``memtune.profiler._conv_enumerate.enumerate_conv`` and
 runs every algorithm the profile lists as working through ``CudnnConv2dFunction``; forward, input
 gradient and weight gradient are compared with ``F.conv2d`` (and ``torch.nn.grad``) in float64 on the same
 values, as the largest error over the largest reference value.
@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.grad import conv2d_input, conv2d_weight
 
+from memtune.profiler._conv_enumerate import enumerate_conv, enumerate_stage_convs
+from memtune.profiler._profile import ConvAlgo, ConvProfile
 from memtune.profiler.chain import ModelChain, flatten
-from memtune.profiler.conv_enumerate import enumerate_conv, enumerate_stage_convs
 from memtune.profiler.conv_split import enumerate_splits, split_workspace_bytes
 from memtune.profiler.cudnn import (
     ALGO_NAMES,
@@ -28,8 +29,7 @@ from memtune.profiler.cudnn import (
     cudnn_available,
     cudnn_version,
 )
-from memtune.profiler.profile import ConvAlgo, ConvProfile
-from memtune.tuner.conv_choice import select_algo
+from memtune.tuner._conv_choice import select_algo
 from memtune.tuner.plan import ConvChoice, Plan
 from memtune.tuner.runtime.conv import AlgoChoice, CudnnConv2dFunction, apply_conv_choices
 

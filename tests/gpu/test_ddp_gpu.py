@@ -24,8 +24,8 @@ from memtune.tuner import Action, Plan, SharedLink, stagger_for
 from memtune.tuner.calibration import Calibration
 from memtune.tuner.measure.link_share import copier_counts, measure_allreduce, measure_shared_link
 from memtune.tuner.runtime import planned
+from memtune.tuner.runtime._stagger import StaggeredRuntime
 from memtune.tuner.runtime.ddp import planned_ddp, planned_of, spawn_ranks
-from memtune.tuner.runtime.stagger import StaggeredRuntime
 from memtune.tuner.runtime.verify import relative_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -15,8 +15,8 @@ import torch
 from typer.testing import CliRunner
 
 from memtune.api.cli import app
+from memtune.profiler._profile import Profile
 from memtune.profiler.library import user_data_dir, user_profile_dir
-from memtune.profiler.profile import Profile
 from memtune.tuner.calibration import calibration_for
 from memtune.tuner.measure.first_use import present_gpu
 

@@ -21,7 +21,7 @@ from torch import nn
 from memtune.profiler import build
 from memtune.tuner import InferenceFacts, InferencePlan, LayerFitError, LayerPlan, plan_inference, simulate_inference
 from memtune.tuner.inference import LayerFacts, plain_plan, working_sets
-from memtune.tuner.inference.facts import ConvWorkspace
+from memtune.tuner.inference._facts import ConvWorkspace
 from memtune.tuner.measure.inference_measure import measure_facts
 from memtune.tuner.runtime import InferenceRunner
 from memtune.tuner.runtime.inference_facts import layer_shapes

@@ -21,8 +21,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from memtune.profiler._profile import Profile
 from memtune.profiler.module_profile import as_inputs, profile_module
-from memtune.profiler.profile import Profile
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.runtime.verify import check_equivalence, reference_step
 from memtune.tuner.search import tune

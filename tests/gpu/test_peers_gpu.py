@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from memtune.tuner.measure.peers import OffloadActivations, compiled_model
+from memtune.tuner.measure._peers import OffloadActivations, compiled_model
 
 pytestmark = [
     pytest.mark.gpu,

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from memtune.profiler._meta import meta_chain, meta_input
+from memtune.profiler._storages import saved_storage_table
 from memtune.profiler.chain import ModelChain, flatten
-from memtune.profiler.meta import meta_chain, meta_input
-from memtune.profiler.storages import saved_storage_table
 
 pytestmark = [
     pytest.mark.gpu,

@@ -3,7 +3,7 @@
 Hugging Face's T5 calls its encoder and decoder stacks with keyword arguments only, so ``torch.utils.checkpoint``
 saw no CUDA tensor among its positional arguments and replayed only the CPU generator: the re-run drew other dropout
 masks and the gradients were wrong (relative error 0.17-0.89 on an H100) while the loss was right. NOTE [ Random
-state under recompute ] in ``memtune.tuner.runtime.rng``. Models keep their default dropout; the bar is that of the
+state under recompute ] in ``memtune.tuner.runtime._rng``. Models keep their default dropout; the bar is that of the
 other GPU tests (1e-4 relative, deterministic kernels).
 """
 

@@ -5,7 +5,7 @@ pool and brings storages back ahead of need, with their strides (the model and i
 compiled regions save channels-last tensors, and the compiled backward asserts strides); each region compiles once; a
 plan that ``memtune.tune(..., compile=True)`` serves runs within its budget under ``budget_guard``, its regions
 compiled by a first step before the cap (NOTE [ Regions compile at their first call ] in
-``memtune.tuner.runtime.planned_module``). Skipped without CUDA (``pytest -m gpu tests/gpu/test_regions_gpu.py``).
+``memtune.tuner.runtime._planned_module``). Skipped without CUDA (``pytest -m gpu tests/gpu/test_regions_gpu.py``).
 """
 
 from __future__ import annotations

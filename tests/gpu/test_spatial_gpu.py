@@ -1,4 +1,4 @@
-"""Spatially split recompute segments on a CUDA GPU (NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``): the same
+"""Spatially split recompute segments on a CUDA GPU (NOTE [ Spatial splitting ] in ``memtune.tuner._spatial``): the same
 math as the unplanned run in fp32 (cuDNN deterministic, TF32 off) and under bf16 autocast, and a lower measured peak
 than the same segment re-run whole.
 
@@ -25,7 +25,7 @@ from memtune.profiler.modeled import modeled_profile
 from memtune.tuner.measure.bench import make_batch
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime import planned, reference_step
-from memtune.tuner.runtime.spatial_strips import SpatialSegment
+from memtune.tuner.runtime._spatial_strips import SpatialSegment
 
 pytestmark = [
     pytest.mark.gpu,

@@ -39,7 +39,7 @@ import optuna
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 from memtune.profiler.loss_model import profile_loss_ms
-from memtune.profiler.profile import Profile
+from memtune.profiler._profile import Profile
 from memtune.tuner.plan import Plan
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import simulate

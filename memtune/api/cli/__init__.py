@@ -14,13 +14,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the lazy names, for type checkers (``__getattr__`` would make them ``Any``)
-    from memtune.api.cli.commands import app
-    from memtune.api.cli.common import load_chain, resolve_profile
+    from memtune.api.cli._commands import app
+    from memtune.api.cli._common import load_chain, resolve_profile
 
 __all__ = ["app", "load_chain", "resolve_profile"]
 
-_LAZY = {"app": "memtune.api.cli.commands", "load_chain": "memtune.api.cli.common",
-         "resolve_profile": "memtune.api.cli.common"}  # fmt: skip
+_LAZY = {"app": "memtune.api.cli._commands", "load_chain": "memtune.api.cli._common",
+         "resolve_profile": "memtune.api.cli._common"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

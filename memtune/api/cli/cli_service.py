@@ -1,7 +1,7 @@
 """Service commands for the ``memtune`` CLI: ``serve``, ``worker``, ``keys create|list|revoke`` and
 ``calibration push|get`` (a GPU type's calibration in a running service, through ``memtune.api.client``).
 
-The lead's ``memtune/api/cli/commands.py`` attaches them with ``register(app)``.
+The lead's ``memtune/api/cli/_commands.py`` attaches them with ``register(app)``.
 ``python -m memtune.api.cli.cli_service …`` runs them standalone (same commands, same options).
 """
 

@@ -15,10 +15,10 @@ from contextlib import asynccontextmanager
 import anyio.to_thread
 from fastapi import FastAPI
 
-from memtune.api.service import lookup_cache
-from memtune.api.service.body_limit import BodySizeLimit, PathLimit
-from memtune.api.service.openapi import install_docs
-from memtune.api.service.problems import install_problem_handlers
+from memtune.api.service import _lookup_cache
+from memtune.api.service._body_limit import BodySizeLimit, PathLimit
+from memtune.api.service._openapi import install_docs
+from memtune.api.service._problems import install_problem_handlers
 from memtune.api.service.routes import charts, gpus, health, jobs, leaderboard, models, profiles, web
 from memtune.api.service.settings import Settings
 from memtune.storage import Database, upgrade
@@ -57,11 +57,11 @@ def create_app(settings: Settings | None = None, *, db: Database | None = None) 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(upgrade, database)
         app.state.migrated = True
-        cache: lookup_cache.LookupCache = app.state.lookup_cache
+        cache: _lookup_cache.LookupCache = app.state.lookup_cache
         watcher = None
         if cache.enabled:  # NOTE [ Lookup cache ]
             poll_s = settings.lookup_cache_poll_s
-            watcher = asyncio.create_task(lookup_cache.watch(cache, database.lookup_version, poll_s))
+            watcher = asyncio.create_task(_lookup_cache.watch(cache, database.lookup_version, poll_s))
         worker = None
         if settings.embedded_worker:
             from memtune.api.service.worker import Worker
@@ -104,5 +104,5 @@ def create_app(settings: Settings | None = None, *, db: Database | None = None) 
         "max_bytes=...).archive is the program without them",
     )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, paths={models.EXPORTED_PATH: exported})
-    lookup_cache.install(app, settings.lookup_cache_poll_s)  # NOTE [ Lookup cache ]
+    _lookup_cache.install(app, settings.lookup_cache_poll_s)  # NOTE [ Lookup cache ]
     return app

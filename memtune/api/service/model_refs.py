@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
-from memtune.api.service.problems import ProblemError
+from memtune.api.service._problems import ProblemError
 from memtune.profiler import SpecError
 from memtune.profiler.spec import validate_spec
 from memtune.profiler.zoo import ZOO, normalize_name, zoo_params
@@ -144,7 +144,7 @@ def check_batch(model: ModelRecord, batch: int) -> None:
 
 def check_tensor_sizes(model: ModelRecord, gpu_key: str, memory_bytes: int) -> None:
     """An exported program whose largest tensor (a parameter, buffer, constant, node output or factory call's
-    tensor; NOTE [ Upload limits ] in ``memtune.profiler.exported_checks``) is over the GPU type's memory fits no plan:
+    tensor; NOTE [ Upload limits ] in ``memtune.profiler._exported_checks``) is over the GPU type's memory fits no plan:
     refuse a job of it on that GPU type. The upload was checked against the GPU type it named, else the largest.
 
     Raises:

@@ -514,7 +514,7 @@ class CalibrationPut(BaseModel):
         default=None,
         max_length=64,
         description="pinned copy rates per GPU, GB/s in [0.01, 2000], by GPUs copying at once ('1' required) and "
-        "direction (NOTE [ Shared host link ] in memtune.tuner.ranks)",
+        "direction (NOTE [ Shared host link ] in memtune.tuner._ranks)",
     )
     allreduce_gbps: dict[_Count, _BusRate] | None = Field(
         default=None, max_length=64, description="NCCL all-reduce bus GB/s in [0.01, 10000] by ranks (>= 2)"
@@ -574,7 +574,7 @@ class BestPlanPublic(BaseModel):
 
 class MemoryCheckPublic(BaseModel):
     """The profile's unplanned step, measured against the simulator (NOTE [ Profile self-check ] in
-    ``memtune.tuner.peak_check``); bytes above what was resident before the step."""
+    ``memtune.tuner._peak_check``); bytes above what was resident before the step."""
 
     measured_bytes: int
     reserved_bytes: int
@@ -585,7 +585,7 @@ class MemoryCheckPublic(BaseModel):
 
 
 class ProfilePublic(BaseModel):
-    """A stored profile (``profile`` is ``memtune.profiler.profile.Profile`` JSON)."""
+    """A stored profile (``profile`` is ``memtune.profiler._profile.Profile`` JSON)."""
 
     id: int
     model_id: str

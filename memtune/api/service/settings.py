@@ -27,7 +27,7 @@ class Settings(BaseSettings):
         max_exported_bytes: the same for an exported program's archive (``POST /v1/models/exported``), which is
             also the most it may unpack to.
         max_exported_check_s: seconds an exported program's check may take; a slower one is stopped and the upload
-            refused (NOTE [ Upload limits ] in ``memtune.profiler.exported_checks``).
+            refused (NOTE [ Upload limits ] in ``memtune.profiler._exported_checks``).
         embedded_worker: run one worker thread inside the API process (``memtune serve``).
         worker_gpus: GPU type keys the embedded worker serves; empty for every known GPU type.
         heartbeat_interval_s: seconds between a worker's job heartbeats.
@@ -42,7 +42,7 @@ class Settings(BaseSettings):
         max_trials_per_job: the most Optuna trials one job may ask for; more is 429 (see
             ``memtune.api.service.routes.jobs``).
         lookup_cache_poll_s: seconds between two reads of the lookup version by the lookup cache (NOTE [ Lookup
-            cache ] in ``memtune.api.service.lookup_cache``): a result committed by any process is served at most
+            cache ] in ``memtune.api.service._lookup_cache``): a result committed by any process is served at most
             this long (plus one recomputation) after its commit; 0 turns the cache off.
 
     The limits apply to admin keys too; an idempotent retry of a stored job is not a new submission and counts

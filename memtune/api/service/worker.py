@@ -1,6 +1,6 @@
 """The job worker: claims queued jobs, gets a profile, runs the Optuna search, stores plans and progress.
 
-A worker claims jobs atomically (NOTE [ Job claims ] in ``memtune.storage.repositories.jobs``) for the GPU types
+A worker claims jobs atomically (NOTE [ Job claims ] in ``memtune.storage.repositories._jobs``) for the GPU types
 it serves, heartbeats while it works, and writes progress (trials done / total, best so far) at most every
 ``progress_interval_s``. A job whose worker died (no heartbeat for ``stale_after_s``) is claimed again by
 another worker; its Optuna study lives in the same database (``RDBStorage``) under the job's
@@ -21,15 +21,15 @@ of the job's type, else its compute on the CPU and its copies from the job's GPU
 results are labeled ``simulated`` (the numbers come from the simulator, whatever the profile's source); the plans
 validated on the GPU are stored again, labeled ``measured`` (NOTE [ Measured validation ]).
 
-The worker's steps live beside it, each in a module of its own: the lease watch (``memtune.api.service.job_lease``), the
-job's calibration and the first calibration of a GPU type (``memtune.api.service.job_calibration``), the job's profile
-(``memtune.api.service.job_profiles``), its compiler points (``memtune.api.service.job_compile``), the rows it stores
-(``memtune.api.service.job_results``) and its measured validation (``memtune.api.service.job_validation``). The notes
-below describe them as one job's course and stay here, where the rest of the code cites them.
+The worker's steps live beside it, each in a module of its own: the lease watch (``memtune.api.service._job_lease``),
+the job's calibration and the first calibration of a GPU type (``memtune.api.service._job_calibration``), the job's
+profile (``memtune.api.service._job_profiles``), its compiler points (``memtune.api.service._job_compile``), the rows it
+stores (``memtune.api.service._job_results``) and its measured validation (``memtune.api.service._job_validation``). The
+notes below describe them as one job's course and stay here, where the rest of the code cites them.
 
 # NOTE [ Compiler points in the service ]
 A plan may run the whole model compiled by ``torch.compile`` at one activation budget, priced by a compiler point of
-the profile (NOTE [ Whole-model compile ] in ``memtune.tuner.whole``). A job's ``compile`` says what the worker does
+the profile (NOTE [ Whole-model compile ] in ``memtune.tuner._whole``). A job's ``compile`` says what the worker does
 about those points, after it has the job's profile and before the search:
 
 * ``off``: the search runs on the profile without its compiler points, so no plan compiles the whole model.
@@ -91,10 +91,10 @@ service looks for one, the first found wins:
 
 A job's headroom is resolved in that order when it is submitted (unless the request gives one) and stored with
 where it came from (``headroom_source``). The rest of the calibration (compute scales, allocator prices) is looked up
-in the same order when a worker runs the job (``memtune.api.service.job_calibration.job_calibration``) and passed to the
-job's search (``tune(..., calibration=)``, NOTE [ Calibration is an input ] in ``memtune.tuner.calibration``). A worker
-installs nothing in its process: no job's prices depend on what another job ran with, and two jobs of one GPU type
-under two calibrations (one stored between them) are each priced with their own.
+in the same order when a worker runs the job (``memtune.api.service._job_calibration.job_calibration``) and passed to
+the job's search (``tune(..., calibration=)``, NOTE [ Calibration is an input ] in ``memtune.tuner.calibration``). A
+worker installs nothing in its process: no job's prices depend on what another job ran with, and two jobs of one GPU
+type under two calibrations (one stored between them) are each priced with their own.
 
 First measurement: a GPU type with no calibration in the database nor a committed one is calibrated by the first
 worker about to measure plans of it on its own GPU: a job of that type with ``validate_top_k`` > 0 that validation
@@ -123,13 +123,13 @@ from uuid import uuid4
 
 import optuna
 
-from memtune.api.service.job_calibration import (
+from memtune.api.service._job_calibration import (
     CalibrateFn,
     FirstCalibration,
     job_calibration,
     measure_calibration,
 )
-from memtune.api.service.job_compile import (
+from memtune.api.service._job_compile import (
     COMPILE_BUDGETS,
     CompilerPointsFn,
     NoCompilerPoints,
@@ -137,10 +137,10 @@ from memtune.api.service.job_compile import (
     measure_job_compiler_points,
     search_profile,
 )
-from memtune.api.service.job_lease import LeaseLost, LeaseWatch
-from memtune.api.service.job_profiles import job_profile
-from memtune.api.service.job_results import no_plan_fits, simulated_rows
-from memtune.api.service.job_validation import VALIDATION_WARMUP, JobValidation, Validator, validate_job
+from memtune.api.service._job_lease import LeaseLost, LeaseWatch
+from memtune.api.service._job_profiles import job_profile
+from memtune.api.service._job_results import no_plan_fits, simulated_rows
+from memtune.api.service._job_validation import VALIDATION_WARMUP, JobValidation, Validator, validate_job
 from memtune.storage import Database
 from memtune.storage.database import engine_kwargs
 from memtune.storage.records import Job, ResultIn
@@ -266,7 +266,7 @@ class Worker:
     def run(self) -> None:
         """Claim and run jobs until ``stop``; waits ``poll_interval_s`` when there is none. Says it is alive every
         ``heartbeat_interval_s`` meanwhile, from a thread of its own (NOTE [ Worker heartbeats ] in
-        ``memtune.storage.repositories.workers``)."""
+        ``memtune.storage.repositories._workers``)."""
         log.info("worker %s serving %s", self.worker_id, self.gpu_keys or "every GPU type")
         beater = threading.Thread(target=self._beat, name=f"memtune-heartbeat-{self.worker_id}", daemon=True)
         beater.start()

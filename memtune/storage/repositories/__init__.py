@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from memtune.storage.repositories.calibrations import CalibrationRepository
-from memtune.storage.repositories.gpus import GpuRepository, identity_hash
-from memtune.storage.repositories.jobs import JobLease, JobRepository, LeaseStatus
-from memtune.storage.repositories.keys import KeyRepository, hash_key
-from memtune.storage.repositories.models import ModelRepository, content_hash
-from memtune.storage.repositories.profiles import ProfileRepository
-from memtune.storage.repositories.results import (
+from memtune.storage.repositories._calibrations import CalibrationRepository
+from memtune.storage.repositories._gpus import GpuRepository, identity_hash
+from memtune.storage.repositories._jobs import JobLease, JobRepository, LeaseStatus
+from memtune.storage.repositories._keys import KeyRepository, hash_key
+from memtune.storage.repositories._models import ModelRepository, content_hash
+from memtune.storage.repositories._profiles import ProfileRepository
+from memtune.storage.repositories._results import (
     BestAnswer,
     LeaderboardPage,
     ResultRepository,
     pareto_flags,
 )
-from memtune.storage.repositories.workers import WorkerRecord, WorkerRepository
+from memtune.storage.repositories._workers import WorkerRecord, WorkerRepository
 
 __all__ = [
     "BestAnswer",

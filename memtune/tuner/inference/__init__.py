@@ -2,7 +2,7 @@
 
 Weights live in host memory and arrive one output-channel partition ahead of the compute that needs them; a layer
 too big for the budget runs in partitions of its output channels (NOTE [ Inference plans ] in
-``memtune.tuner.inference.inference_plan``). ``plan_inference`` makes a plan from ``InferenceFacts``
+``memtune.tuner.inference._inference_plan``). ``plan_inference`` makes a plan from ``InferenceFacts``
 (``facts_from_profile``, or ``memtune.tuner.measure.inference_measure.measure_facts`` on a live model),
 ``simulate_inference`` prices it, and
 ``memtune.tuner.runtime``'s ``InferenceRunner`` runs it.
@@ -10,7 +10,7 @@ too big for the budget runs in partitions of its output channels (NOTE [ Inferen
 
 from __future__ import annotations
 
-from memtune.tuner.inference.facts import (
+from memtune.tuner.inference._facts import (
     COPY_LATENCY_MS,
     ConvWorkspace,
     InferenceFacts,
@@ -18,15 +18,15 @@ from memtune.tuner.inference.facts import (
     LayerShape,
     facts_from_profile,
 )
-from memtune.tuner.inference.inference_plan import (
+from memtune.tuner.inference._inference_plan import (
     INFERENCE_PLAN_SCHEMA_VERSION,
     InferencePlan,
     LayerFitError,
     LayerPlan,
 )
-from memtune.tuner.inference.inference_simulator import InferenceSim, LayerTiming, simulate_inference
-from memtune.tuner.inference.memory import WorkingSet, working_sets
-from memtune.tuner.inference.planner import plain_plan, plan_inference
+from memtune.tuner.inference._inference_simulator import InferenceSim, LayerTiming, simulate_inference
+from memtune.tuner.inference._memory import WorkingSet, working_sets
+from memtune.tuner.inference._planner import plain_plan, plan_inference
 
 __all__ = [
     "COPY_LATENCY_MS",

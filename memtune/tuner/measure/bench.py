@@ -31,14 +31,14 @@ from torch import nn
 from memtune.profiler import ModelChain, Profile
 from memtune.profiler.loss import loss_classes, step_loss
 from memtune.tuner.capped import predict_capped
-from memtune.tuner.measure.isolate import IsolatedProcessError, run_isolated
-from memtune.tuner.measure.peers import OffloadActivations, compiled_model
+from memtune.tuner.measure._isolate import IsolatedProcessError, run_isolated
+from memtune.tuner.measure._peers import OffloadActivations, compiled_model
 from memtune.tuner.measure.step_timing import time_steps
 from memtune.tuner.plan import Plan
+from memtune.tuner.runtime._planned import PlannedBase, planned
+from memtune.tuner.runtime._run_errors import PlanOutOfMemoryError
 from memtune.tuner.runtime.conv import apply_conv_choices
 from memtune.tuner.runtime.guard import budget_guard
-from memtune.tuner.runtime.planned import PlannedBase, planned
-from memtune.tuner.runtime.run_errors import PlanOutOfMemoryError
 from memtune.tuner.simulator import SimResult, simulate
 
 __all__ = ["BenchRow", "RowSpec", "bench_plans", "checkpoint_segments", "make_batch", "measure_step", "row_specs"]
@@ -182,7 +182,7 @@ def row_specs(
 ) -> list[RowSpec]:
     """The rows ``bench_plans`` measures, in order: unconstrained, each plan, PyTorch's built-ins, then the peers:
     ``torch.compile`` of the whole model at each of ``compiler_budgets`` and, with ``offload_peer``, activation
-    offload on a side stream (``memtune.tuner.measure.peers.OffloadActivations``), uncapped as users run them.
+    offload on a side stream (``memtune.tuner.measure._peers.OffloadActivations``), uncapped as users run them.
 
     Raises:
         ValueError: a compiled plan whose budget has no profile in ``compiled_profiles``.

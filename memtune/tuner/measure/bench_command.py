@@ -3,7 +3,7 @@ plans at each headroom and each fraction of the peak, with and without algorithm
 plans, diagnosis variants) and their measurement on this GPU (``bench_plans``), each row written to the JSON file as
 it comes.
 
-``memtune.api.cli.cli_bench`` finds the profile, parses the options, calls ``measure_bench`` and prints its rows. What
+``memtune.api.cli._cli_bench`` finds the profile, parses the options, calls ``measure_bench`` and prints its rows. What
 the closures of the command shared is explicit here: ``Searching`` (the searches' settings and the plans found so far)
 and ``Measuring`` (what every ``bench_plans`` call of one run takes).
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memtune.profiler import Profile, ProfilerError
+from memtune.tuner._tuner_errors import TunerError
 from memtune.tuner.budget import format_bytes
 from memtune.tuner.calibration import calibration_for
 from memtune.tuner.measure.bench import BenchRow, bench_plans
@@ -26,7 +27,6 @@ from memtune.tuner.measure.first_use import zoo_profile
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.policies import POLICIES
 from memtune.tuner.search import tune as run_tune
-from memtune.tuner.tuner_errors import TunerError
 
 if TYPE_CHECKING:
     from memtune.profiler import ModelChain

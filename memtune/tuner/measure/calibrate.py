@@ -40,13 +40,13 @@ from typing import Any
 from memtune.profiler import Profile, build
 from memtune.profiler.identity import cuda_identity
 from memtune.profiler.measure import profile as measure
+from memtune.tuner._tuner_errors import TunerError
 from memtune.tuner.calibration import calibration_for, profile_key, user_calibration_dir
 from memtune.tuner.measure.bench import BenchRow, bench_plans
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime.guard import configure_allocator
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import Simulator
-from memtune.tuner.tuner_errors import TunerError
 
 __all__ = ["CalibrationRun", "calibrate"]
 

@@ -1,5 +1,5 @@
 """Measure the whole model compiled at several activation budgets: the compiler points of a profile (NOTE
-[ Whole-model compile ] in ``memtune.tuner.whole``).
+[ Whole-model compile ] in ``memtune.tuner._whole``).
 
 # NOTE [ Compiler points of a module ]
 A zoo chain is rebuilt in a fresh process for each budget (NOTE [ Bench isolation ]); a user's module cannot be, so

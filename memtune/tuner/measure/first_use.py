@@ -31,10 +31,10 @@ from memtune.profiler.cudnn import CudnnError
 from memtune.profiler.devices import gpu_key
 from memtune.profiler.library import profile_filename, user_profile_dir
 from memtune.profiler.measure import profile as measure
+from memtune.tuner._tuner_errors import TunerError
 from memtune.tuner.calibration import calibration_for
+from memtune.tuner.measure._isolate import run_isolated
 from memtune.tuner.measure.calibrate import CalibrationRun, calibrate
-from memtune.tuner.measure.isolate import run_isolated
-from memtune.tuner.tuner_errors import TunerError
 
 __all__ = ["PresentGPU", "ensure_calibration", "measure_zoo_profile", "present_gpu", "zoo_profile"]
 

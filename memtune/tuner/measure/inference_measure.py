@@ -1,8 +1,8 @@
 """Inference facts measured on a device: each layer's forward, the host link, what one more partition costs.
 
 ``measure_facts`` times a chain's layers (``memtune.tuner.runtime.inference_facts`` reads their shapes) on the CPU or a
-CUDA GPU for plans priced where they run (NOTE [ Inference plans ] in ``memtune.tuner.inference.inference_plan``);
-``partition_ms`` times the runner itself (``memtune.tuner.runtime.inference_runner``) on a probe layer.
+CUDA GPU for plans priced where they run (NOTE [ Inference plans ] in ``memtune.tuner.inference._inference_plan``);
+``partition_ms`` times the runner itself (``memtune.tuner.runtime._inference_runner``) on a probe layer.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from torch import nn
 
 from memtune.profiler import ModelChain
 from memtune.tuner.inference import InferenceFacts, InferencePlan, LayerFacts, LayerPlan
-from memtune.tuner.inference.facts import ConvWorkspace
+from memtune.tuner.inference._facts import ConvWorkspace
+from memtune.tuner.runtime._inference_runner import InferenceRunner
 from memtune.tuner.runtime.inference_facts import chain_layers, layer_shapes, weighted_forward
-from memtune.tuner.runtime.inference_runner import InferenceRunner
 
 __all__ = ["PROBE_UNITS", "measure_facts", "partition_ms", "runner_median_ms"]
 

@@ -15,9 +15,9 @@ import torch
 from memtune.profiler import ModelChain, Profile
 from memtune.profiler.measure import chained_backward_bytes, model_input, stage_workspaces
 from memtune.profiler.stagefacts import torch_dtype
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime.conv import apply_conv_choices
-from memtune.tuner.tuner_errors import PlanError
 
 __all__ = ["measure_lean_transients"]
 
@@ -32,7 +32,7 @@ def measure_lean_transients(
     ``memtune.profiler.measure.stage_workspaces`` does, its backward as
     ``memtune.profiler.measure.chained_backward_bytes`` (above the gradients it makes), with every
     convolution of the chain swapped for a ``ChosenConv2d`` running the memory-optimal triple of the
-    profile's tables (unsplit: ``memtune.tuner.conv_choice.select_algo``'s ``memory_optimal`` rule). Stages without
+    profile's tables (unsplit: ``memtune.tuner._conv_choice.select_algo``'s ``memory_optimal`` rule). Stages without
     convolutions keep None. CUDA only; the chain's modules are moved to the GPU in training mode.
 
     Args:

@@ -1,6 +1,6 @@
 """Measuring the host link the GPUs of one host share: each GPU's pinned copy rate while 1, 2, 4 ... of them copy at
 once, and the all-reduce bus bandwidth among them (the calibration fields ``shared_link_gbps`` and ``allreduce_gbps``
-of ``memtune.tuner.link``; ``python -m benchmarks.shared_link`` runs it).
+of ``memtune.tuner._link``; ``python -m benchmarks.shared_link`` runs it).
 
 # NOTE [ Measuring the shared link ]
 One process drives every GPU, each with a device-to-host and a host-to-device stream, a device buffer and two
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from memtune.tuner.runtime.stagger import gpu_cycles_per_ms
+from memtune.tuner.runtime._stagger import gpu_cycles_per_ms
 
 __all__ = ["SharedLinkRun", "copier_counts", "measure_allreduce", "measure_shared_link"]
 

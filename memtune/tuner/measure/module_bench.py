@@ -27,8 +27,8 @@ from memtune.profiler import profile_module
 from memtune.profiler.module_profile import as_inputs, default_loss
 from memtune.tuner.measure.step_timing import time_steps, training_step
 from memtune.tuner.plan import Plan
+from memtune.tuner.runtime._planned import planned
 from memtune.tuner.runtime.guard import budget_guard
-from memtune.tuner.runtime.planned import planned
 from memtune.tuner.runtime.verify import check_equivalence, reference_step
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import Simulator
@@ -90,7 +90,7 @@ def bench_module(
     Raises:
         TunerError: CUDA is not available or the model is not on it.
     """
-    from memtune.tuner.tuner_errors import TunerError
+    from memtune.tuner._tuner_errors import TunerError
 
     if not torch.cuda.is_available() or not any(p.is_cuda for p in model.parameters()):
         raise TunerError("bench measures on a GPU: put the model and its inputs on a CUDA device")

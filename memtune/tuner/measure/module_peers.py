@@ -3,7 +3,7 @@ applied (``memtune.tuner.measure.peer_measure`` measures them).
 
 # NOTE [ Module peers ]
 A peer is applied to the user's model as the user would apply it, with no profile and no search (NOTE [ Peers ] in
-``memtune.tuner.measure.peers``), and runs uncapped, as users run it:
+``memtune.tuner.measure._peers``), and runs uncapped, as users run it:
 
 * ``compiler``: ``torch.compile`` of the whole model under ``activation_memory_budget`` = b, for each b of the sweep
   (``COMPILER_SWEEP``: 0, 0.1, ..., 1). Each budget has one backend object
@@ -25,7 +25,7 @@ A peer is applied to the user's model as the user would apply it, with no profil
   that holds the most parameters, swapped in place for the time of the measurement (the model's own code runs
   around it, as torchtitan wraps blocks in place). A sequence needs three modules or more: with one segment
   ``checkpoint_sequential`` checkpoints nothing.
-* ``offload_activations``: ``memtune.tuner.measure.peers.OffloadActivations`` around the model's forward (the loss
+* ``offload_activations``: ``memtune.tuner.measure._peers.OffloadActivations`` around the model's forward (the loss
 outside,
   as torchtune places it). On the CPU there is nothing to offload, so it applies there only for tests.
 
@@ -46,8 +46,8 @@ from torch import nn
 from memtune.profiler import find_stages
 from memtune.profiler.chain import may_write_input
 from memtune.profiler.module_profile import as_inputs
-from memtune.tuner.measure.peers import OffloadActivations, compiled_model
-from memtune.tuner.measure.sequential_chain import (
+from memtune.tuner.measure._peers import OffloadActivations, compiled_model
+from memtune.tuner.measure._sequential_chain import (
     MIN_SEQUENCE,
     ChainLink,
     CheckpointChain,

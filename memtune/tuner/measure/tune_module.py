@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memtune.profiler import Profile
+from memtune.tuner._peak_check import peak_check
 from memtune.tuner.budget import format_bytes, profile_budget
-from memtune.tuner.peak_check import peak_check
 from memtune.tuner.pipeline import calibration_advice, check_arguments, progress_bar, tune_profiles
 from memtune.tuner.plan import Plan
 from memtune.tuner.search import Candidate, TuneResult
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from memtune.profiler.region_profile import RegionProfile
-    from memtune.tuner.runtime.planned import PlannedBase
+    from memtune.tuner.runtime._planned import PlannedBase
 
 __all__ = ["COMPILE_BUDGETS", "planned", "profile", "tune"]
 
@@ -82,7 +82,7 @@ def profile(
     Returns:
         The ``Profile`` (``measured`` on CUDA, ``modeled`` on the CPU). Where the simulator's unplanned peak and the
         measured one differ by more than 3%, a warning says so (NOTE [ Profile self-check ] in
-        ``memtune.tuner.peak_check``).
+        ``memtune.tuner._peak_check``).
     """
     from memtune.profiler import profile_module
 
@@ -292,10 +292,10 @@ def planned(
     plan: Tuned | TuneResult | Candidate | Plan | str | Path,
     **kwargs: Any,
 ) -> PlannedBase:
-    """``model`` wrapped so every training step follows ``plan`` (``memtune.tuner.runtime.planned.planned``).
+    """``model`` wrapped so every training step follows ``plan`` (``memtune.tuner.runtime._planned.planned``).
 
     ``plan`` may be what ``tune`` returned, a ``Plan``, or a plan file (``memtune tune --plan-out``). Keyword
-    arguments go to ``memtune.tuner.runtime.planned.planned`` (``pool_bytes``, ``clone_segment_inputs``).
+    arguments go to ``memtune.tuner.runtime._planned.planned`` (``pool_bytes``, ``clone_segment_inputs``).
 
     The planned model's ``state_dict()`` has ``model``'s own keys: a checkpoint saved from it loads into your model
     class without the plan, and your own checkpoint loads into it (``load_state_dict``).
@@ -303,7 +303,7 @@ def planned(
     Args:
         model: the model the plan was tuned for; its parameters are shared, not copied.
         plan: what ``tune`` returned, its ``TuneResult`` or ``Candidate``, a ``Plan``, or a plan file.
-        kwargs: for ``memtune.tuner.runtime.planned.planned``.
+        kwargs: for ``memtune.tuner.runtime._planned.planned``.
 
     Raises:
         PlanError: no plan fits (``tune`` found none), or the plan does not match the model's stages.

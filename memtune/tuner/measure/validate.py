@@ -30,10 +30,10 @@ import torch
 
 from memtune.profiler import DeviceIdentity, ModelChain, Profile, ProfilerError
 from memtune.profiler.identity import cuda_identity
+from memtune.tuner._tuner_errors import TunerError
 from memtune.tuner.measure.bench import BenchRow, bench_plans
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime.guard import configure_allocator
-from memtune.tuner.tuner_errors import TunerError
 
 __all__ = ["ValidationRun", "ValidationUnavailable", "check_validation_device", "validate_plans"]
 

@@ -25,16 +25,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from memtune.profiler import Profile
+from memtune.tuner._tuner_errors import TunerError
 from memtune.tuner.plan import Plan
-from memtune.tuner.policies.checkpoint_sqrt import checkpoint_sqrt
+from memtune.tuner.policies._checkpoint_sqrt import checkpoint_sqrt
+from memtune.tuner.policies._layup import layup
+from memtune.tuner.policies._none import none
+from memtune.tuner.policies._save_on_cpu import save_on_cpu
 from memtune.tuner.policies.hmms import hmms
-from memtune.tuner.policies.layup import layup
 from memtune.tuner.policies.layup_cumulative import layup_cumulative
-from memtune.tuner.policies.none import none
-from memtune.tuner.policies.save_on_cpu import save_on_cpu
 from memtune.tuner.policies.vdnn import vdnn_all_m, vdnn_all_p, vdnn_conv_m, vdnn_conv_p
 from memtune.tuner.policies.vdnn_dyn import vdnn_dyn
-from memtune.tuner.tuner_errors import TunerError
 
 __all__ = ["POLICIES", "PolicyFn", "run_policy"]
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from memtune.profiler import Profile
 from memtune.tuner.plan import Action, Plan
-from memtune.tuner.policies._storage import StorageMap
+from memtune.tuner.policies.storage_map import StorageMap
 
 __all__ = ["HmmsSchedule", "capped_stages", "hmms", "hmms_schedule", "offload_limit"]
 

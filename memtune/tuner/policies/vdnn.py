@@ -15,7 +15,7 @@ from typing import Literal
 
 from memtune.profiler import Profile
 from memtune.tuner.plan import Action, Plan
-from memtune.tuner.policies._storage import StorageMap, is_conv
+from memtune.tuner.policies.storage_map import StorageMap, is_conv
 
 __all__ = [
     "conv_offload_stages",

@@ -36,9 +36,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memtune.profiler import Profile, StageProfile
-from memtune.tuner.conv_choice import choose_algorithms
+from memtune.tuner._conv_choice import choose_algorithms
 from memtune.tuner.plan import Action, Plan
-from memtune.tuner.policies._storage import is_conv
+from memtune.tuner.policies.storage_map import is_conv
 
 __all__ = ["PaperMemory", "find_prefetch_layer", "paper_memory"]
 
@@ -121,7 +121,7 @@ def paper_memory(profile: Profile, plan: Plan) -> PaperMemory:
     """Maximum and average memory of one step of ``plan`` by vDNN's accounting (NOTE [ vDNN accounting ]).
 
     The plan's ``offload`` stages offload their input map (in-place layers never do: their input is their output); every
-    other stage keeps. Convolution workspaces are the plan's chosen algorithms' (``memtune.tuner.conv_choice``; none
+    other stage keeps. Convolution workspaces are the plan's chosen algorithms' (``memtune.tuner._conv_choice``; none
     when the profile has no algorithm tables). A plan with no offload stage is the network-wide baseline.
 
     Raises:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from memtune.profiler import ConvAlgo, ConvProfile, Profile
-from memtune.tuner.conv_choice import working_algos
+from memtune.tuner._conv_choice import working_algos
 from memtune.tuner.plan import Action, ConvChoice, Plan
 from memtune.tuner.policies.vdnn import vdnn_all, vdnn_conv
 from memtune.tuner.simulator import Simulator

@@ -7,18 +7,18 @@ plan file or ``tune --json`` output; ``budget_guard`` caps CUDA memory and repor
 loss, gradients and buffers unchanged. ``memtune.tuner.measure.bench`` measures plans side by side and
 ``memtune.tuner.measure.validate`` measures a job's chosen plans on this process's GPU (imported on their own:
 they pull in the simulator and cuDNN bindings). ``memtune.tuner.runtime.ddp`` runs a plan on every rank of a
-data-parallel run, its copies staggered over a shared host link (``memtune.tuner.runtime.stagger``; imported on its
+data-parallel run, its copies staggered over a shared host link (``memtune.tuner.runtime._stagger``; imported on its
 own). ``InferenceRunner`` runs an inference plan (``memtune.tuner.inference``).
 """
 
 from __future__ import annotations
 
+from memtune.tuner.runtime._inference_runner import InferenceRunner
+from memtune.tuner.runtime._planned import PlannedChain, load_plan, planned
+from memtune.tuner.runtime._pool import HostPool
+from memtune.tuner.runtime._run_errors import PlanOutOfMemoryError
 from memtune.tuner.runtime.guard import budget_guard
-from memtune.tuner.runtime.inference_runner import InferenceRunner
 from memtune.tuner.runtime.offload import OffloadStats
-from memtune.tuner.runtime.planned import PlannedChain, load_plan, planned
-from memtune.tuner.runtime.pool import HostPool
-from memtune.tuner.runtime.run_errors import PlanOutOfMemoryError
 from memtune.tuner.runtime.verify import Equivalence, ReferenceStep, check_equivalence, reference_step
 
 __all__ = [

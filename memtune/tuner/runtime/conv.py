@@ -1,5 +1,5 @@
 """Run convolutions with the cuDNN algorithms a plan chose (NOTE [ Convolution choice ] in
-``memtune.tuner.conv_choice``).
+``memtune.tuner._conv_choice``).
 
 ``CudnnConv2dFunction`` is a custom autograd Function that runs a chosen (fwd, bwd_data, bwd_filter)
 algorithm triple, each at its math type, through ``memtune.profiler.cudnn`` on PyTorch's current stream with
@@ -39,9 +39,9 @@ from memtune.profiler import ConvProfile, ModelChain, Profile, ProfilerError
 from memtune.profiler.chain import Stage, conv_modules, flatten
 from memtune.profiler.conv_split import batch_chunks, run_split, split_workspace_bytes
 from memtune.profiler.cudnn import ConvGeometry, Pass, algo_name, cudnn_available, load_cudnn, module_padding
-from memtune.tuner.conv_choice import ConvTriple, choose_algorithms
+from memtune.tuner._conv_choice import ConvTriple, choose_algorithms
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Plan
-from memtune.tuner.tuner_errors import PlanError
 
 __all__ = ["AlgoChoice", "ChosenConv2d", "CudnnConv2dFunction", "apply_conv_choices", "cudnn_conv2d"]
 
@@ -66,7 +66,8 @@ class AlgoChoice:
 
     @classmethod
     def from_triple(cls, triple: ConvTriple) -> AlgoChoice:
-        """The choice ``memtune.tuner.conv_choice.choose_algorithms`` made, with the math types the profile recorded."""
+        """The choice ``memtune.tuner._conv_choice.choose_algorithms`` made, with the math types the profile
+        recorded."""
         return cls(
             triple.fwd.algo,
             triple.bwd_data.algo,
@@ -365,7 +366,7 @@ def apply_conv_choices(
     """Within the block, every convolution the plan chooses for runs as a ``ChosenConv2d``.
 
     The plan's ``conv_rule``/``conv_algos`` are resolved against ``profile``'s algorithm tables by
-    ``memtune.tuner.conv_choice.choose_algorithms`` (the simulator's reading); convolutions left to the framework
+    ``memtune.tuner._conv_choice.choose_algorithms`` (the simulator's reading); convolutions left to the framework
     are untouched. On exit (also on error) the original modules are put back. A stage that is itself a
     convolution is replaced in the ``ModelChain``'s stage list or in the ``nn.Sequential`` (build
     ``planned(...)`` inside the block so it sees the swap). Hooks registered on a swapped conv do not run

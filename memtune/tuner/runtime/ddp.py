@@ -1,11 +1,11 @@
 """A memtune plan on every rank of a data-parallel run: ``planned`` under ``DistributedDataParallel``.
 
-Each rank wraps its own replica with the plan (``memtune.tuner.runtime.planned``), optionally staggering its copies with
-the other ranks' (NOTE [ Staggered copies ] in ``memtune.tuner.runtime.stagger``), and hands it to PyTorch's
+Each rank wraps its own replica with the plan (``memtune.tuner.runtime._planned``), optionally staggering its copies
+with the other ranks' (NOTE [ Staggered copies ] in ``memtune.tuner.runtime._stagger``), and hands it to PyTorch's
 ``DistributedDataParallel``, which sums the gradients with bucketed all-reduces during the backward. A plan never
 changes the math and neither does a stagger, so the gradients are those of the unplanned model on the whole batch
-(``tests/unit/runtime/test_ddp_plans.py`` checks it with gloo on CPU). ``memtune.tuner.ranks.simulate_ranks`` prices the
-same step (NOTE [ Shared host link ] in ``memtune.tuner.ranks``).
+(``tests/unit/runtime/test_ddp_plans.py`` checks it with gloo on CPU). ``memtune.tuner._ranks.simulate_ranks`` prices
+the same step (NOTE [ Shared host link ] in ``memtune.tuner._ranks``).
 
 One rank needs no all-reduce: with a world of one the planned model comes back without the DDP wrapper, as the
 model prices it (no gradient buckets). ``spawn_ranks`` runs a function in N fresh processes of one process group
@@ -31,8 +31,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from memtune.profiler import ModelChain
 from memtune.tuner import Plan, Stagger, TunerError
-from memtune.tuner.runtime.planned import PlannedBase, planned
-from memtune.tuner.runtime.stagger import StaggeredRuntime, gpu_cycles_per_ms
+from memtune.tuner.runtime._planned import PlannedBase, planned
+from memtune.tuner.runtime._stagger import StaggeredRuntime, gpu_cycles_per_ms
 
 __all__ = ["planned_ddp", "planned_of", "spawn_ranks"]
 

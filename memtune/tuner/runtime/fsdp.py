@@ -1,13 +1,13 @@
 """A memtune plan on every rank of a sharded run: ``planned`` over FSDP2's ``fully_shard``.
 
 Each rank shards its replica with FSDP2, the repeated blocks as units of their own and the root over the rest
-(``memtune.tuner.sharding.shard_units``, NOTE [ Sharded ranks ]), and wraps it with the plan
-(``memtune.tuner.runtime.planned``). The plan's stages run inside FSDP2's hooks: a stage's parameters are gathered
+(``memtune.tuner._sharding.shard_units``, NOTE [ Sharded ranks ]), and wraps it with the plan
+(``memtune.tuner.runtime._planned``). The plan's stages run inside FSDP2's hooks: a stage's parameters are gathered
 before its wrapper runs, the offload
-runtime leaves them on the device (NOTE [ Sharded parameters ] in ``memtune.tuner.runtime.planned_module``), and a
+runtime leaves them on the device (NOTE [ Sharded parameters ] in ``memtune.tuner.runtime._planned_module``), and a
 recomputed stage re-runs in the backward after FSDP2 has gathered them again. FSDP2 averages the gradients over the
 ranks, so after a step each rank's shards hold the gradients of the unplanned model on the whole batch
-(``tests/unit/runtime/test_fsdp_plans.py``, gloo on CPU). ``memtune.tuner.sharding.sharded_profile`` prices one rank's
+(``tests/unit/runtime/test_fsdp_plans.py``, gloo on CPU). ``memtune.tuner._sharding.sharded_profile`` prices one rank's
 step.
 """
 
@@ -22,8 +22,8 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from memtune.tuner import Plan, TunerError
-from memtune.tuner.runtime.planned import PlannedBase, planned
-from memtune.tuner.sharding import shard_units
+from memtune.tuner._sharding import shard_units
+from memtune.tuner.runtime._planned import PlannedBase, planned
 
 __all__ = ["planned_fsdp", "shard"]
 
@@ -63,9 +63,9 @@ def planned_fsdp(
     Args:
         model: the module the plan was made for (its stages are named in ``plan.stages``).
         plan: a plan of module stages (``memtune.tune`` on the model, priced for a rank by
-            ``memtune.tuner.sharding.sharded_profile``).
+            ``memtune.tuner._sharding.sharded_profile``).
         units: submodules sharded as units of their own (default: the plan's repeated-block stages,
-            ``memtune.tuner.sharding.shard_units``).
+            ``memtune.tuner._sharding.shard_units``).
         pool_bytes: host bytes to reserve up front for offloaded storages.
         **fully_shard_options: passed to every ``fully_shard`` call (``mesh``, ``mp_policy``, ...).
 

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 
 import torch
 
-from memtune.tuner.runtime.planned import PlannedBase
-from memtune.tuner.tuner_errors import BudgetError, TunerError
+from memtune.tuner._tuner_errors import BudgetError, TunerError
+from memtune.tuner.runtime._planned import PlannedBase
 
 __all__ = ["ALLOCATOR_SETTINGS", "budget_guard", "configure_allocator"]
 
@@ -73,7 +73,7 @@ def budget_guard(
     workspaces), not the CUDA context, and what was allocated before the block counts against it; call
     ``configure_allocator`` first (NOTE [ Allocator retries ]). A planned model of compiled regions compiles and
     tunes them at its first step, outside the plan's memory: run that step before the block (NOTE [ Regions compile
-    at their first call ] in ``memtune.tuner.runtime.planned_module``).
+    at their first call ] in ``memtune.tuner.runtime._planned_module``).
     With ``model``, an out-of-memory error inside the block, in forward or backward, becomes
     ``PlanOutOfMemoryError`` naming the plan label and the stage that was running; the runtime's
     in-flight state is dropped and the cache emptied, so the next step runs.

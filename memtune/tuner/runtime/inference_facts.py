@@ -17,10 +17,10 @@ from torch import nn
 from memtune.profiler import ModelChain
 from memtune.profiler.chain import flatten
 from memtune.profiler.cudnn import module_padding
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.inference import LayerShape
-from memtune.tuner.inference.facts import ConvWorkspace
+from memtune.tuner.inference._facts import ConvWorkspace
 from memtune.tuner.runtime.conv import AlgoChoice, cudnn_conv2d
-from memtune.tuner.tuner_errors import PlanError
 
 __all__ = [
     "SUPPORTED",

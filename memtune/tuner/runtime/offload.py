@@ -59,7 +59,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from memtune.tuner.runtime.pool import HostPool
+from memtune.tuner.runtime._pool import HostPool
 
 __all__ = ["OffloadRuntime", "OffloadStats", "StepState", "bytes_view", "resident_storage_ptrs"]
 
@@ -72,7 +72,7 @@ def resident_storage_ptrs(tensors: Iterable[torch.Tensor]) -> set[int]:
     A ``DTensor`` (a parameter sharded by FSDP2's ``fully_shard``) has no storage of its own; its local shard's is
     taken. Parameters FSDP2 gathers for a module's forward are plain tensors in storages of their own, allocated
     when gathered: they are known only while the module runs (NOTE [ Sharded parameters ] in
-    ``memtune.tuner.runtime.planned_module``).
+    ``memtune.tuner.runtime._planned_module``).
     """
     ptrs = set()
     for t in tensors:
@@ -440,7 +440,8 @@ class OffloadRuntime:
         reserve_bytes: host bytes to allocate up front (0: grow during the first step).
     """
 
-    #: the per-forward state ``begin_step`` makes (``memtune.tuner.runtime.stagger`` makes one that staggers its copies)
+    #: the per-forward state ``begin_step`` makes (``memtune.tuner.runtime._stagger`` makes one that staggers its
+    #: copies)
     step_type: type[StepState] = StepState
 
     def __init__(self, *, reserve_bytes: int = 0) -> None:

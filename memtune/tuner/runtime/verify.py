@@ -18,7 +18,7 @@ from torch import nn
 from memtune.profiler import ModelChain
 from memtune.profiler.module_stages import call_model
 from memtune.tuner.plan import Plan
-from memtune.tuner.runtime.planned import PlannedBase, planned
+from memtune.tuner.runtime._planned import PlannedBase, planned
 
 __all__ = [
     "Equivalence",

@@ -7,7 +7,7 @@ under ``WALKED`` is parsed with ``ast``; for each ``from pkg.sub import name`` o
 function or under ``TYPE_CHECKING``: a type is a public name too), no ``name`` may be in the ``__all__`` of a face above
 ``pkg.sub``: if the face offers it, the import goes through the face (``from memtune.tuner import tune``, not ``from
 memtune.tuner.search import tune``; ``from memtune.tuner.runtime import planned``, not ``from
-memtune.tuner.runtime.planned …``). ``import pkg.sub`` and ``from pkg import sub`` (a submodule reached through its
+memtune.tuner.runtime._planned …``). ``import pkg.sub`` and ``from pkg import sub`` (a submodule reached through its
 package) hide which names are used, so across packages they are refused too. Imports within one room
 (``memtune.tuner.runtime`` importing ``memtune.tuner.plan``, a face importing its own submodules) are the package's own
 business and are not checked. The API's rooms (``memtune.api.cli``, ``memtune.api.service``, and ``memtune.api``
@@ -83,7 +83,7 @@ KEPT_OUT_OF_FACES: dict[tuple[str, str], str] = {
     (
         "memtune.storage",
         "memtune.storage.records",
-    ): "heavy: imports memtune.profiler.profile and memtune.tuner.budget (numpy, optuna)",
+    ): "heavy: imports memtune.profiler._profile and memtune.tuner.budget (numpy, optuna)",
 }
 
 
@@ -164,6 +164,30 @@ def deep_imports(importer: str, source: str, faces: dict[str, set[str]], modules
     return found
 
 
+def _private(module: str) -> bool:
+    """Whether ``module`` is private to its room: a component below the room starts with one underscore."""
+    return any(part.startswith("_") and not part.startswith("__") for part in module.split(".")[1:])
+
+
+def private_imports(importer: str, source: str, modules: set[str]) -> list[DeepImport]:
+    """The imports in ``importer``'s ``source`` of another room's private modules (``memtune.tuner._search``, or
+    ``from memtune.tuner import _search``): docs/concepts.md, a module whose name starts with ``_``."""
+    found: list[DeepImport] = []
+    for node in ast.walk(ast.parse(source)):
+        named: list[str] = []
+        if isinstance(node, ast.Import):
+            named = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            named = [node.module] + [
+                f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules
+            ]
+        for module in named:
+            if _top(module) in PACKAGES and _top(module) != _top(importer) and _private(module):
+                found.append(DeepImport(importer, module, node.lineno, "private to its room: use its face"))
+                break
+    return found
+
+
 def walked_modules() -> dict[str, str]:
     """``module -> source`` for every module under ``WALKED``."""
     return {_module_name(p): p.read_text() for folder in WALKED for p in sorted((ROOT / folder).rglob("*.py"))}
@@ -180,12 +204,12 @@ def test_the_checker_sees_deep_imports() -> None:
         "memtune.tuner.runtime": {"planned"},
         "memtune.profiler": {"Profile"},
     }
-    modules = {"memtune.tuner", "memtune.tuner.search", "memtune.tuner.runtime", "memtune.tuner.runtime.planned",
+    modules = {"memtune.tuner", "memtune.tuner.search", "memtune.tuner.runtime", "memtune.tuner.runtime._planned",
                "memtune.profiler", "memtune.profiler.zoo"}  # fmt: skip
     source = """
 from memtune.tuner import Plan
 from memtune.tuner.search import tune, trial_fits
-from memtune.tuner.runtime.planned import planned
+from memtune.tuner.runtime._planned import planned
 from memtune.profiler import zoo
 import memtune.profiler.zoo
 import memtune.tuner.runtime
@@ -197,7 +221,7 @@ def later():
     found = [(d.imported, d.line, d.problem) for d in deep_imports("memtune.api.x", source, face_names, modules)]
     assert found == [
         ("memtune.tuner.search", 3, "tune is public in memtune.tuner"),
-        ("memtune.tuner.runtime.planned", 4, "planned is public in memtune.tuner.runtime"),
+        ("memtune.tuner.runtime._planned", 4, "planned is public in memtune.tuner.runtime"),
         ("memtune.profiler.zoo", 5, "zoo is a submodule reached through its package"),
         ("memtune.profiler.zoo", 6, "import names from the module instead"),
         ("memtune.tuner.search", 11, "tune is public in memtune.tuner"),
@@ -205,6 +229,29 @@ def later():
     assert (
         deep_imports("memtune.tuner.y", source, face_names, modules)[0].imported == "memtune.profiler.zoo"
     )  # own package: fine
+
+
+def test_the_checker_sees_private_imports() -> None:
+    source = """
+from memtune.tuner import Plan, _search
+from memtune.tuner._search import tune
+import memtune.tuner.runtime._planned
+from memtune.tuner.runtime import planned
+"""
+    modules = {"memtune.tuner", "memtune.tuner._search", "memtune.tuner.runtime", "memtune.tuner.runtime._planned"}
+    found = [(d.imported, d.line) for d in private_imports("benchmarks.x", source, modules)]
+    assert found == [
+        ("memtune.tuner._search", 2),
+        ("memtune.tuner._search", 3),
+        ("memtune.tuner.runtime._planned", 4),
+    ]
+    assert private_imports("memtune.tuner.runtime.offload", source, modules) == []  # its own room
+
+
+def test_private_modules_stay_in_their_room() -> None:
+    modules = project_modules()
+    found = [hit for name, source in walked_modules().items() for hit in private_imports(name, source, modules)]
+    assert not found, "\n".join(map(str, found))
 
 
 def test_faces_are_used_across_packages() -> None:

@@ -9,8 +9,8 @@ Importing ``p.m`` is not counted as importing the package ``p`` itself.
 
 A cycle is fixed by moving what both sides need into a module of its own that imports neither (as
 ``memtune.profiler.loss_model`` for ``memtune.profiler.loss`` and ``memtune.profiler.modeled``,
-``memtune.tuner.runtime.planned_base`` for ``memtune.tuner.runtime.planned`` and
-``memtune.tuner.runtime.planned_module``), not by an exception here.
+``memtune.tuner.runtime._planned_base`` for ``memtune.tuner.runtime._planned`` and
+``memtune.tuner.runtime._planned_module``), not by an exception here.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def test_the_graph_sees_function_level_imports() -> None:
     graph = import_graph()
     assert "memtune.profiler.loss_model" in graph["memtune.profiler.modeled"]
     assert (
-        "memtune.tuner.runtime.planned_module" in graph["memtune.tuner.runtime.planned"]
+        "memtune.tuner.runtime._planned_module" in graph["memtune.tuner.runtime._planned"]
     )  # imported inside ``planned``
     assert "memtune.profiler.chain" not in graph["memtune.profiler.loss"]  # under TYPE_CHECKING only
 

@@ -64,7 +64,7 @@ def test_profile_refuses_a_bad_dtype_or_gpu_before_measuring() -> None:
 def test_the_command_line_refuses_a_bad_option_before_measuring_a_factory(
     options: list[str], message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("memtune.api.cli.tune.factory_profile", _no_profiling)
+    monkeypatch.setattr("memtune.api.cli._tune.factory_profile", _no_profiling)
     done = CliRunner().invoke(memtune.api.cli.app, ["tune", "my_model.py:build", "--input-shape", "4", *options])
     assert done.exit_code == 2, done.output
     assert message in " ".join(done.output.split())

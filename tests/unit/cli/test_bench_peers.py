@@ -1,4 +1,4 @@
-"""``memtune bench`` on a module model measures its peers (``memtune.api.cli.cli_peers``): the set and its measurement
+"""``memtune bench`` on a module model measures its peers (``memtune.api.cli._cli_peers``): the set and its measurement
 on the CPU,
 the table it prints, and the sweep's refusal before any work."""
 
@@ -12,7 +12,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from memtune.api.cli import app
-from memtune.api.cli.cli_peers import bench_peers, peer_table
+from memtune.api.cli._cli_peers import bench_peers, peer_table
 
 GiB = 1 << 30
 

@@ -9,7 +9,7 @@ import pytest
 from profiles import conv_profile
 
 import memtune.tuner.bound
-from memtune.api.cli.bound_beside import BoundBeside
+from memtune.api.cli._bound_beside import BoundBeside
 from memtune.profiler import Profile
 from memtune.tuner import BoundError, Simulator
 from memtune.tuner.plan import Plan

@@ -67,8 +67,8 @@ def test_tune_prints_the_policy_table_and_the_plan() -> None:
 def test_tune_says_when_its_best_plan_compiles_the_whole_model(tmp_path: Path) -> None:
     """NOTE [ Whole-model compile ]: a profile carrying a measured compiler point that fits and beats every plan of
     offload and recompute gets that compile as its best plan, said in words (no table of per-stage actions)."""
+    from memtune.profiler._profile import CompilerPoint
     from memtune.profiler.modeled import modeled_profile
-    from memtune.profiler.profile import CompilerPoint
     from memtune.profiler.zoo import build
     from memtune.tuner.measure.compiler_points import with_compiler_points
     from memtune.tuner.simulator import simulate

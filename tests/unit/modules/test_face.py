@@ -7,9 +7,9 @@ import torch
 
 import memtune
 from memtune.profiler.module_profile import profile_module
+from memtune.tuner._tuner_errors import BudgetError, PlanError
 from memtune.tuner.plan import Plan
 from memtune.tuner.simulator import simulate
-from memtune.tuner.tuner_errors import BudgetError, PlanError
 from tests.unit.modules.models import build_case
 
 

@@ -10,13 +10,13 @@ import torch
 from torch import nn
 
 import memtune
+from memtune.profiler._flops import count_stage
+from memtune.profiler._fused_attention import gpu_attention
+from memtune.profiler._profile import Profile
 from memtune.profiler.devices import get_gpu
-from memtune.profiler.flops import count_stage
-from memtune.profiler.fused_attention import gpu_attention
 from memtune.profiler.modeled import SIMT_EFFICIENCY, roofline_ms
 from memtune.profiler.module_profile import _capture, as_inputs, profile_module
 from memtune.profiler.module_roofline import _OpNames
-from memtune.profiler.profile import Profile
 from memtune.profiler.stagefacts import StageFacts
 from memtune.tuner.plan import Action
 from memtune.tuner.tuned import device_label
@@ -176,7 +176,7 @@ def test_a_profile_for_a_gpu_models_the_cublas_workspaces_a_step_holds(gpt2: Pro
     """NOTE [ Memory held before the step ]: two handles' workspaces where the model runs matrix products (GPT-2),
     none where it runs none (the convolutional U-Net); 32.5 MiB a handle on compute capability 9.0, PyTorch's default
     workspace below it."""
-    from memtune.profiler.module_step import CUBLAS_HELD_BYTES_DEFAULT, modeled_resident_bytes
+    from memtune.profiler._module_step import CUBLAS_HELD_BYTES_DEFAULT, modeled_resident_bytes
 
     assert gpt2.resident_bytes == 65 * 2**20
     assert unet.resident_bytes == 0

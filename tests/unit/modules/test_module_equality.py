@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from memtune.profiler._profile import Profile
 from memtune.profiler.module_profile import profile_module
-from memtune.profiler.profile import Profile
 from memtune.tuner.plan import Action, Plan
-from memtune.tuner.runtime.planned import load_plan
+from memtune.tuner.runtime._planned import load_plan
 from memtune.tuner.runtime.verify import ReferenceStep, check_equivalence, reference_step
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import Simulator

@@ -23,7 +23,7 @@ from torch import nn
 
 from memtune.profiler.memory_meter import metered
 from memtune.profiler.module_profile import as_inputs, profile_module
-from memtune.tuner.peak_check import GAP_TOLERANCE, peak_check
+from memtune.tuner._peak_check import GAP_TOLERANCE, peak_check
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.simulator import simulate
 from tests.unit.modules.models import UNet, hf_loss, mean_square

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from memtune.profiler._profile import Profile
 from memtune.profiler.module_profile import _recompute_step_ms, as_inputs, profile_module
-from memtune.profiler.profile import Profile
 from memtune.tuner.bound import step_lower_bound
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.simulator import Simulator

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from memtune.profiler._profile import Profile
 from memtune.profiler.module_profile import profile_module
-from memtune.profiler.profile import Profile
 from memtune.profiler.region_profile import profile_regions
 from memtune.profiler.region_tree import CompiledRegions, RegionPartition
 from memtune.tuner.plan import Action, Plan

@@ -18,9 +18,9 @@ from torch import nn
 
 from memtune.profiler.module_stages import find_stages
 from memtune.profiler.region_tree import CompiledRegions, RegionForward, edge_writes, region_partitions
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime import load_plan, planned
-from memtune.tuner.tuner_errors import PlanError
 from tests.unit.modules.region_models import (
     SiLUAfter,
     TinyEncoder,

@@ -13,14 +13,14 @@ import pytest
 import torch
 from torch import nn
 
+from memtune.profiler._profile import Profile
 from memtune.profiler.module_profile import as_inputs, profile_module
 from memtune.profiler.module_stages import find_stages
-from memtune.profiler.profile import Profile
 from memtune.profiler.profiler_errors import ProfilerError
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Action, Plan
-from memtune.tuner.runtime.planned import planned
+from memtune.tuner.runtime._planned import planned
 from memtune.tuner.runtime.verify import check_equivalence, reference_step
-from memtune.tuner.tuner_errors import PlanError
 from tests.unit.modules.models import (
     DictStageNet,
     MLPBlock,
@@ -289,7 +289,7 @@ class Failing(nn.Module):
 
 
 def test_stage_forwards_are_unchanged_by_a_step_and_by_an_error_and_restored_by_release() -> None:
-    """NOTE [ Stage modules are wrapped once ] in memtune.tuner.runtime.planned_module: a step, even one that fails,
+    """NOTE [ Stage modules are wrapped once ] in memtune.tuner.runtime._planned_module: a step, even one that fails,
     leaves each stage's wrapper as planning installed it, and stops applying the plan; ``release`` removes it."""
     torch.manual_seed(0)
     failing = Failing()

@@ -24,14 +24,14 @@ import pytest
 import torch
 from torch import nn
 
+from memtune.profiler._profile import Profile
 from memtune.profiler.module_profile import profile_module
 from memtune.profiler.module_stages import copy_structure, tensor_leaves
-from memtune.profiler.profile import Profile
 from memtune.profiler.profiler_errors import ProfilerError
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Action, Plan
-from memtune.tuner.runtime.planned import planned
+from memtune.tuner.runtime._planned import planned
 from memtune.tuner.runtime.verify import ReferenceStep, check_equivalence, reference_step
-from memtune.tuner.tuner_errors import PlanError
 from tests.unit.modules import models
 from tests.unit.modules.models import hf_loss, mean_square
 

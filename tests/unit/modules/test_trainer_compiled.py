@@ -1,5 +1,5 @@
 """Planned models train under Hugging Face's ``Trainer`` (NOTE [ Seen as the model ] in
-``memtune.tuner.runtime.planned_base``): the planned model itself is ``Trainer``'s ``model``.
+``memtune.tuner.runtime._planned_base``): the planned model itself is ``Trainer``'s ``model``.
 
 The main test trains a small GPT-2 (two blocks, width 64, dropout on as the default config has it) for three steps,
 its regions (NOTE [ Regions ] in ``memtune.profiler.region_tree``) compiled by CPU inductor, once under a plan that
@@ -11,7 +11,7 @@ reuses the compiled graphs) are measured against each other in the test and thei
 on this 2-core CPU it is 0.0, loss and gradient norm alike, since ``Trainer`` seeds every run the same and the runs
 share one thread and the same compiled kernels. The planned run matched them bitwise here too: offload copies
 storages exactly, and a recomputed region re-runs the same compiled graph under the random state of its first run
-(NOTE [ Random state under recompute ] in ``memtune.tuner.runtime.rng``), so its dropout masks are the same.
+(NOTE [ Random state under recompute ] in ``memtune.tuner.runtime._rng``), so its dropout masks are the same.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import pytest
 import torch
 from torch import nn
 
-import memtune.tuner.runtime.planned_module as planned_module
+import memtune.tuner.runtime._planned_module as planned_module
 from memtune.profiler.module_stages import find_stages
 from memtune.profiler.region_tree import CompiledRegions, edge_writes, region_partitions
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime import planned
-from memtune.tuner.tuner_errors import PlanError
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # Trainer needs it on torch

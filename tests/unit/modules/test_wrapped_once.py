@@ -1,5 +1,5 @@
 """A planned model wraps each stage module once (NOTE [ Stage modules are wrapped once ] in
-``memtune.tuner.runtime.planned_module``): the wrapper is one stable ``forward`` across steps, hooks and wrappers a
+``memtune.tuner.runtime._planned_module``): the wrapper is one stable ``forward`` across steps, hooks and wrappers a
 user adds after planning still run with unplanned gradients, two planned models of one model each run their own plan,
 and ``release`` gives the modules their own ``forward`` back.
 
@@ -23,9 +23,9 @@ import memtune
 from memtune.profiler.module_profile import as_inputs
 from memtune.profiler.module_stages import find_stages
 from memtune.profiler.region_tree import RegionForward
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Plan
-from memtune.tuner.runtime.planned_module import PlannedModule
-from memtune.tuner.tuner_errors import PlanError
+from memtune.tuner.runtime._planned_module import PlannedModule
 from tests.unit.modules.models import Case, build_case
 
 #: every action in turn over the stages: keep, offload, recompute, selective

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from memtune.profiler._profile import ConvAlgo
 from memtune.profiler.cudnn import algo_name
-from memtune.profiler.profile import ConvAlgo
 
 __all__ = ["MiB", "algo"]
 

@@ -14,15 +14,15 @@ from torch import nn
 
 import memtune.profiler.conv_split as conv_split
 import memtune.tuner.runtime.conv as rconv
+from memtune.profiler._profile import ConvAlgo, ConvProfile, DeviceIdentity, Profile, StageProfile
 from memtune.profiler.conv_split import batch_chunks, conv_geometry, split_candidates
 from memtune.profiler.cudnn import ConvGeometry
-from memtune.profiler.profile import ConvAlgo, ConvProfile, DeviceIdentity, Profile, StageProfile
 from memtune.profiler.profiler_errors import ProfilerError
-from memtune.tuner.conv_choice import choose_algorithms, select_algo
+from memtune.tuner._conv_choice import choose_algorithms, select_algo
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import ConvChoice, Plan
 from memtune.tuner.runtime.conv import AlgoChoice, CudnnConv2dFunction
 from memtune.tuner.simulator import Simulator
-from memtune.tuner.tuner_errors import PlanError
 
 #: like VGG-16's second conv: PRECOMP fast with a workspace that shrinks with the chunk, GEMM lean and slow
 TABLE = (

@@ -13,16 +13,16 @@ from algo_tables import MiB
 from algo_tables import algo as _algo
 from torch import nn
 
-import memtune.profiler.conv_enumerate as conv_enumerate
+import memtune.profiler._conv_enumerate as conv_enumerate
 import memtune.profiler.cudnn as cudnn
 import memtune.tuner.runtime.conv as rconv
+from memtune.profiler._profile import ConvAlgo, ConvProfile, DeviceIdentity, Profile, StageProfile
 from memtune.profiler.chain import ModelChain, Stage, flatten
-from memtune.profiler.profile import ConvAlgo, ConvProfile, DeviceIdentity, Profile, StageProfile
 from memtune.profiler.profiler_errors import ProfilerError
-from memtune.tuner.conv_choice import ConvTriple, choose_algorithms, conv_key, select_algo
+from memtune.tuner._conv_choice import ConvTriple, choose_algorithms, conv_key, select_algo
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import ConvChoice, Plan
 from memtune.tuner.runtime.conv import AlgoChoice, ChosenConv2d, CudnnConv2dFunction, apply_conv_choices, cudnn_conv2d
-from memtune.tuner.tuner_errors import PlanError
 
 
 # ---- the binding's layout and names ----------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Attention with dropout as a GPU's fused kernel runs it, on the CPU (NOTE [ Fused attention on the CPU ] in
-``memtune.profiler.fused_attention``): the same values as attention with the same dropout mask, what the fused kernel
+``memtune.profiler._fused_attention``): the same values as attention with the same dropout mask, what the fused kernel
 saves (no queries x keys matrix), one operation for the selective policy and the flop counter, and a CPU-made profile
 of a Hugging Face model with attention dropout that saves per block what the GPU's kernel saves."""
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from memtune.profiler.fused_attention import _blocks, _drop, fused_attention, gpu_attention
+from memtune.profiler._fused_attention import _blocks, _drop, fused_attention, gpu_attention
 from memtune.profiler.module_profile import profile_module
 from memtune.profiler.selective import SAVED_OPS
 

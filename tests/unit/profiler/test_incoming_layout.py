@@ -1,4 +1,4 @@
-"""NOTE [ Incoming gradients as the chain makes them ] (memtune.profiler.stage_run): a stage's backward is measured
+"""NOTE [ Incoming gradients as the chain makes them ] (memtune.profiler._stage_run): a stage's backward is measured
 with its output's gradient in the layout its consumer's backward makes, as a compiled region's is in a step."""
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from memtune.profiler._profile import DeviceIdentity
 from memtune.profiler.devices import get_gpu
 from memtune.profiler.loss import loss_classes, measure_loss_ms, output_shape, step_loss
 from memtune.profiler.loss_model import (
@@ -17,7 +18,6 @@ from memtune.profiler.loss_model import (
     profile_loss_ms,
     roofline_loss_ms,
 )
-from memtune.profiler.profile import DeviceIdentity
 from memtune.profiler.zoo import build
 from memtune.tuner.plan import Plan
 from memtune.tuner.simulator import simulate

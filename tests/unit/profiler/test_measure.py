@@ -7,10 +7,10 @@ import torch
 from small_chains import small_chain
 from torch import nn
 
+from memtune.profiler._profile import Profile
 from memtune.profiler.chain import ModelChain, flatten
 from memtune.profiler.measure import model_input, profile, time_stage
 from memtune.profiler.modeled import modeled_profile
-from memtune.profiler.profile import Profile
 from memtune.profiler.profiler_errors import ProfilerError
 
 

@@ -8,10 +8,12 @@ import pytest
 from small_chains import small_chain
 from torch import nn
 
+from memtune.profiler._flops import OpCount, StageCount
+from memtune.profiler._meta import meta_chain, meta_input
+from memtune.profiler._profile import Profile
+from memtune.profiler._storages import saved_storage_table
 from memtune.profiler.chain import ModelChain, flatten
 from memtune.profiler.devices import get_gpu
-from memtune.profiler.flops import OpCount, StageCount
-from memtune.profiler.meta import meta_chain, meta_input
 from memtune.profiler.modeled import (
     BACKWARD_LAUNCH_FACTOR,
     BACKWARD_TRAFFIC_FACTOR,
@@ -34,10 +36,8 @@ from memtune.profiler.modeled import (
     queue_ms,
     roofline_ms,
 )
-from memtune.profiler.profile import Profile
 from memtune.profiler.profiler_errors import UnknownGPUError
 from memtune.profiler.stagefacts import StageFacts
-from memtune.profiler.storages import saved_storage_table
 
 
 def wide_chain() -> ModelChain:

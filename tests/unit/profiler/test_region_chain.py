@@ -1,4 +1,4 @@
-"""NOTE [ Region backward measured in the chain ] (memtune.profiler.region_chain): what a kept step reads raises a
+"""NOTE [ Region backward measured in the chain ] (memtune.profiler._region_chain): what a kept step reads raises a
 compiled region's profiled backward, never lowers it; the CPU reads nothing."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from memtune.profiler._region_chain import chain_backward_bytes, with_chain_backward
+from memtune.profiler._stage_run import _Timing
 from memtune.profiler.module_profile import as_inputs
-from memtune.profiler.region_chain import chain_backward_bytes, with_chain_backward
-from memtune.profiler.stage_run import _Timing
 
 MiB = 1 << 20
 

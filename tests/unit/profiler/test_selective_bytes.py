@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from memtune.profiler._meta import meta_chain, meta_input
 from memtune.profiler.measure import profile
-from memtune.profiler.meta import meta_chain, meta_input
 from memtune.profiler.selective import SAVED_OPS, selective_saved_bytes
 from memtune.profiler.stagefacts import chain_facts
 from memtune.profiler.zoo import build

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memtune.profiler.spec as spec_module
+from memtune.profiler._layers import BasicBlock, Bottleneck, TransformerBlock
 from memtune.profiler.chain import ModelChain
-from memtune.profiler.layers import BasicBlock, Bottleneck, TransformerBlock
 from memtune.profiler.profiler_errors import SpecError
 from memtune.profiler.spec import LAYER_TYPES, SpecLimits, from_spec, spec_hash, validate_spec
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from memtune.profiler._meta import meta_chain, meta_input
+from memtune.profiler._profile import SavedStorage
+from memtune.profiler._storages import saved_storage_table, stage_saved_bytes
 from memtune.profiler.chain import ModelChain, flatten
-from memtune.profiler.meta import meta_chain, meta_input
-from memtune.profiler.profile import SavedStorage
-from memtune.profiler.storages import saved_storage_table, stage_saved_bytes
 
 F32 = 4
 
@@ -136,7 +136,7 @@ def test_meta_table_equals_cpu_table(dtype: torch.dtype | None) -> None:
 
 
 def test_saved_bytes_sum_to_the_table_total() -> None:
-    from memtune.profiler.layers import BasicBlock
+    from memtune.profiler._layers import BasicBlock
 
     ch = ModelChain(
         "blocks",

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from memtune.profiler._layers import BasicBlock, Bottleneck, TokenPositionEmbedding, TransformerBlock
 from memtune.profiler.chain import ModelChain, conv_modules
-from memtune.profiler.layers import BasicBlock, Bottleneck, TokenPositionEmbedding, TransformerBlock
 from memtune.profiler.profiler_errors import SpecError
 from memtune.profiler.spec import SpecLimits, validate_spec
 from memtune.profiler.zoo import ZOO, ZOO_NAMES, build, deep_vgg_groups, gpt_param_count, image_spec, zoo_params

@@ -1,9 +1,9 @@
-"""The account of reserved segments that out-of-memory errors carry (``memtune.tuner.runtime.allocator``)."""
+"""The account of reserved segments that out-of-memory errors carry (``memtune.tuner.runtime._allocator``)."""
 
 from __future__ import annotations
 
-from memtune.tuner.runtime.allocator import describe_reserved, group_segments, reserved_summary
-from memtune.tuner.runtime.run_errors import PlanOutOfMemoryError
+from memtune.tuner.runtime._allocator import describe_reserved, group_segments, reserved_summary
+from memtune.tuner.runtime._run_errors import PlanOutOfMemoryError
 
 GIB = 2**30
 

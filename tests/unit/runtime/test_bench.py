@@ -42,7 +42,7 @@ def test_bench_refuses_without_a_gpu() -> None:
 def test_the_bench_json_carries_the_run_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [ Run record ]: the factory path's file, with the GPU's measurements (memtune's rows and the peers, which
     ``memtune bench`` measures by default) stood in for on the CPU."""
-    import memtune.api.cli.cli_peers as cli_peers
+    import memtune.api.cli._cli_peers as cli_peers
     import memtune.profiler
     import memtune.profiler.factory
     import memtune.tuner.measure.module_bench as module_bench

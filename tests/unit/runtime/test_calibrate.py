@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from memtune.tuner._tuner_errors import TunerError
 from memtune.tuner.calibration import calibration_for, profile_key
 from memtune.tuner.measure.bench import BenchRow
 from memtune.tuner.measure.calibrate import _verified_headroom, _write, simulated_share
 from memtune.tuner.plan import Plan
 from memtune.tuner.simulator import Simulator
-from memtune.tuner.tuner_errors import TunerError
 from tests.unit.tuner.profiles import conv_profile
 
 GiB = 1 << 30

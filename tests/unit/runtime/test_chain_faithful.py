@@ -4,7 +4,7 @@
 flattened ]): a subclass with its own ``forward`` (here a skip connection) stays one stage, so every plan
 keeps the loss, every parameter gradient and every buffer of the unplanned model (CPU, fp32, 1e-6
 relative). A recompute segment whose stages return a dict raises a ``PlanError`` naming the stage
-(NOTE [ Chain stages return one tensor ] in ``memtune.tuner.runtime.segments``).
+(NOTE [ Chain stages return one tensor ] in ``memtune.tuner.runtime._segments``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from memtune.profiler.chain import flatten
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.runtime import check_equivalence, reference_step
-from memtune.tuner.runtime.planned import planned
-from memtune.tuner.tuner_errors import PlanError
+from memtune.tuner.runtime._planned import planned
 
 torch.set_num_threads(1)
 

@@ -16,11 +16,11 @@ from memtune.profiler import zoo
 from memtune.profiler.compiled import CompiledStage, compiled_chain
 from memtune.profiler.library import find_profile, profile_filename
 from memtune.profiler.measure import model_input, profile
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.runtime import check_equivalence, reference_step
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import simulate
-from memtune.tuner.tuner_errors import PlanError
 
 torch.set_num_threads(1)
 

@@ -1,6 +1,6 @@
 """A planned model under DistributedDataParallel keeps the math: two gloo ranks on CPU, each running the plan on half
 the batch, end the backward with the gradients one process gets from the unplanned model on the whole batch, with
-and without staggered copies (NOTE [ Staggered copies ] in ``memtune.tuner.runtime.stagger``).
+and without staggered copies (NOTE [ Staggered copies ] in ``memtune.tuner.runtime._stagger``).
 
 The ranks run a second backward on the same batch after zeroing the gradients: the stagger's waits are priced on
 the bytes of the step before (the first step does not wait), so the second is the staggered one.
@@ -17,8 +17,8 @@ from torch import nn
 from memtune.profiler import zoo
 from memtune.profiler.loss import step_loss
 from memtune.tuner import Action, Plan, SharedLink, stagger_for
+from memtune.tuner.runtime._stagger import StaggeredRuntime
 from memtune.tuner.runtime.ddp import planned_ddp, planned_of, spawn_ranks
-from memtune.tuner.runtime.stagger import StaggeredRuntime
 
 BATCH = 4  # two per rank
 GPT = {"layers": 2, "width": 32, "heads": 4, "seq_len": 8, "vocab": 64}

@@ -2,7 +2,7 @@
 with the parameters sharded (``memtune.tuner.runtime.fsdp.planned_fsdp``), end the backward with the gradients one
 process gets from the unplanned model on the whole batch, and copy to the host exactly what the same plan copies
 unsharded on that half: no gathered parameter is offloaded (NOTE [ Sharded parameters ] in
-``memtune.tuner.runtime.planned_module``).
+``memtune.tuner.runtime._planned_module``).
 """
 
 from __future__ import annotations

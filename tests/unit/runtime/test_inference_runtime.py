@@ -12,12 +12,12 @@ from torch import nn
 
 from memtune.profiler import build, modeled_profile
 from memtune.tuner import InferenceFacts, InferencePlan, LayerFitError, LayerPlan, plan_inference
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.inference import LayerFacts, facts_from_profile, plain_plan, working_sets
 from memtune.tuner.measure.inference_measure import measure_facts
 from memtune.tuner.runtime import InferenceRunner
-from memtune.tuner.runtime import inference_runner as runtime_inference
+from memtune.tuner.runtime import _inference_runner as runtime_inference
 from memtune.tuner.runtime.inference_facts import chain_layers, layer_shapes
-from memtune.tuner.tuner_errors import PlanError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

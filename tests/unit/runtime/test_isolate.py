@@ -8,8 +8,8 @@ import pytest
 
 from memtune.profiler.modeled import modeled_profile
 from memtune.profiler.zoo import build
+from memtune.tuner.measure._isolate import IsolatedProcessError, run_isolated
 from memtune.tuner.measure.bench import row_specs
-from memtune.tuner.measure.isolate import IsolatedProcessError, run_isolated
 from memtune.tuner.plan import Plan
 
 

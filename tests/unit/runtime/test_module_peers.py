@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from memtune.tuner.measure._sequential_chain import ChainLink
 from memtune.tuner.measure.module_peers import COMPILER_SWEEP, ModulePeer, applicable_peers, applied
 from memtune.tuner.measure.peer_measure import measure_peers
-from memtune.tuner.measure.sequential_chain import ChainLink
 
 
 class _Chain(nn.Module):

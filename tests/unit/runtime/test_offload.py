@@ -18,6 +18,7 @@ import memtune.tuner.runtime as rt
 from memtune.profiler import zoo
 from memtune.profiler.chain import ModelChain, flatten, may_write_input
 from memtune.profiler.modeled import modeled_profile
+from memtune.tuner._tuner_errors import PlanError, TunerError
 from memtune.tuner.plan import Action, Plan, resolve_storages, segments
 from memtune.tuner.runtime import (
     HostPool,
@@ -29,7 +30,6 @@ from memtune.tuner.runtime import (
     planned,
 )
 from memtune.tuner.runtime.offload import StepState
-from memtune.tuner.tuner_errors import PlanError, TunerError
 from tests.unit.runtime.prefetch_spy import record_prefetches
 
 torch.set_num_threads(1)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from memtune.tuner.measure.peers import OffloadActivations, compiled_model
+from memtune.tuner.measure._peers import OffloadActivations, compiled_model
 
 
 class StridedNet(nn.Module):

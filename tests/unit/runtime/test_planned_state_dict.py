@@ -1,6 +1,6 @@
 """A planned model's state dict is the user's model's (NOTE [ The model's own state dict ] in
-``memtune.tuner.runtime.planned_base``): saved from the planned model it loads into the user's own class, and the user's
-own checkpoint loads into the planned model, at the top or inside a larger module."""
+``memtune.tuner.runtime._planned_base``): saved from the planned model it loads into the user's own class, and the
+user's own checkpoint loads into the planned model, at the top or inside a larger module."""
 
 from __future__ import annotations
 

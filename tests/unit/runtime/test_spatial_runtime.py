@@ -1,4 +1,4 @@
-"""A spatially split segment keeps the math (NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``): outputs, input
+"""A spatially split segment keeps the math (NOTE [ Spatial splitting ] in ``memtune.tuner._spatial``): outputs, input
 and parameter gradients equal the unsplit run's, for strip counts that do not divide odd heights; modules it cannot
 split are refused by stage and type; ``planned`` applies ``spatial_splits`` with gradients equal to the unplanned
 model's.
@@ -17,10 +17,10 @@ from memtune.profiler.chain import ModelChain, flatten
 from memtune.profiler.measure import model_input
 from memtune.profiler.modeled import modeled_profile
 from memtune.profiler.spatial_modules import leaf_rows, stage_row_map
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime import check_equivalence, reference_step
-from memtune.tuner.runtime.spatial_strips import SpatialSegment
-from memtune.tuner.tuner_errors import PlanError
+from memtune.tuner.runtime._spatial_strips import SpatialSegment
 
 torch.set_num_threads(1)
 

@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 import torch
 
+from memtune.profiler._profile import DeviceIdentity
 from memtune.profiler.devices import GPUS
 from memtune.profiler.identity import spec_identity
 from memtune.profiler.modeled import modeled_profile
-from memtune.profiler.profile import DeviceIdentity
 from memtune.profiler.zoo import build
+from memtune.tuner._tuner_errors import TunerError
 from memtune.tuner.measure import validate
 from memtune.tuner.measure.bench import BenchRow
 from memtune.tuner.measure.validate import ValidationUnavailable, check_validation_device, validate_plans
 from memtune.tuner.plan import Action, Plan
-from memtune.tuner.tuner_errors import TunerError
 
 PARAMS = {"image_size": 32, "num_classes": 10}
 

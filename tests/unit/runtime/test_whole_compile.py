@@ -1,6 +1,6 @@
-"""Plans that compile the whole model (NOTE [ Whole-model compile ] in ``memtune.tuner.whole``): priced by the profile's
-measured compiler points, chosen by ``tune`` where one fits and beats the searched plans, and run by ``planned`` as
-``torch.compile`` of the whole model, bitwise the compiler's own run at that budget.
+"""Plans that compile the whole model (NOTE [ Whole-model compile ] in ``memtune.tuner._whole``): priced by the
+profile's measured compiler points, chosen by ``tune`` where one fits and beats the searched plans, and run by
+``planned`` as ``torch.compile`` of the whole model, bitwise the compiler's own run at that budget.
 
 The compiler points here are written by hand (on a GPU ``memtune.tuner.measure.compiler_points.measure_compiler_points``
 measures them; ``tests/gpu/test_compiled_gpu.py`` does); what is tested is how they are priced and chosen."""
@@ -11,18 +11,18 @@ import pytest
 import torch
 
 from memtune.profiler import zoo
+from memtune.profiler._profile import CompilerPoint, Profile
 from memtune.profiler.measure import model_input
 from memtune.profiler.modeled import modeled_profile
-from memtune.profiler.profile import CompilerPoint, Profile
+from memtune.tuner._tuner_errors import PlanError
+from memtune.tuner.measure._peers import compiled_model
 from memtune.tuner.measure.bench import BenchRow
 from memtune.tuner.measure.compiler_points import compiler_points, with_compiler_points
-from memtune.tuner.measure.peers import compiled_model
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime import check_equivalence, planned, reference_step
-from memtune.tuner.runtime.planned import CompiledWhole
+from memtune.tuner.runtime._planned import CompiledWhole
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import simulate
-from memtune.tuner.tuner_errors import PlanError
 
 torch.set_num_threads(1)
 

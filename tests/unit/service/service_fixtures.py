@@ -13,10 +13,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection, MetaData, Table, func, inspect, select
 
+from memtune.profiler._profile import DeviceIdentity, Profile
 from memtune.profiler.chain import ModelChain
 from memtune.profiler.devices import GPUS
 from memtune.profiler.identity import spec_identity
-from memtune.profiler.profile import DeviceIdentity, Profile
 from memtune.storage.database import Database
 from memtune.storage.migrate import alembic_config, current_revision, head_revision, upgrade
 from memtune.storage.orm import Base, utcnow

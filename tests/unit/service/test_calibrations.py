@@ -22,10 +22,10 @@ from memtune.api.client import ApiError, MemtuneClient
 from memtune.api.service.schemas import JobPublic
 from memtune.api.service.settings import Settings
 from memtune.api.service.worker import Worker
+from memtune.storage._storage_errors import NotFoundError
 from memtune.storage.database import Database
 from memtune.storage.migrate import alembic_config, current_revision, head_revision, upgrade
 from memtune.storage.repositories import CalibrationRepository, JobRepository, KeyRepository, ProfileRepository
-from memtune.storage.storage_errors import NotFoundError
 from memtune.tuner import Action, Plan, Simulator
 from memtune.tuner.calibration import Calibration, calibration_for, install_calibration, installed_calibrations
 

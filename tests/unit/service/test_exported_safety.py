@@ -35,7 +35,7 @@ from memtune.api.client import MemtuneClient
 from memtune.api.service.main import create_app
 from memtune.api.service.settings import Settings
 from memtune.api.service.worker import Worker
-from memtune.profiler import exported_checks
+from memtune.profiler import _exported_checks
 from memtune.profiler.exported import (
     ArchiveTooLargeError,
     ExportedError,
@@ -217,7 +217,7 @@ def test_upload_limits_besides_bytes(base: bytes, monkeypatch: pytest.MonkeyPatc
     with pytest.raises(ExportedError, match="members, over the limit of 10000"):
         check_exported(crowd.getvalue(), max_bytes=1 << 26)
     check_exported(base, max_bytes=1 << 26)  # the model itself passes
-    monkeypatch.setattr(exported_checks, "_MAX_NODES", 3)
+    monkeypatch.setattr(_exported_checks, "_MAX_NODES", 3)
     with pytest.raises(ExportedError, match="nodes, over the limit of 3") as e:
         check_exported(base, max_bytes=1 << 26)
     assert e.value.member == "models/model.json"

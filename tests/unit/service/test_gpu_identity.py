@@ -6,8 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from memtune.api.service._views import gpu_public
 from memtune.api.service.schemas import GpuPublic
-from memtune.api.service.views import gpu_public
 from memtune.profiler import GPUS, DeviceIdentity
 from memtune.profiler.identity import spec_identity
 from memtune.storage.orm import GpuTypeRow

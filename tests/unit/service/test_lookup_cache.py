@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 
 from memtune.api.client import MemtuneClient
-from memtune.api.service.lookup_cache import LookupCache, etag_matches
+from memtune.api.service._lookup_cache import LookupCache, etag_matches
 from memtune.api.service.main import create_app
 from memtune.api.service.settings import Settings
 from memtune.api.service.worker import Worker

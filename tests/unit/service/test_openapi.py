@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from memtune.api.service._problems import PROBLEM_MEDIA_TYPE
 from memtune.api.service.main import create_app
-from memtune.api.service.problems import PROBLEM_MEDIA_TYPE
 from memtune.api.service.settings import Settings
 from memtune.storage.database import Database
 

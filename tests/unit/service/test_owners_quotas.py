@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC, schema_diff
 from sqlalchemy import inspect, update
 
-from memtune.api.service.deps import ID_MAX
+from memtune.api.service._deps import ID_MAX
 from memtune.api.service.main import create_app
 from memtune.api.service.settings import Settings
 from memtune.storage.database import Database

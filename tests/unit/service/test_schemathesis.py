@@ -1,5 +1,5 @@
 """A bounded schemathesis run over the whole API, every check on (NOTE [ Exact OpenAPI ] in
-``memtune.api.service.openapi``).
+``memtune.api.service._openapi``).
 
 Each operation gets ``MAX_EXAMPLES`` generated requests, made with a valid API key against an app on a fresh SQLite
 database (no worker: submitted jobs stay queued). The checks read the repository's ``schemathesis.toml``, as

@@ -11,6 +11,7 @@ from sqlalchemy import inspect, update
 
 from memtune.profiler.devices import GPUS
 from memtune.profiler.identity import spec_identity
+from memtune.storage._storage_errors import ConflictError, IdempotencyConflictError, NotFoundError
 from memtune.storage.database import Database
 from memtune.storage.migrate import current_revision, head_revision, upgrade
 from memtune.storage.orm import ApiKeyRow, Base, JobRow, ModelRow, utcnow
@@ -25,8 +26,7 @@ from memtune.storage.repositories import (
     hash_key,
     pareto_flags,
 )
-from memtune.storage.repositories.results import decode_page_token
-from memtune.storage.storage_errors import ConflictError, IdempotencyConflictError, NotFoundError
+from memtune.storage.repositories._results import decode_page_token
 
 GiB = 1 << 30
 

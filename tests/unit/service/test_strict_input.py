@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from service_fixtures import SMALL_SPEC
 
-from memtune.api.service.deps import ID_MAX
+from memtune.api.service._deps import ID_MAX
 from memtune.storage.database import Database
 from memtune.storage.repositories import JobRepository, KeyRepository, ModelRepository
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memtune.profiler.profile import DeviceIdentity, Profile, SavedStorage, StageProfile
+from memtune.profiler._profile import DeviceIdentity, Profile, SavedStorage, StageProfile
 
 MiB = 1 << 20
 DEVICE = DeviceIdentity(name="Test GPU", key="test", memory_bytes=16 << 30, d2h_gbps=10.0, h2d_gbps=10.0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memtune.profiler.profile import (
+from memtune.profiler._profile import (
     ConvAlgo,
     ConvProfile,
     DeviceIdentity,

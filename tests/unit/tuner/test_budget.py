@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from memtune.tuner._tuner_errors import BudgetError
 from memtune.tuner.budget import format_bytes, parse_budget
-from memtune.tuner.tuner_errors import BudgetError
 
 GPU = 141 * 10**9
 

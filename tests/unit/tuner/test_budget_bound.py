@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from memtune.api.cli import resolve_profile
-from memtune.profiler.profile import Profile
+from memtune.profiler._profile import Profile
 from memtune.profiler.zoo import build
 from memtune.tuner.bound import lower_envelope, step_lower_bound
 from memtune.tuner.plan import Plan

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from memtune.tuner._tuner_errors import CalibrationError
 from memtune.tuner.calibration import (
     Calibration,
     calibration_for,
@@ -19,7 +20,6 @@ from memtune.tuner.calibration import (
     installed_calibrations,
     uninstall_calibrations,
 )
-from memtune.tuner.tuner_errors import CalibrationError
 
 DATA: dict[str, Any] = {
     "gpu": "h100",

@@ -13,11 +13,11 @@ import pytest
 
 import memtune.tuner.calibration as calibration_module
 from memtune.profiler import Profile
+from memtune.tuner._peak_check import planning_headroom
+from memtune.tuner._ranks import simulate_ranks
 from memtune.tuner.calibration import Calibration, calibration_for, installed_calibrations, profile_key
-from memtune.tuner.peak_check import planning_headroom
 from memtune.tuner.placement import AllocatorPricer, allocator_cost
 from memtune.tuner.plan import Action, Plan
-from memtune.tuner.ranks import simulate_ranks
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import Simulator, simulate
 
@@ -46,7 +46,7 @@ def _no_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(gpu: str) -> Calibration:
         raise AssertionError(f"calibration_for({gpu!r}) called below a given calibration")
 
-    for module in ("simulator", "search", "peak_check", "ranks"):
+    for module in ("simulator", "search", "_peak_check", "_ranks"):
         monkeypatch.setattr(importlib.import_module(f"memtune.tuner.{module}"), "calibration_for", refuse)
     monkeypatch.setattr(calibration_module, "calibration_for", refuse)  # placement imports it where it runs
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from memtune.api.cli import resolve_profile
-from memtune.profiler.profile import Profile
+from memtune.profiler._profile import Profile
 from memtune.profiler.zoo import build
+from memtune.tuner._conv_choice import choose_algorithms
 from memtune.tuner.capped import framework_fallback, predict_capped
-from memtune.tuner.conv_choice import choose_algorithms
 from memtune.tuner.plan import Plan
 from memtune.tuner.policies import POLICIES
 from memtune.tuner.simulator import Simulator

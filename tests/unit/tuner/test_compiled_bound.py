@@ -17,15 +17,15 @@ import pytest
 from chains import MiB, linear_chain
 from profiles import conv_profile
 
-from memtune.profiler.profile import CompilerPoint, Profile
+from memtune.profiler._profile import CompilerPoint, Profile
 from memtune.profiler.region_profile import RegionProfile
 from memtune.profiler.region_tree import RegionPartition
+from memtune.tuner._search_results import compiler_candidates
 from memtune.tuner.compiled_bound import compiled_lower_bound, region_floor, whole_floor
 from memtune.tuner.measure.compiler_points import with_compiler_points
 from memtune.tuner.pipeline import tune_profiles
 from memtune.tuner.plan import Plan
 from memtune.tuner.search import tune
-from memtune.tuner.search_results import compiler_candidates
 from memtune.tuner.simulator import Simulator, simulate
 from memtune.tuner.stage_choices import stage_actions
 

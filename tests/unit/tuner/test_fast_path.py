@@ -1,4 +1,4 @@
-"""NOTE [ Fast path ] (``memtune.tuner.fast_path``): a plan priced without its timeline gets exactly the numbers of the
+"""NOTE [ Fast path ] (``memtune.tuner._fast_path``): a plan priced without its timeline gets exactly the numbers of the
 reference ``Simulator._run`` (taken with a timeline here, which only the reference makes), to the last bit, on random
 plans of zoo chains (in-place stages at segment boundaries, selective stages, convolution rules) and of committed module
 profiles (stages that keep every input, storages saved outside every stage, a loss of the user's own, a held output,

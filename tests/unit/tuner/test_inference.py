@@ -8,10 +8,10 @@ import pytest
 from pydantic import ValidationError
 
 from memtune.tuner import InferenceFacts, InferencePlan, LayerFitError, LayerPlan, plan_inference, simulate_inference
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.inference import LayerFacts, working_sets
-from memtune.tuner.inference.facts import part_ms
-from memtune.tuner.inference.memory import part_units
-from memtune.tuner.tuner_errors import PlanError
+from memtune.tuner.inference._facts import part_ms
+from memtune.tuner.inference._memory import part_units
 
 KiB = 1 << 10
 

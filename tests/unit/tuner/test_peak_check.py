@@ -81,7 +81,7 @@ def test_the_job_pages_profile_carries_the_check(profile: Profile) -> None:
     measured no step carries none."""
     from datetime import UTC, datetime
 
-    from memtune.api.service.views import profile_public
+    from memtune.api.service._views import profile_public
     from memtune.storage.records import ProfileRecord
 
     def public(p: Profile) -> Any:

@@ -6,9 +6,9 @@ import pytest
 from chains import linear_chain
 from pydantic import ValidationError
 
-from memtune.profiler.profile import SavedStorage
+from memtune.profiler._profile import SavedStorage
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Action, Plan, resolve_storages, segments
-from memtune.tuner.tuner_errors import PlanError
 
 
 def test_segments_are_maximal_runs() -> None:

@@ -10,16 +10,17 @@ from collections.abc import Callable
 import pytest
 from profiles import MiB, conv_profile
 
-from memtune.profiler.profile import ConvAlgo, DeviceIdentity, Profile
+from memtune.profiler._profile import ConvAlgo, DeviceIdentity, Profile
+from memtune.tuner._tuner_errors import TunerError
 from memtune.tuner.plan import Action, ConvChoice, Plan, resolve_storages, segments
 from memtune.tuner.policies import POLICIES, run_policy
-from memtune.tuner.policies._storage import StorageMap, is_conv
-from memtune.tuner.policies.checkpoint_sqrt import checkpoint_sqrt, sqrt_boundaries
+from memtune.tuner.policies._checkpoint_sqrt import checkpoint_sqrt, sqrt_boundaries
+from memtune.tuner.policies._layup import layup, layup_thresholds
+from memtune.tuner.policies._none import none
+from memtune.tuner.policies._save_on_cpu import save_on_cpu
 from memtune.tuner.policies.hmms import capped_stages, hmms, hmms_schedule, offload_limit
-from memtune.tuner.policies.layup import layup, layup_thresholds
 from memtune.tuner.policies.layup_cumulative import cumulative_steps, layup_cumulative
-from memtune.tuner.policies.none import none
-from memtune.tuner.policies.save_on_cpu import save_on_cpu
+from memtune.tuner.policies.storage_map import StorageMap, is_conv
 from memtune.tuner.policies.vdnn import (
     conv_offload_stages,
     vdnn_all_m,
@@ -29,7 +30,6 @@ from memtune.tuner.policies.vdnn import (
 )
 from memtune.tuner.policies.vdnn_dyn import algo_ladder, conv_ladder, vdnn_dyn, vdnn_dyn_passes
 from memtune.tuner.simulator import Simulator, simulate
-from memtune.tuner.tuner_errors import TunerError
 
 NAMES = {
     "none",

@@ -13,8 +13,8 @@ from profiles import conv_profile
 
 from memtune.profiler import Profile
 from memtune.tuner import PrefetchTrigger, prefetch_trigger
+from memtune.tuner._prefetch_trigger import need_stages
 from memtune.tuner.plan import Action, Plan
-from memtune.tuner.prefetch_trigger import need_stages
 from memtune.tuner.search import Candidate, _params_for, _Search
 from memtune.tuner.simulator import SimResult, Simulator
 

@@ -1,4 +1,4 @@
-"""Data-parallel plans over a shared host link (NOTE [ Shared host link ] in ``memtune.tuner.ranks``) on hand-made
+"""Data-parallel plans over a shared host link (NOTE [ Shared host link ] in ``memtune.tuner._ranks``) on hand-made
 profiles.
 
 One rank is the single-GPU simulator; lockstep ranks see every copy N-contended; staggering lowers the time copies
@@ -14,9 +14,9 @@ from profiles import DEVICE, Layer, MiB, chain_profile, conv_profile
 
 from memtune.profiler import Profile
 from memtune.tuner import Action, Plan, SharedLink, ranks_prefetch_trigger, simulate, simulate_ranks, stagger_for
+from memtune.tuner._link import ring_allreduce_ms
+from memtune.tuner._tuner_errors import CalibrationError
 from memtune.tuner.calibration import Calibration, install_calibration, uninstall_calibrations
-from memtune.tuner.link import ring_allreduce_ms
-from memtune.tuner.tuner_errors import CalibrationError
 
 BUS = 100.0  # GB/s, the all-reduce rate the tests pass where it is not the subject
 

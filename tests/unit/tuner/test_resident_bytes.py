@@ -1,4 +1,4 @@
-"""Memory held before the step (NOTE [ Memory held before the step ] in ``memtune.profiler.module_step``): a profile's
+"""Memory held before the step (NOTE [ Memory held before the step ] in ``memtune.profiler._module_step``): a profile's
 ``resident_bytes`` (cuBLAS's workspaces on CUDA) is in every plan's simulated peak, in the fast path's, in the lower
 bound's and in the allocator model's replay; on the CPU nothing is measured."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from memtune.profiler import Profile
-from memtune.profiler.module_step import _resident_bytes
+from memtune.profiler._module_step import _resident_bytes
 from memtune.tuner import simulate
 from memtune.tuner.bound import step_lower_bound
 from memtune.tuner.placement import predict_retries

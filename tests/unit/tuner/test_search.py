@@ -9,11 +9,11 @@ import optuna
 import pytest
 from chains import linear_chain
 
-from memtune.tuner.exact import exact_optimum
+from memtune.tuner._exact import exact_optimum
+from memtune.tuner._tuner_errors import PlanError, SearchError
 from memtune.tuner.plan import Plan
 from memtune.tuner.search import pareto_front, tune
 from memtune.tuner.simulator import simulate
-from memtune.tuner.tuner_errors import PlanError, SearchError
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -304,7 +304,7 @@ def test_a_stopped_search_writes_every_trial_before_it_returns(tmp_path: Path, m
     """NOTE [ Written behind ]: trials are held back for the whole search here (a write interval longer than it), then
     the search is stopped as a worker stopping for shutdown stops it: every trial searched is in the database when
     ``tune`` returns, as it is when a search runs to its end."""
-    from memtune.tuner import search_study as search_module
+    from memtune.tuner import _search_study as search_module
 
     monkeypatch.setattr(search_module._Mirror, "interval_s", 3600.0)
     p = linear_chain(6, forward_ms=3.0)
@@ -331,7 +331,7 @@ def test_the_database_lags_the_search_by_a_bounded_number_of_trials(
 ) -> None:
     """NOTE [ Written behind ]: after every write the trials sent and not yet in the database are at most
     ``_Mirror.max_lag``; a process killed mid-search loses no more than those and the last interval's."""
-    from memtune.tuner import search_study as search_module
+    from memtune.tuner import _search_study as search_module
 
     lags: list[int] = []
     write = search_module._Mirror.write

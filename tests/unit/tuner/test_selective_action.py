@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from memtune.api.cli import resolve_profile
-from memtune.profiler.profile import Profile
+from memtune.profiler._profile import Profile
 from memtune.profiler.zoo import build
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Action, Plan, resolve_storages
 from memtune.tuner.search import Candidate, tune
 from memtune.tuner.simulator import Simulator, simulate
 from memtune.tuner.stage_choices import selective_gain_bytes, selective_pays, stage_actions
-from memtune.tuner.tuner_errors import PlanError
 
 
 @pytest.fixture(scope="module")

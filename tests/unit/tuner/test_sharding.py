@@ -1,4 +1,5 @@
-"""One FSDP2 rank's profile (NOTE [ Sharded ranks ] in ``memtune.tuner.sharding``): shards, gathered units, the root."""
+"""One FSDP2 rank's profile (NOTE [ Sharded ranks ] in ``memtune.tuner._sharding``): shards, gathered units, the
+root."""
 
 from __future__ import annotations
 

@@ -373,7 +373,7 @@ def test_rule_choices_choose_as_choose_algorithms_at_every_cap(model: str) -> No
     once and then picks as ``choose_algorithms`` does, for every rule and every workspace cap of a measured profile's
     algorithm tables (with its batch-split runs), plus caps between, below and above them."""
     from memtune.profiler import find_profile
-    from memtune.tuner.conv_choice import RuleChoices, choose_algorithms
+    from memtune.tuner._conv_choice import RuleChoices, choose_algorithms
 
     profile = find_profile(model, 256, "float32", "h200")
     assert profile is not None and profile.has_conv_algos

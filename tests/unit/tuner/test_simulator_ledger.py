@@ -1,4 +1,4 @@
-"""The simulator's memory ledger (``memtune.tuner.ledger``): its two views of one step, the running total whose maximum
+"""The simulator's memory ledger (``memtune.tuner._ledger``): its two views of one step, the running total whose maximum
 is ``SimResult.peak_bytes`` and the tensor-by-tensor blocks the allocator model replays (NOTE [ Allocator placement ]),
 agree on random plans of committed chain profiles: the blocks replayed one at a time peak at ``peak_bytes``, end where
 the timeline ends, and the timeline's maximum is the peak.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from memtune.profiler import Profile
-from memtune.tuner.ledger import Ledger, blocks_peak
+from memtune.tuner._ledger import Ledger, blocks_peak
 from memtune.tuner.simulator import SimResult, Simulator
 from tests.unit.tuner.random_plans import random_plans
 

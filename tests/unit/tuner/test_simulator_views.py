@@ -1,7 +1,7 @@
 """The simulator's two views of one step agree on module profiles: the running total of the ledger's events (whose
 maximum is ``SimResult.peak_bytes``) and the blocks the allocator model replays tensor by tensor (NOTE [ Allocator
 placement ]) peak alike on random plans of the committed module profiles, gradients that are slices of larger storages
-included (NOTE [ Gradient storages made in the backward ] in ``memtune.tuner.stage_backward``). The chain profiles'
+included (NOTE [ Gradient storages made in the backward ] in ``memtune.tuner._stage_backward``). The chain profiles'
 agreement is ``test_simulator_ledger.py``'s."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from memtune.profiler import Profile
-from memtune.tuner.ledger import blocks_peak
+from memtune.tuner._ledger import blocks_peak
 from memtune.tuner.plan import Plan
 from memtune.tuner.simulator import Simulator
 from tests.unit.tuner.random_plans import random_plans

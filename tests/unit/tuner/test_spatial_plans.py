@@ -1,4 +1,4 @@
-"""Spatial splitting's decision side (NOTE [ Spatial splitting ] in ``memtune.tuner.spatial``): halo arithmetic, the
+"""Spatial splitting's decision side (NOTE [ Spatial splitting ] in ``memtune.tuner._spatial``): halo arithmetic, the
 plan's
 ``spatial_splits`` field, ``Plan.check``, the simulator's price and the search's strip counts. Torch-free."""
 
@@ -8,13 +8,13 @@ import pytest
 from profiles import MiB, conv_profile
 
 from memtune.profiler import Profile, RowMap
-from memtune.profiler.spatial_rows import compose_rows
+from memtune.profiler._spatial_rows import compose_rows
+from memtune.tuner._spatial import parse_segment_key, strip_bounds, strip_cost, strip_windows
+from memtune.tuner._spatial_search import split_descent, splittable_segments, valid_splits
+from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import Simulator
-from memtune.tuner.spatial import parse_segment_key, strip_bounds, strip_cost, strip_windows
-from memtune.tuner.spatial_search import split_descent, splittable_segments, valid_splits
-from memtune.tuner.tuner_errors import PlanError
 
 CONV3 = RowMap(kernel=3, stride=1, padding=1, in_rows=32, out_rows=32)
 POINT = RowMap(kernel=1, stride=1, padding=0, in_rows=32, out_rows=32)

@@ -1,4 +1,4 @@
-"""The search's trial loop (NOTE [ Fixed trials ] in ``memtune.tuner.trials``) leaves a study as Optuna's own loop
+"""The search's trial loop (NOTE [ Fixed trials ] in ``memtune.tuner._trials``) leaves a study as Optuna's own loop
 does."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from memtune.tuner.trials import TrialQueue, run_trials
+from memtune.tuner._trials import TrialQueue, run_trials
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -150,7 +150,7 @@ def test_a_search_collects_garbage_less_often_and_restores_the_thresholds() -> N
     import gc
     import threading
 
-    from memtune.tuner.collection import SEARCH_THRESHOLDS, collecting_less, fewer_collections
+    from memtune.tuner._collection import SEARCH_THRESHOLDS, collecting_less, fewer_collections
 
     before = gc.get_threshold()
     raised = tuple(max(a, b) for a, b in zip(before, SEARCH_THRESHOLDS, strict=True))

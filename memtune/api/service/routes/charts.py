@@ -19,8 +19,8 @@ import optuna
 from fastapi import APIRouter, Query, Request
 from optuna.trial import TrialState
 
-from memtune.api.service.calibration_lookup import effective_calibration
-from memtune.api.service.deps import DbDep, ReadAccess
+from memtune.api.service._calibration_lookup import effective_calibration
+from memtune.api.service._deps import DbDep, ReadAccess
 from memtune.api.service.schemas import TimelinePoint, TimelinePublic, TimelineSeries, TrialPoint, TrialsPublic
 from memtune.storage import Database
 from memtune.storage.database import engine_kwargs

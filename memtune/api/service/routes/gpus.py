@@ -7,12 +7,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
-from memtune.api.service.calibration_lookup import ServiceCalibration, effective_calibration
-from memtune.api.service.deps import AdminKey, DbDep, JsonBody, ReadAccess
-from memtune.api.service.gpu_types import KnownGpu, known_gpus, resolve_gpu, same_architecture
-from memtune.api.service.problems import ProblemError
+from memtune.api.service._calibration_lookup import ServiceCalibration, effective_calibration
+from memtune.api.service._deps import AdminKey, DbDep, JsonBody, ReadAccess
+from memtune.api.service._gpu_types import KnownGpu, known_gpus, resolve_gpu, same_architecture
+from memtune.api.service._problems import ProblemError
+from memtune.api.service._views import calibration_public, calibration_summary, gpu_public
 from memtune.api.service.schemas import BestPlanPublic, CalibrationPublic, CalibrationPut, GpusPublic
-from memtune.api.service.views import calibration_public, calibration_summary, gpu_public
 from memtune.profiler import UnknownGPUError
 from memtune.storage.repositories import CalibrationRepository, ModelRepository, ResultRepository
 from memtune.tuner import format_bytes, parse_budget

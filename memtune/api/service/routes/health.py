@@ -1,13 +1,13 @@
 """``/healthz``: 200 once migrations ran, the worker ``memtune serve`` runs (a thread or a supervised process, NOTE
 [ Supervised worker ]), if any, is up, and every GPU type with a queued job has a live worker (NOTE [ Worker
-heartbeats ] in ``memtune.storage.repositories.workers``); 503 otherwise."""
+heartbeats ] in ``memtune.storage.repositories._workers``); 503 otherwise."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from memtune.api.service.deps import DbDep
+from memtune.api.service._deps import DbDep
 from memtune.api.service.schemas import HealthPublic
 from memtune.storage import Database, StorageError
 from memtune.storage.migrate import current_revision, head_revision

@@ -34,14 +34,14 @@ import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
-from memtune.api.service.calibration_lookup import job_headroom
-from memtune.api.service.deps import DbDep, JsonBody, ReadAccess, SettingsDep, WriteKey, is_admin
-from memtune.api.service.gpu_types import resolve_gpu
+from memtune.api.service._calibration_lookup import job_headroom
+from memtune.api.service._deps import DbDep, JsonBody, ReadAccess, SettingsDep, WriteKey, is_admin
+from memtune.api.service._gpu_types import resolve_gpu
+from memtune.api.service._problems import ProblemError
+from memtune.api.service._views import job_public, result_public
 from memtune.api.service.model_refs import check_batch, check_tensor_sizes, store_spec_model, store_zoo_model
-from memtune.api.service.problems import ProblemError
 from memtune.api.service.schemas import JobCreate, JobEvent, JobPublic, JobsPublic, ResultsPublic
 from memtune.api.service.settings import Settings
-from memtune.api.service.views import job_public, result_public
 from memtune.profiler.spec import FLOAT_BYTES, SpecLimits, validate_spec
 from memtune.profiler.zoo import ZOO, ZOO_LIMITS, gpt_param_count, image_spec
 from memtune.storage import ConflictError, Database, IdempotencyConflictError
@@ -241,8 +241,8 @@ def create_job(
     how it went: done, or skipped and why).
 
     ``headroom`` (default: the GPU type's calibration: the one stored in the service's database, else this host's
-    file, else the committed one, else 0; ``memtune.api.service.calibration_lookup``) is resolved here and stored on the
-    job with where it came from (``headroom_source``), which the job shows: the worker searches plans against
+    file, else the committed one, else 0; ``memtune.api.service._calibration_lookup``) is resolved here and stored on
+    the job with where it came from (``headroom_source``), which the job shows: the worker searches plans against
     ``budget_bytes * (1 - headroom)`` while the job's ``budget_bytes`` stays the budget asked for. A budget that
     leaves less than the model's parameters, gradients and optimizer state need is refused (``budget_floor``).
 

@@ -6,11 +6,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from memtune.api.service.deps import DbDep, ReadAccess
-from memtune.api.service.gpu_types import resolve_gpu
-from memtune.api.service.problems import ProblemError
+from memtune.api.service._deps import DbDep, ReadAccess
+from memtune.api.service._gpu_types import resolve_gpu
+from memtune.api.service._problems import ProblemError
+from memtune.api.service._views import row_public
 from memtune.api.service.schemas import LeaderboardPublic
-from memtune.api.service.views import row_public
 from memtune.storage.repositories import ModelRepository, ResultRepository
 from memtune.tuner import parse_budget
 

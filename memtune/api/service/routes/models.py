@@ -7,13 +7,13 @@ from typing import Annotated
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response, status
 
-from memtune.api.service.deps import DbDep, JsonBody, ReadAccess, SettingsDep, WriteKey
-from memtune.api.service.exported_upload import check_upload
-from memtune.api.service.gpu_types import known_gpus, resolve_gpu
+from memtune.api.service._deps import DbDep, JsonBody, ReadAccess, SettingsDep, WriteKey
+from memtune.api.service._exported_upload import check_upload
+from memtune.api.service._gpu_types import known_gpus, resolve_gpu
+from memtune.api.service._problems import ProblemError
+from memtune.api.service._views import model_public
 from memtune.api.service.model_refs import check_not_zoo_name, store_exported_model, store_spec_model, store_zoo_model
-from memtune.api.service.problems import ProblemError
 from memtune.api.service.schemas import ModelCreate, ModelPublic
-from memtune.api.service.views import model_public
 from memtune.profiler.exported import CheckedProgram
 from memtune.storage import ConflictError, Database
 from memtune.storage.records import ModelRecord
@@ -148,7 +148,7 @@ async def create_exported_model(
     exported again (other weights, another machine) is 200 with the stored model.
 
     The check runs in a child process within ``MEMTUNE_MAX_EXPORTED_CHECK_S`` seconds, and every tensor the program
-    holds or makes must fit the GPU's memory (NOTE [ Upload limits ] in ``memtune.profiler.exported_checks``).
+    holds or makes must fit the GPU's memory (NOTE [ Upload limits ] in ``memtune.profiler._exported_checks``).
     """
     media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media not in _ARCHIVE_MEDIA_TYPES:

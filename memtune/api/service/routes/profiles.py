@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from memtune.api.service.deps import DbDep, IdPath, ReadAccess
+from memtune.api.service._deps import DbDep, IdPath, ReadAccess
+from memtune.api.service._views import profile_public
 from memtune.api.service.schemas import ProfilePublic
-from memtune.api.service.views import profile_public
 from memtune.storage.repositories import ProfileRepository
 
 __all__ = ["router"]

@@ -16,7 +16,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from memtune.api.service.deps import DbDep
+from memtune.api.service._deps import DbDep
 from memtune.storage import NotFoundError
 from memtune.storage.repositories import JobRepository
 

@@ -1,5 +1,5 @@
 """``mt_workers``: each worker process's heartbeat and the GPU types it serves, so that ``/healthz`` can tell a
-queued GPU type that no live worker serves (NOTE [ Worker heartbeats ] in ``memtune.storage.repositories.workers``).
+queued GPU type that no live worker serves (NOTE [ Worker heartbeats ] in ``memtune.storage.repositories._workers``).
 
 Revision ID: 0008
 Revises: 0007

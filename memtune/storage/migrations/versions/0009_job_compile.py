@@ -1,6 +1,6 @@
 """Whole-model compile on jobs: whether a job's plans may compile the whole model, and what the worker did about it.
 
-``mt_jobs`` gains ``compile`` (``auto``, ``on``, ``off``; NOTE [ Whole-model compile ] in ``memtune.tuner.whole``, NOTE
+``mt_jobs`` gains ``compile`` (``auto``, ``on``, ``off``; NOTE [ Whole-model compile ] in ``memtune.tuner._whole``, NOTE
 [ Compiler points in the service ] in ``memtune.api.service.worker``) and ``compile_note`` (the compiler points
 measured, or why none were used). Existing jobs read ``auto``: they were tuned on their profiles as stored, compiler
 points and all.

@@ -1,6 +1,6 @@
 """``mt_lookup_version``: one counter, raised in the same transaction as every write to results, models and GPU
 types, so that an API process can tell when its cached lookups are out of date (NOTE [ Lookup version ] in
-``memtune.storage.lookup_version``).
+``memtune.storage._lookup_version``).
 
 Revision ID: 0010
 Revises: 0009
