@@ -275,8 +275,12 @@ class _StageRun:
         and the gradients it makes, the outputs' gradients made inside it (as ``chained_backward_bytes``). Read off
         the allocator on CUDA and on the CPU alike (NOTE [ Allocator meters ]); on the CPU for a GPU, with the GPU's
         convolution workspaces (NOTE [ GPU transients from the CPU's allocator ])."""
+        # the inputs are made before the meter starts: in a step they are live before the stage runs, and the
+        # simulator counts them there (made inside, a stage that does not save its input showed them as transient)
+        inputs = self.fresh()
         with metered(self.device, gpu_workspaces=self.gpu_workspaces) as fwd:
-            outs = self.forward(mode=mode)
+            outs = self.forward(inputs, mode=mode)
+        del inputs
         fwd_ws = max(0, fwd.peak_bytes - max(0, fwd.end_bytes))
         if not (outs and self.wrt):
             return fwd_ws, 0
