@@ -506,25 +506,9 @@ def _measure_stages(
     # a profile for a GPU made on the CPU keeps the roofline's times, not the CPU's: one untimed round of each
     # pass is all it needs of them (which stages run selective, what they keep, their transients)
     rounds = (warmup, repeats) if spec is None else (0, 1)
-    timings: list[_Timing] = [_Timing(0.0, 0.0)] * len(modules)
-    # NOTE [ Incoming gradients as the chain makes them ] (memtune.profiler._stage_run): last stage first, each given
-    # its output's gradient in the layout its consumer's backward made
-    layouts: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    for done, k in enumerate(reversed(range(len(modules))), start=1):
-        m = modules[k]
-        captured, autocast_dtype = _capture(model, m, inputs, _autocast(dev, dtype), dev, grad=regions is not None)
-        out_sid = trace.outputs[k]
-        run = _StageRun(
-            m, captured, trace.input_grad[k], dtype, dev, autocast_dtype, gpu_workspaces, selective=regions is None,
-            out_layout=layouts.get(out_sid) if out_sid is not None else None,
-        )  # fmt: skip
-        timings[k] = run.time(*rounds)
-        for sid, grad in zip(trace.leaf_storages[k], timings[k].input_grads, strict=False):
-            if sid is not None and grad is not None:
-                layouts.setdefault(sid, (grad.shape, grad.stride))
-        del captured, run
-        if progress is not None:
-            progress(names[k] or type(model).__name__, done, len(modules))
+    timings = _time_stages(
+        model, names, modules, inputs, trace, dtype, dev, rounds, progress, gpu_workspaces, compiled=regions is not None
+    )
     if regions is not None:  # NOTE [ Region backward measured in the chain ] (memtune.profiler._region_chain)
         compiled = [k not in eager_regions for k in range(len(modules))]
         chain = chain_backward_bytes(model, modules, compiled, inputs, loss, dtype, dev)
@@ -547,6 +531,43 @@ def _measure_stages(
         names, coarse, modules, eager_regions, compile_seconds, trace, timings, step_ms, recompute_step_ms, step_peak,
         tail, resident,
     )  # fmt: skip
+
+
+def _time_stages(
+    model: nn.Module,
+    names: list[str],
+    modules: list[nn.Module],
+    inputs: Inputs,
+    trace: StageTrace,
+    dtype: str,
+    dev: torch.device,
+    rounds: tuple[int, int],
+    progress: ProgressFn | None,
+    gpu_workspaces: bool,
+    *,
+    compiled: bool,
+) -> list[_Timing]:
+    """Each stage run alone on the arguments the model gives it (``_StageRun``), in stage order: last stage first, each
+    given its output's gradient in the layout its consumer's backward made (NOTE [ Incoming gradients as the chain makes
+    them ] in ``memtune.profiler._stage_run``); ``compiled``: the stages are compiled regions (never selective)."""
+    timings: list[_Timing] = [_Timing(0.0, 0.0)] * len(modules)
+    layouts: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # by storage: its gradient's shape and strides
+    for done, k in enumerate(reversed(range(len(modules))), start=1):
+        m = modules[k]
+        captured, autocast_dtype = _capture(model, m, inputs, _autocast(dev, dtype), dev, grad=compiled)
+        out_sid = trace.outputs[k]
+        run = _StageRun(
+            m, captured, trace.input_grad[k], dtype, dev, autocast_dtype, gpu_workspaces, selective=not compiled,
+            out_layout=layouts.get(out_sid) if out_sid is not None else None,
+        )  # fmt: skip
+        timings[k] = run.time(*rounds)
+        for sid, grad in zip(trace.leaf_storages[k], timings[k].input_grads, strict=False):
+            if sid is not None and grad is not None:
+                layouts.setdefault(sid, (grad.shape, grad.stride))
+        del captured, run
+        if progress is not None:
+            progress(names[k] or type(model).__name__, done, len(modules))
+    return timings
 
 
 def _runs_matmul(counted: ModuleCount) -> bool:
