@@ -384,3 +384,36 @@ def test_rule_choices_choose_as_choose_algorithms_at_every_cap(model: str) -> No
     choices = RuleChoices(profile)
     for plan in plans:
         assert choices.choose(plan) == choose_algorithms(profile, plan, check=False)
+
+
+def test_a_stage_in_place_on_its_input_holds_its_new_gradient_beside_the_incoming_one() -> None:
+    """NOTE [ Backward transient ]: the stem's lone in-place ``relu`` of ResNet-50 (regions at depth 1, H100 profile)
+    makes its input's gradient while the incoming one lives. The H100 trace of the 60% plan
+    (``resnet50-trace-60.txt``) held 2,007 MiB in that stage's backward; the simulation holds the same within 8 MiB."""
+    import json
+    from pathlib import Path
+
+    from memtune.profiler import Profile
+    from memtune.tuner.simulator import backward_transients
+
+    folder = Path(__file__).parents[3] / "benchmarks/results/h100/compiled-regions"
+    prof = Profile.from_json((folder / "resnet50-regions-d1-b0.5.json").read_text())
+    k = next(i for i, s in enumerate(prof.stages) if s.name == "relu")
+    relu = prof.stages[k]
+    assert relu.inplace and relu.output_storage in (relu.input_storages or ())
+    transients = backward_transients(prof)
+    assert transients[k] == relu.chained_backward_bytes == relu.output_bytes  # not 0: the new gradient
+    others = [t for i, (t, s) in enumerate(zip(transients, prof.stages, strict=True)) if i != k]
+    assert others == [
+        max(0, (s.chained_backward_bytes or 0) - s.output_bytes) for i, s in enumerate(prof.stages) if i != k
+    ]
+    row = json.loads((folder / "resnet50.json").read_text())
+    plan = Plan.model_validate(next(p for p in row["plans"] if p["fraction"] == 0.6)["plan"])
+    timeline = simulate(prof, plan.named(prof), timeline=True).timeline
+    held = next(live for _, live, label in timeline if label == f"bwd {k} start")
+    traced = next(
+        line
+        for line in (folder / "resnet50-trace-60.txt").read_text().splitlines()
+        if line.split()[:2] == ["bwd", str(k)]
+    )
+    assert abs(held / 2**20 - int(traced.split()[5])) <= 8, (held / 2**20, traced)
