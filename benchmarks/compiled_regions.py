@@ -47,6 +47,7 @@ name fails the first compile, and that error is the row's. ``torch.nn.Module._ca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import time
@@ -352,8 +353,39 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     print(json.dumps(shown)[:3000], flush=True)
 
 
+def lower_bounds(folder: Path, row: dict[str, Any]) -> dict[float, float]:
+    """Per plan fraction of ``row``, the least step any plan of memtune's may take within its budget, ms: the smaller
+    of the eager bound (NOTE [ Budget bound ] in ``memtune.tuner.bound``) on the row's eager profile and the compiled
+    bound (NOTE [ Compiled lower bound ] in ``memtune.tuner.compiled_bound``) on it and every region profile of the
+    folder, computed from the committed profiles by the code as it stands; a fraction with neither is left out."""
+    from memtune.profiler import Profile
+    from memtune.tuner import BoundError, Simulator
+    from memtune.tuner.bound import step_lower_bound
+    from memtune.tuner.compiled_bound import compiled_lower_bound
+
+    path = folder / f"{row['model']}-profile.json"
+    if not row.get("plans") or not path.exists():
+        return {}
+    eager = Profile.from_json(path.read_text())
+    entries = [e for e in row.get("partitions", []) if "profile" in e]
+    regions = [Profile.from_json((folder / e["profile"]).read_text()) for e in entries]
+    optimizer = row.get("optimizer", "sgd")
+    out: dict[float, float] = {}
+    for p in row["plans"]:
+        floors: list[float] = []
+        with contextlib.suppress(BoundError):  # the solver gave no answer: the compiled bound alone
+            floors.append(step_lower_bound(Simulator(eager, optimizer), p["budget_bytes"]).step_ms)
+        compiled = compiled_lower_bound([eager, *regions], p["budget_bytes"], optimizer)
+        if compiled is not None:
+            floors.append(compiled.step_ms)
+        if floors and min(floors) != float("inf"):
+            out[p["fraction"]] = min(floors)
+    return out
+
+
 def table(folder: Path) -> str:
-    """Markdown tables of the rows in ``folder``: per model, the compiled steps and the plans."""
+    """Markdown tables of the rows in ``folder``: per model, the compiled steps and the plans, each plan beside the
+    lower bound on memtune's step at its budget (``lower_bounds``)."""
     lines: list[str] = []
     for path in sorted(folder.glob("*.json")):
         row = json.loads(path.read_text())
@@ -379,7 +411,9 @@ def table(folder: Path) -> str:
             ratio = f"{m['step_ms'] / p['whole_step_ms']:.2f}" if p.get("whole_step_ms") else ""
             lines.append(f"| {label} | {m['step_ms']:.1f} | {m['peak_bytes'] / GiB:.2f} | {ratio} |")
         if row.get("plans"):  # the plans phase ran
-            lines += ["", "| budget | plan | predicted ms / GiB | measured ms / GiB |", "|---|---|---|---|"]
+            head = "| budget | plan | predicted ms / GiB | measured ms / GiB | lower bound ms | measured / bound |"
+            lines += ["", head, "|---|---|---|---|---|---|"]
+        bounds = lower_bounds(folder, row)
         for p in row.get("plans", []):
             m = p.get("measured", {})
             # an error in its first two sentences (a CUDA out-of-memory goes on to list the allocator's state)
@@ -392,8 +426,11 @@ def table(folder: Path) -> str:
             )
             kind, compact = p.get("kind", ""), p.get("compact", "")
             plan = compact if compact.startswith(kind) else f"{kind} {compact}".strip()
+            bound = bounds.get(p["fraction"])
+            ratio = f"{m['step_ms'] / bound:.2f}" if bound and "step_ms" in m else ""
             lines.append(
-                f"| {p['fraction']:.0%} ({p['budget_bytes'] / GiB:.2f} GiB) | {plan} | {predicted} | {measured} |"
+                f"| {p['fraction']:.0%} ({p['budget_bytes'] / GiB:.2f} GiB) | {plan} | {predicted} | {measured} | "
+                f"{f'{bound:.1f}' if bound else ''} | {ratio} |"
             )
         lines.append("")
     return "\n".join(lines)

@@ -148,3 +148,24 @@ def test_print_tuned_shows_the_compiled_bound_beside_the_eager_one() -> None:
         assert t.best_ms is None or t.best_ms >= bound.step_ms - 1e-6
     bare = tune_profiles(linear_chain(6, saved_mib=64), budget, trials=10, progress=False)
     assert bare.compiled_bound is None and "no compiled plan" not in str(bare)
+
+
+def test_every_served_plan_of_the_committed_region_benchmark_is_predicted_above_its_lower_bound() -> None:
+    """The benchmark's table puts each served plan beside the least step any plan may take at its budget
+    (``benchmarks.compiled_regions.lower_bounds``, from the committed H100 profiles): every predicted step is at least
+    that bound, as NOTE [ Compiled lower bound ] and NOTE [ Budget bound ] promise, and a plan that fits has one."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.compiled_regions import lower_bounds
+
+    folder = Path(__file__).parents[3] / "benchmarks/results/h100/compiled-regions"
+    seen = 0
+    for name in ("resnet50", "efficientnet_b0"):
+        row = json.loads((folder / f"{name}.json").read_text())
+        bounds = lower_bounds(folder, row)
+        for p in row["plans"]:
+            if "predicted_step_ms" in p:
+                assert bounds[p["fraction"]] <= p["predicted_step_ms"] * (1 + 1e-9), (name, p["fraction"], bounds)
+                seen += 1
+    assert seen >= 4
