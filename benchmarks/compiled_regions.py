@@ -47,7 +47,6 @@ name fails the first compile, and that error is the row's. ``torch.nn.Module._ca
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import time
@@ -359,9 +358,7 @@ def lower_bounds(folder: Path, row: dict[str, Any]) -> dict[float, float]:
     bound (NOTE [ Compiled lower bound ] in ``memtune.tuner.compiled_bound``) on it and every region profile of the
     folder, computed from the committed profiles by the code as it stands; a fraction with neither is left out."""
     from memtune.profiler import Profile
-    from memtune.tuner import BoundError, Simulator
-    from memtune.tuner.bound import step_lower_bound
-    from memtune.tuner.compiled_bound import compiled_lower_bound
+    from memtune.tuner.compiled_bound import least_step_ms
 
     path = folder / f"{row['model']}-profile.json"
     if not row.get("plans") or not path.exists():
@@ -369,18 +366,9 @@ def lower_bounds(folder: Path, row: dict[str, Any]) -> dict[float, float]:
     eager = Profile.from_json(path.read_text())
     entries = [e for e in row.get("partitions", []) if "profile" in e]
     regions = [Profile.from_json((folder / e["profile"]).read_text()) for e in entries]
-    optimizer = row.get("optimizer", "sgd")
-    out: dict[float, float] = {}
-    for p in row["plans"]:
-        floors: list[float] = []
-        with contextlib.suppress(BoundError):  # the solver gave no answer: the compiled bound alone
-            floors.append(step_lower_bound(Simulator(eager, optimizer), p["budget_bytes"]).step_ms)
-        compiled = compiled_lower_bound([eager, *regions], p["budget_bytes"], optimizer)
-        if compiled is not None:
-            floors.append(compiled.step_ms)
-        if floors and min(floors) != float("inf"):
-            out[p["fraction"]] = min(floors)
-    return out
+    bounds = {p["fraction"]: least_step_ms(eager, regions, p["budget_bytes"], row.get("optimizer", "sgd"))
+              for p in row["plans"]}  # fmt: skip
+    return {f: b for f, b in bounds.items() if b is not None}
 
 
 def table(folder: Path) -> str:

@@ -176,9 +176,8 @@ class _Run:
         import torch
 
         import memtune
-        from memtune.profiler import CompilerPoint, Profile
+        from memtune.profiler import Profile
         from memtune.tuner import Plan, planning_headroom
-        from memtune.tuner.measure.compiler_points import with_compiler_points
         from memtune.tuner.measure.module_bench import measure_step
         from memtune.tuner.runtime import budget_guard, planned
 
@@ -196,14 +195,8 @@ class _Run:
             row["profile_s"] = round(time.perf_counter() - t0, 1)
             row.update(stages=prof.n_stages, profile=json.loads(prof.to_json()))
             self.save()
-        compiled = [p for p in row["peers"] if p["family"] == "compiler" and "step_ms" in p]
-        points = [
-            CompilerPoint(activation_budget=p["activation_budget"], step_ms=p["step_ms"], peak_bytes=p["peak_bytes"],
-                          reserved_bytes=p["reserved_bytes"], optimizer=opt)  # type: ignore[arg-type]
-            for p in compiled
-        ]  # fmt: skip
-        prof = with_compiler_points(prof, points)
-        top = next((p for p in compiled if p["activation_budget"] == 1.0), None)
+        prof = searched_profile(row)
+        top = _compiled_top(row)
         reference = top["peak_bytes"] if top is not None else row["unplanned"]["peak_bytes"]
         row["reference"] = {"of": "compiled, budget 1" if top is not None else "eager", "peak_bytes": reference}
         headroom = planning_headroom(prof)
@@ -309,6 +302,41 @@ def _tune(job: tuple[str, int, float, int, str, list[dict[str, Any]]]) -> dict[s
     }
 
 
+def _compiled_top(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The row's compiler peer at activation budget 1 (the compiled unconstrained step), if it ran."""
+    return next((p for p in row.get("peers", []) if p["family"] == "compiler" and p.get("activation_budget") == 1.0
+                 and "step_ms" in p), None)  # fmt: skip
+
+
+def searched_profile(row: dict[str, Any]) -> Any:
+    """The profile the plans phase searches: the row's eager profile with the sweep's measured compiles as its compiler
+    points (``memtune.tuner.measure.compiler_points.with_compiler_points``)."""
+    from memtune.profiler import CompilerPoint, Profile
+    from memtune.tuner.measure.compiler_points import with_compiler_points
+
+    points = [
+        CompilerPoint(activation_budget=p["activation_budget"], step_ms=p["step_ms"], peak_bytes=p["peak_bytes"],
+                      reserved_bytes=p["reserved_bytes"], optimizer=row["optimizer"])
+        for p in row["peers"]
+        if p["family"] == "compiler" and "step_ms" in p
+    ]  # fmt: skip
+    return with_compiler_points(Profile.from_json(json.dumps(row["profile"])), points)
+
+
+def lower_bounds(row: dict[str, Any]) -> dict[float, float]:
+    """Per plan fraction of ``row``, the least step any plan of memtune's may take within its budget, ms
+    (``memtune.tuner.compiled_bound.least_step_ms`` over the searched profile and the row's region profiles), computed
+    from the committed row by the code as it stands; a fraction without one is left out."""
+    from memtune.tuner.compiled_bound import least_step_ms
+
+    if not row.get("plans") or "profile" not in row:
+        return {}
+    prof = searched_profile(row)
+    regions = [r.profile for r in _region_runs(row.get("regions", [])) if r.profile is not None]
+    bounds = {e["fraction"]: least_step_ms(prof, regions, e["budget_bytes"], row["optimizer"]) for e in row["plans"]}
+    return {f: b for f, b in bounds.items() if b is not None}
+
+
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """The row of one model (see the module docstring); what ``<out>/<name>.json`` held is continued."""
     row = _Run(name, args).measure()
@@ -364,12 +392,17 @@ def _peer_rows(row: dict[str, Any]) -> list[str]:
 
 def _plan_rows(row: dict[str, Any], ratios: list[float]) -> list[str]:
     lines = []
+    bounds, top = lower_bounds(row), _compiled_top(row)
     for e in row.get("plans", []):
         head = f"| {row['model']} | {e['fraction']:.0%} ({e['budget_bytes'] / GiB:.2f}) |"
         peer = fastest_peer_within(row, e["budget_bytes"])
         peer_text = f"{peer['name']}: {peer['step_ms']:.1f} / {peer['reserved_bytes'] / GiB:.2f}" if peer else "none"
+        bound = bounds.get(e["fraction"])
+        bound_text = f"{bound:.1f}" if bound is not None else "-"
         if "plan_json" not in e:
-            lines.append(f"{head} {_cell(e.get('error', 'no plan'))} | - | - | {peer_text} | - |")
+            lines.append(
+                f"{head} {_cell(e.get('error', 'no plan'))} | - | - | {peer_text} | - | - | {bound_text} | - |"
+            )
             continue
         kind = "compiled" if e.get("compiled") else "eager"
         pr, cap = e["predicted"], e.get("capped")
@@ -379,9 +412,12 @@ def _plan_rows(row: dict[str, Any], ratios: list[float]) -> list[str]:
             assert cap is not None
             ratios.append(cap["step_ms"] / peer["step_ms"])
             ratio = f"{ratios[-1]:.2f}"
+        ms = cap["step_ms"] if _ran(cap) and cap is not None else None
+        vs_top = f"{ms / top['step_ms']:.2f}" if ms is not None and top is not None else "-"
+        vs_bound = f"{ms / bound:.2f}" if ms is not None and bound is not None else "-"
         lines.append(
             f"{head} {kind} `{e['plan']}` | {pr['step_ms']:.1f} / {pr['peak_bytes'] / GiB:.2f} | {measured} | "
-            f"{peer_text} | {ratio} |"
+            f"{peer_text} | {ratio} | {vs_top} | {bound_text} | {vs_bound} |"
         )
     return lines
 
@@ -397,8 +433,9 @@ def table(folder: Path) -> str:
     ]
     plans = [
         "| model | budget (GiB) | memtune's plan | predicted ms / GiB | under the cap ms / GiB "
-        "| fastest peer within the budget: ms / GiB reserved | memtune / peer |",
-        "|---|---|---|---|---|---|---|",
+        "| fastest peer within the budget: ms / GiB reserved | memtune / peer | memtune / compiled step "
+        "| lower bound ms | memtune / bound |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     ratios: list[float] = []
     for r in rows:

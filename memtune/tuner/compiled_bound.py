@@ -65,17 +65,19 @@ Assumptions, besides the relaxations NOTE [ Budget bound ] makes (fractions of s
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memtune.profiler import Profile
 from memtune.tuner._search_results import compiler_candidates
-from memtune.tuner.bound import lower_envelope, remake_pieces
+from memtune.tuner._tuner_errors import BoundError
+from memtune.tuner.bound import lower_envelope, remake_pieces, step_lower_bound
 from memtune.tuner.plan import Plan
 from memtune.tuner.simulator import Simulator
 
-__all__ = ["CompiledBound", "CompiledFloor", "compiled_lower_bound", "region_floor", "whole_floor"]
+__all__ = ["CompiledBound", "CompiledFloor", "compiled_lower_bound", "least_step_ms", "region_floor", "whole_floor"]
 
 GIB = float(1 << 30)  # remake_pieces' unit
 
@@ -238,3 +240,20 @@ def compiled_lower_bound(
             floors.append(whole_floor([(c.peak_bytes, c.step_ms) for c in served], budget_bytes))
     floors += [region_floor(Simulator(p, optimizer), budget_bytes) for p in profiles if p.compile_budget is not None]
     return CompiledBound(budget_bytes, tuple(floors)) if floors else None
+
+
+def least_step_ms(
+    eager: Profile, regions: Sequence[Profile], budget_bytes: int, optimizer: str = "sgd"
+) -> float | None:
+    """The least step any plan ``tune`` may serve within ``budget_bytes`` can take, ms: the smaller of the eager bound
+    on ``eager`` (NOTE [ Budget bound ] in ``memtune.tuner.bound``) and the compiled bound over ``eager``'s compiler
+    points and the compiled-region profiles ``regions`` (NOTE [ Compiled lower bound ]); None where neither gives a
+    finite one (the solver gave no answer and no compiled plan fits)."""
+    floors: list[float] = []
+    with contextlib.suppress(BoundError):  # the solver gave no answer: the compiled bound alone
+        floors.append(step_lower_bound(Simulator(eager, optimizer), budget_bytes).step_ms)
+    compiled = compiled_lower_bound([eager, *regions], budget_bytes, optimizer)
+    if compiled is not None:
+        floors.append(compiled.step_ms)
+    least = min(floors, default=math.inf)
+    return least if math.isfinite(least) else None

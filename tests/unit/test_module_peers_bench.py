@@ -70,9 +70,10 @@ def test_the_tables_render_from_the_json_alone(tmp_path: Path) -> None:
         "| resnet50 | offload activations (side stream) | out of memory: CUDA out of memory \\| twice | | | | |" in text
     )
     assert ("| resnet50 | 60% (6.30) | compiled `compiled whole, budget 0.5` | 52.0 / 5.70 | 58.0 / 5.90 | "
-            "torch.compile budget 0.5: 52.0 / 6.20 | 1.12 |") in text  # fmt: skip
-    assert "| resnet50 | 30% (3.20) | eager `rrrrooo` | 140.0 / 3.00 | 142.0 / 3.10 | none | - |" in text
-    assert "| resnet50 | 10% (1.00) | no plan fits | - | - | none | - |" in text
+            "torch.compile budget 0.5: 52.0 / 6.20 | 1.12 | 1.29 | - | - |") in text  # fmt: skip
+    # the row holds no profile: no lower bound; the compiled step is the sweep's budget 1
+    assert "| resnet50 | 30% (3.20) | eager `rrrrooo` | 140.0 / 3.00 | 142.0 / 3.10 | none | - | 3.16 | - | - |" in text
+    assert "| resnet50 | 10% (1.00) | no plan fits | - | - | none | - | - | - | - |" in text
     assert "geometric mean over 1 budgets: 1.115" in text
     assert "- resnet50: batch 128, NVIDIA H100 80GB HBM3, 2026-11-27T10:00:00Z, commit 0123456789" in text
 
@@ -113,6 +114,12 @@ def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
     assert row["reference"] == {"of": "eager", "peak_bytes": 4 << 20}
     assert [p["fraction"] for p in row["plans"]] == [0.9, 0.5]
     assert all("capped" in p or p.get("error") == "no plan fits" for p in row["plans"]), row["plans"]
+    # the bound at a budget every plan fits: above nothing slower than the unplanned step it bounds
+    from memtune.tuner import Plan, simulate
+
+    (bound,) = module_peers.lower_bounds({**row, "plans": [{"fraction": 1.0, "budget_bytes": 1 << 30}]}).values()
+    prof = module_peers.searched_profile(row)
+    assert 0 < bound <= simulate(prof, Plan.uniform(prof.n_stages)).step_ms * (1 + 1e-9)
     saved = json.loads((tmp_path / "mlp.json").read_text())
     assert saved["run"]["command"] and saved["profile"]["model"]
     measured = len(steps)
