@@ -288,6 +288,10 @@ KEPT: tuple[Kept, ...] = (
         "`benchmarks.compiled_regions` on the H100: measurement (the per-model rows and the profiles they measured)",
     ),
     Kept(
+        f"{_R}/h100/compiled-regions/*-trace-*.txt",
+        "`scripts/region_plan_peak.py --trace` on the H100: a served plan's peaks stage by stage beside the simulation",
+    ),
+    Kept(
         f"{_R}/h100/modeled-modules/*.json",
         "`benchmarks.modeled_modules`: module profiles timed on the CPU (their "
         "counting times are CPU timings) beside the H100's",
