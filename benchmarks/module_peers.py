@@ -22,11 +22,13 @@ language models), the output held through the backward (the profile's default), 
    ``memtune.tuner.tune`` with the default headroom (``memtune.tuner.planning_headroom``), the plans searched in
    parallel processes; each plan measured under ``budget_guard`` at its budget (an out-of-memory is a result) and
    without the cap, beside the simulator's prediction. A compiled plan runs at a budget of the sweep, so its compiled
-   graph is the sweep's (``memtune.profiler.compiled.budget_backend``). With ``--region-depths`` (e.g. ``1,2``) the
-   search also weighs compiled regions (NOTE [ Compiled-region candidates ] in ``memtune.tuner.region_plans``): the
-   model's region partitions of those depths profiled compiled at each of ``--region-budgets`` and under each of
-   ``--rules`` (``memtune.profiler.region_profile.profile_regions``, kept in the row as they are measured), every one
-   searched at each budget, the fastest plan of them all served (``memtune.tuner.pipeline.tune_profiles``).
+   graph is the sweep's (``memtune.profiler.compiled.budget_backend``). With ``--region-depths`` (e.g. ``1,2``; ``auto``
+   picks them per model, ``auto_depths``) the search also weighs compiled regions (NOTE [ Compiled-region
+   candidates ] in ``memtune.tuner.region_plans``): the model's region partitions of those depths profiled compiled
+   at each of ``--region-budgets`` and under each of ``--rules`` (``memtune.profiler.region_profile.profile_regions``,
+   kept in the row as they are measured), every one searched at each budget, the fastest plan of them all served
+   (``memtune.tuner.pipeline.tune_profiles``). With ``--gpus N`` the models run N at a time, one per GPU (NOTE [ One
+   model per GPU ] in ``benchmarks.gpu_pool``).
 
 ``<out>/<model>.json`` is written after every measurement (with NOTE [ Run record ] and the versions of transformers
 and torchvision), so a run stopped by a time limit keeps what it measured, and the same command run again continues
@@ -49,13 +51,16 @@ import contextlib
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MODELS", "fastest_peer_within", "main", "run_model", "table"]
+from benchmarks.gpu_pool import run_across_gpus, shared_host
+
+__all__ = ["MODELS", "auto_depths", "fastest_peer_within", "main", "run_model", "table"]
 
 GiB = float(1 << 30)
 
@@ -121,7 +126,7 @@ class _Run:
     def save(self) -> None:
         from memtune.profiler.provenance import run_record
 
-        self.row["run"] = run_record()
+        self.row.update(run=run_record(), processes_on_host=shared_host())
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(self.row, indent=1) + "\n")
 
@@ -242,7 +247,9 @@ class _Run:
             return []
         done = row.setdefault("regions", [])
         have = {(e["depth"], e["budget"], e.get("saves")) for e in done}
-        parts = [p for p in region_partitions(model, as_inputs(inputs)) if p.depth in args.region_depths]
+        parts = region_partitions(model, as_inputs(inputs))
+        depths = auto_depths(parts) if args.region_depths == "auto" else args.region_depths
+        parts = [p for p in parts if p.depth in depths]
         policies = [(b, None) for b in args.region_budgets] + [(1.0, r) for r in args.rules]
         for part in parts:
             for budget, saves in policies:
@@ -259,7 +266,18 @@ class _Run:
                     "profile": json.loads(run.profile.to_json()) if run.profile is not None else None,
                 })  # fmt: skip
                 self.save()
-        return [e for e in done if e["depth"] in args.region_depths]
+        return [e for e in done if e["depth"] in depths]
+
+
+def auto_depths(partitions: Sequence[Any]) -> list[int]:
+    """``--region-depths auto``: of a model's ``RegionPartition``s (coarsest first), the depth of the coarsest one with
+    at least two regions (one that keeps most fusions) and of the first finer one with at least eight (about a region
+    per block, so that a plan can act block by block): ResNet-50 1 and 2, BERT 1 and 3, the Llama decoder 2 and 3."""
+    coarse = next((p for p in partitions if len(p.names) >= 2), None)
+    if coarse is None:
+        return []
+    fine = next((p for p in partitions if p.depth > coarse.depth and len(p.names) >= 8), None)
+    return [coarse.depth] + ([fine.depth] if fine is not None else [])
 
 
 def _region_runs(entries: Sequence[dict[str, Any]]) -> list[Any]:
@@ -449,8 +467,10 @@ def table(folder: Path) -> str:
         out.append(f"No measurement in {folder} yet: `python -m benchmarks.module_peers --out {folder}` on a GPU.")
     for r in rows:
         run = r.get("run") or {}
+        shared = r.get("processes_on_host", 1)
+        beside = f", one of {shared} models run at once on GPUs of one host" if shared > 1 else ""
         out.append(f"- {r['model']}: batch {r['batch']}, {r['device']}, {run.get('date', '?')}, "
-                   f"commit {str(run.get('commit'))[:10]}")  # fmt: skip
+                   f"commit {str(run.get('commit'))[:10]}{beside}")  # fmt: skip
     return "\n".join(out) + "\n"
 
 
@@ -474,12 +494,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--fractions", default=",".join(f"{f:g}" for f in FRACTIONS),
                         help="memtune's budgets, as fractions of the compiled unconstrained peak")  # fmt: skip
     parser.add_argument("--trials", type=int, default=150)
-    parser.add_argument("--region-depths", default="", help="region partitions' depths to weigh too, e.g. 1,2")
+    parser.add_argument("--region-depths", default="", help="region partitions' depths to weigh too: 1,2 or auto")
     parser.add_argument("--region-budgets", default="1,0.5", help="activation budgets of the region partitions")
     parser.add_argument("--rules", default="compute", help="memtune's save rules of the region partitions ('' none)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h100/module-peers"))
+    parser.add_argument("--gpus", type=int, default=1, help="spread the models over this many GPUs, one process each")
     parser.add_argument("--fresh", action="store_true", help="start over instead of continuing what --out holds")
     parser.add_argument("--table", type=Path, help="print the Markdown tables of the rows in this folder and stop")
     args = parser.parse_args(argv)
@@ -488,7 +509,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     args.compiler_sweep = _floats(args.compiler_sweep, "--compiler-sweep")
     args.fractions = _floats(args.fractions, "--fractions")
-    args.region_depths = [int(d) for d in _floats(args.region_depths, "--region-depths")] if args.region_depths else []
+    if args.region_depths != "auto":
+        depths = _floats(args.region_depths, "--region-depths") if args.region_depths else []
+        args.region_depths = [int(d) for d in depths]
     args.region_budgets = _floats(args.region_budgets, "--region-budgets")
     args.rules = [r for r in args.rules.split(",") if r]
     from memtune.profiler.saved_tags import SAVE_RULES
@@ -498,6 +521,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"--rules {','.join(unknown)}: memtune's save rules are {', '.join(SAVE_RULES)}")
     if any(not 0.0 <= b <= 1.0 for b in args.compiler_sweep):
         raise SystemExit("--compiler-sweep: activation budgets are shares from 0 to 1")
+    if args.gpus < 1:
+        raise SystemExit(f"--gpus {args.gpus}: give at least 1")
+    if args.gpus > 1:
+        names = [m for m in args.models.split(",") if m]
+        unknown = [m for m in names if m not in MODELS]
+        if unknown:
+            raise SystemExit(f"--models: {', '.join(unknown)} not of {', '.join(MODELS)}")
+        failed = run_across_gpus("benchmarks.module_peers", names, sys.argv[1:] if argv is None else argv, args.gpus)
+        raise SystemExit(1 if failed else 0)
     model_rows(args.models, MODELS, lambda name: run_model(name, args), args.out)
 
 

@@ -159,3 +159,17 @@ def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeyp
     assert len(plan["candidates"]) == 2 and "save rule 'compute'" in plan["candidates"][1], plan["candidates"]
     again = module_peers.run_model("blocks", args)  # continues: the region profiles are not measured again
     assert [e["seconds"] for e in again["regions"]] == [e["seconds"] for e in regions]
+
+
+def test_auto_depths_take_the_coarsest_split_and_the_first_one_of_about_a_region_per_block() -> None:
+    from benchmarks.module_peers import auto_depths
+    from memtune.profiler.region_tree import RegionPartition
+
+    def part(depth: int, n: int) -> RegionPartition:
+        return RegionPartition(depth, tuple(f"r{i}" for i in range(n)))
+
+    assert auto_depths([part(1, 1), part(2, 2), part(3, 20), part(4, 60)]) == [2, 3]  # the Llama decoder
+    assert auto_depths([part(1, 2), part(2, 3), part(3, 14)]) == [1, 3]  # BERT: its encoder split by layer
+    assert auto_depths([part(1, 10), part(2, 22)]) == [1, 2]  # ResNet-50
+    assert auto_depths([part(1, 2), part(2, 3)]) == [1]  # no finer split of eight regions
+    assert auto_depths([part(1, 1)]) == []
