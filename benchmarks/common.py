@@ -13,7 +13,7 @@ from typing import Any
 
 from memtune.profiler import Profile
 
-__all__ = ["budget_table_args", "config_profile", "environment", "model_rows", "zoo_profile"]
+__all__ = ["budget_table_args", "config_profile", "environment", "model_rows", "same_gpu", "zoo_profile"]
 
 
 def zoo_profile(
@@ -124,3 +124,19 @@ def model_rows(names: str, known: Collection[str], run: Callable[[str], dict[str
         print(json.dumps(shown)[:3000], flush=True)
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def same_gpu(path: Path, recorded: str | Mapping[str, Any] | None, current: str) -> None:
+    """Refuse to continue a row measured on another kind of GPU: ``recorded`` is the row's ``device`` (a name, or a
+    device identity with its ``name``), ``current`` this process's GPU name. A row holds one GPU's measurements only,
+    so that its ratios compare like with like.
+
+    Raises:
+        SystemExit: the row was measured on a GPU of another name; it says how to start over.
+    """
+    name = recorded.get("name") if isinstance(recorded, Mapping) else recorded
+    if name is not None and name != current:
+        raise SystemExit(
+            f"{path}: measured on {name}, and this GPU is {current}; continue it on a {name}, or start it over in "
+            "another --out folder"
+        )

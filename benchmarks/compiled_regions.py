@@ -57,6 +57,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks.common import same_gpu
+
 Loss = Callable[[Any], torch.Tensor]
 Built = tuple[nn.Module, Any, Loss, str]  # model, batch, loss, optimizer
 GiB = float(1 << 30)
@@ -117,6 +119,7 @@ class Bench:
         self.out: Path = args.out
         self.path = self.out / f"{name}.json"
         self.row: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {"model": name}
+        same_gpu(self.path, self.row.get("device"), torch.cuda.get_device_name())
         torch.manual_seed(0)
         self.model, self.inputs, self.loss, self.optimizer = build(name, args.batch)
         self.model.train()

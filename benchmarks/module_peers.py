@@ -142,11 +142,13 @@ class _Run:
     def _measure(self) -> None:
         import torch
 
+        from benchmarks.common import same_gpu
         from memtune.tuner.measure.module_bench import measure_step
         from memtune.tuner.measure.module_peers import applicable_peers
         from memtune.tuner.measure.peer_measure import measure_peers
 
         args, row = self.args, self.row
+        same_gpu(self.path, row.get("device"), torch.cuda.get_device_name())
         torch.manual_seed(0)
         try:
             model, inputs, loss, opt, batch = build(self.name)

@@ -120,6 +120,9 @@ def picture(data: dict[str, Any]) -> Picture:
         cap = p.get("capped")
         kind = "compiled" if p.get("compiled") else "eager"
         name = f"memtune {kind} plan at {label or 'its budget'}" + (f" ({p['plan']})" if p.get("plan") else "")
+        if "plan_json" not in p and "plan" not in p:  # the search's own answer, e.g. no plan fits
+            left_out.append(f"memtune at {label or 'its budget'}: {p.get('error', 'no plan')}")
+            continue
         if not _ran(cap):
             left_out.append(f"{name}: {(cap or {}).get('error', 'not measured')}")
             continue

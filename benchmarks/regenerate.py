@@ -261,6 +261,14 @@ GENERATED: tuple[Generated, ...] = (
         5,
         quoted_in=("docs/results/torch-compile.md",),
     ),
+    Generated(
+        "module-peers-table-h200",
+        f"{_R}/h200/module-peers/table.md",
+        ("benchmarks.module_peers", "--table", f"{_R}/h200/module-peers"),
+        "gpu",
+        5,
+        quoted_in=("docs/results/compiler-grid.md",),
+    ),
 )
 
 KEPT: tuple[Kept, ...] = (
@@ -271,6 +279,7 @@ KEPT: tuple[Kept, ...] = (
     Kept(f"{_R}/h100/compiled/*.json", "compiled runs on the H100: measurement"),
     Kept(f"{_R}/h100/compiled/*.txt", "GPU test log on the H100"),
     Kept(f"{_R}/h100/module-peers/*.json", "`benchmarks.module_peers` on the H100: measurement (one row per model)"),
+    Kept(f"{_R}/h200/module-peers/*.json", "`benchmarks.module_peers` on H200s: measurement (one row per model)"),
     Kept(
         f"{_R}/h100/promises/*.json",
         "`benchmarks.promises` on the H100 (rows with measured profiles); the modeled-"

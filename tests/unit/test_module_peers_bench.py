@@ -173,3 +173,18 @@ def test_auto_depths_take_the_coarsest_split_and_the_first_one_of_about_a_region
     assert auto_depths([part(1, 10), part(2, 22)]) == [1, 2]  # ResNet-50
     assert auto_depths([part(1, 2), part(2, 3)]) == [1]  # no finer split of eight regions
     assert auto_depths([part(1, 1)]) == []
+
+
+def test_a_row_of_another_gpu_is_not_continued(tmp_path: Path) -> None:
+    from benchmarks.common import same_gpu
+
+    row = tmp_path / "mobilenet_v2.json"
+    same_gpu(row, None, "NVIDIA H200")  # a new row
+    same_gpu(row, "NVIDIA H200", "NVIDIA H200")
+    same_gpu(row, {"name": "NVIDIA H200", "key": "h200"}, "NVIDIA H200")  # compiled_regions keeps the identity
+    with pytest.raises(
+        SystemExit, match=r"mobilenet_v2.json: measured on NVIDIA H100 80GB HBM3, and this GPU is NVIDIA H200"
+    ):
+        same_gpu(row, "NVIDIA H100 80GB HBM3", "NVIDIA H200")
+    with pytest.raises(SystemExit, match="another --out folder"):
+        same_gpu(row, {"name": "NVIDIA H100 80GB HBM3"}, "NVIDIA H200")
