@@ -272,14 +272,12 @@ class _Run:
 
 
 def auto_depths(partitions: Sequence[Any]) -> list[int]:
-    """``--region-depths auto``: of a model's ``RegionPartition``s (coarsest first), the depth of the coarsest one with
-    at least two regions (one that keeps most fusions) and of the first finer one with at least eight (about a region
-    per block, so that a plan can act block by block): ResNet-50 1 and 2, BERT 1 and 3, the Llama decoder 2 and 3."""
-    coarse = next((p for p in partitions if len(p.names) >= 2), None)
-    if coarse is None:
-        return []
-    fine = next((p for p in partitions if p.depth > coarse.depth and len(p.names) >= 8), None)
-    return [coarse.depth] + ([fine.depth] if fine is not None else [])
+    """``--region-depths auto``: the depths of the ``RegionPartition``s that ``memtune.tune`` measures
+    (``memtune.profiler.region_tree.candidate_partitions``, NOTE [ Candidate depths ]): ResNet-50 1 and 2, BERT 1 and
+    3, the Llama decoder 2 and 3."""
+    from memtune.profiler.region_tree import candidate_partitions
+
+    return [p.depth for p in candidate_partitions(partitions)]
 
 
 def _region_runs(entries: Sequence[dict[str, Any]]) -> list[Any]:

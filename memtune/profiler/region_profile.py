@@ -21,7 +21,7 @@ from torch import nn
 from memtune.profiler import saved_tags
 from memtune.profiler._profile import Profile, SaveRule
 from memtune.profiler.module_profile import as_inputs, profile_module
-from memtune.profiler.region_tree import RegionPartition, first_line, region_partitions
+from memtune.profiler.region_tree import RegionPartition, candidate_partitions, first_line, region_partitions
 
 __all__ = ["RegionProfile", "profile_regions"]
 
@@ -68,14 +68,15 @@ def profile_regions(
     progress: Callable[[int, int, str], None] | None = None,
     rules: Sequence[SaveRule] | None = None,
 ) -> list[RegionProfile]:
-    """Measure every candidate partition of ``model`` compiled at every budget of ``budgets``.
+    """Measure candidate partitions of ``model`` compiled at every budget of ``budgets`` (by default two, NOTE
+    [ Candidate depths ]).
 
     Args:
         model: the model, on its device; left as found after each profile.
         example_inputs: one batch, as ``profile_module`` takes it.
         budgets: activation budgets, each 0 to 1.
-        partitions: the partitions to measure; None: ``region_partitions`` of the model (its default stages, or
-            ``stages``, as the finest).
+        partitions: the partitions to measure; None: the ``candidate_partitions`` of the model's ``region_partitions``
+            (its default stages, or ``stages``, as the finest; NOTE [ Candidate depths ]).
         loss_fn, stages, dtype, gpu, warmup, repeats, output_held: as ``profile_module``.
         progress: called with (profiles done, profiles, text) before each and at the end.
         rules: memtune's save rules, each measured at activation budget 1 after the budgets; None: every one of
@@ -96,7 +97,11 @@ def profile_regions(
     unknown = [r for r in chosen if r not in saved_tags.SAVE_RULES]
     if unknown:
         raise ValueError(f"save rules {unknown} are not among {list(saved_tags.SAVE_RULES)}")
-    parts = list(partitions) if partitions is not None else region_partitions(model, as_inputs(example_inputs), stages)
+    parts = (
+        list(partitions)
+        if partitions is not None
+        else candidate_partitions(region_partitions(model, as_inputs(example_inputs), stages))
+    )
     policies: list[tuple[float, SaveRule | None]] = [(b, None) for b in budgets]
     policies += [(1.0, cast(SaveRule, r)) for r in chosen]
     todo = [(p, b, r) for p in parts for b, r in policies]

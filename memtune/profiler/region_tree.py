@@ -28,6 +28,17 @@ themselves (each compiled alone, the old per-stage compile); the whole model com
 points (NOTE [ Whole-model compile ] in ``memtune.tuner._whole``). Each partition is measured against the whole model
 compiled at the same budget: a partition that loses fusion shows it as a slower step.
 
+# NOTE [ Candidate depths ]
+Every partition costs a compile and a measured profile per activation budget and save rule, and a finer one loses
+more of the compiler's fusion: on an H100 ResNet-50's 10 regions at depth 1 stepped 1.19–1.30× the whole model
+compiled and its 22 at depth 2 1.49–1.63×; EfficientNet-B0's 3 regions 1.03× and its 12 1.50×; its stages compiled
+one by one lost more. So ``candidate_partitions`` measures two of a model's partitions, not all: the coarsest with at
+least two regions (one region is the whole model, measured apart as compiler points), which keeps most fusions, and
+the first finer one with at least eight regions (about a region per block: ResNet-50's bottlenecks, BERT's and
+ViT-B/16's encoder layers, the Llama decoder's layers), which lets a plan keep, offload or recompute block by block.
+Finer partitions are left out. Every plan served on users' models so far was of one of these two (ResNet-50 at depths
+1 and 2, BERT and ViT-B/16 at the depth of their layers).
+
 # NOTE [ In-place writes at region edges ]
 A compiled graph saves for its backward what the partitioner chooses, its own outputs and inputs among them, so a
 write in place to a region's output or input after the region returned (an in-place activation that begins the next
@@ -89,6 +100,7 @@ __all__ = [
     "RegionForward",
     "RegionPartition",
     "RegionRunner",
+    "candidate_partitions",
     "edge_writes",
     "first_line",
     "install_region",
@@ -119,6 +131,17 @@ class RegionPartition:
         """A short name: the depth and the number of regions, with the first few names."""
         shown = ", ".join(self.names[:4]) + (", …" if len(self.names) > 4 else "")
         return f"depth {self.depth}: {len(self.names)} regions ({shown})"
+
+
+def candidate_partitions(partitions: Sequence[RegionPartition]) -> list[RegionPartition]:
+    """Of a model's ``partitions`` (``region_partitions``, coarsest first), the ones worth measuring (NOTE [ Candidate
+    depths ]): the coarsest with at least two regions and the first finer one with at least eight; empty where no
+    partition has two regions."""
+    coarse = next((p for p in partitions if len(p.names) >= 2), None)
+    if coarse is None:
+        return []
+    fine = next((p for p in partitions if p.depth > coarse.depth and len(p.names) >= 8), None)
+    return [coarse] + ([fine] if fine is not None else [])
 
 
 def _ancestor(name: str, depth: int) -> str:

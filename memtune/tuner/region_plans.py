@@ -4,12 +4,13 @@
 # NOTE [ Compiled-region candidates ]
 ``memtune.tune(model, ..., compile=...)`` with compiling on tunes, besides the eager profile (whose search also sees
 the whole model compiled, NOTE [ Whole-model compile ] in ``memtune.tuner._whole``), one compiled profile per candidate
-region partition and activation budget (``memtune.profiler.region_profile.profile_regions``), each searched alone within
-the same budget bytes. The plan served is the fastest feasible best of them all (``fastest``): a compiled-region plan
-only where it beats the eager plans and the compiler's own points, which stay candidates. A ``RegionTrial`` records each
-one for the printout: its unplanned step against the whole model compiled at the same budget (a partition that loses the
-compiler's fusions across region edges shows a ratio above 1), its best plan, its compile and measuring seconds, or why
-it failed (the region and the compiler's first line).
+region partition (NOTE [ Candidate depths ]) and activation budget
+(``memtune.profiler.region_profile.profile_regions``), each searched alone within the same budget bytes. The plan
+served is the fastest feasible best of them all (``fastest``): a compiled-region plan only where it beats the eager
+plans and the compiler's own points, which stay candidates. A ``RegionTrial`` records each one for the printout: its
+unplanned step against the whole model compiled at the same budget (a partition that loses the compiler's fusions
+across region edges shows a ratio above 1), its best plan, its compile and measuring seconds, or why it failed (the
+region and the compiler's first line).
 """
 
 from __future__ import annotations

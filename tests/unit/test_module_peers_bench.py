@@ -161,18 +161,12 @@ def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeyp
     assert [e["seconds"] for e in again["regions"]] == [e["seconds"] for e in regions]
 
 
-def test_auto_depths_take_the_coarsest_split_and_the_first_one_of_about_a_region_per_block() -> None:
+def test_auto_depths_are_the_depths_of_the_partitions_tune_measures() -> None:
     from benchmarks.module_peers import auto_depths
     from memtune.profiler.region_tree import RegionPartition
 
-    def part(depth: int, n: int) -> RegionPartition:
-        return RegionPartition(depth, tuple(f"r{i}" for i in range(n)))
-
-    assert auto_depths([part(1, 1), part(2, 2), part(3, 20), part(4, 60)]) == [2, 3]  # the Llama decoder
-    assert auto_depths([part(1, 2), part(2, 3), part(3, 14)]) == [1, 3]  # BERT: its encoder split by layer
-    assert auto_depths([part(1, 10), part(2, 22)]) == [1, 2]  # ResNet-50
-    assert auto_depths([part(1, 2), part(2, 3)]) == [1]  # no finer split of eight regions
-    assert auto_depths([part(1, 1)]) == []
+    parts = [RegionPartition(d, tuple(f"r{i}" for i in range(n))) for d, n in ((1, 1), (2, 2), (3, 20), (4, 60))]
+    assert auto_depths(parts) == [2, 3]  # the Llama decoder's
 
 
 def test_a_row_of_another_gpu_is_not_continued(tmp_path: Path) -> None:

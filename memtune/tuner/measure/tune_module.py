@@ -158,10 +158,10 @@ def tune(
         calibrate: when the profile was measured on this process's GPU and its type has no calibration (and no
             ``headroom`` is given), calibrate it first, in this process (NOTE [ First use of a GPU type ]).
         compile: whether compiled plans are candidates: ``True`` measures, after profiling, the model compiled whole
-            at activation budgets 1, 0.5 and 0.25 (NOTE [ Compiler points of a module ]) and each candidate partition
-            of it into regions compiled at those budgets and under memtune's save rules (NOTE [ Regions ], NOTE
-            [ Compiled-region candidates ], NOTE [ Saved tensors chosen inside a compiled region ]),
-            tunes each, and serves the fastest plan that fits, eager, compiled whole or of compiled regions;
+            at activation budgets 1, 0.5 and 0.25 (NOTE [ Compiler points of a module ]) and the candidate partitions
+            of it into regions (NOTE [ Candidate depths ]) compiled at those budgets and under memtune's save rules
+            (NOTE [ Regions ], NOTE [ Compiled-region candidates ], NOTE [ Saved tensors chosen inside a compiled
+            region ]), tunes each, and serves the fastest plan that fits, eager, compiled whole or of compiled regions;
             ``"auto"`` does so for a module on a CUDA device, not on the CPU; ``False`` never. Where compiling fails,
             a warning says why (the region and the compiler's first line) and the other plans stand.
 

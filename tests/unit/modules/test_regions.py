@@ -220,3 +220,17 @@ def test_a_plan_that_compiles_a_region_written_in_place_is_refused() -> None:
     with pytest.raises(PlanError, match=r"region 0 \(a\) runs compiled but has its input or output written in place"):
         run(x)
     run.release()
+
+
+def test_candidate_partitions_are_the_coarsest_split_and_the_first_of_about_a_region_per_block() -> None:
+    from memtune.profiler.region_tree import RegionPartition, candidate_partitions
+
+    def depths(*sizes: int) -> list[int]:
+        parts = [RegionPartition(d + 1, tuple(f"r{i}" for i in range(n))) for d, n in enumerate(sizes)]
+        return [p.depth for p in candidate_partitions(parts)]
+
+    assert depths(1, 2, 20, 60) == [2, 3]  # the Llama decoder: the whole model, then the decoder and the head
+    assert depths(2, 3, 14) == [1, 3]  # BERT: its encoder split by layer
+    assert depths(10, 22, 53) == [1, 2]  # ResNet-50: layers, then bottlenecks; the finest left out
+    assert depths(2, 3) == [1]  # no finer split of eight regions
+    assert depths(1) == []  # one region is the whole model, measured as compiler points
