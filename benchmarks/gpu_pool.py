@@ -6,8 +6,9 @@
 A per-model benchmark run with ``--gpus N`` (N > 1) starts itself again once per model, as ``--models NAME --gpus 1``
 with ``CUDA_VISIBLE_DEVICES`` naming one of the first N visible GPUs, at most one process per GPU at a time; each
 child's lines go to standard output behind its model's name. A model's measurements are its own process's on its own
-GPU, so its ratios are as in a run alone; what the processes share is the host: its CPU cores (compiling, the
-search's worker processes), its memory bandwidth and its PCIe root complex (offload over the host link). Each child
+GPU; what the processes share is the host: its CPU cores (compiling, the search's worker processes), its memory
+bandwidth and its PCIe root complex (offload over the host link). How much that moves a row's numbers against a run
+alone has not been measured. Each child
 is told how many processes the run started at once (``SHARED_HOST_ENV``) and a row records it. Stopping the parent
 (a time limit's SIGTERM, Ctrl-C) stops every child; what each one had saved stays.
 """

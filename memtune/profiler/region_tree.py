@@ -31,13 +31,13 @@ compiled at the same budget: a partition that loses fusion shows it as a slower 
 # NOTE [ Candidate depths ]
 Every partition costs a compile and a measured profile per activation budget and save rule, and a finer one loses
 more of the compiler's fusion: on an H100 ResNet-50's 10 regions at depth 1 stepped 1.19–1.30× the whole model
-compiled and its 22 at depth 2 1.49–1.63×; EfficientNet-B0's 3 regions 1.03× and its 12 1.50×; its stages compiled
-one by one lost more. So ``candidate_partitions`` measures two of a model's partitions, not all: the coarsest with at
-least two regions (one region is the whole model, measured apart as compiler points), which keeps most fusions, and
-the first finer one with at least eight regions (about a region per block: ResNet-50's bottlenecks, BERT's and
-ViT-B/16's encoder layers, the Llama decoder's layers), which lets a plan keep, offload or recompute block by block.
-Finer partitions are left out. Every plan served on users' models so far was of one of these two (ResNet-50 at depths
-1 and 2, BERT and ViT-B/16 at the depth of their layers).
+compiled and its 22 at depth 2 1.49–1.63×; EfficientNet-B0's 3 regions 1.03× and its 12 1.50×. So
+``candidate_partitions`` measures two of a model's partitions, not all: the coarsest with at least two regions (one
+region is the whole model, measured apart as compiler points), which keeps most fusions, and the first finer one with
+at least eight regions (about a region per block: ResNet-50's bottlenecks, BERT's and ViT-B/16's encoder layers, the
+Llama decoder's layers), which lets a plan keep, offload or recompute block by block. Finer partitions are left out.
+The GPU runs of users' models so far measured these two depths only (ResNet-50 1 and 2, BERT and ViT-B/16 the
+coarsest and their layers), so a finer partition has not been measured against them.
 
 # NOTE [ In-place writes at region edges ]
 A compiled graph saves for its backward what the partitioner chooses, its own outputs and inputs among them, so a

@@ -1,0 +1,56 @@
+"""What offload cost beside its prediction, per plan of the peers benchmark that offloads (from committed rows, no GPU).
+
+    python scripts/offload_overhead.py benchmarks/results/h200/module-peers/bert_mlm.json \
+        benchmarks/results/h200/module-peers/vit_b_16.json
+
+For each plan of a ``benchmarks.module_peers`` row that offloads a region or stage: the bytes it offloads (the
+``saved_bytes`` of the stages it offloads, in the profile it was searched on: the row's region profile with the plan's
+stages, activation budget and save rule, or the row's eager profile), its predicted step, its step measured without
+the cap, and the difference per GiB offloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+GiB = float(1 << 30)
+
+
+def searched_profile(row: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    """The profile JSON ``plan`` (a ``Plan``'s JSON) was searched on, from ``row``."""
+    for e in row.get("regions", []):
+        same = e["regions"] == plan["stages"] and e["budget"] == plan["compile_budget"]
+        if same and e.get("saves") == plan["compile_saves"] and e["profile"] is not None:
+            return dict(e["profile"])
+    return dict(row["profile"])
+
+
+def lines(row: dict[str, Any]) -> list[str]:
+    """One line per plan of ``row`` that offloads and was measured without the cap."""
+    out = []
+    for e in row.get("plans", []):
+        plan, uncapped = e.get("plan_json"), e.get("uncapped") or {}
+        if plan is None or "offload" not in plan["actions"] or "step_ms" not in uncapped:
+            continue
+        stages = searched_profile(row, plan)["stages"]
+        moved = sum(s["saved_bytes"] for s, a in zip(stages, plan["actions"], strict=True) if a == "offload") / GiB
+        predicted, measured = e["predicted"]["step_ms"], uncapped["step_ms"]
+        out.append(
+            f"{row['model']} at {e['fraction']:.0%}: {moved:.2f} GiB offloaded, predicted {predicted:.1f} ms, "
+            f"measured {measured:.1f} ms uncapped, {(measured - predicted) / moved:+.1f} ms per GiB"
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="+", type=Path, help="benchmarks.module_peers rows (JSON)")
+    for path in parser.parse_args().files:
+        print("\n".join(lines(json.loads(path.read_text()))))
+
+
+if __name__ == "__main__":
+    main()
