@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_pool import SHARED_HOST_ENV, child_argv, run_across_gpus
+from benchmarks.gpu_pool import SHARED_HOST_ENV, child_argv, core_shares, run_across_gpus
 
 CHILD = f"""
 import json, os, sys, time
@@ -48,3 +49,32 @@ def test_more_gpus_than_visible_is_refused_before_anything_starts(monkeypatch: p
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     with pytest.raises(SystemExit, match="names only 1"):
         run_across_gpus("benchmarks.module_peers", ["gpt2"], [], 2)
+
+
+def test_each_gpu_gets_its_own_share_of_the_cores() -> None:
+    assert core_shares([3, 0, 1, 2, 4], 2) == [[0, 1, 2], [3, 4]]
+    assert core_shares(list(range(8)), 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert core_shares([5], 3) == [[5], [5], [5]]  # fewer cores than GPUs: shared in turn
+    with pytest.raises(ValueError, match="among 0"):
+        core_shares([0], 0)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux-only")
+def test_a_child_is_pinned_to_its_share_and_its_compile_workers_limited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    child = """
+import json, os, sys, time
+time.sleep(0.1)
+models = sys.argv[sys.argv.index("--models") + 1]
+with open(os.path.join(sys.argv[1], models + ".json"), "w") as f:
+    json.dump({"cores": sorted(os.sched_getaffinity(0)), "threads": os.environ["TORCHINDUCTOR_COMPILE_THREADS"]}, f)
+"""
+    (tmp_path / "pinned_bench.py").write_text(child)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert run_across_gpus("pinned_bench", ["a", "b"], [str(tmp_path)], 2) == 0
+    shares = core_shares(sorted(os.sched_getaffinity(0)), 2)
+    runs = [json.loads((tmp_path / f"{m}.json").read_text()) for m in ("a", "b")]
+    assert sorted(r["cores"] for r in runs) == sorted(shares)
+    assert all(r["threads"] == str(len(r["cores"])) for r in runs)
