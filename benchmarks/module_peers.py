@@ -3,6 +3,7 @@ side-stream activation offload, and memtune's plans at fractions of the compiled
 
     python -m benchmarks.module_peers --models resnet50,gpt2 --out benchmarks/results/h100/module-peers
     python -m benchmarks.module_peers --table benchmarks/results/h100/module-peers   # the Markdown tables
+    python -m benchmarks.module_peers --repredict benchmarks/results/h200/module-peers   # peaks measured vs predicted
     python -m benchmarks.peer_curves benchmarks/results/h100/module-peers/*.json --out docs/images   # the pictures
 
 Per model, in one process, built as users build them (torchvision models as shipped; Hugging Face models from their
@@ -60,7 +61,7 @@ from typing import Any
 
 from benchmarks.gpu_pool import run_across_gpus, shared_host
 
-__all__ = ["MODELS", "auto_depths", "fastest_peer_within", "main", "run_model", "table"]
+__all__ = ["MODELS", "auto_depths", "fastest_peer_within", "main", "plan_profile", "repredicted", "run_model", "table"]
 
 GiB = float(1 << 30)
 
@@ -341,6 +342,45 @@ def searched_profile(row: dict[str, Any]) -> Any:
     return with_compiler_points(Profile.from_json(json.dumps(row["profile"])), points)
 
 
+def plan_profile(row: dict[str, Any], plan: Any) -> Any:
+    """The profile the search priced ``plan`` (a ``Plan`` served for ``row``) on: the row's region profile of the
+    plan's regions, activation budget and save rule; else (a plan of the eager profile or of the whole model compiled)
+    the row's searched profile (``searched_profile``)."""
+    entries = row.get("regions", [])
+    for e, run in zip(entries, _region_runs(entries), strict=True):
+        same = list(e["regions"]) == list(plan.stages or ()) and e["budget"] == plan.compile_budget
+        if same and e.get("saves") == plan.compile_saves and run.profile is not None:
+            return run.profile
+    return searched_profile(row)
+
+
+def repredicted(folder: Path) -> str:
+    """A Markdown table of every plan measured in the rows of ``folder``: its peak measured without the cap beside
+    the peak predicted when it ran and the peak the simulator predicts now for the same plan on the same profile
+    (nothing is measured: the committed rows are re-simulated on the CPU)."""
+    from memtune.tuner import Plan
+    from memtune.tuner.simulator import Simulator
+
+    lines = [
+        "| model | budget | plan | measured peak GiB | predicted then GiB (error) | predicted now GiB (error) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for path in sorted(folder.glob("*.json")):
+        row = json.loads(path.read_text())
+        for e in row.get("plans", []):
+            measured = (e.get("uncapped") or {}).get("peak_bytes")
+            if "plan_json" not in e or measured is None:
+                continue
+            plan = Plan.model_validate(e["plan_json"])
+            now = Simulator(plan_profile(row, plan), row["optimizer"]).run(plan).peak_bytes
+            then = e["predicted"]["peak_bytes"]
+            lines.append(
+                f"| {row['model']} | {e['fraction']:.0%} | `{_cell(e['plan'])}` | {measured / GiB:.3f} | "
+                f"{then / GiB:.3f} ({then / measured - 1:+.1%}) | {now / GiB:.3f} ({now / measured - 1:+.1%}) |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def lower_bounds(row: dict[str, Any]) -> dict[float, float]:
     """Per plan fraction of ``row``, the least step any plan of memtune's may take within its budget, ms
     (``memtune.tuner.compiled_bound.least_step_ms`` over the searched profile and the row's region profiles), computed
@@ -503,9 +543,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--gpus", type=int, default=1, help="spread the models over this many GPUs, one process each")
     parser.add_argument("--fresh", action="store_true", help="start over instead of continuing what --out holds")
     parser.add_argument("--table", type=Path, help="print the Markdown tables of the rows in this folder and stop")
+    parser.add_argument("--repredict", type=Path, help="print every plan's measured and predicted peaks, then and "
+                        "now, of the rows in this folder (CPU, nothing measured) and stop")  # fmt: skip
     args = parser.parse_args(argv)
     if args.table is not None:
         print(table(args.table), end="")
+        return
+    if args.repredict is not None:
+        print(repredicted(args.repredict), end="")
         return
     args.compiler_sweep = _floats(args.compiler_sweep, "--compiler-sweep")
     args.fractions = _floats(args.fractions, "--fractions")

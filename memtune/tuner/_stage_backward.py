@@ -89,7 +89,9 @@ def stage_backward(
     led.events.append((t, -freed_now, "bwd %d end", k))
     blk = led.blocks
     if blk is not None:
-        blk += [("alloc", ("inline", k), held), ("free", ("inline", k), held)] if held else []
+        together = sim.fetch_all[k]  # NOTE [ Inline fetches ]: a compiled stage holds its fetches to its end
+        blk += [("alloc", ("inline", k), held)] if held else []
+        blk += [("free", ("inline", k), held)] if held and not together else []
         work = ws_k - floor_k  # the transient less what it holds of the gradients' storage
         blk += [("alloc", ("wsb", k), work)] if work else []
         blk += grad_made
@@ -105,6 +107,7 @@ def stage_backward(
         else:
             blk += [("free", ("wsb", k), work)] if work else []
             blk += grad_freed
+        blk += [("free", ("inline", k), held)] if held and together else []
         blk += [("free", ("s", sid), s_bytes[sid]) for sid in released]
         blk += [("free", ("c", sid), c_bytes[sid]) for sid in copies]
         blk += [("free", ("clone", k), clone_bwd_free)] if clone_bwd_free else []

@@ -182,3 +182,34 @@ def test_a_row_of_another_gpu_is_not_continued(tmp_path: Path) -> None:
         same_gpu(row, "NVIDIA H100 80GB HBM3", "NVIDIA H200")
     with pytest.raises(SystemExit, match="another --out folder"):
         same_gpu(row, {"name": "NVIDIA H100 80GB HBM3"}, "NVIDIA H200")
+
+
+H200_ROWS = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/module-peers"
+
+
+def test_a_compiled_regions_inline_backward_holds_every_storage_it_fetched() -> None:
+    """NOTE [ Inline fetches ]: MobileNetV2's 30% plan on the H200 (21 compiled regions, inline sync) peaked 2.17 GiB
+    without the cap and ran out of memory under its 1.98 GiB budget; holding a compiled region's fetches together
+    predicts that peak, and the allocator model the out-of-memory."""
+    from memtune.tuner import Plan
+    from memtune.tuner._ledger import blocks_peak
+    from memtune.tuner.placement import predict_retries
+    from memtune.tuner.simulator import Simulator
+
+    row = json.loads((H200_ROWS / "mobilenet_v2.json").read_text())
+    entry = next(e for e in row["plans"] if e["fraction"] == 0.3)
+    plan = Plan.model_validate(entry["plan_json"])
+    assert plan.sync == "inline" and plan.compile_budget is not None
+    prof = module_peers.plan_profile(row, plan)
+    sim = Simulator(prof, row["optimizer"], merge=False).run(plan, timeline=True)
+    measured = entry["uncapped"]["peak_bytes"]
+    assert sim.peak_bytes == pytest.approx(measured, rel=1e-3)
+    assert blocks_peak(sim.base_bytes, sim.blocks) == sim.peak_bytes  # the tensor-by-tensor view agrees
+    assert "PlanOutOfMemoryError" in entry["capped"]["error"]
+    assert predict_retries(prof, plan, entry["budget_bytes"], optimizer=row["optimizer"]).out_of_memory
+
+
+def test_committed_plans_are_repredicted_beside_their_measured_peaks() -> None:
+    text = module_peers.repredicted(H200_ROWS)
+    line = next(x for x in text.splitlines() if x.startswith("| mobilenet_v2 | 30% |"))
+    assert "(-13.4%)" in line and "(+0.0%)" in line  # predicted then, predicted now

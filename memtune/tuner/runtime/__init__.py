@@ -19,7 +19,7 @@ from memtune.tuner.runtime._pool import HostPool
 from memtune.tuner.runtime._run_errors import PlanOutOfMemoryError
 from memtune.tuner.runtime.guard import budget_guard
 from memtune.tuner.runtime.offload import OffloadStats
-from memtune.tuner.runtime.verify import Equivalence, ReferenceStep, check_equivalence, reference_step
+from memtune.tuner.runtime.verify import Equivalence, ReferenceStep, check_equivalence, compare_steps, reference_step
 
 __all__ = [
     "Equivalence",
@@ -31,6 +31,7 @@ __all__ = [
     "ReferenceStep",
     "budget_guard",
     "check_equivalence",
+    "compare_steps",
     "load_plan",
     "planned",
     "reference_step",

@@ -8,7 +8,7 @@ in between, no optimizer step), and the loss, every parameter gradient and every
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "Equivalence",
     "ReferenceStep",
     "check_equivalence",
+    "compare_steps",
     "deterministic_math",
     "reference_step",
     "relative_error",
@@ -184,6 +185,27 @@ def reference_step(
     return ReferenceStep(loss, grads, buffers, start, seed)
 
 
+def compare_steps(step: ReferenceStep, reference: ReferenceStep, names: Sequence[str] | None = None) -> Equivalence:
+    """The largest relative errors of one recorded step against another of the same model and inputs (loss, every
+    gradient, every buffer after the step), ``worst_grad`` named from ``names`` (the trainable parameters' names, in
+    order; their indices without). ``steps`` is 1. Two ``reference_step`` runs of one compiled model give its
+    run-to-run spread; an eager run against a compiled one, what compiling changes.
+
+    Raises:
+        ValueError: the steps hold different numbers of gradients.
+    """
+    if len(step.grads) != len(reference.grads):
+        raise ValueError(f"{len(step.grads)} gradients against {len(reference.grads)}")
+    labels = list(names) if names is not None else [str(i) for i in range(len(step.grads))]
+    grad_err, worst = 0.0, ""
+    for name, g, r in zip(labels, step.grads, reference.grads, strict=True):
+        err = _grad_error(g, r)
+        if not worst or err > grad_err:
+            grad_err, worst = err, name
+    buffer_err = max((relative_error(b, reference.buffers[n]) for n, b in step.buffers.items()), default=0.0)
+    return Equivalence(relative_error(step.loss, reference.loss), grad_err, buffer_err, worst, 1)
+
+
 def check_equivalence(
     model: ModelChain | nn.Module,
     plan: Plan,
@@ -219,15 +241,13 @@ def check_equivalence(
     if len(params) != len(ref.grads):
         raise ValueError(f"reference has {len(ref.grads)} gradients but the model has {len(params)} parameters")
     pm = planned(model, plan, **planned_kwargs)
-    loss_err = grad_err = buf_err = 0.0
-    worst = ""
+    names = [n for n, _ in params]
+    errors = []
     for _ in range(steps):
         loss, bufs = _step(module, pm, inputs, loss_fn, ref.seed, ref.start_buffers)
-        loss_err = max(loss_err, relative_error(loss, ref.loss))
-        for (name, p), r in zip(params, ref.grads, strict=True):
-            err = _grad_error(p.grad, r)
-            if not worst or err > grad_err:
-                grad_err, worst = err, name
-        for name, b in bufs.items():
-            buf_err = max(buf_err, relative_error(b, ref.buffers[name]))
-    return Equivalence(loss_err, grad_err, buf_err, worst, steps), pm
+        grads = tuple(p.grad for _, p in params)
+        errors.append(compare_steps(ReferenceStep(loss, grads, bufs, ref.start_buffers, ref.seed), ref, names))
+    worst = max(errors, key=lambda e: e.grad, default=Equivalence(0.0, 0.0, 0.0, "", 0))
+    loss_err = max((e.loss for e in errors), default=0.0)
+    buf_err = max((e.buffer for e in errors), default=0.0)
+    return Equivalence(loss_err, worst.grad, buf_err, worst.worst_grad, steps), pm

@@ -79,6 +79,7 @@ def test_public_names() -> None:
             "ReferenceStep",
             "budget_guard",
             "check_equivalence",
+            "compare_steps",
             "load_plan",
             "planned",
             "reference_step",

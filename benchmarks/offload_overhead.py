@@ -1,12 +1,11 @@
 """What offload cost beside its prediction, per plan of the peers benchmark that offloads (from committed rows, no GPU).
 
-    python scripts/offload_overhead.py benchmarks/results/h200/module-peers/bert_mlm.json \
+    python -m benchmarks.offload_overhead benchmarks/results/h200/module-peers/bert_mlm.json \
         benchmarks/results/h200/module-peers/vit_b_16.json
 
 For each plan of a ``benchmarks.module_peers`` row that offloads a region or stage: the bytes it offloads (the
-``saved_bytes`` of the stages it offloads, in the profile it was searched on: the row's region profile with the plan's
-stages, activation budget and save rule, or the row's eager profile), its predicted step, its step measured without
-the cap, and the difference per GiB offloaded.
+``saved_bytes`` of the stages it offloads, in the profile it was searched on, ``benchmarks.module_peers.plan_profile``),
+its predicted step, its step measured without the cap, and the difference per GiB offloaded.
 """
 
 from __future__ import annotations
@@ -16,16 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.module_peers import plan_profile
+from memtune.tuner import Plan
+
 GiB = float(1 << 30)
-
-
-def searched_profile(row: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-    """The profile JSON ``plan`` (a ``Plan``'s JSON) was searched on, from ``row``."""
-    for e in row.get("regions", []):
-        same = e["regions"] == plan["stages"] and e["budget"] == plan["compile_budget"]
-        if same and e.get("saves") == plan["compile_saves"] and e["profile"] is not None:
-            return dict(e["profile"])
-    return dict(row["profile"])
 
 
 def lines(row: dict[str, Any]) -> list[str]:
@@ -35,8 +28,8 @@ def lines(row: dict[str, Any]) -> list[str]:
         plan, uncapped = e.get("plan_json"), e.get("uncapped") or {}
         if plan is None or "offload" not in plan["actions"] or "step_ms" not in uncapped:
             continue
-        stages = searched_profile(row, plan)["stages"]
-        moved = sum(s["saved_bytes"] for s, a in zip(stages, plan["actions"], strict=True) if a == "offload") / GiB
+        stages = plan_profile(row, Plan.model_validate(plan)).stages
+        moved = sum(s.saved_bytes for s, a in zip(stages, plan["actions"], strict=True) if a == "offload") / GiB
         predicted, measured = e["predicted"]["step_ms"], uncapped["step_ms"]
         out.append(
             f"{row['model']} at {e['fraction']:.0%}: {moved:.2f} GiB offloaded, predicted {predicted:.1f} ms, "
