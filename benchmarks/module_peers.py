@@ -30,6 +30,9 @@ language models), the output held through the backward (the profile's default), 
    kept in the row as they are measured), every one searched at each budget, the fastest plan of them all served
    (``memtune.tuner.pipeline.tune_profiles``). With ``--gpus N`` the models run N at a time, one per GPU (NOTE [ One
    model per GPU ] in ``benchmarks.gpu_pool``).
+4. ``math`` (unless ``--no-math``): every measured plan's loss and gradients against one step of the model compiled
+   whole at activation budget 1, beside the compiler's own spread, each plan's entry ``math``, the row's ``spread``
+   (NOTE [ Plans' gradients ], ``compiled_math``).
 
 ``<out>/<model>.json`` is written after every measurement (with NOTE [ Run record ] and the versions of transformers
 and torchvision), so a run stopped by a time limit keeps what it measured, and the same command run again continues
@@ -54,14 +57,24 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_pool import run_across_gpus, shared_host
 
-__all__ = ["MODELS", "auto_depths", "fastest_peer_within", "main", "plan_profile", "repredicted", "run_model", "table"]
+__all__ = [
+    "MODELS",
+    "auto_depths",
+    "compiled_math",
+    "fastest_peer_within",
+    "main",
+    "plan_profile",
+    "repredicted",
+    "run_model",
+    "table",
+]
 
 GiB = float(1 << 30)
 
@@ -177,6 +190,12 @@ class _Run:
         except Exception as exc:  # the peers stand; the plans' failure is the row's
             row["plans_error"] = _error(exc)
         self.save()
+        if args.math:
+            try:
+                self._math(model, inputs, loss)
+            except Exception as exc:  # the plans stand; the check's failure is the row's
+                row["math_error"] = _error(exc)
+            self.save()
 
     def _plans(self, model: Any, inputs: Any, loss: Callable[[Any], Any], opt: str) -> None:
         import gc
@@ -238,6 +257,38 @@ class _Run:
             row["plans"] = [kept[f] for f in args.fractions if f in kept]
             self.save()
 
+    def _math(self, model: Any, inputs: Any, loss: Callable[[Any], Any]) -> None:
+        """Every measured plan's gradients against the unplanned compiled run's (NOTE [ Plans' gradients ]), each kept
+        in its entry as ``math`` as soon as it is checked; the spread once, as the row's ``spread``."""
+        from memtune.tuner import Plan
+        from memtune.tuner.measure._peers import compiled_model
+        from memtune.tuner.runtime import check_equivalence, compare_steps, reference_step
+
+        row = self.row
+        todo = [e for e in row.get("plans", []) if "plan_json" in e and "math" not in e]
+        if not todo:
+            return
+        row.pop("math_error", None)
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+
+        def errors(eq: Any) -> dict[str, Any]:
+            return {"loss": eq.loss, "grad": eq.grad, "buffer": eq.buffer, "worst": eq.worst_grad}
+
+        with compiled_math():
+            run = compiled_model(model, 1.0)
+            ref = reference_step(model, inputs, loss_fn=loss, run=run)
+            again = compare_steps(reference_step(model, inputs, loss_fn=loss, run=run), ref, names)
+            eager = compare_steps(reference_step(model, inputs, loss_fn=loss), ref, names)
+            row["spread"] = {"again": errors(again), "eager": errors(eager)}
+            tolerance = max(again.grad, eager.grad, again.loss, eager.loss)
+            for e in todo:
+                print(f"{self.name}: gradients of the plan at {e['fraction']:g}", flush=True)
+                eq, pm = check_equivalence(model, Plan.model_validate(e["plan_json"]), inputs, loss_fn=loss,
+                                           reference=ref, steps=1)  # fmt: skip
+                del pm
+                e["math"] = {**errors(eq), "within_spread": max(eq.grad, eq.loss) <= tolerance}
+                self.save()
+
     def _regions(self, model: Any, inputs: Any, loss: Callable[[Any], Any]) -> list[dict[str, Any]]:
         """The region profiles ``--region-depths`` asks for, measured where the row lacks them (each kept in the row as
         soon as it is measured): one entry per partition and policy, its profile's JSON or its error."""
@@ -270,6 +321,41 @@ class _Run:
                 })  # fmt: skip
                 self.save()
         return [e for e in done if e["depth"] in depths]
+
+
+@contextlib.contextmanager
+def compiled_math() -> Iterator[None]:
+    """The setting of NOTE [ Plans' gradients ]: ``memtune.tuner.runtime.verify.deterministic_math``, PyTorch's
+    deterministic algorithms (warning only where an operation has none) and inductor's random numbers drawn as eager
+    draws them (``torch._inductor.config.fallback_random``); all restored after.
+
+    # NOTE [ Plans' gradients ]
+    A plan's gradients are checked against one step of the model compiled whole at activation budget 1 (the unplanned
+    compiled run), all from the same parameters, buffers, inputs and seed, and judged against the compiler's own
+    spread, measured in the same setting: that run again (atomics, as in an embedding's backward, make two runs
+    differ) and the eager step against it (what compiling alone changes: other fusions, other rounding). A plan's
+    regions are compiled apart, so its rounding is the compiler's on other graphs; an error no larger than the larger
+    of the two spreads (loss and gradients) is "within the spread". Dropout must draw the same masks in every run:
+    inductor's own random numbers depend on how the model was cut into graphs, so inductor draws them as eager does
+    (``fallback_random``), which compiles every graph of the check again; deterministic kernels and no TF32 keep the
+    spread the framework's and not the autotuner's. The check is of the plans' math, not of the timed runs: those
+    ran with inductor's own random numbers and the default kernels.
+
+    NOTE: ``torch._inductor.config.fallback_random`` is a name of torch 2.11 and 2.13 alike (``torch/_inductor/
+    config.py``); ``torch._inductor.config.patch`` restores it.
+    """
+    import torch
+    import torch._inductor.config as inductor_config
+
+    from memtune.tuner.runtime.verify import deterministic_math
+
+    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with deterministic_math(), inductor_config.patch(fallback_random=True):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
 
 def auto_depths(partitions: Sequence[Any]) -> list[int]:
@@ -480,6 +566,25 @@ def _plan_rows(row: dict[str, Any], ratios: list[float]) -> list[str]:
     return lines
 
 
+def _math_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """The gradient check's table (NOTE [ Plans' gradients ]): per model its spread, then each checked plan."""
+    lines = [
+        "| model | run | loss error | largest gradient error (parameter) | within the spread |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for what, e in (("compiled again", r["spread"]["again"]), ("eager", r["spread"]["eager"])):
+            lines.append(f"| {r['model']} | {what} | {e['loss']:.1e} | {e['grad']:.1e} ({e['worst']}) | - |")
+        for e in r.get("plans", []):
+            m = e.get("math")
+            if m is not None:
+                lines.append(
+                    f"| {r['model']} | plan at {e['fraction']:.0%} | {m['loss']:.1e} | {m['grad']:.1e} ({m['worst']}) "
+                    f"| {'yes' if m['within_spread'] else 'no'} |"
+                )
+    return lines
+
+
 def table(folder: Path) -> str:
     """The Markdown tables of the rows in ``folder``: every peer of every model, then memtune at each budget beside
     the fastest peer within it, with their geometric mean; a note where the folder holds no measurement yet."""
@@ -503,6 +608,9 @@ def table(folder: Path) -> str:
     if ratios:
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         out.append(f"memtune / fastest peer within the budget, geometric mean over {len(ratios)} budgets: {geo:.3f}")
+    checked = [r for r in rows if "spread" in r]
+    if checked:
+        out += ["", "## Gradients against the unplanned compiled run", "", *_math_rows(checked)]
     if not rows:
         out.append(f"No measurement in {folder} yet: `python -m benchmarks.module_peers --out {folder}` on a GPU.")
     for r in rows:
@@ -541,6 +649,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h100/module-peers"))
     parser.add_argument("--gpus", type=int, default=1, help="spread the models over this many GPUs, one process each")
+    parser.add_argument("--no-math", dest="math", action="store_false",
+                        help="skip the plans' gradient check (NOTE [ Plans' gradients ])")  # fmt: skip
     parser.add_argument("--fresh", action="store_true", help="start over instead of continuing what --out holds")
     parser.add_argument("--table", type=Path, help="print the Markdown tables of the rows in this folder and stop")
     parser.add_argument("--repredict", type=Path, help="print every plan's measured and predicted peaks, then and "

@@ -106,7 +106,8 @@ def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
     monkeypatch.setattr(memtune.tuner.runtime, "budget_guard", lambda *_a, **_k: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
     args = argparse.Namespace(out=tmp_path, fresh=False, warmup=1, steps=1, trials=10, compiler_sweep=[],
-                              fractions=[0.9, 0.5], region_depths=[], region_budgets=[1.0], rules=[])  # fmt: skip
+                              fractions=[0.9, 0.5], region_depths=[], region_budgets=[1.0], rules=[],
+                              math=False)  # fmt: skip
     row = module_peers.run_model("mlp", args)
     assert "error" not in row and "plans_error" not in row, row
     assert [p["family"] for p in row["peers"]] == ["hf_checkpointing", "checkpoint_sequential", "offload_activations"]
@@ -144,11 +145,12 @@ def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeyp
     x = torch.randn(128, 64)
     monkeypatch.setattr(module_peers, "build", lambda name: (model, x, lambda out: out.square().mean(), "sgd", 128))
     monkeypatch.setattr(memtune.tuner.measure.module_bench, "measure_step", lambda *_a, **_k: {
-        "step_ms": 10.0, "peak_bytes": 8 << 20, "reserved_bytes": 8 << 20, "alloc_retries_per_step": 0.0})  # fmt: skip
+        "step_ms": 10.0, "peak_bytes": 1 << 30, "reserved_bytes": 1 << 30, "alloc_retries_per_step": 0.0})  # fmt: skip
     monkeypatch.setattr(memtune.tuner.runtime, "budget_guard", lambda *_a, **_k: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
     args = argparse.Namespace(out=tmp_path, fresh=False, warmup=0, steps=1, trials=10, compiler_sweep=[],
-                              fractions=[1.0], region_depths=[1], region_budgets=[1.0], rules=["compute"])  # fmt: skip
+                              fractions=[1.0], region_depths=[1], region_budgets=[1.0], rules=["compute"],
+                              math=True)  # fmt: skip
     row = module_peers.run_model("blocks", args)
     assert "error" not in row and "plans_error" not in row, row
     regions = row["regions"]
@@ -157,8 +159,14 @@ def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeyp
     assert regions[1]["profile"]["compile_saves"] == "compute"
     (plan,) = row["plans"]
     assert len(plan["candidates"]) == 2 and "save rule 'compute'" in plan["candidates"][1], plan["candidates"]
+    # NOTE [ Plans' gradients ]: the served plan checked against the model compiled whole, beside the spread
+    assert "spread" in row, (row["plans"], row.get("math_error"))
+    assert "math_error" not in row and set(row["spread"]) == {"again", "eager"}, row.get("math_error")
+    assert plan["math"]["within_spread"], (plan["math"], row["spread"])
+    assert "## Gradients against the unplanned compiled run" in module_peers.table(tmp_path)
     again = module_peers.run_model("blocks", args)  # continues: the region profiles are not measured again
     assert [e["seconds"] for e in again["regions"]] == [e["seconds"] for e in regions]
+    assert again["plans"][0]["math"] == plan["math"]  # nor the gradients checked again
 
 
 def test_auto_depths_are_the_depths_of_the_partitions_tune_measures() -> None:
