@@ -221,3 +221,34 @@ def test_committed_plans_are_repredicted_beside_their_measured_peaks() -> None:
     text = module_peers.repredicted(H200_ROWS)
     line = next(x for x in text.splitlines() if x.startswith("| mobilenet_v2 | 30% |"))
     assert "(-13.4%)" in line and "(+0.0%)" in line  # predicted then, predicted now
+
+
+@pytest.mark.slow  # CPU inductor compiles the model whole and its regions: about a minute cold on two cores
+def test_the_gradient_check_draws_dropout_as_eager_does() -> None:
+    """NOTE [ Plans' gradients ]: under ``compiled_math`` a GPT-2 with dropout 0.1 compiled whole draws eager's masks
+    (the eager step differs by rounding only), and a plan of compiled regions, one recomputed and two offloaded, is
+    within that spread."""
+    import torch
+    import transformers
+
+    from memtune.profiler.region_tree import region_partitions
+    from memtune.tuner import Plan
+    from memtune.tuner.measure._peers import compiled_model
+    from memtune.tuner.runtime import check_equivalence, compare_steps, reference_step
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+                                     bos_token_id=0, eos_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    x = torch.randint(0, 128, (4, 32))
+    inputs = ((), {"input_ids": x, "labels": x})
+    names = region_partitions(model, inputs)[1].names
+    with module_peers.compiled_math():
+        run = compiled_model(model, 1.0)
+        ref = reference_step(model, inputs, loss_fn=lambda out: out.loss, run=run)
+        eager = compare_steps(reference_step(model, inputs, loss_fn=lambda out: out.loss), ref)
+        plan = Plan.from_actions("kkkrook", stages=names, compile_budget=1.0)
+        eq, pm = check_equivalence(model, plan, inputs, loss_fn=lambda out: out.loss, reference=ref, steps=1)
+    assert 0 < eager.grad < 1e-4, eager  # other fusions round otherwise; other masks would differ by order one
+    assert max(eq.grad, eq.loss) <= max(eager.grad, eager.loss), (eq, eager)
+    assert pm.stats.d2h_copies > 0
