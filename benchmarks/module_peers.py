@@ -250,6 +250,7 @@ class _Run:
                         entry["capped"] = step(pm)
                 except Exception as exc:  # an out-of-memory under the cap is a result
                     entry["capped"] = {"error": _error(exc)}
+                pm.release()  # its stage modules' own forward back (NOTE [ Stage modules are wrapped once ])
                 del pm
                 gc.collect()
                 torch.cuda.empty_cache()
@@ -285,6 +286,7 @@ class _Run:
                 print(f"{self.name}: gradients of the plan at {e['fraction']:g}", flush=True)
                 eq, pm = check_equivalence(model, Plan.model_validate(e["plan_json"]), inputs, loss_fn=loss,
                                            reference=ref, steps=1)  # fmt: skip
+                pm.release()
                 del pm
                 e["math"] = {**errors(eq), "within_spread": max(eq.grad, eq.loss) <= tolerance}
                 self.save()
