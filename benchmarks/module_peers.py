@@ -262,7 +262,7 @@ class _Run:
         """Every measured plan's gradients against the unplanned compiled run's (NOTE [ Plans' gradients ]), each kept
         in its entry as ``math`` as soon as it is checked; the spread once, as the row's ``spread``."""
         from memtune.tuner import Plan
-        from memtune.tuner.measure._peers import compiled_model
+        from memtune.tuner.measure.module_peers import applicable_peers, applied
         from memtune.tuner.runtime import check_equivalence, compare_steps, reference_step
 
         row = self.row
@@ -275,8 +275,8 @@ class _Run:
         def errors(eq: Any) -> dict[str, Any]:
             return {"loss": eq.loss, "grad": eq.grad, "buffer": eq.buffer, "worst": eq.worst_grad}
 
-        with compiled_math():
-            run = compiled_model(model, 1.0)
+        whole = next(p for p in applicable_peers(model, inputs, compiler_budgets=[1.0]) if p.family == "compiler")
+        with compiled_math(), applied(model, whole) as run:
             ref = reference_step(model, inputs, loss_fn=loss, run=run)
             again = compare_steps(reference_step(model, inputs, loss_fn=loss, run=run), ref, names)
             eager = compare_steps(reference_step(model, inputs, loss_fn=loss), ref, names)
@@ -446,8 +446,7 @@ def repredicted(folder: Path) -> str:
     """A Markdown table of every plan measured in the rows of ``folder``: its peak measured without the cap beside
     the peak predicted when it ran and the peak the simulator predicts now for the same plan on the same profile
     (nothing is measured: the committed rows are re-simulated on the CPU)."""
-    from memtune.tuner import Plan
-    from memtune.tuner.simulator import Simulator
+    from memtune.tuner import Plan, Simulator
 
     lines = [
         "| model | budget | plan | measured peak GiB | predicted then GiB (error) | predicted now GiB (error) |",

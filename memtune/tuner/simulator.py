@@ -176,8 +176,7 @@ class Simulator:
             for s, w in zip(st, self.ws_b, strict=True)
         ]
         # NOTE [ Inline fetches ]: a compiled stage's backward unpacks every saved tensor before it runs
-        eager = set(profile.eager_stages)
-        self.fetch_all = [profile.compile_budget is not None and k not in eager for k in range(len(st))]
+        self.fetch_all = [profile.compile_budget is not None and k not in profile.eager_stages for k in range(len(st))]
         self.pgrad = [s.param_bytes for s in st]
         # NOTE [ Selective stages ] (memtune.profiler.selective): what a selective stage keeps beyond the table, the
         # extra time of its forward (the caching mode) and of its backward (the cheap operations re-run), and its
@@ -472,14 +471,11 @@ class Simulator:
 
         NOTE [ Inline fetches ]: inline, a storage comes back at its first unpack and goes at its last, so a
         storage that one stage's backward both needs and releases lives only while that stage's nodes use it,
-        one or two at a time: the stage holds its largest such storage, not their sum. Not so in a compiled stage (a
-        compiled region or a stage compiled alone, ``Profile.compile_budget`` set, not one of ``eager_stages``): its
-        backward is one graph whose inputs are every tensor it saved, unpacked together before it runs (AOTAutograd's
-        backward prologue reads ``ctx.saved_tensors`` whole), so it holds the sum of what it fetched, freed only when
-        it ends. On the H200 a MobileNetV2 plan of 21 compiled regions under inline sync peaked 2.17 GiB against 1.88
-        predicted with the largest storage (its offloaded ``features.2`` fetches 12 storages, 1.57 GiB, the largest
-        0.57 GiB), and the sum predicts the measured peak within 1 MiB
-        (``benchmarks/results/h200/module-peers/mobilenet_v2.json``, the plan at 30%). Where the profile
+        one or two at a time: the stage holds its largest such storage, not their sum. A compiled stage's backward
+        (``compile_budget`` set, not of ``eager_stages``) is one graph, its saved tensors unpacked together before it
+        runs (AOTAutograd reads ``ctx.saved_tensors`` whole): it holds their sum to its end. An H200 MobileNetV2 plan
+        of 21 compiled regions, inline, peaked 2.17 GiB against 1.88 predicted by the largest, 2.174 by the sum
+        (``benchmarks/results/h200/module-peers/mobilenet_v2.json``, at 30%). Where the profile
         measured it (``backward_inline_bytes``: the stage's backward alone with every saved activation fetched
         on demand, ``memtune.profiler.measure.inline_backward_bytes``) that measured transient stands instead, and a
         storage two such stages share (a block's input, saved by both) is fetched within each: on the H200 the

@@ -35,7 +35,7 @@ EXPECTED = {
     },
     memtune.tuner.runtime: {
         "Equivalence", "HostPool", "OffloadStats", "PlanOutOfMemoryError", "PlannedChain", "ReferenceStep",
-        "budget_guard", "check_equivalence", "load_plan", "planned", "reference_step",
+        "budget_guard", "check_equivalence", "compare_steps", "load_plan", "planned", "reference_step",
         "InferenceRunner",
     },
     memtune.storage: {
