@@ -343,8 +343,8 @@ def compiled_math() -> Iterator[None]:
     spread the framework's and not the autotuner's. The check is of the plans' math, not of the timed runs: those
     ran with inductor's own random numbers and the default kernels.
 
-    NOTE: ``torch._inductor.config.fallback_random`` is a name of torch 2.11 and 2.13 alike (``torch/_inductor/
-    config.py``); ``torch._inductor.config.patch`` restores it.
+    NOTE: ``torch._inductor.config.fallback_random``, read in torch 2.13's ``torch/_inductor/config.py``; inductor's
+    configuration has held it since its first releases, so torch 2.11 has it too. ``config.patch`` restores it.
     """
     import torch
     import torch._inductor.config as inductor_config
