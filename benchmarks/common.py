@@ -13,7 +13,7 @@ from typing import Any
 
 from memtune.profiler import Profile
 
-__all__ = ["budget_table_args", "config_profile", "environment", "model_rows", "same_gpu", "zoo_profile"]
+__all__ = ["budget_table_args", "config_profile", "environment", "model_rows", "peer_rows", "same_gpu", "zoo_profile"]
 
 
 def zoo_profile(
@@ -140,3 +140,17 @@ def same_gpu(path: Path, recorded: str | Mapping[str, Any] | None, current: str)
             f"{path}: measured on {name}, and this GPU is {current}; continue it on a {name}, or start it over in "
             "another --out folder"
         )
+
+
+def peer_rows(description: str | None) -> list[dict[str, Any]]:
+    """The ``benchmarks.module_peers`` rows (JSON files) named on the command line, read; a script's ``main`` with
+    ``description`` as its help. Exits with a usage error naming any file that is not there."""
+    import json
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="+", type=Path, help="benchmarks.module_peers rows (JSON)")
+    files = parser.parse_args().files
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        parser.error(f"no such row: {', '.join(missing)}")
+    return [json.loads(f.read_text()) for f in files]

@@ -77,7 +77,9 @@ def core_shares(cores: Sequence[int], n: int) -> list[list[int]]:
     return shares
 
 
-def _start(module: str, argv: Sequence[str], model: str, device: str, cores: list[int], shared: int) -> Any:
+def _start(
+    module: str, argv: Sequence[str], model: str, device: str, cores: list[int], shared: int
+) -> tuple[subprocess.Popen[str], threading.Thread, str]:
     """One child on ``device``, pinned to ``cores`` (its compile workers inherit the pin), its lines echoed."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": device, SHARED_HOST_ENV: str(shared),
            "TORCHINDUCTOR_COMPILE_THREADS": str(len(cores))}  # fmt: skip

@@ -71,6 +71,7 @@ __all__ = [
     "fastest_peer_within",
     "main",
     "plan_profile",
+    "region_runs",
     "repredicted",
     "run_model",
     "table",
@@ -369,7 +370,7 @@ def auto_depths(partitions: Sequence[Any]) -> list[int]:
     return [p.depth for p in candidate_partitions(partitions)]
 
 
-def _region_runs(entries: Sequence[dict[str, Any]]) -> list[Any]:
+def region_runs(entries: Sequence[dict[str, Any]]) -> list[Any]:
     """The ``RegionProfile`` of each region entry of a row (``_Run._regions``)."""
     from memtune.profiler import Profile
     from memtune.profiler.region_profile import RegionProfile
@@ -395,7 +396,7 @@ def _tune(job: tuple[str, int, float, int, str, list[dict[str, Any]]]) -> dict[s
     from memtune.tuner.pipeline import tune_profiles
 
     profile_json, budget, headroom, trials, optimizer, regions = job
-    tuned = tune_profiles(Profile.from_json(profile_json), budget, regions=_region_runs(regions), trials=trials,
+    tuned = tune_profiles(Profile.from_json(profile_json), budget, regions=region_runs(regions), trials=trials,
                           seed=0, optimizer=optimizer, headroom=headroom, progress=False)  # fmt: skip
     candidates = [t.line() for t in tuned.regions]
     best = tuned.result.best
@@ -435,7 +436,7 @@ def plan_profile(row: dict[str, Any], plan: Any) -> Any:
     plan's regions, activation budget and save rule; else (a plan of the eager profile or of the whole model compiled)
     the row's searched profile (``searched_profile``)."""
     entries = row.get("regions", [])
-    for e, run in zip(entries, _region_runs(entries), strict=True):
+    for e, run in zip(entries, region_runs(entries), strict=True):
         same = list(e["regions"]) == list(plan.stages or ()) and e["budget"] == plan.compile_budget
         if same and e.get("saves") == plan.compile_saves and run.profile is not None:
             return run.profile
@@ -477,7 +478,7 @@ def lower_bounds(row: dict[str, Any]) -> dict[float, float]:
     if not row.get("plans") or "profile" not in row:
         return {}
     prof = searched_profile(row)
-    regions = [r.profile for r in _region_runs(row.get("regions", [])) if r.profile is not None]
+    regions = [r.profile for r in region_runs(row.get("regions", [])) if r.profile is not None]
     bounds = {e["fraction"]: least_step_ms(prof, regions, e["budget_bytes"], row["optimizer"]) for e in row["plans"]}
     return {f: b for f, b in bounds.items() if b is not None}
 
@@ -661,6 +662,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(table(args.table), end="")
         return
     if args.repredict is not None:
+        if not args.repredict.is_dir():
+            parser.error(f"--repredict {args.repredict}: no such folder of rows")
         print(repredicted(args.repredict), end="")
         return
     args.compiler_sweep = _floats(args.compiler_sweep, "--compiler-sweep")

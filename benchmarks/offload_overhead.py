@@ -10,11 +10,9 @@ its predicted step, its step measured without the cap, and the difference per Gi
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
 from typing import Any
 
+from benchmarks.common import peer_rows
 from benchmarks.module_peers import plan_profile
 from memtune.tuner import Plan
 
@@ -39,10 +37,8 @@ def lines(row: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("files", nargs="+", type=Path, help="benchmarks.module_peers rows (JSON)")
-    for path in parser.parse_args().files:
-        print("\n".join(lines(json.loads(path.read_text()))))
+    for row in peer_rows(__doc__):
+        print("\n".join(lines(row)))
 
 
 if __name__ == "__main__":
