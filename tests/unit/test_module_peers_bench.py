@@ -252,6 +252,7 @@ def test_the_gradient_check_draws_dropout_as_eager_does() -> None:
     assert 0 < eager.grad < 1e-4, eager  # other fusions round otherwise; other masks would differ by order one
     assert max(eq.grad, eq.loss) <= max(eager.grad, eager.loss), (eq, eager)
     assert pm.stats.d2h_copies > 0
+    pm.release()
 
 
 def test_uniform_peaks_name_the_lowest_of_a_committed_row() -> None:
