@@ -280,16 +280,18 @@ class _StageRun:
         inputs = self.fresh()
         with metered(self.device, gpu_workspaces=self.gpu_workspaces) as fwd:
             outs = self.forward(inputs, mode=mode)
-        del inputs
         fwd_ws = max(0, fwd.peak_bytes - max(0, fwd.end_bytes))
         if not (outs and self.wrt):
             return fwd_ws, 0
         # the outputs' gradients made inside the backward, in the chain's layout (a ones tensor so laid out lives
         # from before to after it, so the peak above ``before`` does not count it)
-        total = torch.stack([(t * w).sum().float() for t, w in zip(outs, self.incoming(outs, 1.0), strict=True)]).sum()
+        ones = self.incoming(outs, 1.0)
+        total = torch.stack([(t * w).sum().float() for t, w in zip(outs, ones, strict=True)]).sum()
         # in a step nothing else holds the outputs through the backward: one that only the stage saves (an in-place
         # ReLU's) is freed by its first backward node (NOTE [ Gradient storages ])
         del outs
+        # ``inputs`` and ``ones`` were made outside every meter and are held past it: freed inside, the CPU meter
+        # would read them at whatever size its table last held for their addresses (NOTE [ Allocator meters ])
         with metered(self.device, gpu_workspaces=self.gpu_workspaces) as bwd:
             grads = torch.autograd.grad(total, self.wrt, allow_unused=True)
         # the gradients' own bytes, as the simulator makes them; the rest of a storage they are views of is the
@@ -297,7 +299,7 @@ class _StageRun:
         made = sum(g.numel() * g.element_size() for g in grads if g is not None)
         if mode == "plain":
             self.input_grads = self._grad_storages(grads)
-        del grads, total
+        del grads, total, ones, inputs
         return fwd_ws, max(0, bwd.peak_bytes - made)
 
     def _grad_storages(self, grads: Sequence[torch.Tensor | None]) -> tuple[GradStorage | None, ...]:

@@ -12,7 +12,14 @@ made on a GPU:
   Their running sum from the start is what the code holds; its maximum is the peak. The CPU has no cache, so the
   reserved bytes are the allocated ones.
 
-Both count bytes allocated inside the metered code only: what was live before it is the zero.
+Both count bytes allocated inside the metered code only: what was live before it is the zero. Python's cycle
+collector is paused inside the meter, so that garbage made before it is not freed inside it at a time nobody chose.
+
+The CPU's events have one blind spot: the allocator keeps the sizes of blocks only while memory is profiled, so a
+block made outside every meter and freed inside one is read at the size last recorded for its address, which is 0
+when none was and a stale size when an earlier metered block lived there. Metered code is written so that what it
+made before the meter lives past it (``memtune.profiler._stage_run`` holds a stage's inputs and its outputs'
+gradient seeds through the backward's meter).
 
 # NOTE [ GPU transients from the CPU's allocator ]
 A profile made on the CPU for a GPU reads its transients off the CPU's allocator, whose convolutions are not the
@@ -30,6 +37,7 @@ head's forward by 304: the H100 took no workspace for its 64-to-2 convolution); 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -105,6 +113,18 @@ def _stderr_without(fragment: bytes) -> Iterator[None]:
                 os.write(2, kept)
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off for the block (as it was after): garbage made before is not freed inside."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 #: the ops whose CPU allocations a ``gpu_workspaces`` meter replaces by the GPU's workspace
 _CONVOLUTIONS = ("aten::convolution", "aten::convolution_backward")
 
@@ -171,7 +191,8 @@ def metered(device: torch.device, *, gpu_workspaces: bool = False) -> Iterator[M
         before = torch.cuda.memory_allocated(device)
         reserved = torch.cuda.memory_reserved(device)
         torch.cuda.reset_peak_memory_stats(device)
-        yield reading
+        with _collector_paused():
+            yield reading
         torch.cuda.synchronize(device)
         reading.peak_bytes = max(0, torch.cuda.max_memory_allocated(device) - before)
         reading.end_bytes = torch.cuda.memory_allocated(device) - before
@@ -185,7 +206,7 @@ def metered(device: torch.device, *, gpu_workspaces: bool = False) -> Iterator[M
     with _quiet_stderr():  # Kineto writes two log lines (profiler_start, profiler_stop) to standard error
         prof.start()
     try:
-        with _stderr_without(_ALLOCATOR_NOTE):
+        with _stderr_without(_ALLOCATOR_NOTE), _collector_paused():
             yield reading
     finally:
         with _quiet_stderr():
