@@ -342,7 +342,7 @@ def profile_module(
     stage_profiles = _stage_profiles(run, timings, remap, first_saver, params, shared, copies, scale)
     return Profile(
         model=name or type(model).__name__,
-        model_params=_model_params(names, stages, run.coarse, run.eager_regions),
+        model_params=_model_params(names, stages, run.coarse, run.eager_regions, trace.held),
         batch=first.shape[0],
         dtype=dtype,  # type: ignore[arg-type]
         input_shape=tuple(first.shape[1:]),
@@ -621,10 +621,16 @@ def _stage_profiles(
 
 
 def _model_params(
-    names: list[str], stages: list[str] | None, coarse: list[str], eager_regions: dict[int, str]
+    names: list[str],
+    stages: list[str] | None,
+    coarse: list[str],
+    eager_regions: dict[int, str],
+    held: list[tuple[str, int]],
 ) -> dict[str, int | float | str | bool]:
     """``Profile.model_params`` of a module profile: the stage count, the patterns asked for, where stages were found
-    coarser than asked, and the regions left eager (NOTE [ In-place writes at region edges ])."""
+    coarser than asked, the regions left eager (NOTE [ In-place writes at region edges ]), and the objects the
+    model's output holds besides its tensors with their bytes (``held_objects``, ``held_object_bytes``: a cache a
+    loop that keeps the output holds, NOTE [ Held output ] in ``memtune.tuner.simulator``)."""
     model_params: dict[str, int | float | str | bool] = {"stages": len(names)}
     if stages is not None:
         model_params["stage_patterns"] = ",".join(stages)
@@ -632,6 +638,9 @@ def _model_params(
         model_params["coarser"] = "; ".join(coarse)
     if eager_regions:  # NOTE [ In-place writes at region edges ]
         model_params["eager_regions"] = "; ".join(f"{names[k]}: {why}" for k, why in sorted(eager_regions.items()))
+    if held:
+        model_params["held_objects"] = ", ".join(name for name, _ in held)
+        model_params["held_object_bytes"] = sum(nbytes for _, nbytes in held)
     return model_params
 
 

@@ -91,6 +91,7 @@ __all__ = [
     "checkpointed_call",
     "copy_structure",
     "find_stages",
+    "held_objects",
     "held_tensors",
     "mark_exported_classes",
     "module_calls",
@@ -184,6 +185,29 @@ def held_tensors(obj: Any) -> list[torch.Tensor]:
     share (``gc.get_referents``); modules are not entered. NOTE [ Held output ] in ``memtune.tuner.simulator``."""
     leaves = {id(t) for t in tensor_leaves(obj)}
     return [t for t in _shared_memo(obj).values() if isinstance(t, torch.Tensor) and id(t) not in leaves]
+
+
+def held_objects(out: Any) -> list[tuple[str, int]]:
+    """Per object a model's output holds besides its tensors (a Hugging Face ``Cache``), its name (the key, index or
+    type it is found at, with its type) and the bytes of the distinct storages of the tensors it holds
+    (``held_tensors``); objects that hold none are left out. NOTE [ Held output ] in ``memtune.tuner.simulator``."""
+    items: list[tuple[str, Any]]
+    if isinstance(out, Mapping):
+        items = [(str(k), v) for k, v in out.items()]
+    elif isinstance(out, tuple | list):
+        items = [(f"[{i}]", v) for i, v in enumerate(out)]
+    else:
+        items = [(type(out).__name__, out)]
+    found = []
+    for key, value in items:
+        storages = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in held_tensors(value)
+            if t.device.type != "meta" and t.layout == torch.strided
+        }
+        if sum(storages.values()):
+            found.append((f"{key} ({type(value).__name__})", sum(storages.values())))
+    return found
 
 
 def copy_structure(obj: Any, leaves: Iterator[torch.Tensor] | None = None) -> Any:
@@ -545,6 +569,8 @@ class StageTrace:
         output_bytes: per stage, bytes of that tensor.
         model_outputs: indices of the storages the model returns.
         loss_saved_bytes: what the loss function saved for backward, bytes (storages not already listed).
+        held: with ``output_held``, the objects in the model's output that hold tensors besides it (``held_objects``):
+            name and bytes.
     """
 
     names: list[str]
@@ -556,6 +582,7 @@ class StageTrace:
     output_bytes: list[int]
     model_outputs: list[int]
     loss_saved_bytes: int
+    held: list[tuple[str, int]] = field(default_factory=list)
 
 
 class _Tracer:
@@ -717,6 +744,7 @@ def trace_stages(
         output_bytes=tracer.output_bytes,
         model_outputs=model_outputs,
         loss_saved_bytes=tracer.loss_saved,
+        held=held_objects(out) if output_held else [],
     )
     for s in trace.storages:
         s.refs = []

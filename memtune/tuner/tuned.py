@@ -33,6 +33,7 @@ __all__ = [
     "compiled_bound_words",
     "compute_words",
     "device_label",
+    "held_output_note",
     "retries_words",
 ]
 
@@ -64,6 +65,25 @@ def coarser_note(prof: Profile) -> str | None:
         f"planned coarser than its blocks: {coarser}; a module whose child runs more than once (a shared layer) is "
         "planned whole, so its blocks get one action together. Name the blocks as stages to plan them apart "
         "(stages=['encoder.block.*', ...]); the shared layer then runs outside every stage"
+    )
+
+
+def held_output_note(prof: Profile) -> str | None:
+    """What a module profile's output holds besides its tensors (a Hugging Face cache of keys and values) where it is
+    1% of the unplanned step's peak or more, and how to drop it (NOTE [ Held output ] in ``memtune.tuner.simulator``);
+    None where it holds less."""
+    held, nbytes = prof.model_params.get("held_objects"), prof.model_params.get("held_object_bytes")
+    if not held or not isinstance(nbytes, int):
+        return None
+    peak = prof.step_peak.allocated_bytes if prof.step_peak is not None else 0
+    if nbytes < max(2**20, peak // 100):
+        return None
+    return (
+        f"the model's output holds {format_bytes(nbytes)} that training does not read: {held}. A loop that keeps the "
+        "output (out = model(**batch); out.loss.backward()) holds it until the backward ends, and plans count it. A "
+        "Hugging Face model returns its key/value cache while config.use_cache is True: set model.config.use_cache = "
+        "False to train (its gradient checkpointing does so itself); if your loop drops the output before the "
+        "backward, profile with output_held=False"
     )
 
 
@@ -114,9 +134,9 @@ class Tuned:
         def fmt(n: float) -> str:  # one unit for the whole printout, the table's; a budget too small for it aside
             return f"{n / size:.2f} {unit}" if n >= size / 100 else format_bytes(n)
 
-        check, coarser = peak_check(p), coarser_note(p)
+        check, coarser, held = peak_check(p), coarser_note(p), held_output_note(p)
         lines = [f"{p.model} batch {p.batch} {p.dtype} {device_label(p)} (profile {p.source}, {p.n_stages} stages)"]
-        lines += [coarser] if coarser is not None else []
+        lines += [note for note in (coarser, held) if note is not None]
         lines += [f"memory check: {check}"] if check is not None else []
         lines += self._budget_lines(fmt)
         lines.append(f"{'policy':<22}{'step ms':>10}{'slowdown':>10}{'peak ' + unit:>12}  fits")

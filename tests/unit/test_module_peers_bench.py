@@ -260,3 +260,25 @@ def test_uniform_peaks_name_the_lowest_of_a_committed_row() -> None:
 
     first = uniform_peaks(json.loads((H200_ROWS / "gpt2.json").read_text()))[0]
     assert first.startswith("gpt2, searched profile: least 8.15 GiB (offload inline)"), first
+
+
+@pytest.mark.parametrize("model", ["llama", "gpt2"])
+def test_with_the_cache_released_the_hf_like_plan_predicts_hf_checkpointings_measured_peak(model: str) -> None:
+    """The committed rows' decoders ran with Hugging Face's default ``use_cache=True``: their output holds every
+    layer's keys and values through the backward (2.00 GiB on the Llama decoder, 0.56 GiB on GPT-2), which Hugging
+    Face's gradient checkpointing turns off. Released from the same measured profile, memtune's plan that recomputes
+    exactly the blocks predicts the peak that checkpointing measured."""
+    from benchmarks.module_peers import searched_profile
+    from benchmarks.uniform_peaks import released
+    from memtune.tuner import Action, Plan, Simulator
+
+    row = json.loads((H200_ROWS / f"{model}.json").read_text())
+    prof = searched_profile(row)
+    lighter = released(prof)
+    assert lighter is not None
+    blocks = [s.name.rsplit(".", 1)[-1].isdigit() for s in prof.stages]  # layers.N / h.N
+    plan = Plan(actions=tuple(Action.RECOMPUTE if b else Action.KEEP for b in blocks))
+    hf = next(p for p in row["peers"] if p["family"] == "hf_checkpointing")
+    predicted = Simulator(lighter[0], row["optimizer"]).run(plan).peak_bytes
+    assert predicted == pytest.approx(hf["peak_bytes"], rel=1e-4)
+    assert Simulator(prof, row["optimizer"]).run(plan).peak_bytes - predicted == pytest.approx(lighter[1], rel=0.01)

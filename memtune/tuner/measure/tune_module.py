@@ -33,7 +33,7 @@ from memtune.tuner.budget import format_bytes, profile_budget
 from memtune.tuner.pipeline import calibration_advice, check_arguments, progress_bar, tune_profiles
 from memtune.tuner.plan import Plan
 from memtune.tuner.search import Candidate, TuneResult
-from memtune.tuner.tuned import Tuned, coarser_note
+from memtune.tuner.tuned import Tuned, coarser_note, held_output_note
 
 if TYPE_CHECKING:
     import torch
@@ -103,9 +103,9 @@ def profile(
     check = peak_check(prof)
     if check is not None and check.reported:
         warnings.warn(f"memory check: {check}", stacklevel=2)
-    coarser = coarser_note(prof)
-    if coarser is not None:
-        warnings.warn(coarser, stacklevel=2)
+    for note in (coarser_note(prof), held_output_note(prof)):
+        if note is not None:
+            warnings.warn(note, stacklevel=2)
     return prof
 
 
