@@ -37,6 +37,7 @@ from memtune.tuner.inference import (
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.policies import POLICIES, run_policy
 from memtune.tuner.simulator import SimResult, Simulator, simulate
+from memtune.tuner.tuned import held_output_note
 
 # The lazy names, for type checkers (``__getattr__`` would make them ``Any``).
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ __all__ = [
     "exact_front",
     "exact_optimum",
     "format_bytes",
+    "held_output_note",
     "parse_budget",
     "peak_check",
     "plan_inference",

@@ -22,7 +22,7 @@ from memtune.api.cli._common import (
     load_chain,
     out,
     parse_params,
-    print_peak_check,
+    print_profile_checks,
     sample_shape,
 )
 from memtune.profiler import ProfilerError
@@ -138,7 +138,7 @@ def _print_profile(prof: Profile) -> None:
         )
     out.print(table)
     out.print(f"saved {format_bytes(prof.saved_bytes)}, parameters {format_bytes(prof.param_bytes)}")
-    print_peak_check(prof)
+    print_profile_checks(prof)
 
 
 def _measure_chain(

@@ -31,7 +31,7 @@ __all__ = [
     "load_chain",
     "out",
     "parse_params",
-    "print_peak_check",
+    "print_profile_checks",
     "resolve_profile",
     "sample_shape",
 ]
@@ -136,14 +136,19 @@ def check_options(**arguments: Any) -> Budget | None:
         raise fail(f"--{message}" if named else message) from exc
 
 
-def print_peak_check(prof: Profile) -> None:
+def print_profile_checks(prof: Profile) -> None:
     """The profile's self-check (NOTE [ Profile self-check ] in ``memtune.tuner._peak_check``), in red where it is
-    off."""
-    from memtune.tuner import peak_check
+    off, and what the model's output holds besides its tensors where it is worth dropping (a key/value cache)."""
+    from rich.markup import escape
+
+    from memtune.tuner import held_output_note, peak_check
 
     check = peak_check(prof)
     if check is not None:
         out.print(f"[{'bold red' if check.reported else 'dim'}]memory check: {check}[/]")
+    held = held_output_note(prof)
+    if held is not None:
+        out.print(f"[yellow]{escape(held)}[/]")
 
 
 def fmt(v: float | None, spec: str) -> str:

@@ -28,7 +28,7 @@ from memtune.api.cli._common import (
     load_chain,
     out,
     parse_params,
-    print_peak_check,
+    print_profile_checks,
     resolve_profile,
     sample_shape,
 )
@@ -432,7 +432,7 @@ def _print_tuned(
         f"[bold]{prof.model}[/] batch {prof.batch} {prof.dtype} {device_label(prof)} — profile {prof.source} "
         f"({compute_words(prof)}); {result.n_trials} trials, seed {result.seed}"
     )
-    print_peak_check(prof)
+    print_profile_checks(prof)
     out.print(_policy_table(result, unit, size))
     if regions:  # NOTE [ Compiled-region candidates ] in memtune.tuner.region_plans
         out.print("compiled regions (each partition of the model compiled at one activation budget or save rule):")

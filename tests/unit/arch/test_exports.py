@@ -31,7 +31,7 @@ EXPECTED = {
         "exact_front", "exact_optimum", "format_bytes", "parse_budget", "prefetch_trigger", "ranks_prefetch_trigger",
         "run_policy", "shard_units", "sharded_profile", "simulate", "simulate_ranks", "stagger_for", "tune",
         "InferenceFacts", "InferencePlan", "InferenceSim", "LayerFitError", "LayerPlan", "plan_inference",
-        "simulate_inference", "PeakCheck", "peak_check", "planning_headroom",
+        "simulate_inference", "PeakCheck", "peak_check", "held_output_note", "planning_headroom",
     },
     memtune.tuner.runtime: {
         "Equivalence", "HostPool", "OffloadStats", "PlanOutOfMemoryError", "PlannedChain", "ReferenceStep",

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import memtune
+from memtune.api.cli._common import print_profile_checks
 from memtune.profiler.module_stages import held_objects
 from memtune.tuner.tuned import held_output_note
 
@@ -31,7 +32,7 @@ def _batch() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow  # a profile and a search of a small decoder: about 3 s
-def test_a_decoder_with_its_cache_on_says_what_its_output_holds() -> None:
+def test_a_decoder_with_its_cache_on_says_what_its_output_holds(capsys: pytest.CaptureFixture[str]) -> None:
     model, batch = _decoder(True), _batch()
     cache = 2 * 2 * 4 * 2 * 512 * 16 * 4  # layers x (keys, values) x batch x kv heads x tokens x head dim x fp32
     with warnings.catch_warnings(record=True) as caught:
@@ -44,6 +45,8 @@ def test_a_decoder_with_its_cache_on_says_what_its_output_holds() -> None:
     assert note is not None and "holds 1.00 MiB" in note and "use_cache = False" in note
     assert any("use_cache = False" in str(w.message) for w in caught)
     assert note in str(memtune.tune(prof, "90% of peak", trials=8, progress=False))
+    print_profile_checks(prof)  # what `memtune profile` and `memtune tune` print under the profile
+    assert note in " ".join(capsys.readouterr().out.split())
 
 
 def test_the_same_decoder_with_its_cache_off_holds_nothing_besides_its_tensors() -> None:
