@@ -123,7 +123,7 @@ def search_profile(
 ) -> Profile:
     """The profile the job is searched on, as its ``compile`` asks: without compiler points (``off``), with the
     stored ones, or with those measured here and stored with it. Raises NoCompilerPoints (``on``, nothing to
-    measure on) and LeaseLost; a failed measurement is noted and the plans are eager."""
+    measure on) and LeaseLost; a failed measurement is noted and no plan compiles the whole model."""
     points = profile.compiler_points
     if job.compile == "off":
         if points:
@@ -182,13 +182,13 @@ def _measure_here(
         raise
     except Exception as e:
         log.warning("job %s: compiling the whole model failed: %s", job.id, e, exc_info=True)
-        text = f"compiling the whole model failed, so the plans are eager: {type(e).__name__}: {e}"
+        text = f"compiling the whole model failed, so no plan compiles it whole: {type(e).__name__}: {e}"
         compile_note(db, job, lease, watch, text[:2000])
         return profile
     failed = "; ".join(f"activation budget {b:g} failed: {err}" for b, err in errors.items())
     if not points:
         log.warning("job %s: the whole model compiled at no activation budget: %s", job.id, failed)
-        text = f"compiling the whole model failed at every activation budget, so the plans are eager: {failed}"
+        text = f"compiling the whole model failed at every activation budget, so no plan compiles it whole: {failed}"
         compile_note(db, job, lease, watch, text[:2000])
         return profile
     profile = with_compiler_points(profile, points)

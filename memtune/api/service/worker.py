@@ -39,7 +39,8 @@ about those points, after it has the job's profile and before the search:
   fresh process; an exported program by ``measure_module_points`` in this process, on the program loaded onto the GPU
   (NOTE [ Compiler points of a module ]). The points are stored with the profile, so later jobs of the model, batch and
   dtype reuse them. A budget that fails to compile is left out, named in the job's ``compile_note``; where none
-  compiles, or the measurement fails, the note says why and the plans are eager. A worker without a GPU of the type
+  compiles, or the measurement fails, the note says why and no plan compiles the whole model (an exported program's
+  plans may still compile regions, NOTE [ Compiled regions in the service ]). A worker without a GPU of the type
   plans eager, and the note says so.
 * ``on``: as ``auto``, except that where the profile has no points and this worker cannot measure them (no CUDA GPU
   of the job's type) the job fails, its error naming the GPU type and how to get points. Compiling that fails on a
@@ -49,6 +50,22 @@ The job's ``compile_note`` says what is happening while it happens (the events s
 search serves a point where it fits and beats every searched plan; the job's best plan is then named ``compiled whole
 <budget>``. The zoo and spec points are measured as ``memtune bench`` measures a step (SGD with momentum), like the
 points ``memtune profile --compiler-sweep`` keeps.
+
+# NOTE [ Compiled regions in the service ]
+The plans that beat the compiler on users' models compile runs of the model's stages as regions, each kept,
+recomputed or offloaded (NOTE [ Compiled-region candidates ] in ``memtune.tuner.region_plans``). A job of an exported
+program with ``compile`` ``auto`` or ``on``, on a worker whose CUDA device is of the job's GPU type, gets them too:
+after the compiler points, the worker loads the program onto the GPU and measures its candidate partitions into
+regions (NOTE [ Candidate depths ] in ``memtune.profiler.region_tree``) compiled at ``COMPILE_BUDGETS`` and under
+memtune's save rules, as ``memtune.tune(..., compile=True)`` does (``memtune.api.service._job_regions``). After the
+job's own search each region profile is searched with the job's trials, seed, headroom and calibration, in memory
+(a job resumed by another worker measures and searches them again); the fastest plan of all is the job's best, each
+region profile's best that fits is stored beside the job's rows (named ``compiled regions depth N at …``), and the
+compile note gains a line per region profile (its unplanned step, its best plan, or why it failed). A zoo model or
+spec is a chain of layers: its plans compile whole or not at all. Without a GPU of the type there are no regions
+(the compile note already says why the plans are eager); a measurement that fails is noted and the other plans
+stand. Exported programs are not measured under a plan yet (NOTE [ Measured validation ]): their region plans, like
+their eager ones, are served as simulated.
 
 # NOTE [ Measured validation ]
 A job with ``validate_top_k`` > 0 asks the worker to measure its best plans on the GPU after the search:
@@ -133,12 +150,14 @@ from memtune.api.service._job_compile import (
     COMPILE_BUDGETS,
     CompilerPointsFn,
     NoCompilerPoints,
+    compile_note,
     cuda_gpu_key,
     measure_job_compiler_points,
     search_profile,
 )
 from memtune.api.service._job_lease import LeaseLost, LeaseWatch
 from memtune.api.service._job_profiles import job_profile
+from memtune.api.service._job_regions import RegionsFn, job_regions, measure_job_regions, weigh_job_regions
 from memtune.api.service._job_results import no_plan_fits, simulated_rows
 from memtune.api.service._job_validation import VALIDATION_WARMUP, JobValidation, Validator, validate_job
 from memtune.storage import Database
@@ -149,6 +168,7 @@ from memtune.storage.repositories import JobLease, JobRepository, ResultReposito
 if TYPE_CHECKING:
     from memtune.api.service.settings import Settings
     from memtune.profiler import Profile
+    from memtune.profiler.region_profile import RegionProfile
     from memtune.tuner import Candidate, TuneResult
     from memtune.tuner.calibration import Calibration
 
@@ -157,12 +177,14 @@ __all__ = [
     "VALIDATION_WARMUP",
     "CalibrateFn",
     "CompilerPointsFn",
+    "RegionsFn",
     "Validator",
     "Worker",
     "cuda_gpu_key",
     "default_worker_id",
     "measure_calibration",
     "measure_job_compiler_points",
+    "measure_job_regions",
 ]
 
 log = logging.getLogger("memtune.worker")
@@ -194,6 +216,8 @@ class Worker:
         local_gpu: the GPU type of this worker's CUDA device, or None without one; None for ``cuda_gpu_key``.
         compiler_points_fn: measures a job's model compiled whole where its profile has no compiler points (NOTE
             [ Compiler points in the service ]); None for ``measure_job_compiler_points``.
+        regions_fn: measures an exported program's candidate partitions into compiled regions (NOTE [ Compiled
+            regions in the service ]); None for ``measure_job_regions``.
     """
 
     def __init__(
@@ -210,6 +234,7 @@ class Worker:
         calibrate_fn: CalibrateFn | None = None,
         local_gpu: Callable[[], str | None] | None = None,
         compiler_points_fn: CompilerPointsFn | None = None,
+        regions_fn: RegionsFn | None = None,
     ) -> None:
         if heartbeat_interval_s >= stale_after_s:
             raise ValueError(
@@ -227,6 +252,7 @@ class Worker:
         self.calibrate_fn: CalibrateFn = calibrate_fn or measure_calibration
         self._local_gpu = local_gpu or cuda_gpu_key
         self.compiler_points_fn: CompilerPointsFn = compiler_points_fn or measure_job_compiler_points
+        self.regions_fn: RegionsFn = regions_fn or measure_job_regions
         self._local_gpu_key: tuple[str | None] | None = None  # read once, on first need
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -344,10 +370,14 @@ class Worker:
             profile = search_profile(
                 self.db, job, lease, watch, profile, local_gpu=self._local_gpu_type, measure=self.compiler_points_fn
             )
+            regions = job_regions(self.db, job, lease, watch, local_gpu=self._local_gpu_type, measure=self.regions_fn)
             result = self._tune(job, lease, profile, watch, cal)
             if watch.lost:
                 raise LeaseLost
             rows = simulated_rows(job, result)
+            if regions:  # NOTE [ Compiled regions in the service ]
+                result, region_rows = self._weigh_regions(job, lease, watch, result, regions, cal)
+                rows += region_rows
             validation = None
             if job.validate_top_k > 0:
                 validation = validate_job(
@@ -415,6 +445,40 @@ class Worker:
             headroom=job.headroom,
             calibration=calibration,
         )
+
+    def _weigh_regions(
+        self,
+        job: Job,
+        lease: JobLease,
+        watch: LeaseWatch,
+        result: TuneResult,
+        regions: Sequence[RegionProfile],
+        calibration: Calibration,
+    ) -> tuple[TuneResult, list[ResultIn]]:
+        """Each compiled-region profile searched as the job's own search was (in memory: a resumed job searches
+        them again), the fastest plan of all served, every region profile's line added to the compile note."""
+        from memtune.tuner import tune
+
+        served, rows, lines = weigh_job_regions(
+            result,
+            regions,
+            lambda p: tune(
+                p,
+                job.budget_bytes,
+                trials=job.trials,
+                seed=job_seed(job),
+                optimizer=job.optimizer,
+                should_stop=watch.should_stop,
+                headroom=job.headroom,
+                calibration=calibration,
+            ),
+        )
+        won = "a plan of compiled regions" if served.best is not result.best else "the job's own search's best plan"
+        with self.db.session() as s:
+            before = JobRepository(s).get(job.id).compile_note
+        text = f"compiled regions searched: {'; '.join(lines)}; served: {won}"
+        compile_note(self.db, job, lease, watch, (f"{before}; {text}" if before else text)[:2000])
+        return served, rows
 
     def _store(
         self,

@@ -1,0 +1,149 @@
+"""Compiled regions on service jobs (NOTE [ Compiled regions in the service ] in ``memtune.api.service.worker``), on
+SQLite: a job of an exported program on a worker that has a GPU of the job's type gets its candidate partitions into
+compiled regions measured and searched beside its own search, and the fastest plan of all served.
+
+This machine has no GPU: the worker is told it has one of the job's type (``local_gpu``), the whole-model compiler
+points are a stand-in that compiles nothing, and the regions are measured on the CPU with CPU inductor for the job's
+GPU type (``profile_regions(..., gpu="h200")``, a modeled profile), as the GPU measurement would be on CUDA."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+from exported_fixtures import TinyNet, export_archive
+
+from memtune.api.client import MemtuneClient
+from memtune.api.service.worker import COMPILE_BUDGETS, Worker
+from memtune.profiler.exported import load_exported
+from memtune.profiler.region_profile import RegionProfile, profile_regions
+from memtune.storage.database import Database
+from memtune.storage.records import ModelRecord
+from memtune.storage.repositories import ResultRepository
+
+pytestmark = pytest.mark.slow  # CPU inductor compiles every region
+
+
+@pytest.fixture(scope="module")
+def tiny() -> bytes:
+    torch.manual_seed(0)
+    return export_archive(TinyNet(width=64), torch.randn(4, 64))
+
+
+@pytest.fixture(scope="module")
+def measured(tiny: bytes) -> list[RegionProfile]:
+    """The program's regions compiled at activation budget 1 on the CPU, for the H200 (measured once per module)."""
+    module, inputs = load_exported(tiny, max_bytes=len(tiny), int_high=None, device=torch.device("cpu"), seed=1)
+    return profile_regions(module, inputs, (1.0,), gpu="h200", rules=())
+
+
+def _no_points(*_args: Any) -> tuple[tuple[()], dict[float, str]]:
+    return (), {b: "test: compiles nothing" for b in COMPILE_BUDGETS}
+
+
+def _worker(db: Database, regions: Callable[..., Sequence[RegionProfile]]) -> Worker:
+    return Worker(
+        db,
+        worker_id="unit-worker",
+        heartbeat_interval_s=0.5,
+        progress_interval_s=0.0,
+        local_gpu=lambda: "h200",
+        compiler_points_fn=_no_points,
+        regions_fn=regions,
+    )
+
+
+def _rows(db: Database, job_id: str) -> dict[str, Any]:
+    with db.session() as s:
+        return {r.name: r for r in ResultRepository(s).for_job(job_id)}
+
+
+def test_a_job_searches_its_measured_regions_beside_its_own_search(
+    client: MemtuneClient, db: Database, tiny: bytes, measured: list[RegionProfile]
+) -> None:
+    asked: list[tuple[str, str]] = []
+
+    def regions(model: ModelRecord, archive: bytes, dtype: str, progress: Callable[[str], None]) -> list[RegionProfile]:
+        asked.append((model.kind, dtype))
+        assert archive.startswith(b"PK")  # the stored canonical archive (a zip)
+        progress("1/1: depth 1")
+        return measured
+
+    model = client.upload_exported(tiny, name="tiny-regions")
+    job = client.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=12)
+    assert _worker(db, regions).run_once() == job.id
+    done = client.get_job(job.id)
+    assert done.state == "succeeded", done.error
+    assert asked == [("exported", "float32")]
+    note = done.compile_note or ""
+    assert "compiled regions searched: depth 1: 3 regions (blocks.0, blocks.1, head) at activation budget 1: " in note
+    rows = _rows(db, job.id)
+    region_row = rows["compiled regions depth 1 at activation budget 1"]
+    assert region_row.plan["stages"] == ["blocks.0", "blocks.1", "head"] and region_row.plan["compile_budget"] == 1.0
+    assert {"optuna", "none"} <= set(rows)  # the job's own search is stored as before (``none``: keep all)
+    own = rows["optuna"]
+    regions_won = (region_row.step_ms, region_row.peak_bytes) < (own.step_ms, own.peak_bytes)  # a tie: the job's own
+    assert done.progress.best is not None
+    assert done.progress.best.step_ms == pytest.approx(min(region_row.step_ms, own.step_ms))
+    assert note.startswith("compiling the whole model failed at every activation budget, so no plan compiles it whole")
+    served = "a plan of compiled regions" if regions_won else "the job's own search's best plan"
+    assert note.endswith(f"served: {served}")
+
+
+def test_faster_regions_are_served_as_the_jobs_best(
+    client: MemtuneClient, db: Database, tiny: bytes, measured: list[RegionProfile]
+) -> None:
+    # test values, not measurements: the measured region profile with every stage ten times faster
+    def faster(*_args: Any) -> list[RegionProfile]:
+        out = []
+        for run in measured:
+            assert run.profile is not None
+            stages = tuple(
+                s.model_copy(update={"forward_ms": s.forward_ms / 10, "backward_ms": s.backward_ms / 10})
+                for s in run.profile.stages
+            )
+            out.append(RegionProfile(run.partition, run.budget, run.profile.model_copy(update={"stages": stages}),
+                                     None, run.seconds))  # fmt: skip
+        return out
+
+    model = client.upload_exported(tiny, name="tiny-faster-regions")
+    job = client.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=12)
+    assert _worker(db, faster).run_once() == job.id
+    done = client.get_job(job.id)
+    assert done.state == "succeeded", done.error
+    assert (
+        done.progress.best is not None and done.progress.best.name == "compiled regions depth 1 at activation budget 1"
+    )
+    assert (done.compile_note or "").endswith("served: a plan of compiled regions")
+    best = client.best("h200", model=model.id, batch=4, budget="100MiB")
+    assert best.plan["compile_budget"] == 1.0 and best.plan["stages"] == ["blocks.0", "blocks.1", "head"]
+
+
+def test_regions_that_fail_leave_the_plans_and_say_why(client: MemtuneClient, db: Database, tiny: bytes) -> None:
+    def broken(*_args: Any) -> list[RegionProfile]:
+        raise RuntimeError("inductor: no C++ compiler")
+
+    model = client.upload_exported(tiny, name="tiny-broken-regions")
+    job = client.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=12)
+    assert _worker(db, broken).run_once() == job.id
+    done = client.get_job(job.id)
+    assert done.state == "succeeded", done.error
+    assert (done.compile_note or "").endswith("; compiling regions failed: RuntimeError: inductor: no C++ compiler")
+    assert not any(name.startswith("compiled regions") for name in _rows(db, job.id))
+
+
+def test_no_regions_under_compile_off_or_for_a_zoo_model(client: MemtuneClient, db: Database, tiny: bytes) -> None:
+    def never(*_args: Any) -> list[RegionProfile]:
+        raise AssertionError("regions measured")
+
+    model = client.upload_exported(tiny, name="tiny-off")
+    off = client.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=12, compile="off")
+    zoo = client.submit_job({"zoo": "alexnet"}, batch=256, gpu="h200", budget="1800MB", trials=10)
+    worker = _worker(db, never)
+    assert worker.run_once() == off.id and worker.run_once() == zoo.id
+    for job in (off, zoo):
+        done = client.get_job(job.id)
+        assert done.state == "succeeded", done.error
+        assert "regions" not in (done.compile_note or "")
