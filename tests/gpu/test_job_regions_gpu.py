@@ -1,0 +1,64 @@
+"""A job of an exported program with ``compile`` ``auto`` on a worker whose CUDA GPU is of the job's type: the worker
+measures the program compiled whole and its candidate partitions into compiled regions on that GPU, searches each
+beside the job's own search and serves the fastest plan (NOTE [ Compiled regions in the service ] in
+``memtune.api.service.worker``). On a migrated SQLite database in the test's folder, the API in process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from exported_fixtures import TinyNet, export_archive
+from fastapi.testclient import TestClient
+
+from memtune.api.client import MemtuneClient
+from memtune.api.service.main import create_app
+from memtune.api.service.settings import Settings
+from memtune.api.service.worker import Worker, cuda_gpu_key
+from memtune.storage.database import Database
+from memtune.storage.migrate import upgrade
+from memtune.storage.repositories import KeyRepository, ResultRepository
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[tuple[Database, MemtuneClient]]:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    db = Database(f"sqlite:///{tmp_path / 'memtune.db'}")
+    upgrade(db)
+    with db.session() as s:
+        _, key = KeyRepository(s).create("gpu-tester")
+    settings = Settings(data_dir=tmp_path, progress_interval_s=0.0, sse_interval_s=0.05)
+    with TestClient(create_app(settings, db=db), raise_server_exceptions=False) as http:
+        yield db, MemtuneClient(api_key=key, http=http)
+
+
+def test_an_exported_program_gets_its_compiled_regions_measured_on_this_gpu(
+    service: tuple[Database, MemtuneClient],
+) -> None:
+    db, client = service
+    gpu = cuda_gpu_key()
+    assert gpu is not None
+    torch.manual_seed(0)
+    model = client.upload_exported(export_archive(TinyNet(width=1024), torch.randn(256, 1024)), name="tiny-gpu")
+    job = client.submit_job(model.id, batch=256, gpu=gpu, budget="1GiB", trials=20, compile="auto")
+    worker = Worker(db, worker_id="gpu-worker", heartbeat_interval_s=0.5, progress_interval_s=0.0)
+    assert worker.run_once() == job.id
+    done = client.get_job(job.id)
+    assert done.state == "succeeded", done.error
+    note = done.compile_note or ""
+    assert "compiled regions searched: depth 1: 3 regions (blocks.0, blocks.1, head) at activation budget 1" in note
+    assert note.endswith(("served: a plan of compiled regions", "served: the job's own search's best plan")), note
+    with db.session() as s:
+        rows = {r.name: r for r in ResultRepository(s).for_job(job.id)}
+    regions = [r for name, r in rows.items() if name.startswith("compiled regions")]
+    assert regions, note
+    for r in regions:  # plans of the regions the worker measured, each within the budget
+        assert r.plan["stages"] == ["blocks.0", "blocks.1", "head"] and r.plan["compile_budget"] is not None
+        assert r.feasible and r.step_ms > 0
+    best = done.progress.best
+    assert best is not None and best.step_ms == pytest.approx(min(r.step_ms for r in rows.values() if r.feasible))
