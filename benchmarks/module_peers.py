@@ -7,7 +7,8 @@ side-stream activation offload, and memtune's plans at fractions of the compiled
     python -m benchmarks.peer_curves benchmarks/results/h100/module-peers/*.json --out docs/images   # the pictures
 
 Per model, in one process, built as users build them (torchvision models as shipped; Hugging Face models from their
-default configurations, as ``benchmarks.promises`` builds them, the Llama-style decoder under bf16 autocast), in
+default configurations, as ``benchmarks.promises`` builds them, the Llama-style decoder under bf16 autocast; with
+``--cache off`` a decoder's ``use_cache`` is False, as Hugging Face's gradient checkpointing sets it, ``hf_cache``), in
 train mode; every step is forward, loss, backward and the optimizer's update (SGD with momentum; AdamW for the
 language models), the output held through the backward (the profile's default), the median of ``--steps`` after
 ``--warmup`` by CUDA events, with the peak bytes allocated and reserved:
@@ -69,11 +70,13 @@ __all__ = [
     "auto_depths",
     "compiled_math",
     "fastest_peer_within",
+    "hf_cache",
     "main",
     "plan_profile",
     "region_runs",
     "repredicted",
     "run_model",
+    "same_cache",
     "table",
 ]
 
@@ -109,6 +112,31 @@ def build(name: str) -> tuple[Any, Any, Callable[[Any], Any], str, int]:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
     model, inputs, loss, opt = promises.language_model(name)
     return model.train(), inputs, loss, opt, promises.SIZES[name][1]
+
+
+def hf_cache(model: Any, cache: str) -> bool | None:
+    """Apply ``--cache`` to a Hugging Face model (``default``: its configuration's ``use_cache`` as shipped; ``off``:
+    ``use_cache = False``, as its gradient checkpointing sets it) and return the ``use_cache`` it trains with; None for
+    a model without one. A decoder with the cache on returns every layer's keys and values, which a step that holds
+    the output keeps to the end of its backward (NOTE [ Held output ] in ``memtune.tuner.simulator``)."""
+    for m in (model, getattr(model, "model", None)):  # the Llama decoder is wrapped in its autocast
+        config = getattr(m, "config", None)
+        if config is not None and hasattr(config, "use_cache"):
+            if cache == "off":
+                config.use_cache = False
+            return bool(config.use_cache)
+    return None
+
+
+def same_cache(path: Path, row: dict[str, Any], shipped: bool | None, use_cache: bool | None) -> None:
+    """Refuse to continue a row measured with another ``use_cache`` than this run's (a row without the field ran with
+    the ``shipped`` one): every measurement of a row is of one model."""
+    measured_with = row.get("use_cache", shipped)
+    if "unplanned" in row and measured_with != use_cache:
+        raise SystemExit(
+            f"{path} was measured with use_cache={measured_with}, this run has use_cache={use_cache}: give another "
+            "--out, or --fresh to start the row over"
+        )
 
 
 def _error(exc: BaseException) -> str:
@@ -170,8 +198,13 @@ class _Run:
         except Exception as exc:  # a missing library: the row says so, what it held before stays
             row.update(model=self.name, error=_error(exc))
             return
+        shipped = hf_cache(model, "default")  # what a row measured before the option existed ran with
+        use_cache = hf_cache(model, args.cache)
+        same_cache(self.path, row, shipped, use_cache)
         row.pop("error", None)
         row.update(model=self.name, batch=batch, optimizer=opt, output_held=True, libraries=_libraries())
+        if use_cache is not None:
+            row["use_cache"] = use_cache
         row["device"] = torch.cuda.get_device_name()
         if "unplanned" not in row:
             row["unplanned"] = measure_step(model, model, inputs, loss, warmup=args.warmup, steps=args.steps,
@@ -619,8 +652,9 @@ def table(folder: Path) -> str:
         run = r.get("run") or {}
         shared = r.get("processes_on_host", 1)
         beside = f", one of {shared} models run at once on GPUs of one host" if shared > 1 else ""
+        cache = ", its key/value cache off (use_cache=False)" if r.get("use_cache") is False else ""
         out.append(f"- {r['model']}: batch {r['batch']}, {r['device']}, {run.get('date', '?')}, "
-                   f"commit {str(run.get('commit'))[:10]}{beside}")  # fmt: skip
+                   f"commit {str(run.get('commit'))[:10]}{beside}{cache}")  # fmt: skip
     return "\n".join(out) + "\n"
 
 
@@ -651,6 +685,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h100/module-peers"))
     parser.add_argument("--gpus", type=int, default=1, help="spread the models over this many GPUs, one process each")
+    parser.add_argument("--cache", choices=("default", "off"), default="default",
+                        help="a Hugging Face model's use_cache: 'default' as its configuration ships it (a decoder's "
+                        "True), 'off' False, as its gradient checkpointing sets it; a row keeps the one it was "
+                        "measured with")  # fmt: skip
     parser.add_argument("--no-math", dest="math", action="store_false",
                         help="skip the plans' gradient check (NOTE [ Plans' gradients ])")  # fmt: skip
     parser.add_argument("--fresh", action="store_true", help="start over instead of continuing what --out holds")

@@ -282,3 +282,28 @@ def test_with_the_cache_released_the_hf_like_plan_predicts_hf_checkpointings_mea
     predicted = Simulator(lighter[0], row["optimizer"]).run(plan).peak_bytes
     assert predicted == pytest.approx(hf["peak_bytes"], rel=1e-4)
     assert Simulator(prof, row["optimizer"]).run(plan).peak_bytes - predicted == pytest.approx(lighter[1], rel=0.01)
+
+
+def test_the_cache_option_turns_a_decoders_cache_off_and_a_row_keeps_the_one_it_was_measured_with(
+    tmp_path: Path,
+) -> None:
+    import torch
+    import transformers
+
+    from benchmarks.module_peers import hf_cache, same_cache
+    from benchmarks.promises import Autocast
+
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=32)
+    gpt2 = transformers.GPT2LMHeadModel(config)
+    assert hf_cache(gpt2, "default") is True and gpt2.config.use_cache is True
+    assert hf_cache(gpt2, "off") is False and gpt2.config.use_cache is False
+    wrapped = Autocast(transformers.GPT2LMHeadModel(config), torch.bfloat16, "cpu")  # the Llama decoder's wrapping
+    assert hf_cache(wrapped, "off") is False and wrapped.model.config.use_cache is False
+    assert hf_cache(torch.nn.Linear(2, 2), "off") is None
+
+    path = tmp_path / "gpt2.json"
+    same_cache(path, {}, True, False)  # nothing measured yet: any
+    same_cache(path, {"unplanned": {}}, True, True)  # a row from before the option: as shipped
+    same_cache(path, {"unplanned": {}, "use_cache": False}, True, False)
+    with pytest.raises(SystemExit, match="measured with use_cache=True, this run has use_cache=False"):
+        same_cache(path, {"unplanned": {}}, True, False)
