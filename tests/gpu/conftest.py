@@ -14,10 +14,18 @@ from __future__ import annotations
 import gc
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+from fastapi.testclient import TestClient
 
+from memtune.api.client import MemtuneClient
+from memtune.api.service.main import create_app
+from memtune.api.service.settings import Settings
+from memtune.storage.database import Database
+from memtune.storage.migrate import upgrade
+from memtune.storage.repositories import KeyRepository
 from memtune.tuner.runtime.guard import configure_allocator
 from memtune.tuner.runtime.verify import deterministic_math
 
@@ -38,3 +46,18 @@ def deterministic() -> Iterator[None]:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+@pytest.fixture
+def gpu_service(tmp_path: Path) -> Iterator[tuple[Database, MemtuneClient]]:
+    """A migrated SQLite database in the test's folder and a client of the API in process (skipped without CUDA)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    db = Database(f"sqlite:///{tmp_path / 'memtune.db'}")
+    upgrade(db)
+    with db.session() as s:
+        _, key = KeyRepository(s).create("gpu-tester")
+    settings = Settings(data_dir=tmp_path, progress_interval_s=0.0, sse_interval_s=0.05)
+    with TestClient(create_app(settings, db=db), raise_server_exceptions=False) as http:
+        yield db, MemtuneClient(api_key=key, http=http)
+    db.dispose()

@@ -6,19 +6,13 @@ plans; a second job reuses the points. On a migrated SQLite database in the test
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import torch
-from fastapi.testclient import TestClient
 
 from memtune.api.client import MemtuneClient
-from memtune.api.service.main import create_app
-from memtune.api.service.settings import Settings
 from memtune.api.service.worker import COMPILE_BUDGETS, Worker, cuda_gpu_key
 from memtune.storage.database import Database
-from memtune.storage.migrate import upgrade
-from memtune.storage.repositories import KeyRepository, ProfileRepository
+from memtune.storage.repositories import ProfileRepository
 from memtune.tuner.calibration import uninstall_calibrations
 
 pytestmark = pytest.mark.gpu
@@ -30,19 +24,11 @@ CAP_BYTES = 1_800_000_000
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[tuple[Database, MemtuneClient]]:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+def service(gpu_service: tuple[Database, MemtuneClient]) -> Iterator[tuple[Database, MemtuneClient]]:
     if cuda_gpu_key() not in ("h100", "h200"):
         pytest.skip(f"committed AlexNet profiles exist for the H100 and the H200, not for {cuda_gpu_key()!r}")
     uninstall_calibrations()
-    db = Database(f"sqlite:///{tmp_path / 'memtune.db'}")
-    upgrade(db)
-    with db.session() as s:
-        _, key = KeyRepository(s).create("gpu-tester")
-    settings = Settings(data_dir=tmp_path, progress_interval_s=0.0, sse_interval_s=0.05)
-    with TestClient(create_app(settings, db=db), raise_server_exceptions=False) as http:
-        yield db, MemtuneClient(api_key=key, http=http)
+    yield gpu_service
     uninstall_calibrations()
 
 

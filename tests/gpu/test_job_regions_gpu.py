@@ -5,42 +5,22 @@ beside the job's own search and serves the fastest plan (NOTE [ Compiled regions
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 import torch
 from exported_fixtures import TinyNet, export_archive
-from fastapi.testclient import TestClient
 
 from memtune.api.client import MemtuneClient
-from memtune.api.service.main import create_app
-from memtune.api.service.settings import Settings
 from memtune.api.service.worker import Worker, cuda_gpu_key
 from memtune.storage.database import Database
-from memtune.storage.migrate import upgrade
-from memtune.storage.repositories import KeyRepository, ResultRepository
+from memtune.storage.repositories import ResultRepository
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[tuple[Database, MemtuneClient]]:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    db = Database(f"sqlite:///{tmp_path / 'memtune.db'}")
-    upgrade(db)
-    with db.session() as s:
-        _, key = KeyRepository(s).create("gpu-tester")
-    settings = Settings(data_dir=tmp_path, progress_interval_s=0.0, sse_interval_s=0.05)
-    with TestClient(create_app(settings, db=db), raise_server_exceptions=False) as http:
-        yield db, MemtuneClient(api_key=key, http=http)
-
-
 def test_an_exported_program_gets_its_compiled_regions_measured_on_this_gpu(
-    service: tuple[Database, MemtuneClient],
+    gpu_service: tuple[Database, MemtuneClient],
 ) -> None:
-    db, client = service
+    db, client = gpu_service
     gpu = cuda_gpu_key()
     assert gpu is not None
     torch.manual_seed(0)

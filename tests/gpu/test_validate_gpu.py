@@ -7,21 +7,13 @@ images, 10 classes) at batch 16 keeps it to seconds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 import torch
-from fastapi.testclient import TestClient
 
 from memtune.api.client import MemtuneClient
-from memtune.api.service.main import create_app
-from memtune.api.service.settings import Settings
 from memtune.api.service.worker import Worker
 from memtune.profiler.identity import cuda_identity
 from memtune.storage.database import Database
-from memtune.storage.migrate import upgrade
-from memtune.storage.repositories import KeyRepository
 
 pytestmark = [
     pytest.mark.gpu,
@@ -33,15 +25,9 @@ BUDGET = "2GiB"
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[tuple[MemtuneClient, Database]]:
-    db = Database(f"sqlite:///{tmp_path / 'memtune.db'}")
-    upgrade(db)
-    with db.session() as s:
-        _, secret = KeyRepository(s).create("gpu-tester")
-    settings = Settings(data_dir=tmp_path, progress_interval_s=0.0)
-    with TestClient(create_app(settings, db=db), raise_server_exceptions=False) as http:
-        yield MemtuneClient(api_key=secret, http=http), db
-    db.dispose()
+def service(gpu_service: tuple[Database, MemtuneClient]) -> tuple[MemtuneClient, Database]:
+    db, client = gpu_service
+    return client, db
 
 
 def _worker(db: Database) -> Worker:

@@ -16,6 +16,7 @@ import torch
 from exported_fixtures import TinyNet, export_archive
 
 from memtune.api.client import MemtuneClient
+from memtune.api.service.schemas import JobPublic
 from memtune.api.service.worker import COMPILE_BUDGETS, Worker
 from memtune.profiler.exported import load_exported
 from memtune.profiler.region_profile import RegionProfile, profile_regions
@@ -55,6 +56,19 @@ def _worker(db: Database, regions: Callable[..., Sequence[RegionProfile]]) -> Wo
     )
 
 
+def _tuned(
+    client: MemtuneClient, db: Database, tiny: bytes, name: str, regions: Callable[..., Sequence[RegionProfile]]
+) -> tuple[str, JobPublic]:
+    """The program uploaded as ``name``, one job of it run by a worker measuring regions with ``regions``: the
+    model's id and the job, succeeded."""
+    model = client.upload_exported(tiny, name=name)
+    job = client.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=12)
+    assert _worker(db, regions).run_once() == job.id
+    done = client.get_job(job.id)
+    assert done.state == "succeeded", done.error
+    return model.id, done
+
+
 def _rows(db: Database, job_id: str) -> dict[str, Any]:
     with db.session() as s:
         return {r.name: r for r in ResultRepository(s).for_job(job_id)}
@@ -71,15 +85,11 @@ def test_a_job_searches_its_measured_regions_beside_its_own_search(
         progress("1/1: depth 1")
         return measured
 
-    model = client.upload_exported(tiny, name="tiny-regions")
-    job = client.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=12)
-    assert _worker(db, regions).run_once() == job.id
-    done = client.get_job(job.id)
-    assert done.state == "succeeded", done.error
+    _, done = _tuned(client, db, tiny, "tiny-regions", regions)
     assert asked == [("exported", "float32")]
     note = done.compile_note or ""
     assert "compiled regions searched: depth 1: 3 regions (blocks.0, blocks.1, head) at activation budget 1: " in note
-    rows = _rows(db, job.id)
+    rows = _rows(db, done.id)
     region_row = rows["compiled regions depth 1 at activation budget 1"]
     assert region_row.plan["stages"] == ["blocks.0", "blocks.1", "head"] and region_row.plan["compile_budget"] == 1.0
     assert {"optuna", "none"} <= set(rows)  # the job's own search is stored as before (``none``: keep all)
@@ -108,16 +118,12 @@ def test_faster_regions_are_served_as_the_jobs_best(
                                      None, run.seconds))  # fmt: skip
         return out
 
-    model = client.upload_exported(tiny, name="tiny-faster-regions")
-    job = client.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=12)
-    assert _worker(db, faster).run_once() == job.id
-    done = client.get_job(job.id)
-    assert done.state == "succeeded", done.error
+    model_id, done = _tuned(client, db, tiny, "tiny-faster-regions", faster)
     assert (
         done.progress.best is not None and done.progress.best.name == "compiled regions depth 1 at activation budget 1"
     )
     assert (done.compile_note or "").endswith("served: a plan of compiled regions")
-    best = client.best("h200", model=model.id, batch=4, budget="100MiB")
+    best = client.best("h200", model=model_id, batch=4, budget="100MiB")
     assert best.plan["compile_budget"] == 1.0 and best.plan["stages"] == ["blocks.0", "blocks.1", "head"]
 
 
@@ -125,13 +131,9 @@ def test_regions_that_fail_leave_the_plans_and_say_why(client: MemtuneClient, db
     def broken(*_args: Any) -> list[RegionProfile]:
         raise RuntimeError("inductor: no C++ compiler")
 
-    model = client.upload_exported(tiny, name="tiny-broken-regions")
-    job = client.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=12)
-    assert _worker(db, broken).run_once() == job.id
-    done = client.get_job(job.id)
-    assert done.state == "succeeded", done.error
+    _, done = _tuned(client, db, tiny, "tiny-broken-regions", broken)
     assert (done.compile_note or "").endswith("; compiling regions failed: RuntimeError: inductor: no C++ compiler")
-    assert not any(name.startswith("compiled regions") for name in _rows(db, job.id))
+    assert not any(name.startswith("compiled regions") for name in _rows(db, done.id))
 
 
 def test_no_regions_under_compile_off_or_for_a_zoo_model(client: MemtuneClient, db: Database, tiny: bytes) -> None:
