@@ -315,7 +315,11 @@ def planned(
         plan = plan.result
     if isinstance(plan, TuneResult):
         if plan.best is None:
-            raise PlanError(f"no plan fits {format_bytes(plan.budget_bytes)}; tune with a larger budget")
+            held = held_output_note(plan.profile)
+            raise PlanError(
+                f"no plan fits {format_bytes(plan.budget_bytes)}; tune with a larger budget"
+                + (f", or shed what the output holds: {held}" if held is not None else "")
+            )
         plan = plan.best
     if isinstance(plan, Candidate):
         plan = plan.plan

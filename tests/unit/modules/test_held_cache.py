@@ -12,7 +12,7 @@ import torch
 import memtune
 from memtune.api.cli._common import print_profile_checks
 from memtune.profiler.module_stages import held_objects
-from memtune.tuner.tuned import held_output_note
+from memtune.tuner import PlanError, held_output_note
 
 transformers = pytest.importorskip("transformers")
 
@@ -45,6 +45,8 @@ def test_a_decoder_with_its_cache_on_says_what_its_output_holds(capsys: pytest.C
     assert note is not None and "holds 1.00 MiB" in note and "use_cache = False" in note
     assert any("use_cache = False" in str(w.message) for w in caught)
     assert note in str(memtune.tune(prof, "90% of peak", trials=8, progress=False))
+    with pytest.raises(PlanError, match=r"or shed what the output holds: the model.s output holds 1\.00 MiB"):
+        memtune.planned(model, memtune.tune(prof, 1 << 20, trials=8, progress=False))  # 1 MiB: nothing fits
     print_profile_checks(prof)  # what `memtune profile` and `memtune tune` print under the profile
     assert note in " ".join(capsys.readouterr().out.split())
 
