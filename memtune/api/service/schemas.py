@@ -219,8 +219,10 @@ class JobCreate(_Request):
         "'compiled whole <budget>' where such a point fits and beats every searched plan. 'auto' (default): the "
         "stored profile's points are candidates; a worker with a CUDA GPU of this type measures them first where "
         "the profile has none (kept with the profile for later jobs), and plans eager where compiling fails "
-        "(compile_note says why). 'on': as 'auto', but the job fails where no point can be had (no worker GPU of "
-        "this type and none stored). 'off': plans never compile the whole model",
+        "(compile_note says why). An exported program on such a worker also gets its candidate partitions into "
+        "compiled regions measured and searched, and the fastest plan of all is served (rows named 'compiled "
+        "regions depth <n> at <policy>'). 'on': as 'auto', but the job fails where no point can be had (no worker "
+        "GPU of this type and none stored). 'off': plans compile nothing",
     )
 
     @field_validator("gpu", "budget")
@@ -298,13 +300,15 @@ class JobPublic(BaseModel):
     )
     compile: CompileName = Field(
         default="auto",
-        description="whether plans may compile the whole model (as asked: 'auto', 'on' or 'off'); a best plan "
-        "named 'compiled whole <budget>' does",
+        description="whether plans may compile the whole model or regions of it (as asked: 'auto', 'on' or "
+        "'off'); a best plan named 'compiled whole <budget>' compiles the whole model, one named 'compiled regions "
+        "…' its regions",
     )
     compile_note: str | None = Field(
         default=None,
-        description="what the worker did about compiling the whole model: the compiler points it measured (or "
-        "while measuring, which), or why none were used; null before the worker got there",
+        description="what the worker did about compiling: the compiler points it measured (or while measuring, "
+        "which), or why none were used, then for an exported program each compiled-region profile's unplanned step "
+        "and best plan and which plan was served; null before the worker got there",
     )
     validate_top_k: int = 0
     validate_iters: int = 6
