@@ -604,17 +604,20 @@
     p.appendChild(progressCell(job));
     if (job.error) el("p", { class: "error" }, box, job.error);
     if (job.waiting) el("p", { class: "validation-note warning" }, box, job.waiting);
-    // what the worker did about compiling the whole model (NOTE [ Compiler points in the service ])
+    // what the worker did about compiling (NOTE [ Compiler points in the service ], NOTE [ Compiled regions in the
+    // service ]): a warning where it planned eager or a compile failed
     if (job.compile_note) {
-      const eager = job.compile !== "off" && /eager/.test(job.compile_note);
+      const eager = job.compile !== "off" && /eager|failed/.test(job.compile_note);
       el("p", { class: `compile-note validation-note ${eager ? "warning" : "muted"}` }, box, job.compile_note);
     }
     const stats = el("div", { class: "stats" }, box);
     const best = job.progress.best, un = job.unconstrained;
     if (best) {
       const whole = (best.name || "").startsWith("compiled whole");
+      const regions = (best.name || "").startsWith("compiled regions");
       stat(stats, "best plan step", fmtMs(best.step_ms), un ? `${(best.step_ms / un.step_ms).toFixed(2)}× the unplanned step` : best.name);
-      stat(stats, "best plan compiles", whole ? "the whole model" : "no (eager)", whole ? `torch.compile: ${best.name}` : "");
+      stat(stats, "best plan compiles", whole ? "the whole model" : regions ? "regions of it" : "no (eager)",
+           whole ? `torch.compile: ${best.name}` : regions ? best.name : "");
       stat(stats, "best plan peak", fmtGiB(best.peak_bytes), un ? `${((1 - best.peak_bytes / un.peak_bytes) * 100).toFixed(0)}% below unplanned` : "");
     }
     if (un) stat(stats, "unplanned (PyTorch default)", fmtMs(un.step_ms), `peak ${fmtGiB(un.peak_bytes)}`);
