@@ -476,15 +476,33 @@ def plan_profile(row: dict[str, Any], plan: Any) -> Any:
     return searched_profile(row)
 
 
+def _placement_words(row: dict[str, Any], e: dict[str, Any], prof: Any, plan: Any) -> str:
+    """What the allocator model says of ``plan`` under its cap now (NOTE [ Allocator placement ]): its retries a
+    step, or out of memory, and the least scale of its blocks, up to 1.10, from which it no longer places."""
+    from memtune.tuner.placement import predict_retries
+
+    def placed(scale: float) -> Any:
+        return predict_retries(prof, plan, e["budget_bytes"], optimizer=row["optimizer"], block_scale=scale)
+
+    at_cap = placed(1.0)
+    if at_cap.out_of_memory is not None:
+        return "out of memory"
+    first = next((k / 100 for k in range(101, 111) if placed(k / 100).out_of_memory is not None), None)
+    tail = f"out of memory from blocks x{first:.2f}" if first is not None else "places up to blocks x1.10"
+    return f"{at_cap.steady_retries:.1f} retries; {tail}"
+
+
 def repredicted(folder: Path) -> str:
     """A Markdown table of every plan measured in the rows of ``folder``: its peak measured without the cap beside
-    the peak predicted when it ran and the peak the simulator predicts now for the same plan on the same profile
-    (nothing is measured: the committed rows are re-simulated on the CPU)."""
+    the peak predicted when it ran and the peak the simulator predicts now for the same plan on the same profile,
+    then how it ran under its cap beside what the allocator model says of it now (nothing is measured: the committed
+    rows are re-simulated on the CPU)."""
     from memtune.tuner import Plan, Simulator
 
     lines = [
-        "| model | budget | plan | measured peak GiB | predicted then GiB (error) | predicted now GiB (error) |",
-        "|---|---|---|---|---|---|",
+        "| model | budget | plan | measured peak GiB | predicted then GiB (error) | predicted now GiB (error) "
+        "| under the cap | allocator model now |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for path in sorted(folder.glob("*.json")):
         row = json.loads(path.read_text())
@@ -493,11 +511,21 @@ def repredicted(folder: Path) -> str:
             if "plan_json" not in e or measured is None:
                 continue
             plan = Plan.model_validate(e["plan_json"])
-            now = Simulator(plan_profile(row, plan), row["optimizer"]).run(plan).peak_bytes
+            prof = plan_profile(row, plan)
+            now = Simulator(prof, row["optimizer"]).run(plan).peak_bytes
             then = e["predicted"]["peak_bytes"]
+            capped = e.get("capped") or {}
+            ran = (
+                "out of memory"
+                if "OutOfMemory" in str(capped.get("error", ""))
+                else f"{capped['alloc_retries_per_step']:.1f} retries"
+                if capped.get("alloc_retries_per_step") is not None
+                else "-"
+            )
             lines.append(
                 f"| {row['model']} | {e['fraction']:.0%} | `{_cell(e['plan'])}` | {measured / GiB:.3f} | "
-                f"{then / GiB:.3f} ({then / measured - 1:+.1%}) | {now / GiB:.3f} ({now / measured - 1:+.1%}) |"
+                f"{then / GiB:.3f} ({then / measured - 1:+.1%}) | {now / GiB:.3f} ({now / measured - 1:+.1%}) | "
+                f"{ran} | {_placement_words(row, e, prof, plan)} |"
             )
     return "\n".join(lines) + "\n"
 

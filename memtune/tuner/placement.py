@@ -346,6 +346,7 @@ def predict_retries(
     steps: int = 6,
     optimizer: str = "sgd",
     calibration: Calibration | None = None,
+    block_scale: float = 1.0,
 ) -> PlacementResult:
     """Replay ``steps`` training steps of ``plan`` through ``AllocatorModel`` under ``cap_bytes``.
 
@@ -353,13 +354,18 @@ def predict_retries(
     each stage's parameters are allocated first; the optimizer's state after the first step's backward;
     each step ends with its parameter gradients freed (``zero_grad(set_to_none=True)``). ``calibration`` is the
     simulator's (None: ``calibration_for``, NOTE [ Calibration is an input ] in ``memtune.tuner.calibration``).
+    ``block_scale`` multiplies every one of the step's blocks (a margin for the simulator's error: how much larger
+    its tensors may be before the plan no longer places).
     """
     from memtune.tuner.simulator import Simulator
 
     if steps < 1:
         raise ValueError(f"steps must be at least 1, not {steps}")
+    if block_scale <= 0:
+        raise ValueError(f"block_scale must be positive, not {block_scale}")
     sim = Simulator(profile, optimizer, merge=False, calibration=calibration).run(plan, timeline=True)
-    return _place(profile, sim.blocks, cap_bytes, steps, optimizer)
+    blocks = sim.blocks if block_scale == 1.0 else [(k, key, round(n * block_scale)) for k, key, n in sim.blocks]
+    return _place(profile, blocks, cap_bytes, steps, optimizer)
 
 
 def _place(

@@ -64,6 +64,8 @@ def test_bad_requests_say_what_is_wrong(vgg16) -> None:  # type: ignore[no-untyp
         m.free("b")
     with pytest.raises(ValueError, match="steps must be at least 1"):
         predict_retries(vgg16, Plan.uniform(vgg16.n_stages), GiB, steps=0)
+    with pytest.raises(ValueError, match="block_scale must be positive"):
+        predict_retries(vgg16, Plan.uniform(vgg16.n_stages), GiB, block_scale=0.0)
 
 
 def test_frees_merge_with_free_neighbours() -> None:
