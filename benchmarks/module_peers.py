@@ -187,8 +187,6 @@ class _Run:
 
         from benchmarks.common import same_gpu
         from memtune.tuner.measure.module_bench import measure_step
-        from memtune.tuner.measure.module_peers import applicable_peers
-        from memtune.tuner.measure.peer_measure import measure_peers
 
         args, row = self.args, self.row
         same_gpu(self.path, row.get("device"), torch.cuda.get_device_name())
@@ -198,27 +196,12 @@ class _Run:
         except Exception as exc:  # a missing library: the row says so, what it held before stays
             row.update(model=self.name, error=_error(exc))
             return
-        shipped = hf_cache(model, "default")  # what a row measured before the option existed ran with
-        use_cache = hf_cache(model, args.cache)
-        same_cache(self.path, row, shipped, use_cache)
-        row.pop("error", None)
-        row.update(model=self.name, batch=batch, optimizer=opt, output_held=True, libraries=_libraries())
-        if use_cache is not None:
-            row["use_cache"] = use_cache
-        row["device"] = torch.cuda.get_device_name()
+        self._head(model, batch, opt)
         if "unplanned" not in row:
             row["unplanned"] = measure_step(model, model, inputs, loss, warmup=args.warmup, steps=args.steps,
                                             output_held=True, optimizer=opt)  # fmt: skip
             self.save()
-        done = {p["name"]: p for p in row.get("peers", []) if "step_ms" in p or "error" in p or not p["applies"]}
-        peers = applicable_peers(model, inputs, compiler_budgets=args.compiler_sweep)
-        for i, peer in enumerate(peers):
-            if peer.name not in done:
-                print(f"{self.name}: {peer.name} ({i + 1} of {len(peers)})", flush=True)
-                done[peer.name] = measure_peers(model, inputs, peers=[peer], loss_fn=loss, optimizer=opt,  # type: ignore[arg-type]
-                                                warmup=args.warmup, steps=args.steps, output_held=True)[0]  # fmt: skip
-            row["peers"] = [done[p.name] for p in peers[: i + 1]]
-            self.save()
+        self._peers(model, inputs, loss, opt)
         try:
             self._plans(model, inputs, loss, opt)
         except Exception as exc:  # the peers stand; the plans' failure is the row's
@@ -229,6 +212,37 @@ class _Run:
                 self._math(model, inputs, loss)
             except Exception as exc:  # the plans stand; the check's failure is the row's
                 row["math_error"] = _error(exc)
+            self.save()
+
+    def _head(self, model: Any, batch: int, opt: str) -> None:
+        """The row's description of its model, its ``use_cache`` applied (``--cache``; a row measured with another
+        is refused, ``same_cache``)."""
+        import torch
+
+        row = self.row
+        shipped = hf_cache(model, "default")  # what a row measured before the option existed ran with
+        use_cache = hf_cache(model, self.args.cache)
+        same_cache(self.path, row, shipped, use_cache)
+        row.pop("error", None)
+        row.update(model=self.name, batch=batch, optimizer=opt, output_held=True, libraries=_libraries())
+        if use_cache is not None:
+            row["use_cache"] = use_cache
+        row["device"] = torch.cuda.get_device_name()
+
+    def _peers(self, model: Any, inputs: Any, loss: Callable[[Any], Any], opt: str) -> None:
+        """Every applicable peer the row lacks, measured uncapped, the row saved after each."""
+        from memtune.tuner.measure.module_peers import applicable_peers
+        from memtune.tuner.measure.peer_measure import measure_peers
+
+        args, row = self.args, self.row
+        done = {p["name"]: p for p in row.get("peers", []) if "step_ms" in p or "error" in p or not p["applies"]}
+        peers = applicable_peers(model, inputs, compiler_budgets=args.compiler_sweep)
+        for i, peer in enumerate(peers):
+            if peer.name not in done:
+                print(f"{self.name}: {peer.name} ({i + 1} of {len(peers)})", flush=True)
+                done[peer.name] = measure_peers(model, inputs, peers=[peer], loss_fn=loss, optimizer=opt,  # type: ignore[arg-type]
+                                                warmup=args.warmup, steps=args.steps, output_held=True)[0]  # fmt: skip
+            row["peers"] = [done[p.name] for p in peers[: i + 1]]
             self.save()
 
     def _plans(self, model: Any, inputs: Any, loss: Callable[[Any], Any], opt: str) -> None:

@@ -107,7 +107,7 @@ def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
     args = argparse.Namespace(out=tmp_path, fresh=False, warmup=1, steps=1, trials=10, compiler_sweep=[],
                               fractions=[0.9, 0.5], region_depths=[], region_budgets=[1.0], rules=[],
-                              math=False)  # fmt: skip
+                              math=False, cache="default")  # fmt: skip
     row = module_peers.run_model("mlp", args)
     assert "error" not in row and "plans_error" not in row, row
     assert [p["family"] for p in row["peers"]] == ["hf_checkpointing", "checkpoint_sequential", "offload_activations"]
@@ -150,7 +150,7 @@ def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeyp
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
     args = argparse.Namespace(out=tmp_path, fresh=False, warmup=0, steps=1, trials=10, compiler_sweep=[],
                               fractions=[1.0], region_depths=[1], region_budgets=[1.0], rules=["compute"],
-                              math=True)  # fmt: skip
+                              math=True, cache="default")  # fmt: skip
     row = module_peers.run_model("blocks", args)
     assert "error" not in row and "plans_error" not in row, row
     regions = row["regions"]
