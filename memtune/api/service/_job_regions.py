@@ -70,11 +70,11 @@ def job_regions(
     local_gpu: Callable[[], str | None],
     measure: RegionsFn,
 ) -> list[RegionProfile]:
-    """The job's compiled-region profiles: none where ``compile`` is ``off``, the model is not an exported program (a
-    zoo model or spec is a chain of layers, planned whole or eager), or this worker has no GPU of the job's type (the
-    compile note already says so); else those ``measure`` gives, the failed ones named in the note. A measurement
-    that fails altogether is noted and the plans stand without regions. Raises LeaseLost."""
-    if job.compile == "off" or local_gpu() != job.gpu_key:
+    """The job's compiled-region profiles: none where ``compile`` is ``off``, the job is cancelled, the model is not
+    an exported program (a zoo model or spec is a chain of layers, planned whole or eager), or this worker has no GPU
+    of the job's type (the compile note already says so); else those ``measure`` gives, the failed ones named in the
+    note. A measurement that fails altogether is noted and the plans stand without regions. Raises LeaseLost."""
+    if job.compile == "off" or watch.should_stop() or local_gpu() != job.gpu_key:
         return []
     model = stored_model(db, job)
     if model.kind != "exported":

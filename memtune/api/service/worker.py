@@ -375,7 +375,7 @@ class Worker:
             if watch.lost:
                 raise LeaseLost
             rows = simulated_rows(job, result)
-            if regions:  # NOTE [ Compiled regions in the service ]
+            if regions and not watch.cancel:  # NOTE [ Compiled regions in the service ]
                 result, region_rows = self._weigh_regions(job, lease, watch, result, regions, cal)
                 rows += region_rows
             validation = None
