@@ -687,7 +687,7 @@ def table(folder: Path) -> str:
         out.append(f"memtune / fastest peer within the budget, geometric mean over {len(ratios)} budgets: {geo:.3f}")
     checked = [r for r in rows if "spread" in r]
     if checked:
-        out += ["", "## Gradients against the unplanned compiled run", "", *_math_rows(checked)]
+        out += ["", "## Gradients against the unplanned compiled run", "", *_math_rows(checked), ""]
     if not rows:
         out.append(f"No measurement in {folder} yet: `python -m benchmarks.module_peers --out {folder}` on a GPU.")
     for r in rows:

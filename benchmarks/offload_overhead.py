@@ -5,7 +5,8 @@
 
 For each plan of a ``benchmarks.module_peers`` row that offloads a region or stage: the bytes it offloads (the
 ``saved_bytes`` of the stages it offloads, in the profile it was searched on, ``benchmarks.module_peers.plan_profile``),
-its predicted step, its step measured without the cap, and the difference per GiB offloaded.
+its predicted step, its step measured without the cap, and the difference per GiB offloaded and per stage offloaded
+(with how many stages it recomputes, whose cost the difference may hold too).
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ def lines(row: dict[str, Any]) -> list[str]:
             continue
         stages = plan_profile(row, Plan.model_validate(plan)).stages
         moved = sum(s.saved_bytes for s, a in zip(stages, plan["actions"], strict=True) if a == "offload") / GiB
+        offloaded, recomputed = plan["actions"].count("offload"), plan["actions"].count("recompute")
         predicted, measured = e["predicted"]["step_ms"], uncapped["step_ms"]
         out.append(
-            f"{row['model']} at {e['fraction']:.0%}: {moved:.2f} GiB offloaded, predicted {predicted:.1f} ms, "
-            f"measured {measured:.1f} ms uncapped, {(measured - predicted) / moved:+.1f} ms per GiB"
+            f"{row['model']} at {e['fraction']:.0%}: {moved:.2f} GiB offloaded from {offloaded} of {len(stages)} "
+            f"stages ({recomputed} recomputed), predicted {predicted:.1f} ms, measured {measured:.1f} ms uncapped, "
+            f"{(measured - predicted) / moved:+.1f} ms per GiB, {(measured - predicted) / offloaded:+.2f} ms per stage "
+            "offloaded"
         )
     return out
 

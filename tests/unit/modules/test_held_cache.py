@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import memtune
+from benchmarks.uniform_peaks import released
 from memtune.api.cli._common import print_profile_checks
 from memtune.profiler.module_stages import held_objects
 from memtune.tuner import PlanError, held_output_note
@@ -43,6 +44,8 @@ def test_a_decoder_with_its_cache_on_says_what_its_output_holds(capsys: pytest.C
     assert str(prof.model_params["held_objects"]) in ("cache (DynamicCache)", "past_key_values (DynamicCache)")
     note = held_output_note(prof)
     assert note is not None and "holds 1.00 MiB" in note and "use_cache = False" in note
+    lighter = released(prof)  # the benchmarks' profile with the cache let go: the same bytes leave it
+    assert lighter is not None and lighter[1] == cache
     assert any("use_cache = False" in str(w.message) for w in caught)
     assert note in str(memtune.tune(prof, "90% of peak", trials=8, progress=False))
     with pytest.raises(PlanError, match=r"or shed what the output holds: the model.s output holds 1\.00 MiB"):
