@@ -1,0 +1,64 @@
+"""What the optimizer's update adds to a step beside the simulator's prediction, per peers-benchmark row (from committed
+rows, no GPU).
+
+    python -m benchmarks.update_time benchmarks/results/h200/module-peers/*.json
+
+The simulator's step is the forward and the backward (``memtune.tuner.SimResult.step_ms``), while every step the
+benchmark times, and every compiler point, is a training step: forward, loss, backward and the optimizer's update.
+Per row: the update's share, read as the unplanned eager step measured less the simulated keep-everything step of the
+profile the row was searched on (whose stages add up to its measured forward and backward, NOTE [ Time outside
+stages ]), beside the parameters' bytes; then each plan measured without the cap, its prediction with that share
+added, and the difference left. A plan that compiles the model whole is predicted by its compiler point's measured
+step, which holds the update already.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.common import peer_rows
+from benchmarks.module_peers import searched_profile
+from memtune.tuner import Action, Plan, Simulator
+
+__all__ = ["lines", "update_ms"]
+
+GiB = float(1 << 30)
+
+
+def update_ms(row: dict[str, Any]) -> float:
+    """The unplanned eager step of ``row`` measured less its profile's simulated keep-everything step, ms."""
+    prof = searched_profile(row)
+    keep = Simulator(prof, row["optimizer"]).run(Plan.uniform(prof.n_stages, Action.KEEP)).step_ms
+    return float(row["unplanned"]["step_ms"]) - keep
+
+
+def lines(row: dict[str, Any]) -> list[str]:
+    """The row's update share, then one line per plan measured without the cap."""
+    prof = searched_profile(row)
+    params = (sum(s.param_bytes for s in prof.stages) + prof.outside_param_bytes) / GiB
+    update = update_ms(row)
+    out = [f"{row['model']}: update {update:+.1f} ms a step ({row['optimizer']}, {params:.2f} GiB of parameters)"]
+    for e in row.get("plans", []):
+        measured = (e.get("uncapped") or {}).get("step_ms")
+        if measured is None or "predicted" not in e:
+            continue
+        predicted = e["predicted"]["step_ms"]
+        if (e.get("plan_json") or {}).get("whole_compile") is not None:  # a compiler point's step, update included
+            out.append(f"  at {e['fraction']:.0%}: the compiler's point, measured {predicted:.1f} ms with its update, "
+                       f"{measured:.1f} again uncapped: {measured / predicted - 1:+.1%}")  # fmt: skip
+            continue
+        out.append(
+            f"  at {e['fraction']:.0%}: predicted {predicted:.1f} ms, with the update {predicted + update:.1f}, "
+            f"measured {measured:.1f} uncapped: {measured / predicted - 1:+.1%} before, "
+            f"{measured / (predicted + update) - 1:+.1%} with it"
+        )
+    return out
+
+
+def main() -> None:
+    for row in peer_rows(__doc__):
+        print("\n".join(lines(row)))
+
+
+if __name__ == "__main__":
+    main()
