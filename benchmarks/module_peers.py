@@ -471,7 +471,7 @@ def searched_profile(row: dict[str, Any]) -> Any:
 
     points = [
         CompilerPoint(activation_budget=p["activation_budget"], step_ms=p["step_ms"], peak_bytes=p["peak_bytes"],
-                      reserved_bytes=p["reserved_bytes"], optimizer=row["optimizer"])
+                      reserved_bytes=p["reserved_bytes"], optimizer=row["optimizer"], update_ms=p.get("update_ms"))
         for p in row["peers"]
         if p["family"] == "compiler" and "step_ms" in p
     ]  # fmt: skip

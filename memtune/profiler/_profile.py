@@ -288,6 +288,17 @@ class CompilerPoint(_Frozen):
         "optimizer is priced with the difference in optimizer state (NOTE [ Whole-model compile ] in "
         "memtune.tuner._whole)",
     )
+    update_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="the optimizer's update within step_ms (median over the timed steps), ms; None: not measured",
+    )
+
+    @property
+    def forward_backward_ms(self) -> float:
+        """The step less the optimizer's update, ms: what the simulator's step counts (NOTE [ The optimizer's update ]
+        in ``memtune.tuner._whole``); the whole step where the update was not measured."""
+        return self.step_ms - (self.update_ms or 0.0)
 
     def fits(self, cap_bytes: int, search_budget_bytes: int) -> bool:
         """Whether the point runs under ``cap_bytes``: its measured reserved peak is within the cap (the caching

@@ -141,7 +141,7 @@ def compiler_candidates(
         Candidate(
             f"compiled whole {p.activation_budget:g}",
             Plan.uniform(profile.n_stages, whole_compile=p.activation_budget, label="compiled whole"),
-            p.step_ms,
+            p.forward_backward_ms,  # NOTE [ The optimizer's update ] in memtune.tuner._whole
             p.peak_bytes,
             p.fits(cap_bytes, search_budget_bytes),
             source="measured",

@@ -21,6 +21,16 @@ another optimizer, its peaks move by the difference in optimizer state per param
 it (``memtune.tuner.search.compiler_candidates``): a point measured with SGD and momentum holds one copy of the
 parameters less than an AdamW step. The math is the compiler's: the same as ``torch.compile`` of the model at that
 budget, equal to eager up to floating-point reassociation.
+
+# NOTE [ The optimizer's update ]
+The simulator's step is the forward and the backward (``SimResult.step_ms``); a compiler point is a measured training
+step, the optimizer's update included. The update costs the same under every plan of one model and optimizer, so
+plans of stages compare among themselves without it, but a point compared with them as measured would lose by the
+update's time: on an H200, AdamW's update over the Llama decoder's 1.01 GiB of parameters took 6.4 ms a step, 3.3 over
+GPT-2's 0.46 GiB (the unplanned eager step measured less the simulated one, ``benchmarks.update_time``). So a point's
+update is timed inside its steps (``CompilerPoint.update_ms``) and a plan that compiles the whole model is priced at
+``CompilerPoint.forward_backward_ms``, as the simulator prices the others; a point measured before that is priced at
+its whole step.
 """
 
 from __future__ import annotations

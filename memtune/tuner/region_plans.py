@@ -93,7 +93,7 @@ class RegionTrial:
 
 
 def _whole_ms(points: Sequence[CompilerPoint], budget: float) -> float | None:
-    return next((p.step_ms for p in points if p.activation_budget == budget), None)
+    return next((p.forward_backward_ms for p in points if p.activation_budget == budget), None)
 
 
 def region_trial(

@@ -753,13 +753,12 @@ class Simulator:
 
 
 def _measured(point: CompilerPoint) -> SimResult:
-    """A whole-model compile plan's cost: its measured point (NOTE [ Whole-model compile ] in ``memtune.tuner._whole``),
-    no
-    copies and no stalls; the step is reported as forward, since one compiled step is not split into phases."""
+    """A whole-model compile plan's cost: its measured point less its update (NOTE [ The optimizer's update ] in
+    ``memtune.tuner._whole``), no copies or stalls, reported as forward: one compiled step is not split in phases."""
     return SimResult(
-        step_ms=point.step_ms,
+        step_ms=point.forward_backward_ms,
         peak_bytes=point.peak_bytes,
-        forward_ms=point.step_ms,
+        forward_ms=point.forward_backward_ms,
         backward_ms=0.0,
         recompute_ms=0.0,
         stall_ms=0.0,

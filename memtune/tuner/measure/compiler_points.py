@@ -6,12 +6,14 @@ A zoo chain is rebuilt in a fresh process for each budget (NOTE [ Bench isolatio
 ``measure_module_points`` compiles it in the caller's process, once per budget (one backend object per budget keeps
 one compiled graph each, ``memtune.profiler.compiled.budget_backend``), and trains it ``warmup`` + ``iters`` steps with
 the profile's optimizer on the example inputs: forward, the loss, backward, the update. The step is the median of the
-timed steps. The peak is metered over the timed steps above what was live before them
+timed steps, the update inside them timed too (``CompilerPoint.update_ms``, NOTE [ The optimizer's update ] in
+``memtune.tuner._whole``). The peak is metered over the timed steps above what was live before them
 (``memtune.profiler.memory_meter.metered``: CUDA's statistics, or the CPU allocator's events), plus what a step holds
 resident in the simulator's terms: the parameters and their optimizer state, and the batch. Whatever else the caller
 keeps on the device is left out, as the simulator leaves it out. The reserved peak is not recorded (the cache of the
 caller's process is not the step's), so a point fits a budget by its allocated peak and the headroom
-(``CompilerPoint.fits``). On the CPU the same loop runs under CPU inductor, for tests.
+(``CompilerPoint.fits``). On the CPU the same loop runs under CPU inductor, for tests. A zoo chain's points (``bench``
+rows, in fresh processes) do not time the update yet: they are priced at their whole step.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from memtune.profiler.compiled import CompiledStage
 from memtune.profiler.module_profile import as_inputs, default_loss
 from memtune.profiler.module_stages import call_model
 from memtune.tuner.measure.bench import BenchRow, bench_plans
-from memtune.tuner.measure.step_timing import time_steps
+from memtune.tuner.measure.step_timing import time_steps, update_timer
 from memtune.tuner.simulator import OPTIMIZERS
 
 __all__ = ["compiler_points", "measure_compiler_points", "measure_module_points", "with_compiler_points"]
@@ -153,7 +155,7 @@ def measure_module_points(
         if progress is not None:
             progress(k, len(budgets), f"activation budget {budget:g}")
         try:
-            ms, peak = _compiled_step(model, example_inputs, profile, budget, loss, optimizer, warmup, iters)
+            ms, peak, update = _compiled_step(model, example_inputs, profile, budget, loss, optimizer, warmup, iters)
         except Exception as exc:  # the compiler's errors have no common type; the eager plans still stand
             errors[budget] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc) else ''}"
             continue
@@ -164,7 +166,9 @@ def measure_module_points(
                 for b, saved in buffers:
                     b.copy_(saved)
         named = cast(Literal["sgd", "adam", "none"], optimizer)  # checked against OPTIMIZERS above
-        points.append(CompilerPoint(activation_budget=budget, step_ms=ms, peak_bytes=peak, optimizer=named))
+        points.append(
+            CompilerPoint(activation_budget=budget, step_ms=ms, peak_bytes=peak, optimizer=named, update_ms=update)
+        )
     if progress is not None:
         progress(len(budgets), len(budgets), "done")
     return tuple(points), errors
@@ -179,9 +183,9 @@ def _compiled_step(
     optimizer: str,
     warmup: int,
     iters: int,
-) -> tuple[float, int]:
-    """The median step ms and the peak bytes of ``model`` compiled at ``budget`` (NOTE [ Compiler points of a
-    module ])."""
+) -> tuple[float, int, float | None]:
+    """The median step ms, the peak bytes and the median update ms of ``model`` compiled at ``budget`` (NOTE
+    [ Compiler points of a module ]; the update's by NOTE [ The optimizer's update ] in ``memtune.tuner._whole``)."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     run = CompiledStage(model, budget)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -204,6 +208,7 @@ def _compiled_step(
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    timing = time_steps(step, warmup=warmup, steps=iters, device=device, peak="metered")
+    with update_timer(opt, cuda=device.type == "cuda") as updates:
+        timing = time_steps(step, warmup=warmup, steps=iters, device=device, peak="metered")
     resident = int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes
-    return timing.step_ms, timing.peak_bytes + resident
+    return timing.step_ms, timing.peak_bytes + resident, updates.median_ms(iters)

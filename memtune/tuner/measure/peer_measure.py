@@ -9,7 +9,8 @@ step's wall seconds (``first_step_s``) include compiling. On CUDA: the median of
 peak bytes allocated and reserved (``max_memory_allocated``/``max_memory_reserved``, reset after the warm-up: the
 whole process's, as ``memtune.tuner.measure.module_bench.measure_step`` reports the unplanned step), and the allocator's
 retries per step. On the CPU (tests): wall-clock ms and the peak the CPU allocator's events give above what was live
-before the timed steps (``memtune.profiler.memory_meter.metered``); reserved equals allocated there.
+before the timed steps (``memtune.profiler.memory_meter.metered``); reserved equals allocated there. Either way the
+update inside the timed steps is timed too (``update_ms``, NOTE [ The optimizer's update ] in ``memtune.tuner._whole``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch import nn
 
 from memtune.profiler.module_profile import as_inputs, default_loss
 from memtune.tuner.measure.module_peers import COMPILER_SWEEP, ModulePeer, applicable_peers, applied, buffers_kept
-from memtune.tuner.measure.step_timing import time_steps, training_step
+from memtune.tuner.measure.step_timing import time_steps, training_step, update_timer
 
 __all__ = ["measure_peers"]
 
@@ -46,8 +47,8 @@ def measure_peers(
 ) -> list[dict[str, Any]]:
     """Measure each peer of ``model`` that applies (NOTE [ Peer measurement ]): one JSON-ready dict per peer, in the
     order of ``peers``, with its ``ModulePeer`` fields and, where it ran, ``step_ms``, ``peak_bytes``,
-    ``reserved_bytes``, ``alloc_retries_per_step`` (CUDA) and ``first_step_s``, or ``error`` (``out of memory: ...``
-    for an out-of-memory); a peer that does not apply is listed with its reason and no measurement.
+    ``reserved_bytes``, ``alloc_retries_per_step`` (CUDA), ``first_step_s`` and ``update_ms``, or ``error`` (``out of
+    memory: ...`` for an out-of-memory); a peer that does not apply is listed with its reason and no measurement.
 
     Args:
         model: the model on its device (CUDA; the CPU for tests), in the mode it trains in.
@@ -112,7 +113,9 @@ def _measure_one(
     )
     try:
         with buffers_kept(model), applied(model, peer) as run:
-            return _timed(training_step(run, args, loss, opt, output_held=output_held), device, warmup, steps)
+            with update_timer(opt, cuda=device.type == "cuda") as updates:
+                row = _timed(training_step(run, args, loss, opt, output_held=output_held), device, warmup, steps)
+            return {**row, "update_ms": updates.median_ms(steps)}
     except Exception as exc:  # an out-of-memory, a compile error, an in-place write at a segment edge: the result
         return {"error": _error_text(exc)}
     finally:

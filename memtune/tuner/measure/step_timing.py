@@ -17,15 +17,17 @@ On CUDA the allocator's retries (``num_alloc_retries``) are read before the firs
 count covers the warm-up and the timed steps alike. ``time_first`` times the first step by the host clock with a
 synchronisation after it (its wall seconds include compiling) and counts it as a warm-up step, so at least one runs.
 ``release_first`` collects garbage and empties the CUDA cache before anything is read. Errors (an out-of-memory
-included) propagate: each caller decides whether one is a result.
+included) propagate: each caller decides whether one is a result. ``UpdateTimer`` times the optimizer's update inside
+the same steps, by its step hooks (NOTE [ The optimizer's update ] in ``memtune.tuner._whole``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,7 +36,7 @@ import torch
 from memtune.profiler.memory_meter import metered
 from memtune.profiler.module_stages import call_model
 
-__all__ = ["StepTiming", "alloc_retries", "time_steps", "timed_ms", "training_step"]
+__all__ = ["StepTiming", "UpdateTimer", "alloc_retries", "time_steps", "timed_ms", "training_step", "update_timer"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,55 @@ class StepTiming:
     def alloc_retries_per_step(self) -> float | None:
         """``alloc_retries`` over ``steps_run``: retries per step, warm-up included (None on the CPU)."""
         return None if self.alloc_retries is None else self.alloc_retries / self.steps_run
+
+
+class UpdateTimer:
+    """Each ``step()`` of one optimizer, timed from its pre-hook to its post-hook: between two CUDA events on the
+    current stream (``cuda``), else by the host clock. Read ``median_ms`` once the timed steps have synchronised."""
+
+    def __init__(self, *, cuda: bool) -> None:
+        self.cuda = cuda
+        self.spans: list[tuple[Any, Any]] = []
+
+    def before(self, *_: Any) -> None:
+        """The optimizer's step pre-hook."""
+        self.spans.append((self._mark(), None))
+
+    def after(self, *_: Any) -> None:
+        """The optimizer's step post-hook."""
+        self.spans[-1] = (self.spans[-1][0], self._mark())
+
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def median_ms(self, last: int) -> float | None:
+        """The median of the last ``last`` updates, ms (None where none ran)."""
+        spans = [(a, b) for a, b in self.spans[-last:] if b is not None] if last > 0 else []
+        if not spans:
+            return None
+        if self.cuda:
+            return statistics.median(float(a.elapsed_time(b)) for a, b in spans)
+        return statistics.median((b - a) * 1e3 for a, b in spans)
+
+
+@contextlib.contextmanager
+def update_timer(opt: torch.optim.Optimizer | None, *, cuda: bool) -> Iterator[UpdateTimer]:
+    """An ``UpdateTimer`` on ``opt``'s step hooks (``register_step_pre_hook``/``register_step_post_hook``) inside the
+    block, removed after it; with no optimizer, one that times nothing."""
+    timer = UpdateTimer(cuda=cuda)
+    if opt is None:
+        yield timer
+        return
+    handles = [opt.register_step_pre_hook(timer.before), opt.register_step_post_hook(timer.after)]
+    try:
+        yield timer
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def alloc_retries(device: torch.device | None = None) -> int:

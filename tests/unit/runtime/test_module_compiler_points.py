@@ -49,6 +49,7 @@ def test_compiled_points_join_the_search_and_run_with_the_compilers_math() -> No
     points = tuned.profile.compiler_points
     assert [p.activation_budget for p in points] == [0.25, 0.5, 1.0]
     assert all(p.step_ms > 0 and p.peak_bytes > tuned.profile.param_bytes for p in points)
+    assert all(p.update_ms is not None and 0 < p.update_ms < p.step_ms for p in points)  # timed inside the steps
     compiled = [c for c in tuned.result.pareto if c.plan.whole_compile is not None]
     whole = compiled[0].plan if compiled else None
     if whole is None:  # no point on the front: take one from the profile the way the search does

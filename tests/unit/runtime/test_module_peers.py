@@ -215,6 +215,7 @@ def test_the_peers_measure_on_the_cpu_and_leave_the_model_as_it_was() -> None:
         r = by[fam]
         assert "error" not in r, r
         assert r["step_ms"] > 0 and r["peak_bytes"] > 0 and r["first_step_s"] > 0
+        assert 0 < r["update_ms"] < r["step_ms"]  # the optimizer's update, timed inside the step by its hooks
     assert seen == [(0, 2, by["checkpoint_sequential"]["name"]), (1, 2, by["offload_activations"]["name"]),
                     (2, 2, "done")]  # fmt: skip
     assert by["checkpoint_sequential"]["chain"][-1] == ["fc", [4, 8]]

@@ -67,6 +67,41 @@ def test_whole_compile_plans_are_priced_by_their_measured_point(resnet: Profile)
     assert again.compiler_points == prof.compiler_points
 
 
+def test_a_point_is_priced_without_its_update_as_the_simulator_prices_the_others(resnet: Profile) -> None:
+    """NOTE [ The optimizer's update ]: the simulator's step is the forward and the backward, a compiler point a whole
+    training step; a plan that compiles the whole model is priced at the point's step less its timed update, in the
+    simulator, among the search's candidates and in the region partitions' ratio to the whole model compiled."""
+    from memtune.tuner.region_plans import _whole_ms
+    from memtune.tuner.search import compiler_candidates
+
+    point = CompilerPoint(activation_budget=0.5, step_ms=10.0, peak_bytes=4 << 30, update_ms=2.5)
+    prof = with_compiler_points(resnet, [point])
+    assert point.forward_backward_ms == 7.5
+    assert simulate(prof, Plan.uniform(prof.n_stages, whole_compile=0.5)).step_ms == 7.5
+    (candidate,) = compiler_candidates(prof, 1 << 40, 1 << 40, "sgd")
+    assert candidate.step_ms == 7.5
+    assert _whole_ms(prof.compiler_points, 0.5) == 7.5
+    assert Profile.from_json(prof.to_json()).compiler_points[0].update_ms == 2.5  # kept in the profile's JSON
+    assert point.model_copy(update={"update_ms": None}).forward_backward_ms == 10.0  # not timed: the whole step
+
+
+def test_the_update_timer_times_an_optimizers_step_by_its_hooks() -> None:
+    from memtune.tuner.measure.step_timing import update_timer
+
+    layer = torch.nn.Linear(64, 64)
+    opt = torch.optim.AdamW(layer.parameters(), lr=0.0)
+    with update_timer(opt, cuda=False) as timer:
+        for _ in range(3):
+            layer(torch.randn(8, 64)).sum().backward()
+            opt.step()
+    assert len(timer.spans) == 3 and (timer.median_ms(2) or 0) > 0
+    opt.step()  # the hooks are gone after the block
+    assert len(timer.spans) == 3
+    with update_timer(None, cuda=False) as nothing:
+        pass
+    assert nothing.median_ms(5) is None
+
+
 @pytest.mark.slow
 def test_tune_serves_the_compiler_where_it_fits_and_is_faster(resnet: Profile) -> None:
     base = simulate(resnet, Plan.uniform(resnet.n_stages))
