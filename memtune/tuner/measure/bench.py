@@ -33,7 +33,7 @@ from memtune.profiler.loss import loss_classes, step_loss
 from memtune.tuner.capped import predict_capped
 from memtune.tuner.measure._isolate import IsolatedProcessError, run_isolated
 from memtune.tuner.measure._peers import OffloadActivations, compiled_model
-from memtune.tuner.measure.step_timing import time_steps
+from memtune.tuner.measure.step_timing import time_steps, update_timer
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime._planned import PlannedBase, planned
 from memtune.tuner.runtime._run_errors import PlanOutOfMemoryError
@@ -81,6 +81,9 @@ class BenchRow:
     predicted_fallbacks: int | None = None
     """convolutions left to PyTorch that are predicted to fall back to a smaller workspace under the cap
     (NOTE [ Framework fallback ] in ``memtune.tuner.capped``); the prediction is for the plan with those algorithms"""
+    update_ms: float | None = None
+    """of ``step_ms``, the optimizer's update: its median over the timed steps, ms (NOTE [ The optimizer's update ] in
+    ``memtune.tuner._whole``)"""
 
     @property
     def step_error(self) -> float | None:
@@ -292,25 +295,14 @@ class _Bench:
 
         def failed(error: str) -> BenchRow:
             return BenchRow(
-                name,
-                kind,
-                None,
-                None,
-                None,
-                False,
-                predicted_ms,
-                predicted.peak_bytes if predicted else None,
-                budget_bytes,
-                plan.compact() if plan else None,
-                error=error,
-                plan_json=plan.model_dump(mode="json") if plan else None,
-                predicted_retries=predicted_retries,
-                predicted_allocator_ms=alloc_ms,
-                predicted_fallbacks=fallbacks,
-            )
+                name, kind, None, None, None, False, predicted_ms, predicted.peak_bytes if predicted else None,
+                budget_bytes, plan.compact() if plan else None, error=error,
+                plan_json=plan.model_dump(mode="json") if plan else None, predicted_retries=predicted_retries,
+                predicted_allocator_ms=alloc_ms, predicted_fallbacks=fallbacks,
+            )  # fmt: skip
 
         try:
-            with guard():
+            with guard(), update_timer(opt, cuda=True) as updates:
                 before = dataclasses.asdict(model.stats) if isinstance(model, PlannedBase) else None
                 timing = time_steps(step, warmup=warmup, steps=iters)
                 ms, peak, reserved = timing.step_ms, timing.peak_bytes, timing.reserved_bytes
@@ -337,6 +329,7 @@ class _Bench:
                 predicted_allocator_ms=alloc_ms,
                 predicted_fallbacks=fallbacks,
                 compile_budget=spec.compile_budget,
+                update_ms=updates.median_ms(iters),
             )
         except (PlanOutOfMemoryError, torch.OutOfMemoryError) as exc:
             row = failed(_out_of_memory(exc))

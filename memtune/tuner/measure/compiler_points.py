@@ -13,7 +13,7 @@ resident in the simulator's terms: the parameters and their optimizer state, and
 keeps on the device is left out, as the simulator leaves it out. The reserved peak is not recorded (the cache of the
 caller's process is not the step's), so a point fits a budget by its allocated peak and the headroom
 (``CompilerPoint.fits``). On the CPU the same loop runs under CPU inductor, for tests. A zoo chain's points (``bench``
-rows, in fresh processes) do not time the update yet: they are priced at their whole step.
+rows, in fresh processes) time the update the same way (``BenchRow.update_ms``).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def compiler_points(rows: Sequence[BenchRow]) -> tuple[CompilerPoint, ...]:
             step_ms=r.step_ms,
             peak_bytes=r.peak_bytes,
             reserved_bytes=r.reserved_bytes,
+            update_ms=r.update_ms,
         )
         for r in rows
         if r.kind == "compiler" and r.compile_budget is not None and r.step_ms and r.peak_bytes and not r.error

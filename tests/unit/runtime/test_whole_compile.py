@@ -135,10 +135,10 @@ def test_a_point_fits_by_what_the_cap_sees() -> None:
 def test_compiler_points_from_bench_rows(resnet: Profile) -> None:
     rows = [
         BenchRow("unconstrained", "unconstrained", 10.0, 100, 1.0, True),
-        BenchRow("torch.compile budget 0.5", "compiler", 8.0, 60, 1.0, True, compile_budget=0.5),
+        BenchRow("torch.compile budget 0.5", "compiler", 8.0, 60, 1.0, True, compile_budget=0.5, update_ms=1.5),
         BenchRow("torch.compile budget 0", "compiler", None, None, None, False, compile_budget=0.0, error="oom"),
     ]
-    assert compiler_points(rows) == (CompilerPoint(activation_budget=0.5, step_ms=8.0, peak_bytes=60),)
+    assert compiler_points(rows) == (CompilerPoint(activation_budget=0.5, step_ms=8.0, peak_bytes=60, update_ms=1.5),)
     prof = with_compiler_points(resnet, compiler_points(rows))
     newer = with_compiler_points(prof, [CompilerPoint(activation_budget=0.5, step_ms=7.0, peak_bytes=61)])
     assert [(p.activation_budget, p.step_ms) for p in newer.compiler_points] == [(0.5, 7.0)]
