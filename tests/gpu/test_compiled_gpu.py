@@ -88,10 +88,13 @@ def test_whole_compile_plans_are_measured_chosen_and_run_on_cuda() -> None:
     points, rows = measure_compiler_points(functools.partial(zoo.build, "resnet18", params), prof, [0.5, 1.0])
     assert [p.activation_budget for p in points] == [0.5, 1.0], [r.error for r in rows]
     assert all(p.step_ms > 0 and p.peak_bytes > 0 for p in points)
+    assert all(p.update_ms is not None and 0 < p.update_ms < p.step_ms for p in points)  # SGD's update, by CUDA events
     prof = with_compiler_points(prof, points)
     fastest = min(points, key=lambda p: p.step_ms)
     result = tune(prof, 4 * fastest.peak_bytes, trials=20, seed=0)
     assert result.best is not None and result.best.plan.whole_compile is not None
+    chosen = next(p for p in points if p.activation_budget == result.best.plan.whole_compile)
+    assert result.best.step_ms == pytest.approx(chosen.forward_backward_ms)  # NOTE [ The optimizer's update ]
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     for s in chain.stages:
