@@ -13,7 +13,16 @@ from typing import Any
 
 from memtune.profiler import Profile
 
-__all__ = ["budget_table_args", "config_profile", "environment", "model_rows", "peer_rows", "same_gpu", "zoo_profile"]
+__all__ = [
+    "budget_table_args",
+    "config_profile",
+    "environment",
+    "model_rows",
+    "peer_rows",
+    "print_row_lines",
+    "same_gpu",
+    "zoo_profile",
+]
 
 
 def zoo_profile(
@@ -140,6 +149,12 @@ def same_gpu(path: Path, recorded: str | Mapping[str, Any] | None, current: str)
             f"{path}: measured on {name}, and this GPU is {current}; continue it on a {name}, or start it over in "
             "another --out folder"
         )
+
+
+def print_row_lines(description: str | None, lines: Callable[[dict[str, Any]], list[str]]) -> None:
+    """A row-reading script's ``main``: ``lines`` of each row named on the command line (``peer_rows``), printed."""
+    for row in peer_rows(description):
+        print("\n".join(lines(row)))
 
 
 def peer_rows(description: str | None) -> list[dict[str, Any]]:

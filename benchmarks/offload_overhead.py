@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.common import peer_rows
+from benchmarks.common import print_row_lines
 from benchmarks.module_peers import plan_profile
 from memtune.tuner import Plan
 
@@ -41,8 +41,7 @@ def lines(row: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    for row in peer_rows(__doc__):
-        print("\n".join(lines(row)))
+    print_row_lines(__doc__, lines)
 
 
 if __name__ == "__main__":

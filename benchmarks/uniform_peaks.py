@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.common import peer_rows
+from benchmarks.common import print_row_lines
 from benchmarks.module_peers import region_runs, searched_profile
 from memtune.profiler import Profile
 from memtune.tuner import Action, Plan, Simulator
@@ -80,8 +80,7 @@ def uniform_peaks(row: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    for row in peer_rows(__doc__):
-        print("\n".join(uniform_peaks(row)))
+    print_row_lines(__doc__, uniform_peaks)
 
 
 if __name__ == "__main__":
