@@ -8,8 +8,10 @@ benchmark times, and every compiler point, is a training step: forward, loss, ba
 Per row: the update's share, read as the unplanned eager step measured less the simulated keep-everything step of the
 profile the row was searched on (whose stages add up to its measured forward and backward, NOTE [ Time outside
 stages ]), beside the parameters' bytes; then each plan measured without the cap, its prediction with that share
-added, and the difference left. A plan that compiles the model whole is predicted by its compiler point's measured
-step, which holds the update already.
+added, and the difference left. A plan that compiles the model whole, searched on a compiler point measured before
+points timed their update, was predicted by the point's whole step, which holds the update already
+(``held_update``); a point that timed it is priced without it (NOTE [ The optimizer's update ] in
+``memtune.tuner._whole``), like every other plan.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from benchmarks.common import print_row_lines
 from benchmarks.module_peers import searched_profile
 from memtune.tuner import Action, Plan, Simulator
 
-__all__ = ["lines", "update_ms"]
+__all__ = ["held_update", "lines", "update_ms"]
 
 GiB = float(1 << 30)
 
@@ -30,6 +32,16 @@ def update_ms(row: dict[str, Any]) -> float:
     prof = searched_profile(row)
     keep = Simulator(prof, row["optimizer"]).run(Plan.uniform(prof.n_stages, Action.KEEP)).step_ms
     return float(row["unplanned"]["step_ms"]) - keep
+
+
+def held_update(row: dict[str, Any], plan: dict[str, Any] | None) -> bool:
+    """Whether ``plan``'s prediction holds the update: it compiles the whole model, priced by a compiler point of
+    ``row`` that did not time its update."""
+    budget = (plan or {}).get("whole_compile")
+    if budget is None:
+        return False
+    point = next((p for p in row["peers"] if p["family"] == "compiler" and p.get("activation_budget") == budget), {})
+    return point.get("update_ms") is None
 
 
 def lines(row: dict[str, Any]) -> list[str]:
@@ -43,7 +55,7 @@ def lines(row: dict[str, Any]) -> list[str]:
         if measured is None or "predicted" not in e:
             continue
         predicted = e["predicted"]["step_ms"]
-        if (e.get("plan_json") or {}).get("whole_compile") is not None:  # a compiler point's step, update included
+        if held_update(row, e.get("plan_json")):  # a compiler point's whole step, update included
             out.append(f"  at {e['fraction']:.0%}: the compiler's point, measured {predicted:.1f} ms with its update, "
                        f"{measured:.1f} again uncapped: {measured / predicted - 1:+.1%}")  # fmt: skip
             continue
