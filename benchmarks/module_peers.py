@@ -73,8 +73,10 @@ __all__ = [
     "hf_cache",
     "main",
     "plan_profile",
+    "point_update_ms",
     "region_runs",
     "repredicted",
+    "row_update_ms",
     "run_model",
     "same_cache",
     "table",
@@ -186,6 +188,7 @@ class _Run:
         import torch
 
         from benchmarks.common import same_gpu
+        from memtune.profiler.provenance import source_commit
         from memtune.tuner.measure.module_bench import measure_step
 
         args, row = self.args, self.row
@@ -202,6 +205,9 @@ class _Run:
                                             output_held=True, optimizer=opt)  # fmt: skip
             self.save()
         self._peers(model, inputs, loss, opt)
+        self._update(model, inputs, loss, opt)
+        if args.replan:  # searched again over what the row holds (its peers, profile and regions), once per commit
+            row["plans"] = [e for e in row.get("plans", []) if e.get("searched_at") == source_commit()[0]]
         try:
             self._plans(model, inputs, loss, opt)
         except Exception as exc:  # the peers stand; the plans' failure is the row's
@@ -212,6 +218,17 @@ class _Run:
                 self._math(model, inputs, loss)
             except Exception as exc:  # the plans stand; the check's failure is the row's
                 row["math_error"] = _error(exc)
+            self.save()
+
+    def _update(self, model: Any, inputs: Any, loss: Callable[[Any], Any], opt: str) -> None:
+        """The optimizer's update, timed in eager steps, where the row's compiler points and unplanned step were
+        measured before steps timed it (``row_update_ms``)."""
+        from memtune.tuner.measure.module_bench import measure_step
+
+        if row_update_ms(self.row) is None:
+            args = self.args
+            self.row["update_ms"] = measure_step(model, model, inputs, loss, warmup=args.warmup, steps=args.steps,
+                                                 output_held=True, optimizer=opt)["update_ms"]  # fmt: skip
             self.save()
 
     def _head(self, model: Any, batch: int, opt: str) -> None:
@@ -252,6 +269,7 @@ class _Run:
 
         import memtune
         from memtune.profiler import Profile
+        from memtune.profiler.provenance import source_commit
         from memtune.tuner import Plan, planning_headroom
         from memtune.tuner.measure.module_bench import measure_step
         from memtune.tuner.runtime import budget_guard, planned
@@ -283,6 +301,7 @@ class _Run:
             found = list(pool.map(_tune, jobs))
         for fraction, budget, best in zip(todo, budgets, found, strict=True):
             entry: dict[str, Any] = {"fraction": fraction, "budget_bytes": budget, **best}
+            entry["searched_at"] = source_commit()[0]
             if "plan_json" in entry:
                 plan = Plan.model_validate(entry["plan_json"])
                 entry["compiled"] = plan.whole_compile is not None or plan.compile_budget is not None
@@ -471,11 +490,26 @@ def searched_profile(row: dict[str, Any]) -> Any:
 
     points = [
         CompilerPoint(activation_budget=p["activation_budget"], step_ms=p["step_ms"], peak_bytes=p["peak_bytes"],
-                      reserved_bytes=p["reserved_bytes"], optimizer=row["optimizer"], update_ms=p.get("update_ms"))
+                      reserved_bytes=p["reserved_bytes"], optimizer=row["optimizer"], update_ms=point_update_ms(row, p))
         for p in row["peers"]
         if p["family"] == "compiler" and "step_ms" in p
     ]  # fmt: skip
     return with_compiler_points(Profile.from_json(json.dumps(row["profile"])), points)
+
+
+def row_update_ms(row: dict[str, Any]) -> float | None:
+    """The optimizer's update measured in ``row``'s eager steps, ms: its unplanned step's, else the one measured for
+    points that did not time theirs (``update_ms``); None where neither was."""
+    got = (row.get("unplanned") or {}).get("update_ms")
+    return got if got is not None else row.get("update_ms")
+
+
+def point_update_ms(row: dict[str, Any], point: dict[str, Any]) -> float | None:
+    """The update inside a compiler point of ``row``, ms: the point's own, else the row's (``row_update_ms``). The
+    update is the same optimizer over the same parameters whether the model runs compiled or not, since the
+    benchmark compiles the model and not the optimizer (NOTE [ The optimizer's update ] in ``memtune.tuner._whole``)."""
+    own = point.get("update_ms")
+    return own if own is not None else row_update_ms(row)
 
 
 def plan_profile(row: dict[str, Any], plan: Any) -> Any:
@@ -734,6 +768,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-math", dest="math", action="store_false",
                         help="skip the plans' gradient check (NOTE [ Plans' gradients ])")  # fmt: skip
     parser.add_argument("--fresh", action="store_true", help="start over instead of continuing what --out holds")
+    parser.add_argument("--replan", action="store_true", help="search and measure again, with their gradient check, "
+                        "the plans searched at another commit, over what the rows hold (their peers, profiles and "
+                        "regions)")  # fmt: skip
     parser.add_argument("--table", type=Path, help="print the Markdown tables of the rows in this folder and stop")
     parser.add_argument("--repredict", type=Path, help="print every plan's measured and predicted peaks, then and "
                         "now, of the rows in this folder (CPU, nothing measured) and stop")  # fmt: skip

@@ -7,11 +7,12 @@ The simulator's step is the forward and the backward (``memtune.tuner.SimResult.
 benchmark times, and every compiler point, is a training step: forward, loss, backward and the optimizer's update.
 Per row: the update's share, read as the unplanned eager step measured less the simulated keep-everything step of the
 profile the row was searched on (whose stages add up to its measured forward and backward, NOTE [ Time outside
-stages ]), beside the parameters' bytes; then each plan measured without the cap, its prediction with that share
-added, and the difference left. A plan that compiles the model whole, searched on a compiler point measured before
-points timed their update, was predicted by the point's whole step, which holds the update already
-(``held_update``); a point that timed it is priced without it (NOTE [ The optimizer's update ] in
-``memtune.tuner._whole``), like every other plan.
+stages ]), beside the parameters' bytes and the update timed by the optimizer's step hooks where the row holds it
+(``benchmarks.module_peers.row_update_ms``); then each plan measured without the cap, its prediction with the update
+added (the timed one where there is one, else the share), and the difference left. A plan that compiles the model
+whole, searched on a compiler point measured before points timed their update, was predicted by the point's whole
+step, which holds the update already (``held_update``); a point that timed it is priced without it (NOTE [ The
+optimizer's update ] in ``memtune.tuner._whole``), like every other plan.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.common import print_row_lines
-from benchmarks.module_peers import searched_profile
+from benchmarks.module_peers import row_update_ms, searched_profile
 from memtune.tuner import Action, Plan, Simulator
 
 __all__ = ["held_update", "lines", "update_ms"]
@@ -34,13 +35,16 @@ def update_ms(row: dict[str, Any]) -> float:
     return float(row["unplanned"]["step_ms"]) - keep
 
 
-def held_update(row: dict[str, Any], plan: dict[str, Any] | None) -> bool:
-    """Whether ``plan``'s prediction holds the update: it compiles the whole model, priced by a compiler point of
-    ``row`` that did not time its update."""
-    budget = (plan or {}).get("whole_compile")
-    if budget is None:
+def held_update(row: dict[str, Any], entry: dict[str, Any]) -> bool:
+    """Whether the prediction of ``entry`` (a plan of ``row``) holds the update: its plan compiles the whole model,
+    priced by a compiler point that did not time its update, searched before the row measured it (plans searched
+    since carry ``searched_at`` and were priced with ``benchmarks.module_peers.point_update_ms``)."""
+    budget = (entry.get("plan_json") or {}).get("whole_compile")
+    if budget is None or "searched_at" in entry:
         return False
-    point = next((p for p in row["peers"] if p["family"] == "compiler" and p.get("activation_budget") == budget), {})
+    point: dict[str, Any] = next(
+        (p for p in row["peers"] if p["family"] == "compiler" and p.get("activation_budget") == budget), {}
+    )
     return point.get("update_ms") is None
 
 
@@ -48,14 +52,17 @@ def lines(row: dict[str, Any]) -> list[str]:
     """The row's update share, then one line per plan measured without the cap."""
     prof = searched_profile(row)
     params = (sum(s.param_bytes for s in prof.stages) + prof.outside_param_bytes) / GiB
-    update = update_ms(row)
-    out = [f"{row['model']}: update {update:+.1f} ms a step ({row['optimizer']}, {params:.2f} GiB of parameters)"]
+    estimate, timed = update_ms(row), row_update_ms(row)
+    update = timed if timed is not None else estimate
+    said = f", timed {timed:.1f} ms by the optimizer's step hooks" if timed is not None else ""
+    head = f"{row['model']}: update {estimate:+.1f} ms a step{said}"
+    out = [f"{head} ({row['optimizer']}, {params:.2f} GiB of parameters)"]
     for e in row.get("plans", []):
         measured = (e.get("uncapped") or {}).get("step_ms")
         if measured is None or "predicted" not in e:
             continue
         predicted = e["predicted"]["step_ms"]
-        if held_update(row, e.get("plan_json")):  # a compiler point's whole step, update included
+        if held_update(row, e):  # a compiler point's whole step, update included
             out.append(f"  at {e['fraction']:.0%}: the compiler's point, measured {predicted:.1f} ms with its update, "
                        f"{measured:.1f} again uncapped: {measured / predicted - 1:+.1%}")  # fmt: skip
             continue

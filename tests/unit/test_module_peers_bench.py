@@ -99,7 +99,8 @@ def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
 
     def measure_step(model: nn.Module, run: nn.Module, *_a: Any, **_k: Any) -> dict[str, Any]:
         steps.append(type(run).__name__)
-        return {"step_ms": 10.0, "peak_bytes": 4 << 20, "reserved_bytes": 6 << 20, "alloc_retries_per_step": 0.0}
+        return {"step_ms": 10.0, "peak_bytes": 4 << 20, "reserved_bytes": 6 << 20, "alloc_retries_per_step": 0.0,
+                "update_ms": 1.5}  # fmt: skip
 
     monkeypatch.setattr(module_peers, "build", build)
     monkeypatch.setattr(memtune.tuner.measure.module_bench, "measure_step", measure_step)
@@ -107,7 +108,7 @@ def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
     args = argparse.Namespace(out=tmp_path, fresh=False, warmup=1, steps=1, trials=10, compiler_sweep=[],
                               fractions=[0.9, 0.5], region_depths=[], region_budgets=[1.0], rules=[],
-                              math=False, cache="default")  # fmt: skip
+                              math=False, cache="default", replan=False)  # fmt: skip
     row = module_peers.run_model("mlp", args)
     assert "error" not in row and "plans_error" not in row, row
     assert [p["family"] for p in row["peers"]] == ["hf_checkpointing", "checkpoint_sequential", "offload_activations"]
@@ -126,6 +127,22 @@ def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
     measured = len(steps)
     again = module_peers.run_model("mlp", args)  # continues: everything is there, nothing is measured again
     assert len(steps) == measured and again["plans"] == row["plans"]
+    assert all(p["searched_at"] for p in row["plans"])
+    # a row measured before steps timed the update, its plans searched at another commit: with --replan the update is
+    # timed once in eager steps and every plan searched and measured again; run again, nothing more
+    saved = json.loads((tmp_path / "mlp.json").read_text())
+    del saved["unplanned"]["update_ms"]
+    for p in saved["plans"]:
+        p["searched_at"] = "0000000"
+    (tmp_path / "mlp.json").write_text(json.dumps(saved))
+    args.replan = True
+    replanned = module_peers.run_model("mlp", args)
+    assert replanned["update_ms"] == 1.5 and module_peers.row_update_ms(replanned) == 1.5
+    assert steps[measured] == "Sequential"  # the update's eager steps
+    assert all(p.get("searched_at") != "0000000" for p in replanned["plans"]), replanned["plans"]
+    settled = len(steps)
+    module_peers.run_model("mlp", args)
+    assert len(steps) == settled
 
 
 @pytest.mark.slow  # CPU inductor compiles two blocks under two policies
@@ -145,12 +162,13 @@ def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeyp
     x = torch.randn(128, 64)
     monkeypatch.setattr(module_peers, "build", lambda name: (model, x, lambda out: out.square().mean(), "sgd", 128))
     monkeypatch.setattr(memtune.tuner.measure.module_bench, "measure_step", lambda *_a, **_k: {
-        "step_ms": 10.0, "peak_bytes": 1 << 30, "reserved_bytes": 1 << 30, "alloc_retries_per_step": 0.0})  # fmt: skip
+        "step_ms": 10.0, "peak_bytes": 1 << 30, "reserved_bytes": 1 << 30, "alloc_retries_per_step": 0.0,
+        "update_ms": 1.0})  # fmt: skip
     monkeypatch.setattr(memtune.tuner.runtime, "budget_guard", lambda *_a, **_k: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
     args = argparse.Namespace(out=tmp_path, fresh=False, warmup=0, steps=1, trials=10, compiler_sweep=[],
                               fractions=[1.0], region_depths=[1], region_budgets=[1.0], rules=["compute"],
-                              math=True, cache="default")  # fmt: skip
+                              math=True, cache="default", replan=False)  # fmt: skip
     row = module_peers.run_model("blocks", args)
     assert "error" not in row and "plans_error" not in row, row
     regions = row["regions"]

@@ -25,7 +25,7 @@ from torch import nn
 
 from memtune.profiler import profile_module
 from memtune.profiler.module_profile import as_inputs, default_loss
-from memtune.tuner.measure.step_timing import time_steps, training_step
+from memtune.tuner.measure.step_timing import time_steps, training_step, update_timer
 from memtune.tuner.plan import Plan
 from memtune.tuner.runtime._planned import planned
 from memtune.tuner.runtime.guard import budget_guard
@@ -50,20 +50,24 @@ def measure_step(
     optimizer: str = "sgd",
 ) -> dict[str, Any]:
     """Train ``run`` (which shares ``model``'s parameters) for ``warmup + steps`` steps with SGD and momentum (or
-    AdamW, ``optimizer="adam"``): the median step ms and the process's peaks of the timed steps, and allocator
-    retries per step (NOTE [ Step timing ] in ``memtune.tuner.measure.step_timing``). ``output_held``: the loop holds
-    the model's output until its backward ends (NOTE [ Held output ] in ``memtune.tuner.simulator``)."""
+    AdamW, ``optimizer="adam"``): the median step ms and the process's peaks of the timed steps, allocator retries
+    per step (NOTE [ Step timing ] in ``memtune.tuner.measure.step_timing``) and the median ms of the optimizer's
+    update inside the timed steps (``update_ms``, NOTE [ The optimizer's update ] in ``memtune.tuner._whole``).
+    ``output_held``: the loop holds the model's output until its backward ends (NOTE [ Held output ] in
+    ``memtune.tuner.simulator``)."""
     if optimizer == "adam":
         opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
     step = training_step(run, as_inputs(inputs), loss_fn, opt, output_held=output_held)
-    timing = time_steps(step, warmup=warmup, steps=steps, release_first=True)
+    with update_timer(opt, cuda=any(p.is_cuda for p in model.parameters())) as updates:
+        timing = time_steps(step, warmup=warmup, steps=steps, release_first=True)
     out = {
         "step_ms": timing.step_ms,
         "peak_bytes": timing.peak_bytes,
         "reserved_bytes": timing.reserved_bytes,
         "alloc_retries_per_step": timing.alloc_retries_per_step,
+        "update_ms": updates.median_ms(steps),
     }
     for p in model.parameters():
         p.grad = None
