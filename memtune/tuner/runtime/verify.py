@@ -107,6 +107,7 @@ class Equivalence:
         grad: over every parameter gradient; ``worst_grad`` names the parameter.
         buffer: over every buffer after the step (BatchNorm running statistics).
         steps: planned steps compared.
+        grads: each gradient's error, in the parameters' order (the largest over the steps); empty where not kept.
     """
 
     loss: float
@@ -114,6 +115,7 @@ class Equivalence:
     buffer: float
     worst_grad: str
     steps: int
+    grads: tuple[float, ...] = ()
 
     def ok(self, rtol: float = 1e-6) -> bool:
         """True when every error is at most ``rtol``."""
@@ -197,13 +199,13 @@ def compare_steps(step: ReferenceStep, reference: ReferenceStep, names: Sequence
     if len(step.grads) != len(reference.grads):
         raise ValueError(f"{len(step.grads)} gradients against {len(reference.grads)}")
     labels = list(names) if names is not None else [str(i) for i in range(len(step.grads))]
+    errors = tuple(_grad_error(g, r) for g, r in zip(step.grads, reference.grads, strict=True))
     grad_err, worst = 0.0, ""
-    for name, g, r in zip(labels, step.grads, reference.grads, strict=True):
-        err = _grad_error(g, r)
+    for name, err in zip(labels, errors, strict=True):
         if not worst or err > grad_err:
             grad_err, worst = err, name
     buffer_err = max((relative_error(b, reference.buffers[n]) for n, b in step.buffers.items()), default=0.0)
-    return Equivalence(relative_error(step.loss, reference.loss), grad_err, buffer_err, worst, 1)
+    return Equivalence(relative_error(step.loss, reference.loss), grad_err, buffer_err, worst, 1, errors)
 
 
 def check_equivalence(
@@ -250,4 +252,5 @@ def check_equivalence(
     worst = max(errors, key=lambda e: e.grad, default=Equivalence(0.0, 0.0, 0.0, "", 0))
     loss_err = max((e.loss for e in errors), default=0.0)
     buf_err = max((e.buffer for e in errors), default=0.0)
-    return Equivalence(loss_err, worst.grad, buf_err, worst.worst_grad, steps), pm
+    per_grad = tuple(max(column) for column in zip(*(e.grads for e in errors), strict=True)) if errors else ()
+    return Equivalence(loss_err, worst.grad, buf_err, worst.worst_grad, steps, per_grad), pm
