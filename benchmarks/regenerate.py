@@ -262,6 +262,13 @@ GENERATED: tuple[Generated, ...] = (
         quoted_in=("docs/results/torch-compile.md",),
     ),
     Generated(
+        "region-timing-table-h200",
+        f"{_R}/h200/region-timing/table.md",
+        ("benchmarks.region_timing", "--table", f"{_R}/h200/region-timing"),
+        "gpu",
+        5,
+    ),
+    Generated(
         "module-peers-table-h200",
         f"{_R}/h200/module-peers/table.md",
         ("benchmarks.module_peers", "--table", f"{_R}/h200/module-peers"),
@@ -280,6 +287,7 @@ KEPT: tuple[Kept, ...] = (
     Kept(f"{_R}/h100/compiled/*.txt", "GPU test log on the H100"),
     Kept(f"{_R}/h100/module-peers/*.json", "`benchmarks.module_peers` on the H100: measurement (one row per model)"),
     Kept(f"{_R}/h200/module-peers/*.json", "`benchmarks.module_peers` on H200s: measurement (one row per model)"),
+    Kept(f"{_R}/h200/region-timing/*.json", "`benchmarks.region_timing` on an H200: measurement (one row per model)"),
     Kept(
         f"{_R}/h100/promises/*.json",
         "`benchmarks.promises` on the H100 (rows with measured profiles); the modeled-"
