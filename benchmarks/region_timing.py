@@ -11,6 +11,8 @@ its offloaded, then its recomputed, regions kept (``benchmarks.step_time``'s var
 * ``wall_ms``, ``issue_ms``, ``gpu_ms`` of the training step (forward, loss, backward, the optimizer's update; NOTE
   [ Host-bound steps ] in ``benchmarks.step_time``), and ``fb_gpu_ms``, the GPU's time of the forward and backward
   alone (gradients made and dropped, no update): what the simulator's step is (``simulated_ms``);
+* with ``--trace DIR``, one step traced by ``torch.profiler`` (``benchmarks.stream_trace``): the compute stream's
+  kernel, idle and span ms, the copies on the other streams, the host's blocked ms and its stream waits;
 * region by region, the GPU's time of its forward and of its backward inside the step (CUDA events: a forward from
   the region's pre-hook to its hook, a backward from its output's gradient to its input's; a recompute runs inside
   its region's backward), medians of the timed steps, beside the profile's times of the region.
@@ -167,7 +169,7 @@ def _region_ms(model: nn.Module, run: nn.Module, args: Any, loss_fn: Any, names:
 
 
 def _variant_row(model: nn.Module, run: nn.Module, inputs: Any, loss_fn: Any, opt: str, names: list[str],
-                 steps: int) -> dict[str, Any]:  # fmt: skip
+                 steps: int, trace: Path | None) -> dict[str, Any]:  # fmt: skip
     from benchmarks.step_time import measure
     from memtune.profiler.module_profile import as_inputs
 
@@ -175,10 +177,33 @@ def _variant_row(model: nn.Module, run: nn.Module, inputs: Any, loss_fn: Any, op
     row: dict[str, Any] = dict(measure(model, run, inputs, loss_fn, opt, steps))
     row["fb_gpu_ms"] = _fb_gpu_ms(model, run, args, loss_fn, steps)
     row["regions"] = _region_ms(model, run, args, loss_fn, names, steps)
+    if trace is not None:
+        row["trace"] = _traced(model, run, args, loss_fn, trace)
     return row
 
 
-def run_model(kind: str, rows: Path, steps: int) -> dict[str, Any]:
+def _traced(model: nn.Module, run: nn.Module, args: Any, loss_fn: Any, path: Path) -> dict[str, Any]:
+    """``benchmarks.stream_trace.summary`` of one training step of ``run`` traced to ``path``."""
+    from benchmarks.stream_trace import summary, trace_step
+    from memtune.profiler.module_stages import call_model
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(call_model(run, args)).backward()
+        opt.step()
+
+    got = summary(trace_step(step, path))
+    opt.state.clear()
+    for p in model.parameters():
+        p.grad = None
+    return {**got, "file": path.name}
+
+
+def run_model(
+    kind: str, rows: Path, steps: int, fractions: list[float] | None = None, trace: Path | None = None
+) -> dict[str, Any]:
     """The row of one model (see the module docstring)."""
     from benchmarks.module_peers import build, hf_cache, plan_profile, row_update_ms
     from benchmarks.step_time import _variants
@@ -195,6 +220,8 @@ def run_model(kind: str, rows: Path, steps: int) -> dict[str, Any]:
         plan = Plan.model_validate(e["plan_json"]) if "plan_json" in e else None
         if plan is None or plan.compile_budget is None or plan.stages is None:
             continue  # not compiled regions
+        if fractions is not None and e["fraction"] not in fractions:
+            continue
         prof = plan_profile(committed, plan)
         names = list(plan.stages)
         profiled = {s.name: {"forward": s.forward_ms, "backward": s.backward_ms} for s in prof.stages}
@@ -205,7 +232,8 @@ def run_model(kind: str, rows: Path, steps: int) -> dict[str, Any]:
                                      "profile_loss_ms": prof.loss_ms, "profiled": profiled}  # fmt: skip
             pm = planned(model, p)
             try:
-                entry.update(_variant_row(model, pm, inputs, loss_fn, opt, names, steps))
+                where = trace / f"{kind}-{e['fraction']:g}-{variant.replace('->', '-to-')}.json.gz" if trace else None
+                entry.update(_variant_row(model, pm, inputs, loss_fn, opt, names, steps, where))
             except Exception as exc:  # a failed run is a result
                 entry["error"] = f"{type(exc).__name__}: {exc}"[:400]
             pm.release()
@@ -239,6 +267,21 @@ def table(folder: Path) -> str:
             summed = sum(p.get("forward", 0.0) + p.get("backward", 0.0) for p in e["regions"].values())
             times = " | ".join(f"{e[k]:.1f}" for k in ("fb_gpu_ms", "gpu_ms", "wall_ms", "issue_ms"))
             lines.append(f"{head} | {times} | {summed:.1f} | {e['fb_gpu_ms'] - summed:.1f} |")
+        traced = [e for e in row["plans"] if "trace" in e]
+        if traced:
+            lines += [
+                "",
+                "| budget | variant | compute stream: kernels ms / idle ms / span ms | copies ms, other streams "
+                "| host blocked ms | stream waits | trace |",
+                "|---|---|---|---|---|---|---|",
+            ]
+        for e in traced:
+            t = e["trace"]
+            others = sum(v["copy_ms"] for k, v in t["streams"].items() if k != t.get("compute_stream"))
+            own = t["streams"].get(t.get("compute_stream"), {}).get("kernel_ms", 0.0)
+            lines.append(f"| {e['fraction']:.0%} | {e['variant']} | {own:.1f} / {t.get('compute_idle_ms', 0):.1f} / "
+                         f"{t.get('compute_span_ms', 0):.1f} | {others:.1f} | {t['host_blocked_ms']:.1f} "
+                         f"| {t['stream_waits']} | `{t['file']}` |")  # fmt: skip
         lines += ["", "| budget | variant | region | forward ms, profiled / measured | backward ms, profiled / "
                   "measured |", "|---|---|---|---|---|"]  # fmt: skip
         for e in row["plans"]:
@@ -256,12 +299,17 @@ def main() -> None:
     parser.add_argument("--rows", type=Path, default=Path("benchmarks/results/h200/module-peers"))
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--fractions", help="only the plans at these budgets, e.g. 0.9 (default: every one)")
+    parser.add_argument("--trace", type=Path, help="also trace one step of each variant into this folder "
+                        "(benchmarks.stream_trace) and keep what it says of the streams in the row")  # fmt: skip
     parser.add_argument("--table", type=Path, help="print the Markdown tables of the rows in this folder and stop")
     args = parser.parse_args()
     if args.table is not None:
         print(table(args.table))
         return
-    model_rows(args.models, MODELS, lambda kind: run_model(kind, args.rows, args.steps), args.out)
+    fractions = [float(f) for f in args.fractions.split(",")] if args.fractions else None
+    model_rows(args.models, MODELS, lambda kind: run_model(kind, args.rows, args.steps, fractions, args.trace),
+               args.out)  # fmt: skip
 
 
 if __name__ == "__main__":
