@@ -288,6 +288,7 @@ KEPT: tuple[Kept, ...] = (
     Kept(f"{_R}/h100/module-peers/*.json", "`benchmarks.module_peers` on the H100: measurement (one row per model)"),
     Kept(f"{_R}/h200/module-peers/*.json", "`benchmarks.module_peers` on H200s: measurement (one row per model)"),
     Kept(f"{_R}/h200/region-timing/*.json", "`benchmarks.region_timing` on an H200: measurement (one row per model)"),
+    Kept(f"{_R}/h200/region-timing/traces/*", "`benchmarks.region_timing --trace` on an H200: one step's Chrome trace"),
     Kept(
         f"{_R}/h100/promises/*.json",
         "`benchmarks.promises` on the H100 (rows with measured profiles); the modeled-"

@@ -148,6 +148,7 @@ class FastPath:
         self.rec_extra_ms_or_zero = [x or 0.0 for x in sim.rec_extra_ms]
         self.rec_ws = [w or 0 for w in sim.rec_ws]
         self.inplace = [st.inplace for st in profile.stages]
+        self.packs_at_end = tab.packs_at_end
         self.s_bytes = tab.s_bytes
         self.s_d2h = tab.s_d2h
         self.s_h2d = tab.s_h2d
@@ -478,6 +479,7 @@ class FastPath:
         fwd_after, bwd_fetch, bwd_end, prog_end, made = st.fwd_after, st.bwd_fetch, st.bwd_end, st.prog_end, st.made
         fate, copy_during, copy_after, wait_at = st.fate, st.copy_during, st.copy_after, st.wait_at
         late_at, fetch_at, need_at, fwd_mark, bwd_mark = st.late_at, st.fetch_at, st.need_at, st.fwd_mark, st.bwd_mark
+        packs_at_end = self.packs_at_end
         d2h_bytes = h2d_bytes = 0
         last_stage = n - 1
         for sid, p, savers, last, nbytes, keep, pack, need, release in fates:
@@ -485,7 +487,7 @@ class FastPath:
             fetched = False
             if pack < n:  # copied: offloaded, or a wasted copy beside a keep reference
                 d2h_bytes += nbytes
-                if p == pack:  # NOTE [ Copies during the forward ]
+                if p == pack and not packs_at_end[p]:  # NOTE [ Copies during the forward ]
                     lst = copy_during[p]
                     if lst is None:
                         copy_during[p] = [sid]

@@ -184,7 +184,7 @@ def forward_schedule(
             continue
         if f.copied:
             copy_at[max(p, f.copy_stage - 1)].append(sid)
-            copy_during[sid] = p == f.copy_stage
+            copy_during[sid] = p == f.copy_stage and not tab.packs_at_end[p]
         if f.fate == "none" and sid != final_out:
             drop_at[s_last[sid]].append(sid)
             continue

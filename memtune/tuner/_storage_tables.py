@@ -93,6 +93,10 @@ class StorageTables:
                 self.produced[p].append(sid)
         self.output_storage = [s.output_storage for s in st]
         self.inputs = [profile.stage_inputs(k) for k in range(n)]
+        # NOTE [ Copies during the forward ] (memtune.tuner.simulator): a compiled region packs what it saves as its
+        # compiled forward returns, so its copies queue at its end
+        compiled = profile.compile_budget is not None
+        self.packs_at_end = [compiled and k not in profile.eager_stages for k in range(n)]
         # NOTE [ Gradients between stages ]: in a chain stage k's backward makes its input's gradient (the
         # output of stage k-1) and frees its output's; between module stages a tensor's gradient is made by the
         # backward of its last reader (the first to run backward) and freed at the end of its producer's,

@@ -23,12 +23,14 @@ The runtime issues a storage's device-to-host copy at its pack, i.e. while the s
 computing (NOTE [ Offload runtime ]). A storage packed by the stage that produces it (a block's internal
 activations) is therefore queued on the copy engine from that stage's start, not its end; it cannot be done
 before the stage's compute ends (its last bytes are made then). Storages packed by a later stage (a stage's
-input) are queued at the end of the stage before it, which is when that pack happens. Before this the
-simulator queued every copy at the stage's end, which serialised compute and copies under ``layer`` sync:
-on the H200 (``scripts/memory_trace.py … policy=vdnn_all_p``, 2026-11-21) a GPT fp32 block's forward took
-19.45 ms against 28.3 ms simulated (10.04 ms compute, 19.51 ms of copies: the measured time is their max),
-and ResNet-50 bf16 ``vdnn_all_m`` forward stages (4–19) took 21–32% less time than simulated, while every backward
-stage was within 3%. Treating every member alike keeps ``merge_storages`` exact.
+input) are queued at the end of the stage before it, which is when that pack happens. Queued at the stage's end,
+compute and copies serialised under ``layer`` sync: on the H200 (``scripts/memory_trace.py … policy=vdnn_all_p``) a
+GPT fp32 block's forward took 19.45 ms against 28.3 ms simulated (10.04 ms compute, 19.51 ms of copies: the measured
+time is their max), and ResNet-50 bf16 ``vdnn_all_m`` forward stages (4–19) 21–32% less than simulated. Treating every
+member alike keeps ``merge_storages`` exact. A compiled region is the exception: AOTAutograd saves its graph's
+tensors for the backward once the compiled forward has run, so its packs, and its copies, come at its end
+(``StorageTables.packs_at_end``: a compiled-region profile's stages but its eager ones), as a trace of the Llama
+decoder's per-layer regions on the H200 shows (``benchmarks.region_timing --trace``).
 
 # NOTE [ Re-made copies ]
 A re-run makes a fresh tensor for everything its stages save, including a storage that is also kept or
