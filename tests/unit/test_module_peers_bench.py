@@ -179,7 +179,7 @@ def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeyp
     assert len(plan["candidates"]) == 2 and "save rule 'compute'" in plan["candidates"][1], plan["candidates"]
     # NOTE [ Plans' gradients ]: the served plan checked against the model compiled whole, beside the spread
     assert "spread" in row, (row["plans"], row.get("math_error"))
-    assert "math_error" not in row and set(row["spread"]) == {"again", "eager", "noise"}, row.get("math_error")
+    assert "math_error" not in row and set(row["spread"]) == {"again", "eager", "recut", "noise"}, row.get("math_error")
     assert plan["math"]["within_spread"], (plan["math"], row["spread"])
     assert "## Gradients against the unplanned compiled run" in module_peers.table(tmp_path)
     again = module_peers.run_model("blocks", args)  # continues: the region profiles are not measured again
@@ -379,8 +379,12 @@ def test_a_gradient_as_large_as_its_own_spread_is_not_judged() -> None:
     names = ["w", "key.bias", "b"]
     again, eager = eq(0.0, 1e-3, 0.5, 0.0), eq(1e-5, 2e-3, 4.9, 1e-4)
     assert module_peers.noise_gradients(again, eager) == [1]
-    fine = module_peers.within_spread(eq(0.0, 1.5e-3, 5.3, 0.0), again, eager, names)
+    fine = module_peers.within_spread(eq(0.0, 1.5e-3, 5.3, 0.0), [again, eager], names)
     assert fine == {"judged_grad": 1.5e-3, "judged_worst": "w", "within_spread": True}
-    worse = module_peers.within_spread(eq(0.0, 1e-3, 0.1, 3e-3), again, eager, names)
+    worse = module_peers.within_spread(eq(0.0, 1e-3, 0.1, 3e-3), [again, eager], names)
     assert worse["judged_worst"] == "b" and not worse["within_spread"]  # 3e-3 over the 2e-3 of the worst judged spread
-    assert not module_peers.within_spread(eq(5e-3, 0.0, 0.0, 0.0), again, eager, names)["within_spread"]  # the loss
+    assert not module_peers.within_spread(eq(5e-3, 0.0, 0.0, 0.0), [again, eager], names)["within_spread"]  # the loss
+    # the compiler's own re-cut rounds "b" as the plan does: within that spread
+    recut = eq(0.0, 1e-3, 0.2, 4e-3)
+    assert module_peers.within_spread(eq(0.0, 1e-3, 0.1, 3e-3), [again, eager, recut], names)["within_spread"]
+    assert module_peers.noise_gradients(again, eager, eq(0.0, 1.2, 0.1, 0.0)) == [0, 1]
