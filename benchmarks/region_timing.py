@@ -125,7 +125,7 @@ class RegionSpans:
 
 def _fb_gpu_ms(model: nn.Module, run: nn.Module, args: Any, loss_fn: Any, steps: int) -> float:
     """The GPU's time of the forward and backward alone, gradients dropped (no update), the median of ``steps``."""
-    from benchmarks.step_time import _sleep_cycles_per_ms
+    from benchmarks.step_time import sleep_cycles_per_ms
     from memtune.profiler.module_stages import call_model
 
     def step() -> None:
@@ -135,7 +135,7 @@ def _fb_gpu_ms(model: nn.Module, run: nn.Module, args: Any, loss_fn: Any, steps:
 
     step()
     torch.cuda.synchronize()
-    cycles, times = _sleep_cycles_per_ms(), []
+    cycles, times = sleep_cycles_per_ms(), []
     for _ in range(steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(int(300 * cycles))  # the host issues ahead of the GPU (NOTE [ Host-bound steps ])
@@ -206,7 +206,7 @@ def run_model(
 ) -> dict[str, Any]:
     """The row of one model (see the module docstring)."""
     from benchmarks.module_peers import build, hf_cache, plan_profile, row_update_ms
-    from benchmarks.step_time import _variants
+    from benchmarks.step_time import plan_variants
     from memtune.tuner import Action, Plan, simulate
     from memtune.tuner.runtime import planned
 
@@ -226,7 +226,7 @@ def run_model(
         names = list(plan.stages)
         profiled = {s.name: {"forward": s.forward_ms, "backward": s.backward_ms} for s in prof.stages}
         keep = plan.with_(actions=[Action.KEEP] * len(names))
-        for variant, p in {"keep": keep, **_variants(plan)}.items():
+        for variant, p in {"keep": keep, **plan_variants(plan)}.items():
             entry: dict[str, Any] = {"fraction": e["fraction"], "variant": variant, "compact": p.compact(),
                                      "simulated_ms": simulate(prof, p, optimizer=opt).step_ms,
                                      "profile_loss_ms": prof.loss_ms, "profiled": profiled}  # fmt: skip

@@ -43,11 +43,13 @@ from torch import nn
 
 from benchmarks.common import model_rows
 
+__all__ = ["main", "measure", "plan_variants", "run_model", "sleep_cycles_per_ms", "table"]
+
 PROMISES = Path("benchmarks/results/h100/promises")
 MODELS = ("bert_mlm", "densenet121", "gpt2", "llama", "mobilenet_v2", "resnet50", "t5_small", "unet", "vit_b_16")
 
 
-def _sleep_cycles_per_ms() -> float:
+def sleep_cycles_per_ms() -> float:
     """Clock cycles of ``torch.cuda._sleep`` per ms on this GPU."""
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -100,7 +102,7 @@ def measure(model: nn.Module, run: nn.Module, inputs: Any, loss_fn: Any, optimiz
     for _ in range(2):
         step()
     torch.cuda.synchronize()
-    cycles = _sleep_cycles_per_ms()
+    cycles = sleep_cycles_per_ms()
     row: dict[str, Any] = dict(_times(step, steps, cycles))
     gc.collect()
     gc.disable()
@@ -114,7 +116,7 @@ def measure(model: nn.Module, run: nn.Module, inputs: Any, loss_fn: Any, optimiz
     return row
 
 
-def _variants(plan: Any) -> dict[str, Any]:
+def plan_variants(plan: Any) -> dict[str, Any]:
     """The plan, and the plan with its offloaded, then its recomputed, stages kept."""
     from memtune.tuner import Action
 
@@ -145,7 +147,7 @@ def run_model(kind: str, steps: int) -> dict[str, Any]:
     keep = Plan.uniform(prof.n_stages, Action.KEEP).named(prof)
     tuned = [(f"{e['fraction']:.0%}", Plan.model_validate(e["plan"])) for e in committed["fractions"] if "plan" in e]
     for label, base in [("keep", keep), *tuned]:
-        for variant, plan in _variants(base).items():
+        for variant, plan in plan_variants(base).items():
             fates = resolve_storages(prof, plan.actions)
             entry: dict[str, Any] = {
                 "fraction": label,

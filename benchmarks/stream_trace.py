@@ -5,8 +5,10 @@ gzipped Chrome trace JSON (``torch.profiler.profile.export_chrome_trace``, a pub
 GPU's kernels, copies and memsets on one ``tid`` per stream, the host's CUDA runtime calls with their names).
 ``summary`` reads one back: per stream the ms its kernels and its copies ran; the compute stream's (the one with the
 most kernel time) idle ms between its first and last event; and the host's ms in calls that block it
-(``cudaEventSynchronize``, ``cudaStreamSynchronize``, ``cudaDeviceSynchronize``) and its count of
-``cudaStreamWaitEvent`` (a stream made to wait on the GPU).
+(``cudaEventSynchronize``, ``cudaStreamSynchronize``, ``cudaDeviceSynchronize``; the synchronisation that ends the
+traced step counts too, so a host that ran ahead shows its lead there) and its count of ``cudaStreamWaitEvent`` (a
+stream made to wait on the GPU). Where the compute stream idles, and what the host did meanwhile, is read from the
+trace itself in a trace viewer (Perfetto, ``chrome://tracing``).
 """
 
 from __future__ import annotations
