@@ -95,6 +95,8 @@ VISION = {"resnet50": 128, "efficientnet_b0": 128, "mobilenet_v2": 128, "vit_b_1
 LANGUAGE = ("gpt2", "bert_mlm", "llama")
 MODELS = (*LANGUAGE, *VISION)
 FRACTIONS = (0.9, 0.75, 0.6, 0.45, 0.3)
+#: plans measured at each budget before one is served, as ``memtune.tune`` does (NOTE [ Measured finalists ])
+FINALISTS = 3
 
 
 def build(name: str) -> tuple[Any, Any, Callable[[Any], Any], str, int]:
@@ -268,16 +270,10 @@ class _Run:
             self.save()
 
     def _plans(self, model: Any, inputs: Any, loss: Callable[[Any], Any], opt: str) -> None:
-        import gc
-
-        import torch
-
         import memtune
         from memtune.profiler import Profile
         from memtune.profiler.provenance import source_commit
-        from memtune.tuner import Plan, planning_headroom
-        from memtune.tuner.measure.module_bench import measure_step
-        from memtune.tuner.runtime import budget_guard, planned
+        from memtune.tuner import planning_headroom
 
         args, row = self.args, self.row
         kept = {e["fraction"]: e for e in row.get("plans", []) if "capped" in e or "plan_json" not in e}
@@ -308,27 +304,72 @@ class _Run:
             entry: dict[str, Any] = {"fraction": fraction, "budget_bytes": budget, **best}
             entry["searched_at"] = source_commit()[0]
             if "plan_json" in entry:
-                plan = Plan.model_validate(entry["plan_json"])
-                entry["compiled"] = plan.whole_compile is not None or plan.compile_budget is not None
-                pm = planned(model, plan)
-
-                def step(run: Any) -> dict[str, Any]:
-                    return measure_step(model, run, inputs, loss, warmup=args.warmup, steps=args.steps,
-                                        output_held=True, optimizer=opt)  # fmt: skip
-
-                entry["uncapped"] = step(pm)
-                try:
-                    with budget_guard(budget, pm):
-                        entry["capped"] = step(pm)
-                except Exception as exc:  # an out-of-memory under the cap is a result
-                    entry["capped"] = {"error": _error(exc)}
-                pm.release()  # its stage modules' own forward back (NOTE [ Stage modules are wrapped once ])
-                del pm
-                gc.collect()
-                torch.cuda.empty_cache()
+                self._served(model, inputs, loss, opt, entry)
             kept[fraction] = entry
             row["plans"] = [kept[f] for f in args.fractions if f in kept]
             self.save()
+
+    def _served(self, model: Any, inputs: Any, loss: Callable[[Any], Any], opt: str, entry: dict[str, Any]) -> None:
+        """The entry's finalists measured and the fastest served (NOTE [ Measured finalists ] in
+        ``memtune.tuner.finalists``; the simulator's fastest where none ran), then the served plan measured without the
+        cap and under it."""
+        import gc
+
+        import torch
+
+        from memtune.tuner import Plan
+        from memtune.tuner.measure.module_bench import measure_step
+        from memtune.tuner.runtime import budget_guard, planned
+
+        args, budget = self.args, entry["budget_bytes"]
+        if len(entry.get("finalists", [])) > 1:
+            self._finalists(model, inputs, loss, opt, entry)
+        plan = Plan.model_validate(entry["plan_json"])
+        entry["compiled"] = plan.whole_compile is not None or plan.compile_budget is not None
+        pm = planned(model, plan)
+
+        def step(run: Any) -> dict[str, Any]:
+            return measure_step(model, run, inputs, loss, warmup=args.warmup, steps=args.steps, output_held=True,
+                                optimizer=opt)  # fmt: skip
+
+        entry["uncapped"] = step(pm)
+        try:
+            with budget_guard(budget, pm):
+                entry["capped"] = step(pm)
+        except Exception as exc:  # an out-of-memory under the cap is a result
+            entry["capped"] = {"error": _error(exc)}
+        pm.release()  # its stage modules' own forward back (NOTE [ Stage modules are wrapped once ])
+        del pm
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    def _finalists(self, model: Any, inputs: Any, loss: Callable[[Any], Any], opt: str, entry: dict[str, Any]) -> None:
+        """Each finalist of ``entry`` run under its budget (``run_finalist``), its measure kept in it; the entry's plan
+        becomes the fastest that ran."""
+        import dataclasses
+
+        from memtune.tuner import Candidate, Plan
+        from memtune.tuner.finalists import fastest_measured
+        from memtune.tuner.measure.finalists import run_finalist
+
+        ran = []
+        for i, f in enumerate(entry["finalists"]):
+            print(f"{self.name}: {entry['fraction']:.0%} finalist {i + 1} of {len(entry['finalists'])}: {f['name']}",
+                  flush=True)  # fmt: skip
+            c = Candidate(f["name"], Plan.model_validate(f["plan_json"]), f["predicted"]["step_ms"],
+                          f["predicted"]["peak_bytes"], True)  # fmt: skip
+            got = run_finalist(model, inputs, f["name"], c, entry["budget_bytes"], loss, optimizer=opt,
+                               output_held=True, dtype="float32")  # fmt: skip
+            ran.append(got)
+            f["measured"] = {
+                k: v for k, v in dataclasses.asdict(got).items() if k in ("step_ms", "reserved_bytes", "error")
+            }
+            self.save()
+        k = fastest_measured(ran)
+        if k is not None:
+            won = entry["finalists"][k]
+            won["served"] = True
+            entry.update(plan=won["plan"], plan_json=won["plan_json"], predicted=won["predicted"])
 
     def _math(self, model: Any, inputs: Any, loss: Callable[[Any], Any]) -> None:
         """Every measured plan's gradients against the unplanned compiled run's (NOTE [ Plans' gradients ]), each kept
@@ -498,6 +539,7 @@ def _tune(job: tuple[str, int, float, int, str, list[dict[str, Any]]]) -> dict[s
     """One search in a worker process: ``(profile JSON, budget bytes, headroom, trials, optimizer, region entries)``;
     with region entries, every region profile is searched too and the fastest plan of them all is served."""
     from memtune.profiler import Profile
+    from memtune.tuner.finalists import finalists
     from memtune.tuner.pipeline import tune_profiles
 
     profile_json, budget, headroom, trials, optimizer, regions = job
@@ -508,10 +550,21 @@ def _tune(job: tuple[str, int, float, int, str, list[dict[str, Any]]]) -> dict[s
     if best is None:
         return {"error": "no plan fits", "candidates": candidates}
     return {
-        "plan": best.plan.compact() + (f" (save rule {best.plan.compile_saves!r})" if best.plan.compile_saves else ""),
-        "plan_json": best.plan.model_dump(mode="json"),
-        "predicted": {"step_ms": best.step_ms, "peak_bytes": best.peak_bytes},
+        **_served_words(best),
         "candidates": candidates,
+        "finalists": [  # NOTE [ Measured finalists ] in memtune.tuner.finalists
+            {"name": name, **_served_words(c)} for name, _, c in finalists(tuned.searched, limit=FINALISTS)
+        ],
+    }
+
+
+def _served_words(c: Any) -> dict[str, Any]:
+    """A served candidate's entry fields: its plan in words and as JSON, its prediction."""
+    saves = f" (save rule {c.plan.compile_saves!r})" if c.plan.compile_saves else ""
+    return {
+        "plan": c.plan.compact() + saves,
+        "plan_json": c.plan.model_dump(mode="json"),
+        "predicted": {"step_ms": c.step_ms, "peak_bytes": c.peak_bytes},
     }
 
 

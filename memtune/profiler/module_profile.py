@@ -83,7 +83,7 @@ from memtune.profiler.profiler_errors import ProfilerError
 from memtune.profiler.region_tree import CompiledRegions, edge_writes
 from memtune.profiler.stagefacts import torch_dtype
 
-__all__ = ["as_inputs", "default_loss", "profile_module"]
+__all__ = ["as_inputs", "default_loss", "left_as_found", "profile_module"]
 
 
 def as_inputs(example_inputs: Any) -> Inputs:
@@ -121,7 +121,7 @@ def default_loss(out: Any) -> torch.Tensor:
 
 
 @contextmanager
-def _left_as_found(model: nn.Module, device: torch.device) -> Iterator[None]:
+def left_as_found(model: nn.Module, device: torch.device) -> Iterator[None]:
     """NOTE [ Profiler hygiene ]: training mode, buffers and random states restored; the CUDA cache emptied."""
     training = {m: m.training for m in model.modules()}
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
@@ -326,7 +326,7 @@ def profile_module(
         model, example_inputs, dtype, gpu, warmup, repeats, transients, compile_budget, compile_saves
     )
     loss = loss_fn or default_loss
-    with _left_as_found(model, dev), ExitStack() as stack:
+    with left_as_found(model, dev), ExitStack() as stack:
         if gpu_workspaces:  # a profile made on the CPU for a GPU: NOTE [ Fused attention on the CPU ]
             stack.enter_context(gpu_attention())
         run = _measure_stages(
@@ -484,7 +484,7 @@ def _measure_stages(
 ) -> _StagesRun:
     """Find the stages, trace them, time each (compiled as regions under ``compile_budget`` when given, their
     contexts entered on ``stack``), and measure the whole step: ``profile_module``'s measuring, inside its
-    ``_left_as_found``."""
+    ``left_as_found``."""
     model.train()
     names, coarse = find_stages(model, inputs, stages)
     modules = [model.get_submodule(n) if n else model for n in names]

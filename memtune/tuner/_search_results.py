@@ -83,6 +83,9 @@ class TuneResult:
     #: the fastest feasible plan that leaves every convolution's algorithm to the framework, when the profile has
     #: algorithm tables and ``best`` chooses algorithms (NOTE [ Measured selection ]); else None
     no_choice: Candidate | None = None
+    #: every measured compiler point of the profile as a whole-model compile plan (``compiler_candidates``), named
+    #: like ``best``: what NOTE [ Measured finalists ] in ``memtune.tuner.finalists`` may measure beside ``best``
+    compiled: list[Candidate] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The object ``memtune tune --json`` prints (documented in docs/command-line.md)."""

@@ -200,7 +200,7 @@ def tune_profiles(
     """
     from memtune.tuner.bound import step_lower_bound
     from memtune.tuner.compiled_bound import compiled_lower_bound
-    from memtune.tuner.region_plans import weigh_regions
+    from memtune.tuner.region_plans import fastest, weigh_all
 
     def search(p: Profile, label: str) -> TuneResult:
         with progress_bar(label, progress) as update:
@@ -216,12 +216,15 @@ def tune_profiles(
                 ),
             )
 
-    result, trials_done = weigh_regions(  # NOTE [ Compiled-region candidates ] (memtune.tuner.region_plans)
+    results, trials_done = weigh_all(  # NOTE [ Compiled-region candidates ] (memtune.tuner.region_plans)
         search(prof, "tuning"), regions, lambda run, p: search(p, f"tuning regions at {run.policy}")
     )
+    result = fastest(results)
     try:
         bound: StepBound | None = step_lower_bound(Simulator(result.profile, optimizer), budget_bytes)
     except BoundError:  # the solver gave no answer: the plan stands without its bound
         bound = None
     compiled = [prof] + [run.profile for run in regions if run.profile is not None]
-    return Tuned(result, bound, tuple(trials_done), compiled_lower_bound(compiled, budget_bytes, optimizer))
+    return Tuned(
+        result, bound, tuple(trials_done), compiled_lower_bound(compiled, budget_bytes, optimizer), tuple(results)
+    )

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from memtune.profiler.region_profile import RegionProfile
     from memtune.tuner.search import TuneResult
 
-__all__ = ["RegionTrial", "fastest", "region_trial", "weigh_regions"]
+__all__ = ["RegionTrial", "fastest", "region_trial", "weigh_all", "weigh_regions"]
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,15 @@ def weigh_regions(
 ) -> tuple[TuneResult, list[RegionTrial]]:
     """The fastest of ``result`` (the eager profile's search) and ``search(run, its profile)`` of every compiled-region
     profile of ``regions`` that was measured, with each one's ``RegionTrial`` (NOTE [ Compiled-region candidates ])."""
+    results, trials = weigh_all(result, regions, search)
+    return fastest(results), trials
+
+
+def weigh_all(
+    result: TuneResult, regions: Sequence[RegionProfile], search: Callable[[RegionProfile, Profile], TuneResult]
+) -> tuple[list[TuneResult], list[RegionTrial]]:
+    """``result`` (the eager profile's search) and ``search(run, its profile)`` of every compiled-region profile of
+    ``regions`` that was measured, in that order, with each region profile's ``RegionTrial``."""
     results, trials = [result], []
     for run in regions:
         found = search(run, run.profile) if run.profile is not None else None
@@ -167,4 +176,4 @@ def weigh_regions(
                 saves=run.saves,
             )
         )
-    return fastest(results), trials
+    return results, trials

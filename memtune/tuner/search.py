@@ -361,6 +361,7 @@ def _served(
         best, no_choice = _named(best, profile), _named(no_choice, profile)
         policies = [_named(c, profile) for c in policies]  # type: ignore[misc]
         front = [_named(c, profile) for c in front]  # type: ignore[misc]
+        compiled = [_named(c, profile) for c in compiled]  # type: ignore[misc]
     return TuneResult(
         profile=profile,
         budget_bytes=search.cap,
@@ -374,6 +375,7 @@ def _served(
         seed=seed,
         headroom=headroom,
         no_choice=no_choice,
+        compiled=compiled,
     )
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from memtune.profiler import Profile
     from memtune.tuner.bound import StepBound
     from memtune.tuner.compiled_bound import CompiledBound
+    from memtune.tuner.finalists import Finalist
     from memtune.tuner.plan import Plan
     from memtune.tuner.region_plans import RegionTrial
     from memtune.tuner.search import Candidate, TuneResult
@@ -102,12 +103,18 @@ class Tuned:
         compiled_bound: with compiled plans among the candidates (compiler points, compiled-region profiles), no
             compiled plan steps faster (NOTE [ Compiled lower bound ] in ``memtune.tuner.compiled_bound``); None
             where there were none.
+        searched: every search's result, the eager profile's first, then each compiled-region profile's; empty
+            where only ``result`` was searched.
+        measured: the finalists measured on the GPU before one was served (NOTE [ Measured finalists ] in
+            ``memtune.tuner.finalists``), fastest prediction first; empty where none were measured.
     """
 
     result: TuneResult
     bound: StepBound | None
     regions: tuple[RegionTrial, ...] = ()
     compiled_bound: CompiledBound | None = None
+    searched: tuple[TuneResult, ...] = ()
+    measured: tuple[Finalist, ...] = ()
 
     @property
     def plan(self) -> Plan | None:
@@ -146,7 +153,16 @@ class Tuned:
             slowdown = f"{row['slowdown']:>9.2f}x" if finite else f"{'-':>10}"
             fits = "yes" if row["feasible"] else "no"
             lines.append(f"{row['name']:<22}{step}{slowdown}{row['peak_bytes'] / size:>12.2f}  {fits}")
-        return "\n".join(lines + self._best_lines(fmt) + self._bound_lines(fmt) + self._region_lines())
+        return "\n".join(
+            lines + self._best_lines(fmt) + self._bound_lines(fmt) + self._region_lines() + self._measured_lines()
+        )
+
+    def _measured_lines(self) -> list[str]:
+        """The finalists measured before serving, one line each (NOTE [ Measured finalists ])."""
+        if not self.measured:
+            return []
+        head = "measured before serving (training steps under the budget's cap, the optimizer's update included):"
+        return [head] + [f"  {f.line()}" for f in self.measured]
 
     def _region_lines(self) -> list[str]:
         """The compiled-region profiles measured, one line each (NOTE [ Compiled-region candidates ])."""

@@ -206,3 +206,32 @@ def test_the_kept_region_plan_peaks_within_what_its_profile_predicts_on_cuda(det
     print(f"regions {finest.names}: chain readings {chained}; predicted {predicted} B, measured {measured} B")
     assert measured <= predicted + (1 << 20), (measured, predicted)
     assert predicted <= 1.10 * measured, (measured, predicted)
+
+
+def test_tune_measures_its_finalists_and_serves_the_fastest_that_ran_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ Measured finalists ]: ``memtune.tune`` on a CUDA module measures up to ``finalists`` plans under the
+    budget, the fastest compiler point that fits among them, serves the fastest measured, and leaves the model's
+    parameters and buffers as they were (the update runs at learning rate 0; the buffers are restored)."""
+    import memtune
+    import memtune.tuner.measure.tune_module
+
+    monkeypatch.setattr(memtune.tuner.measure.tune_module, "COMPILE_BUDGETS", (1.0, 0.5))
+    gc.collect()
+    torch.cuda.empty_cache()
+    model, x = _resnet(batch=64, size=128)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    tuned = memtune.tune(model, "80% of peak", example_inputs=x, loss_fn=square, compile=True, trials=60,
+                         progress=False, calibrate=False, finalists=3)  # fmt: skip
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "tune changed the model's parameters or buffers"
+    assert 1 <= len(tuned.measured) <= 3, str(tuned)
+    points = [f for f in tuned.measured if f.name.startswith("compiled whole")]
+    fitting = [c for r in tuned.searched for c in r.compiled if c.feasible]
+    assert len(points) == (1 if fitting else 0), str(tuned)
+    (won,) = [f for f in tuned.measured if f.served]
+    timed = [f.step_ms for f in tuned.measured if f.step_ms is not None]
+    assert won.step_ms == min(timed), str(tuned)
+    assert won.reserved_bytes is not None and won.reserved_bytes <= tuned.result.budget_bytes
+    best = tuned.result.best
+    assert best is not None and (best.step_ms, best.peak_bytes) == (won.predicted_ms, won.predicted_peak_bytes)
+    assert "measured before serving" in str(tuned) and "<- served" in str(tuned)

@@ -48,31 +48,36 @@ def measure_step(
     steps: int,
     output_held: bool = False,
     optimizer: str = "sgd",
+    dtype: str = "float32",
 ) -> dict[str, Any]:
-    """Train ``run`` (which shares ``model``'s parameters) for ``warmup + steps`` steps with SGD and momentum (or
-    AdamW, ``optimizer="adam"``): the median step ms and the process's peaks of the timed steps, allocator retries
-    per step (NOTE [ Step timing ] in ``memtune.tuner.measure.step_timing``) and the median ms of the optimizer's
-    update inside the timed steps (``update_ms``, NOTE [ The optimizer's update ] in ``memtune.tuner._whole``).
-    ``output_held``: the loop holds the model's output until its backward ends (NOTE [ Held output ] in
-    ``memtune.tuner.simulator``)."""
+    """Train ``run`` (which shares ``model``'s parameters) for ``warmup + steps`` steps with SGD and momentum (AdamW
+    with ``optimizer="adam"``, SGD without state with ``"none"``) at learning rate 0, so the update's kernels run and
+    the parameters stay as they were: the median step ms and the process's peaks of the timed steps, allocator
+    retries per step (NOTE [ Step timing ] in ``memtune.tuner.measure.step_timing``) and the median ms of the
+    optimizer's update inside the timed steps (``update_ms``, NOTE [ The optimizer's update ] in
+    ``memtune.tuner._whole``). ``output_held``: the loop holds the model's output until its backward ends (NOTE
+    [ Held output ] in ``memtune.tuner.simulator``). ``dtype``: ``float32``, or ``bfloat16``/``float16`` for the
+    forward under autocast, as a profile of that dtype was measured."""
     if optimizer == "adam":
-        opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
-    step = training_step(run, as_inputs(inputs), loss_fn, opt, output_held=output_held)
-    with update_timer(opt, cuda=any(p.is_cuda for p in model.parameters())) as updates:
-        timing = time_steps(step, warmup=warmup, steps=steps, release_first=True)
-    out = {
+        opt = torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.0 if optimizer == "none" else 0.9)
+    cast = None if dtype == "float32" else getattr(torch, dtype)
+    step = training_step(run, as_inputs(inputs), loss_fn, opt, output_held=output_held, autocast=cast)
+    try:
+        with update_timer(opt, cuda=any(p.is_cuda for p in model.parameters())) as updates:
+            timing = time_steps(step, warmup=warmup, steps=steps, release_first=True)
+    finally:  # an out-of-memory too leaves no gradient nor momentum behind
+        for p in model.parameters():
+            p.grad = None
+        opt.state.clear()
+    return {
         "step_ms": timing.step_ms,
         "peak_bytes": timing.peak_bytes,
         "reserved_bytes": timing.reserved_bytes,
         "alloc_retries_per_step": timing.alloc_retries_per_step,
         "update_ms": updates.median_ms(steps),
     }
-    for p in model.parameters():
-        p.grad = None
-    opt.state.clear()  # the momentum buffers go with the measurement
-    return out
 
 
 def bench_module(

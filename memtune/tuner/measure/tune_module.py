@@ -135,6 +135,7 @@ def tune(
     calibrate: bool = True,
     output_held: bool = True,
     compile: str | bool = "auto",
+    finalists: int = 3,
 ) -> Tuned:
     """The fastest plan for a model (profiled first) or a profile within ``budget``, beside every baseline.
 
@@ -164,6 +165,10 @@ def tune(
             region ]), tunes each, and serves the fastest plan that fits, eager, compiled whole or of compiled regions;
             ``"auto"`` does so for a module on a CUDA device, not on the CPU; ``False`` never. Where compiling fails,
             a warning says why (the region and the compiler's first line) and the other plans stand.
+        finalists: for a module on a CUDA device, at most this many of the fastest plans found (the fastest compiler
+            point that fits always among them) are measured under the budget before one is served, and the fastest
+            measured is served (NOTE [ Measured finalists ] in ``memtune.tuner.finalists``); 0 serves the
+            simulator's fastest unmeasured. Unused on the CPU and with a ``Profile``.
 
     Returns:
         A ``Tuned``: ``plan`` (for ``planned``), ``table()``, ``bound`` (and ``compiled_bound`` where compiled plans
@@ -172,13 +177,16 @@ def tune(
     Raises:
         ProfilerError: as ``profile``; ``UnknownGPUError`` for a ``gpu`` memtune does not know.
         TunerError: a bad budget, optimizer, dtype, trials or headroom (refused before any profiling, the message
-            naming the argument and what it takes), or ``compile`` not one of True, False or ``"auto"``.
+            naming the argument and what it takes), ``compile`` not one of True, False or ``"auto"``, or
+            ``finalists`` negative.
     """
     from memtune.tuner import TunerError
 
     wanted = check_arguments(budget=budget, optimizer=optimizer, dtype=dtype, gpu=gpu, trials=trials, headroom=headroom)
     if compile not in (True, False, "auto"):
         raise TunerError(f"compile must be True, False or 'auto', not {compile!r}")
+    if isinstance(finalists, bool) or not isinstance(finalists, int) or finalists < 0:
+        raise TunerError(f"finalists must be a whole number of plans, 0 or more, not {finalists!r}")
     region_runs: list[RegionProfile] = []
     if isinstance(model_or_profile, Profile):
         prof = model_or_profile
@@ -208,7 +216,7 @@ def tune(
     advice = calibration_advice(prof, headroom)
     if advice:
         warnings.warn(advice, stacklevel=2)
-    return tune_profiles(
+    tuned = tune_profiles(
         prof,
         budget_bytes,
         regions=region_runs,
@@ -218,13 +226,46 @@ def tune(
         headroom=headroom,
         progress=progress,
     )
+    if finalists and not isinstance(model_or_profile, Profile) and _on_cuda(model_or_profile):
+        tuned = _measured(model_or_profile, example_inputs, tuned, loss_fn, optimizer, output_held, finalists, progress)
+    return tuned
+
+
+def _on_cuda(model: nn.Module) -> bool:
+    return any(p.device.type == "cuda" for p in model.parameters())
+
+
+def _measured(
+    model: nn.Module,
+    example_inputs: Any,
+    tuned: Tuned,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    optimizer: str,
+    output_held: bool,
+    limit: int,
+    progress: bool,
+) -> Tuned:
+    """``tuned`` with its finalists measured (NOTE [ Measured finalists ] in ``memtune.tuner.finalists``); a warning
+    where none ran, the simulator's fastest then served."""
+    from memtune.profiler.module_profile import default_loss
+    from memtune.tuner.measure.finalists import measure_finalists
+
+    with progress_bar("measuring finalists", progress) as update:
+        out = measure_finalists(model, example_inputs, tuned, loss_fn or default_loss, optimizer=optimizer,
+                                output_held=output_held, limit=limit, progress=update)  # fmt: skip
+    if out.measured and not any(f.served for f in out.measured):
+        failed = "; ".join(f"{f.name}: {f.error}" for f in out.measured)
+        warnings.warn(
+            f"no finalist ran under the budget ({failed}); the simulator's fastest plan is served", stacklevel=3
+        )
+    return out
 
 
 def _compiles(model: nn.Module, compile: str | bool) -> bool:
     """Whether ``tune`` measures ``model`` compiled: asked for, or ``"auto"`` and the model is on a CUDA device."""
     if compile != "auto":
         return bool(compile)
-    return any(p.device.type == "cuda" for p in model.parameters())
+    return _on_cuda(model)
 
 
 def _with_module_points(

@@ -26,6 +26,9 @@ BAD = [
     ({"gpu": "h900"}, "h900"),
     ({"trials": 0}, "trials must be a whole number of at least 1"),
     ({"headroom": 1.5}, "headroom 1.5 is not a fraction"),
+    ({"compile": "yes"}, "compile must be True, False or 'auto', not 'yes'"),
+    ({"finalists": -1}, "finalists must be a whole number of plans, 0 or more, not -1"),
+    ({"finalists": 2.5}, "finalists must be a whole number of plans, 0 or more, not 2.5"),
 ]
 
 
