@@ -343,7 +343,7 @@ def _run_counts(model: nn.Module, inputs: Inputs) -> tuple[dict[str, int], list[
 def module_calls(model: nn.Module, inputs: Inputs) -> tuple[dict[str, int], list[str], dict[str, tuple[int, int]]]:
     """One forward without grad with every named module hooked: how many times each runs, the order of first runs,
     and the (start, end) event numbers of each one's first call (a module's call covers the calls numbered between:
-    NOTE [ Regions ] in ``memtune.profiler.region_tree``)."""
+    NOTE [ Regions ] in ``memtune.profiler.region_tree``). The model's buffers are left as found."""
     counts: dict[str, int] = {}
     order: list[str] = []
     spans: dict[str, list[int]] = {}
@@ -365,12 +365,16 @@ def module_calls(model: nn.Module, inputs: Inputs) -> tuple[dict[str, int], list
 
         handles.append(m.register_forward_pre_hook(pre))
         handles.append(m.register_forward_hook(post, always_call=True))
+    buffers = [(b, b.clone()) for b in model.buffers()]  # a forward in train mode moves batch-norm statistics
     try:
         with torch.no_grad():
             call_model(model, inputs)
     finally:
         for h in handles:
             h.remove()
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
     return counts, order, {n: (s, e) for n, (s, e) in spans.items()}
 
 

@@ -151,3 +151,15 @@ def test_fastest_takes_the_quickest_best_and_the_first_where_none_fits() -> None
     assert fastest([a, result(None)]) is a
     with pytest.raises(ValueError, match="no result"):
         fastest([])
+
+
+def test_finding_and_profiling_regions_leaves_the_models_buffers_as_found() -> None:
+    """The forwards that find a model's region partitions run in train mode without grad; batch-norm statistics they
+    moved once stayed moved after ``memtune.tune(..., compile=True)`` (NOTE [ Profiler hygiene ])."""
+    torch.manual_seed(0)
+    model, x = TinyResNet(), _batch()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    (run,) = profile_regions(model, x, (1.0,), partitions=None, loss_fn=square, warmup=0, repeats=1, rules=())[:1]
+    assert run.error is None, run.error
+    after = model.state_dict()
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
