@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -64,30 +63,28 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_pool import run_across_gpus, shared_host
+from benchmarks.peer_rows import (
+    RECUT_BUDGET,
+    compiled_top,
+    region_runs,
+    repredicted,
+    row_update_ms,
+    searched_profile,
+    table,
+)
 
 __all__ = [
     "MODELS",
-    "RECUT_BUDGET",
     "auto_depths",
     "compiled_math",
-    "fastest_peer_within",
     "hf_cache",
     "main",
     "noise_gradients",
-    "plan_profile",
-    "point_update_ms",
-    "region_runs",
-    "repredicted",
-    "row_update_ms",
     "run_model",
     "same_cache",
-    "table",
     "within_spread",
 ]
 
-GiB = float(1 << 30)
-#: the activation budget of the compiled run that measures the compiler's own re-cut (NOTE [ Plans' gradients ])
-RECUT_BUDGET = 0.5
 
 #: torchvision models and their batch (images of 224 x 224)
 VISION = {"resnet50": 128, "efficientnet_b0": 128, "mobilenet_v2": 128, "vit_b_16": 64}
@@ -290,7 +287,7 @@ class _Run:
             row.update(stages=prof.n_stages, profile=json.loads(prof.to_json()))
             self.save()
         prof = searched_profile(row)
-        top = _compiled_top(row)
+        top = compiled_top(row)
         reference = top["peak_bytes"] if top is not None else row["unplanned"]["peak_bytes"]
         row["reference"] = {"of": "compiled, budget 1" if top is not None else "eager", "peak_bytes": reference}
         headroom = planning_headroom(prof)
@@ -361,9 +358,8 @@ class _Run:
             got = run_finalist(model, inputs, f["name"], c, entry["budget_bytes"], loss, optimizer=opt,
                                output_held=True, dtype="float32")  # fmt: skip
             ran.append(got)
-            f["measured"] = {
-                k: v for k, v in dataclasses.asdict(got).items() if k in ("step_ms", "reserved_bytes", "error")
-            }
+            kept = ("step_ms", "reserved_bytes", "error")
+            f["measured"] = {k: v for k, v in dataclasses.asdict(got).items() if k in kept and v is not None}
             self.save()
         k = fastest_measured(ran)
         if k is not None:
@@ -516,25 +512,6 @@ def auto_depths(partitions: Sequence[Any]) -> list[int]:
     return [p.depth for p in candidate_partitions(partitions)]
 
 
-def region_runs(entries: Sequence[dict[str, Any]]) -> list[Any]:
-    """The ``RegionProfile`` of each region entry of a row (``_Run._regions``)."""
-    from memtune.profiler import Profile
-    from memtune.profiler.region_profile import RegionProfile
-    from memtune.profiler.region_tree import RegionPartition
-
-    return [
-        RegionProfile(
-            RegionPartition(e["depth"], tuple(e["regions"])),
-            e["budget"],
-            Profile.from_json(json.dumps(e["profile"])) if e["profile"] is not None else None,
-            e["error"],
-            e["seconds"],
-            e.get("saves"),
-        )
-        for e in entries
-    ]
-
-
 def _tune(job: tuple[str, int, float, int, str, list[dict[str, Any]]]) -> dict[str, Any]:
     """One search in a worker process: ``(profile JSON, budget bytes, headroom, trials, optimizer, region entries)``;
     with region entries, every region profile is searched too and the fastest plan of them all is served."""
@@ -568,122 +545,6 @@ def _served_words(c: Any) -> dict[str, Any]:
     }
 
 
-def _compiled_top(row: dict[str, Any]) -> dict[str, Any] | None:
-    """The row's compiler peer at activation budget 1 (the compiled unconstrained step), if it ran."""
-    return next((p for p in row.get("peers", []) if p["family"] == "compiler" and p.get("activation_budget") == 1.0
-                 and "step_ms" in p), None)  # fmt: skip
-
-
-def searched_profile(row: dict[str, Any]) -> Any:
-    """The profile the plans phase searches: the row's eager profile with the sweep's measured compiles as its compiler
-    points (``memtune.tuner.measure.compiler_points.with_compiler_points``)."""
-    from memtune.profiler import CompilerPoint, Profile
-    from memtune.tuner.measure.compiler_points import with_compiler_points
-
-    points = [
-        CompilerPoint(activation_budget=p["activation_budget"], step_ms=p["step_ms"], peak_bytes=p["peak_bytes"],
-                      reserved_bytes=p["reserved_bytes"], optimizer=row["optimizer"], update_ms=point_update_ms(row, p))
-        for p in row["peers"]
-        if p["family"] == "compiler" and "step_ms" in p
-    ]  # fmt: skip
-    return with_compiler_points(Profile.from_json(json.dumps(row["profile"])), points)
-
-
-def row_update_ms(row: dict[str, Any]) -> float | None:
-    """The optimizer's update measured in ``row``'s eager steps, ms: its unplanned step's, else the one measured for
-    points that did not time theirs (``update_ms``); None where neither was."""
-    got = (row.get("unplanned") or {}).get("update_ms")
-    return got if got is not None else row.get("update_ms")
-
-
-def point_update_ms(row: dict[str, Any], point: dict[str, Any]) -> float | None:
-    """The update inside a compiler point of ``row``, ms: the point's own, else the row's (``row_update_ms``). The
-    update is the same optimizer over the same parameters whether the model runs compiled or not, since the
-    benchmark compiles the model and not the optimizer (NOTE [ The optimizer's update ] in ``memtune.tuner._whole``)."""
-    own = point.get("update_ms")
-    return own if own is not None else row_update_ms(row)
-
-
-def plan_profile(row: dict[str, Any], plan: Any) -> Any:
-    """The profile the search priced ``plan`` (a ``Plan`` served for ``row``) on: the row's region profile of the
-    plan's regions, activation budget and save rule; else (a plan of the eager profile or of the whole model compiled)
-    the row's searched profile (``searched_profile``)."""
-    entries = row.get("regions", [])
-    for e, run in zip(entries, region_runs(entries), strict=True):
-        same = list(e["regions"]) == list(plan.stages or ()) and e["budget"] == plan.compile_budget
-        if same and e.get("saves") == plan.compile_saves and run.profile is not None:
-            return run.profile
-    return searched_profile(row)
-
-
-def _placement_words(row: dict[str, Any], e: dict[str, Any], prof: Any, plan: Any) -> str:
-    """What the allocator model says of ``plan`` under its cap now (NOTE [ Allocator placement ]): its retries a
-    step, or out of memory, and the least scale of its blocks, up to 1.10, from which it no longer places."""
-    from memtune.tuner.placement import predict_retries
-
-    def placed(scale: float) -> Any:
-        return predict_retries(prof, plan, e["budget_bytes"], optimizer=row["optimizer"], block_scale=scale)
-
-    at_cap = placed(1.0)
-    if at_cap.out_of_memory is not None:
-        return "out of memory"
-    first = next((k / 100 for k in range(101, 111) if placed(k / 100).out_of_memory is not None), None)
-    tail = f"out of memory from blocks x{first:.2f}" if first is not None else "places up to blocks x1.10"
-    return f"{at_cap.steady_retries:.1f} retries; {tail}"
-
-
-def repredicted(folder: Path) -> str:
-    """A Markdown table of every plan measured in the rows of ``folder``: its peak measured without the cap beside
-    the peak predicted when it ran and the peak the simulator predicts now for the same plan on the same profile,
-    then how it ran under its cap beside what the allocator model says of it now (nothing is measured: the committed
-    rows are re-simulated on the CPU)."""
-    from memtune.tuner import Plan, Simulator
-
-    lines = [
-        "| model | budget | plan | measured peak GiB | predicted then GiB (error) | predicted now GiB (error) "
-        "| under the cap | allocator model now |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for path in sorted(folder.glob("*.json")):
-        row = json.loads(path.read_text())
-        for e in row.get("plans", []):
-            measured = (e.get("uncapped") or {}).get("peak_bytes")
-            if "plan_json" not in e or measured is None:
-                continue
-            plan = Plan.model_validate(e["plan_json"])
-            prof = plan_profile(row, plan)
-            now = Simulator(prof, row["optimizer"]).run(plan).peak_bytes
-            then = e["predicted"]["peak_bytes"]
-            capped = e.get("capped") or {}
-            ran = (
-                "out of memory"
-                if "OutOfMemory" in str(capped.get("error", ""))
-                else f"{capped['alloc_retries_per_step']:.1f} retries"
-                if capped.get("alloc_retries_per_step") is not None
-                else "-"
-            )
-            lines.append(
-                f"| {row['model']} | {e['fraction']:.0%} | `{_cell(e['plan'])}` | {measured / GiB:.3f} | "
-                f"{then / GiB:.3f} ({then / measured - 1:+.1%}) | {now / GiB:.3f} ({now / measured - 1:+.1%}) | "
-                f"{ran} | {_placement_words(row, e, prof, plan)} |"
-            )
-    return "\n".join(lines) + "\n"
-
-
-def lower_bounds(row: dict[str, Any]) -> dict[float, float]:
-    """Per plan fraction of ``row``, the least step any plan of memtune's may take within its budget, ms
-    (``memtune.tuner.compiled_bound.least_step_ms`` over the searched profile and the row's region profiles), computed
-    from the committed row by the code as it stands; a fraction without one is left out."""
-    from memtune.tuner.compiled_bound import least_step_ms
-
-    if not row.get("plans") or "profile" not in row:
-        return {}
-    prof = searched_profile(row)
-    regions = [r.profile for r in region_runs(row.get("regions", [])) if r.profile is not None]
-    bounds = {e["fraction"]: least_step_ms(prof, regions, e["budget_bytes"], row["optimizer"]) for e in row["plans"]}
-    return {f: b for f, b in bounds.items() if b is not None}
-
-
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """The row of one model (see the module docstring); what ``<out>/<name>.json`` held is continued."""
     row = _Run(name, args).measure()
@@ -691,145 +552,6 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---- the tables (from the committed JSON alone) ------------------------------------------------------------------
-
-
-def _ran(r: dict[str, Any] | None) -> bool:
-    return r is not None and "error" not in r and r.get("step_ms") is not None
-
-
-def _cell(text: str) -> str:
-    """``text`` safe inside a Markdown table cell."""
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _ms_gib(r: dict[str, Any]) -> str:
-    return f"{r['step_ms']:.1f} / {r['peak_bytes'] / GiB:.2f}"
-
-
-def fastest_peer_within(row: dict[str, Any], budget_bytes: int) -> dict[str, Any] | None:
-    """The fastest of the model's peers and its unplanned eager step whose measured reserved peak is within
-    ``budget_bytes`` (what a cap at that budget lets run without retries), or None where none is."""
-    candidates = [p for p in row.get("peers", []) if p.get("applies") and _ran(p)]
-    un = row.get("unplanned")
-    if un is not None and _ran(un):
-        candidates.append({"name": "eager, unplanned", **un})
-    fits = [p for p in candidates if p.get("reserved_bytes") is not None and p["reserved_bytes"] <= budget_bytes]
-    return min(fits, key=lambda p: p["step_ms"], default=None)
-
-
-def _peer_rows(row: dict[str, Any]) -> list[str]:
-    un = row["unplanned"]
-    model = row["model"]
-    lines = [
-        f"| {model} | eager, unplanned | {un['step_ms']:.1f} | 1.00 | {un['peak_bytes'] / GiB:.2f} | "
-        f"{un['reserved_bytes'] / GiB:.2f} | - |"
-    ]
-    for p in row.get("peers", []):
-        if not p["applies"]:
-            lines.append(f"| {model} | {p['name']} | does not apply: {_cell(p['note'])} | | | | |")
-        elif "error" in p:
-            lines.append(f"| {model} | {p['name']} | {_cell(p['error'][:160])} | | | | |")
-        else:
-            lines.append(
-                f"| {model} | {p['name']} | {p['step_ms']:.1f} | {p['step_ms'] / un['step_ms']:.2f} | "
-                f"{p['peak_bytes'] / GiB:.2f} | {p['reserved_bytes'] / GiB:.2f} | {p['first_step_s']:.0f} |"
-            )
-    return lines
-
-
-def _plan_rows(row: dict[str, Any], ratios: list[float]) -> list[str]:
-    lines = []
-    bounds, top = lower_bounds(row), _compiled_top(row)
-    for e in row.get("plans", []):
-        head = f"| {row['model']} | {e['fraction']:.0%} ({e['budget_bytes'] / GiB:.2f}) |"
-        peer = fastest_peer_within(row, e["budget_bytes"])
-        peer_text = f"{peer['name']}: {peer['step_ms']:.1f} / {peer['reserved_bytes'] / GiB:.2f}" if peer else "none"
-        bound = bounds.get(e["fraction"])
-        bound_text = f"{bound:.1f}" if bound is not None else "-"
-        if "plan_json" not in e:
-            lines.append(
-                f"{head} {_cell(e.get('error', 'no plan'))} | - | - | {peer_text} | - | - | {bound_text} | - |"
-            )
-            continue
-        kind = "compiled" if e.get("compiled") else "eager"
-        pr, cap = e["predicted"], e.get("capped")
-        measured = _ms_gib(cap) if _ran(cap) else _cell((cap or {}).get("error", "not measured")[:120])
-        ratio = "-"
-        if _ran(cap) and peer is not None:
-            assert cap is not None
-            ratios.append(cap["step_ms"] / peer["step_ms"])
-            ratio = f"{ratios[-1]:.2f}"
-        ms = cap["step_ms"] if _ran(cap) and cap is not None else None
-        vs_top = f"{ms / top['step_ms']:.2f}" if ms is not None and top is not None else "-"
-        vs_bound = f"{ms / bound:.2f}" if ms is not None and bound is not None else "-"
-        lines.append(
-            f"{head} {kind} `{e['plan']}` | {pr['step_ms']:.1f} / {pr['peak_bytes'] / GiB:.2f} | {measured} | "
-            f"{peer_text} | {ratio} | {vs_top} | {bound_text} | {vs_bound} |"
-        )
-    return lines
-
-
-def _math_rows(rows: list[dict[str, Any]]) -> list[str]:
-    """The gradient check's table (NOTE [ Plans' gradients ]): per model its spread, then each checked plan."""
-    lines = [
-        "| model | run | loss error | largest gradient error (parameter) | largest judged (parameter) "
-        "| within the spread |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        noise = r["spread"].get("noise")
-        unjudged = f"{len(noise)} gradients carry no signal, not judged" if noise else "-"
-        named = (("compiled again", "again"), ("eager", "eager"), (f"compiled at budget {RECUT_BUDGET:g}", "recut"))
-        for what, e in ((what, r["spread"][k]) for what, k in named if k in r["spread"]):
-            head = f"| {r['model']} | {what} | {e['loss']:.1e}"
-            lines.append(f"{head} | {e['grad']:.1e} ({e['worst']}) | {unjudged} | - |")
-        for e in r.get("plans", []):
-            m = e.get("math")
-            if m is not None:
-                judged = f"{m['judged_grad']:.1e} ({m['judged_worst']})" if "judged_grad" in m else "-"
-                lines.append(
-                    f"| {r['model']} | plan at {e['fraction']:.0%} | {m['loss']:.1e} | {m['grad']:.1e} ({m['worst']}) "
-                    f"| {judged} | {'yes' if m['within_spread'] else 'no'} |"
-                )
-    return lines
-
-
-def table(folder: Path) -> str:
-    """The Markdown tables of the rows in ``folder``: every peer of every model, then memtune at each budget beside
-    the fastest peer within it, with their geometric mean; a note where the folder holds no measurement yet."""
-    rows = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
-    rows = [r for r in rows if _ran(r.get("unplanned"))]
-    peers = [
-        "| model | configuration | step ms | x eager | peak GiB allocated | peak GiB reserved | first step s |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    plans = [
-        "| model | budget (GiB) | memtune's plan | predicted ms / GiB | under the cap ms / GiB "
-        "| fastest peer within the budget: ms / GiB reserved | memtune / peer | memtune / compiled step "
-        "| lower bound ms | memtune / bound |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    ratios: list[float] = []
-    for r in rows:
-        peers += _peer_rows(r)
-        plans += _plan_rows(r, ratios)
-    out = ["## Peers", "", *peers, "", "## memtune at fractions of the compiled peak", "", *plans, ""]
-    if ratios:
-        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        out.append(f"memtune / fastest peer within the budget, geometric mean over {len(ratios)} budgets: {geo:.3f}")
-    checked = [r for r in rows if "spread" in r]
-    if checked:
-        out += ["", "## Gradients against the unplanned compiled run", "", *_math_rows(checked), ""]
-    if not rows:
-        out.append(f"No measurement in {folder} yet: `python -m benchmarks.module_peers --out {folder}` on a GPU.")
-    for r in rows:
-        run = r.get("run") or {}
-        shared = r.get("processes_on_host", 1)
-        beside = f", one of {shared} models run at once on GPUs of one host" if shared > 1 else ""
-        cache = ", its key/value cache off (use_cache=False)" if r.get("use_cache") is False else ""
-        out.append(f"- {r['model']}: batch {r['batch']}, {r['device']}, {run.get('date', '?')}, "
-                   f"commit {str(run.get('commit'))[:10]}{beside}{cache}")  # fmt: skip
-    return "\n".join(out) + "\n"
 
 
 def _floats(text: str, option: str) -> list[float]:

@@ -4,7 +4,7 @@
         benchmarks/results/h200/module-peers/vit_b_16.json
 
 For each plan of a ``benchmarks.module_peers`` row that offloads a region or stage: the bytes it offloads (the
-``saved_bytes`` of the stages it offloads, in the profile it was searched on, ``benchmarks.module_peers.plan_profile``),
+``saved_bytes`` of the stages it offloads, in the profile it was searched on, ``benchmarks.peer_rows.plan_profile``),
 its predicted step, its step measured without the cap, and the difference per GiB offloaded and per stage offloaded
 (with how many stages it recomputes, whose cost the difference may hold too).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.common import print_row_lines
-from benchmarks.module_peers import plan_profile
+from benchmarks.peer_rows import plan_profile
 from memtune.tuner import Plan
 
 GiB = float(1 << 30)

@@ -205,7 +205,8 @@ def run_model(
     kind: str, rows: Path, steps: int, fractions: list[float] | None = None, trace: Path | None = None
 ) -> dict[str, Any]:
     """The row of one model (see the module docstring)."""
-    from benchmarks.module_peers import build, hf_cache, plan_profile, row_update_ms
+    from benchmarks.module_peers import build, hf_cache
+    from benchmarks.peer_rows import plan_profile, row_update_ms
     from benchmarks.step_time import plan_variants
     from memtune.tuner import Action, Plan, simulate
     from memtune.tuner.runtime import planned

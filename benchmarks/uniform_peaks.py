@@ -2,7 +2,7 @@
 
     python -m benchmarks.uniform_peaks benchmarks/results/h200/module-peers/gpt2.json
 
-For the row's searched profile (``benchmarks.module_peers.searched_profile``) and each of its region profiles: the
+For the row's searched profile (``benchmarks.peer_rows.searched_profile``) and each of its region profiles: the
 peak the simulator gives the plans that keep, offload or recompute every stage, under ``deferred`` and ``inline``
 sync, and the least of them. The least is what memtune's plans reach by one action everywhere, not a bound on every
 plan; where it stays above a budget and the search found no plan, the budget is below what offload and recompute
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.common import print_row_lines
-from benchmarks.module_peers import region_runs, searched_profile
+from benchmarks.peer_rows import region_runs, searched_profile
 from memtune.profiler import Profile
 from memtune.tuner import Action, Plan, Simulator
 

@@ -8,7 +8,7 @@ benchmark times, and every compiler point, is a training step: forward, loss, ba
 Per row: the update's share, read as the unplanned eager step measured less the simulated keep-everything step of the
 profile the row was searched on (whose stages add up to its measured forward and backward, NOTE [ Time outside
 stages ]), beside the parameters' bytes and the update timed by the optimizer's step hooks where the row holds it
-(``benchmarks.module_peers.row_update_ms``); then each plan measured without the cap, its prediction with the update
+(``benchmarks.peer_rows.row_update_ms``); then each plan measured without the cap, its prediction with the update
 added (the timed one where there is one, else the share), and the difference left. A plan that compiles the model
 whole, searched on a compiler point measured before points timed their update, was predicted by the point's whole
 step, which holds the update already (``held_update``); a point that timed it is priced without it (NOTE [ The
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.common import print_row_lines
-from benchmarks.module_peers import row_update_ms, searched_profile
+from benchmarks.peer_rows import row_update_ms, searched_profile
 from memtune.tuner import Action, Plan, Simulator
 
 __all__ = ["held_update", "lines", "update_ms"]
@@ -38,7 +38,7 @@ def update_ms(row: dict[str, Any]) -> float:
 def held_update(row: dict[str, Any], entry: dict[str, Any]) -> bool:
     """Whether the prediction of ``entry`` (a plan of ``row``) holds the update: its plan compiles the whole model,
     priced by a compiler point that did not time its update, searched before the row measured it (plans searched
-    since carry ``searched_at`` and were priced with ``benchmarks.module_peers.point_update_ms``)."""
+    since carry ``searched_at`` and were priced with ``benchmarks.peer_rows.point_update_ms``)."""
     budget = (entry.get("plan_json") or {}).get("whole_compile")
     if budget is None or "searched_at" in entry:
         return False
