@@ -194,38 +194,21 @@ def tune(
     else:
         if example_inputs is None:
             raise ValueError("tune(model, ...) needs example_inputs: one batch to profile the model on")
-        prof = profile(
-            model_or_profile,
-            example_inputs,
-            loss_fn=loss_fn,
-            stages=stages,
-            dtype=dtype,
-            gpu=gpu,
-            progress=progress,
-            output_held=output_held,
-        )
+        prof = profile(model_or_profile, example_inputs, loss_fn=loss_fn, stages=stages, dtype=dtype, gpu=gpu,
+                       progress=progress, output_held=output_held)  # fmt: skip
         # a bad budget is refused before compiling; the compiler's points leave the eager peak as it is
         budget_bytes = profile_budget(wanted, prof, optimizer)
         if _compiles(model_or_profile, compile):
             prof = _with_module_points(model_or_profile, example_inputs, prof, loss_fn, optimizer, progress)
-            region_runs = _region_profiles(
-                model_or_profile, example_inputs, loss_fn, stages, dtype, gpu, output_held, progress
-            )
+            region_runs = _region_profiles(model_or_profile, example_inputs, loss_fn, stages, dtype, gpu, output_held,
+                                           progress)  # fmt: skip
     if calibrate and headroom is None and prof.source == "measured":
         _calibrate_if_new(prof.device.key, progress)
     advice = calibration_advice(prof, headroom)
     if advice:
         warnings.warn(advice, stacklevel=2)
-    tuned = tune_profiles(
-        prof,
-        budget_bytes,
-        regions=region_runs,
-        trials=trials,
-        seed=seed,
-        optimizer=optimizer,
-        headroom=headroom,
-        progress=progress,
-    )
+    tuned = tune_profiles(prof, budget_bytes, regions=region_runs, trials=trials, seed=seed, optimizer=optimizer,
+                          headroom=headroom, progress=progress)  # fmt: skip
     if finalists and not isinstance(model_or_profile, Profile) and _on_cuda(model_or_profile):
         tuned = _measured(model_or_profile, example_inputs, tuned, loss_fn, optimizer, output_held, finalists, progress)
     return tuned
