@@ -384,6 +384,16 @@ def tune(
             "search may serve a compiled plan (docs/python-api.md): on, off, or auto (on with --device cuda)",
         ),
     ] = "auto",
+    finalists: Annotated[
+        int,
+        typer.Option(
+            "--finalists",
+            min=0,
+            help="a factory model compiled on --device cuda: measure this many of the fastest plans found (the "
+            "fastest compiler point that fits among them) under the budget and serve the fastest measured; 0 serves "
+            "the simulator's fastest (docs/python-api.md)",
+        ),
+    ] = 3,
 ) -> None:
     """Search the fastest plan within a budget (or the Pareto front) and compare every baseline; with --inference,
     plan the forward pass alone within a working-set budget per layer."""
@@ -393,7 +403,7 @@ def tune(
                  param=param, spec=spec, profile_file=profile_file, optimizer=optimizer, storage=storage, study=study,
                  plan_out=plan_out, headroom=headroom, device=device, input_shape=input_shape, vocab=vocab,
                  stage=stage, output_held=output_held, as_json=as_json, inference=inference, measure=measure,
-                 conv_workspace=conv_workspace, compile_whole=compile_whole)  # fmt: skip
+                 conv_workspace=conv_workspace, compile_whole=compile_whole, finalists=finalists)  # fmt: skip
 
 
 @app.command()

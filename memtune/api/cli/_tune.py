@@ -8,6 +8,7 @@ print the baselines, the best plan, its lower bound and the front; ``--inference
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from memtune.profiler.region_profile import RegionProfile
     from memtune.tuner import TuneResult
     from memtune.tuner.budget import Budget
+    from memtune.tuner.finalists import Finalist
     from memtune.tuner.region_plans import RegionTrial
 
 __all__ = ["tune_command"]
@@ -77,6 +79,7 @@ def tune_command(
     measure: bool,
     conv_workspace: str,
     compile_whole: str,
+    finalists: int = 3,
 ) -> None:
     """``memtune tune``: the options as the command takes them (batch in samples, ``headroom`` a share of the
     budget); prints the search's report, or its JSON, and writes the best plan to ``plan_out`` where given."""
@@ -103,7 +106,7 @@ def tune_command(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     beside: BoundBeside | None = None
     try:  # NOTE [ One pipeline ] in memtune.tuner.pipeline: the profile, its budget, the advice, the search, the bound
-        prof, budget_bytes, regions = _searched_profile(
+        prof, budget_bytes, regions, live = _searched_profile(
             model, batch, dtype, gpu, wanted, param, spec, profile_file, optimizer, device, input_shape, vocab, stage,
             output_held, compile_whole,
         )  # fmt: skip
@@ -116,7 +119,10 @@ def tune_command(
             beside = BoundBeside(prof, optimizer, budget_bytes)
         result = _search(prof, budget_bytes, trials=trials, pareto=pareto, seed=seed, storage=storage, study=study,
                          optimizer=optimizer, headroom=headroom, as_json=as_json)  # fmt: skip
-        result, trials_done = _with_regions(result, regions, budget_bytes, trials, seed, optimizer, headroom)
+        result, trials_done, results = _with_regions(result, regions, budget_bytes, trials, seed, optimizer, headroom)
+        measured: tuple[Finalist, ...] = ()
+        if live is not None:  # NOTE [ Measured finalists ] in memtune.tuner.finalists
+            result, measured = _finalists(live, result, results, optimizer, output_held, finalists)
     except (ProfilerError, TunerError, ValueError, OSError) as exc:
         if beside is not None:
             beside.close()
@@ -129,11 +135,16 @@ def tune_command(
         plan_out.write_text(result.best.plan.model_dump_json(indent=1) + "\n")
     if as_json:
         regions_json = {"compiled_regions": [t.line() for t in trials_done]} if trials_done else {}
-        sys.stdout.write(json.dumps({**result.to_dict(), **regions_json}) + "\n")
+        finals = {"finalists": [dataclasses.asdict(f) for f in measured]} if measured else {}
+        sys.stdout.write(json.dumps({**result.to_dict(), **regions_json, **finals}) + "\n")
         return
     try:
-        measured = [r.profile for r in regions if r.profile is not None]
-        _print_tuned(result, prof, budget_bytes, optimizer, pareto, beside, trials_done, measured)
+        region_profiles = [r.profile for r in regions if r.profile is not None]
+        _print_tuned(result, prof, budget_bytes, optimizer, pareto, beside, trials_done, region_profiles)
+        if measured:  # NOTE [ Measured finalists ] in memtune.tuner.finalists
+            out.print("measured before serving (training steps under the budget's cap, the update included):")
+            for f in measured:
+                out.print(f"  {f.line()}", markup=False)
     finally:
         if beside is not None:
             beside.close()
@@ -155,11 +166,12 @@ def _searched_profile(
     stage: list[str] | None,
     output_held: bool,
     compile_whole: str,
-) -> tuple[Profile, int, list[RegionProfile]]:
-    """The profile ``tune`` searches, its budget in bytes and the compiled-region profiles beside it: a factory model
-    measured on ``device`` (and, as ``compile_whole`` says, compiled whole and in regions too, NOTE [ Compiled-region
-    candidates ] in ``memtune.tuner.region_plans``), else ``_tune_profile``'s and no regions; a bad budget is refused
-    before compiling."""
+) -> tuple[Profile, int, list[RegionProfile], tuple[Any, Any] | None]:
+    """The profile ``tune`` searches, its budget in bytes, the compiled-region profiles beside it and, for a factory
+    model compiled on CUDA, the model and its batch (its finalists are measured on them, NOTE [ Measured finalists ]):
+    a factory model measured on ``device`` (and, as ``compile_whole`` says, compiled whole and in regions too, NOTE
+    [ Compiled-region candidates ] in ``memtune.tuner.region_plans``), else ``_tune_profile``'s and no regions; a bad
+    budget is refused before compiling."""
     from memtune.profiler.factory import is_factory
 
     if profile_file is None and is_factory(model):
@@ -172,11 +184,11 @@ def _searched_profile(
     budget_bytes = profile_budget(budget, prof, optimizer)  # a bad budget is refused before compiling
     compiles = compile_whole == "on" or (compile_whole == "auto" and device == "cuda")
     if profile_file is None and is_factory(model) and compiles:
-        prof, regions = _factory_compiled(
+        prof, regions, live = _factory_compiled(
             model, batch, device, parse_params(param), input_shape, vocab, prof, optimizer, stage, dtype, output_held
         )
-        return prof, budget_bytes, regions
-    return prof, budget_bytes, []
+        return prof, budget_bytes, regions, live if device == "cuda" else None
+    return prof, budget_bytes, [], None
 
 
 def _search(
@@ -317,10 +329,11 @@ def _factory_compiled(
     stage: list[str] | None,
     dtype: str,
     output_held: bool,
-) -> tuple[Profile, list[RegionProfile]]:
+) -> tuple[Profile, list[RegionProfile], tuple[Any, Any]]:
     """``prof`` with the factory model compiled whole at activation budgets 1, 0.5 and 0.25, measured on ``device``
     (NOTE [ Compiler points of a module ]), and the model's region partitions profiled compiled at those budgets and
-    under memtune's save rules (NOTE [ Compiled-region candidates ]); what fails to compile is reported and left out."""
+    under memtune's save rules (NOTE [ Compiled-region candidates ]), and the model and batch measured; what fails to
+    compile is reported and left out."""
     from memtune.profiler import build_factory
     from memtune.profiler.factory import factory_inputs
     from memtune.profiler.region_profile import profile_regions
@@ -346,7 +359,7 @@ def _factory_compiled(
             err.print(
                 f"[yellow]warning:[/] compiled regions {run.partition.label} at {run.policy} failed ({run.error})"
             )
-    return with_compiler_points(prof, points), regions
+    return with_compiler_points(prof, points), regions, (net, x)
 
 
 def _with_regions(
@@ -357,17 +370,47 @@ def _with_regions(
     seed: int,
     optimizer: str,
     headroom: float | None,
-) -> tuple[TuneResult, list[RegionTrial]]:
+) -> tuple[TuneResult, list[RegionTrial], list[TuneResult]]:
     """``result`` or, where a compiled-region profile's best plan is faster, that search's result; with every region
-    profile's line (NOTE [ Compiled-region candidates ] in ``memtune.tuner.region_plans``)."""
-    from memtune.tuner.region_plans import weigh_regions
+    profile's line (NOTE [ Compiled-region candidates ] in ``memtune.tuner.region_plans``) and every search's result,
+    ``result``'s first."""
+    from memtune.tuner.region_plans import fastest, weigh_all
 
     def search(run: RegionProfile, profile: Profile) -> TuneResult:
         with err.status(f"tuning regions {run.partition.label} at {run.policy}"):
             return search_plans(profile, budget_bytes, trials=trials, seed=seed, optimizer=optimizer,
                                 headroom=headroom)  # fmt: skip
 
-    return weigh_regions(result, regions, search)
+    results, trials_done = weigh_all(result, regions, search)
+    return fastest(results), trials_done, results
+
+
+def _finalists(
+    live: tuple[Any, Any],
+    result: TuneResult,
+    results: list[TuneResult],
+    optimizer: str,
+    output_held: bool,
+    limit: int,
+) -> tuple[TuneResult, tuple[Finalist, ...]]:
+    """The result to serve and the finalists measured on the factory model ``live`` (model, batch) on its CUDA device
+    (NOTE [ Measured finalists ] in ``memtune.tuner.finalists``); ``result`` and none where ``limit`` is 0 or no plan
+    fits."""
+    from memtune.profiler.module_profile import default_loss
+    from memtune.tuner.measure.finalists import measure_finalists
+    from memtune.tuner.tuned import Tuned
+
+    if not limit or result.best is None:
+        return result, ()
+    net, x = live
+    with err.status("measuring finalists") as status:
+        tuned = measure_finalists(net, x, Tuned(result, None, searched=tuple(results)), default_loss,
+                                  optimizer=optimizer, output_held=output_held, limit=limit,
+                                  progress=lambda done, total, what: status.update(
+                                      f"measuring finalist {min(done + 1, total)}/{total}: {what}"))  # fmt: skip
+    if tuned.measured and not any(f.served for f in tuned.measured):
+        err.print("[yellow]warning:[/] no finalist ran under the budget; the simulator's fastest plan is served")
+    return tuned.result, tuned.measured
 
 
 def _inference_chain(model: str, param: list[str] | None, spec: Path | None) -> ModelChain:
