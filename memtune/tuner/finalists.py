@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from memtune.tuner._search_results import Candidate, TuneResult
 from memtune.tuner.plan import Plan
 
-__all__ = ["SPREAD", "Finalist", "fastest_measured", "finalists", "served"]
+__all__ = ["SPREAD", "Finalist", "fastest_measured", "finalists", "none_ran", "served"]
 
 SPREAD = 1.25
 """Finalists are predicted within this factor of the fastest prediction (NOTE [ Measured finalists ])."""
@@ -124,3 +124,12 @@ def fastest_measured(ran: Sequence[Finalist]) -> int | None:
     none ran."""
     timed = [k for k, f in enumerate(ran) if f.step_ms is not None]
     return min(timed, key=lambda k: (ran[k].step_ms, k)) if timed else None
+
+
+def none_ran(measured: Sequence[Finalist]) -> str | None:
+    """The warning where finalists were measured and none ran (each one's error named), the simulator's fastest then
+    served; None otherwise."""
+    if not measured or any(f.served for f in measured):
+        return None
+    failed = "; ".join(f"{f.name}: {f.error}" for f in measured)
+    return f"no finalist ran under the budget ({failed}); the simulator's fastest plan is served"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -397,6 +398,7 @@ def _finalists(
     (NOTE [ Measured finalists ] in ``memtune.tuner.finalists``); ``result`` and none where ``limit`` is 0 or no plan
     fits."""
     from memtune.profiler.module_profile import default_loss
+    from memtune.tuner.finalists import none_ran
     from memtune.tuner.measure.finalists import measure_finalists
     from memtune.tuner.tuned import Tuned
 
@@ -408,8 +410,9 @@ def _finalists(
                                   optimizer=optimizer, output_held=output_held, limit=limit,
                                   progress=lambda done, total, what: status.update(
                                       f"measuring finalist {min(done + 1, total)}/{total}: {what}"))  # fmt: skip
-    if tuned.measured and not any(f.served for f in tuned.measured):
-        err.print("[yellow]warning:[/] no finalist ran under the budget; the simulator's fastest plan is served")
+    note = none_ran(tuned.measured)
+    if note is not None:
+        err.print(f"[yellow]warning:[/] {escape(note)}")
     return tuned.result, tuned.measured
 
 

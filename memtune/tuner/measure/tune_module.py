@@ -231,16 +231,15 @@ def _measured(
     """``tuned`` with its finalists measured (NOTE [ Measured finalists ] in ``memtune.tuner.finalists``); a warning
     where none ran, the simulator's fastest then served."""
     from memtune.profiler.module_profile import default_loss
+    from memtune.tuner.finalists import none_ran
     from memtune.tuner.measure.finalists import measure_finalists
 
     with progress_bar("measuring finalists", progress) as update:
         out = measure_finalists(model, example_inputs, tuned, loss_fn or default_loss, optimizer=optimizer,
                                 output_held=output_held, limit=limit, progress=update)  # fmt: skip
-    if out.measured and not any(f.served for f in out.measured):
-        failed = "; ".join(f"{f.name}: {f.error}" for f in out.measured)
-        warnings.warn(
-            f"no finalist ran under the budget ({failed}); the simulator's fastest plan is served", stacklevel=3
-        )
+    note = none_ran(out.measured)
+    if note is not None:
+        warnings.warn(note, stacklevel=3)
     return out
 
 

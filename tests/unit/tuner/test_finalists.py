@@ -105,3 +105,15 @@ def test_the_printout_lists_the_finalists_measured(resnet: Profile) -> None:
     assert "measured before serving (training steps under the budget's cap" in text
     assert "compiled whole 0.5: predicted 30.00 ms at 1.00 GiB, measured 29.00 ms" in text
     assert "measured before serving" not in str(Tuned(result, None))
+
+
+def test_a_warning_names_every_finalist_that_did_not_run_when_none_did() -> None:
+    from memtune.tuner.finalists import none_ran
+
+    failed = (Finalist("a", 10.0, 1, error="PlanOutOfMemoryError: stage 3"), Finalist("b", 11.0, 1, error="X: y"))
+    assert none_ran(failed) == (
+        "no finalist ran under the budget (a: PlanOutOfMemoryError: stage 3; b: X: y); the simulator's fastest plan "
+        "is served"
+    )
+    assert none_ran(()) is None
+    assert none_ran((dataclasses.replace(failed[0], error=None, step_ms=1.0, reserved_bytes=1, served=True),)) is None
