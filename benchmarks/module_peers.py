@@ -408,17 +408,23 @@ class _Run:
         """The region profiles ``--region-depths`` asks for, measured where the row lacks them (each kept in the row as
         soon as it is measured): one entry per partition and policy, its profile's JSON or its error."""
         from memtune.profiler.module_profile import as_inputs
+        from memtune.profiler.region_layout import regions_channels_last
         from memtune.profiler.region_profile import profile_regions
         from memtune.profiler.region_tree import region_partitions
 
         args, row = self.args, self.row
         if not args.region_depths:
             return []
-        done = row.setdefault("regions", [])
-        have = {(e["depth"], e["budget"], e.get("saves")) for e in done}
         parts = region_partitions(model, as_inputs(inputs))
         depths = auto_depths(parts) if args.region_depths == "auto" else args.region_depths
         parts = [p for p in parts if p.depth in depths]
+        # a profile measured in another layout than its regions now compile in is measured again (NOTE [ Regions in
+        # the whole model's layout ]); a row's entries from before the layout was decided ran the default one
+        layout = {p.depth: regions_channels_last([model.get_submodule(n) for n in p.names]) for p in parts}
+        row["regions"] = [e for e in row.get("regions", []) if e.get("channels_last", False) == layout.get(e["depth"])
+                          or e["depth"] not in layout]  # fmt: skip
+        done = row["regions"]
+        have = {(e["depth"], e["budget"], e.get("saves")) for e in done}
         policies = [(b, None) for b in args.region_budgets] + [(1.0, r) for r in args.rules]
         for part in parts:
             for budget, saves in policies:
@@ -431,6 +437,7 @@ class _Run:
                 )  # fmt: skip
                 done.append({
                     "depth": part.depth, "regions": list(part.names), "budget": budget, "saves": saves,
+                    "channels_last": layout[part.depth],
                     "seconds": round(run.seconds, 1), "error": run.error,
                     "profile": json.loads(run.profile.to_json()) if run.profile is not None else None,
                 })  # fmt: skip

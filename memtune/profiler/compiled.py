@@ -65,7 +65,7 @@ def configure_dynamo() -> None:
 
 
 @functools.cache
-def budget_backend(budget: float, saves: str | None = None) -> Callable[..., Any]:
+def budget_backend(budget: float, saves: str | None = None, channels_last: bool = False) -> Callable[..., Any]:
     """Inductor, partitioning under ``activation_memory_budget = budget``: one backend object per budget and save rule,
     so that dynamo's cache (which checks the backend, not the functorch config) keeps one compiled graph per policy.
 
@@ -75,12 +75,16 @@ def budget_backend(budget: float, saves: str | None = None) -> Callable[..., Any
 
     Outputs keep the layout inductor chose (``keep_output_stride=False``): a stage whose convolutions it ran in
     channels-last order hands that layout to the next stage instead of copying back to the eager layout at every
-    stage boundary, forward and backward (the values are the same; only strides differ).
+    stage boundary, forward and backward (the values are the same; only strides differ). With ``channels_last`` the
+    graph's convolutions run channels-last whatever the compiler would decide for this graph alone (NOTE [ Regions in
+    the whole model's layout ] in ``memtune.profiler.region_layout``).
 
     Raises:
         ValueError: ``saves`` is not a save rule.
     """
     patches: dict[str, Any] = {"keep_output_stride": False}
+    if channels_last:
+        patches["force_layout_optimization"] = True
     if saves is not None:
         from memtune.profiler.saved_tags import SavedTags
 
@@ -94,7 +98,8 @@ def budget_backend(budget: float, saves: str | None = None) -> Callable[..., Any
         with functorch_config.patch(activation_memory_budget=budget):
             return compile_fx(gm, example_inputs, config_patches=patches)
 
-    backend.__name__ = f"inductor_activation_budget_{budget:g}" + (f"_saves_{saves}" if saves else "")
+    suffix = (f"_saves_{saves}" if saves else "") + ("_nhwc" if channels_last else "")
+    backend.__name__ = f"inductor_activation_budget_{budget:g}{suffix}"
     return backend
 
 

@@ -94,6 +94,7 @@ from memtune.profiler.module_stages import (
     tensor_leaves,
 )
 from memtune.profiler.profiler_errors import ProfilerError
+from memtune.profiler.region_layout import regions_channels_last
 
 __all__ = [
     "CompiledRegions",
@@ -338,7 +339,7 @@ class RegionForward:
         self._module = weakref.ref(module)
         self.previous: Callable[..., Any] | None = module.__dict__.get("forward")
         self._runners: list[weakref.ref[Any]] = []
-        self._compiled: dict[tuple[float, str | None], Callable[..., Any]] = {}
+        self._compiled: dict[tuple[float, str | None, bool], Callable[..., Any]] = {}
         _sign(self, module)
 
     @property
@@ -355,17 +356,20 @@ class RegionForward:
         m = self.module
         return type(m).forward(m, *args, **kwargs)
 
-    def compiled(self, budget: float, saves: str | None = None) -> Callable[..., Any]:
+    def compiled(self, budget: float, saves: str | None = None, channels_last: bool = False) -> Callable[..., Any]:
         """The module's forward compiled by ``torch.compile`` under activation budget ``budget`` and save rule
-        ``saves``, made once per policy (NOTE [ Compiled stages ] in ``memtune.profiler.compiled``, NOTE [ Saved
-        tensors chosen inside a compiled region ] in ``memtune.profiler.saved_tags``)."""
-        fn = self._compiled.get((budget, saves))
+        ``saves``, its convolutions channels-last where ``channels_last``, made once per policy (NOTE [ Compiled
+        stages ] in ``memtune.profiler.compiled``, NOTE [ Saved tensors chosen inside a compiled region ] in
+        ``memtune.profiler.saved_tags``, NOTE [ Regions in the whole model's layout ] in
+        ``memtune.profiler.region_layout``)."""
+        key = (budget, saves, channels_last)
+        fn = self._compiled.get(key)
         if fn is None:
             configure_dynamo()
             m = self.module
             own = self.previous if self.previous is not None else types.MethodType(type(m).forward, m)
-            fn = torch.compile(own, dynamic=False, backend=budget_backend(budget, saves))
-            self._compiled[(budget, saves)] = fn
+            fn = torch.compile(own, dynamic=False, backend=budget_backend(budget, saves, channels_last))
+            self._compiled[key] = fn
         return fn
 
     def attach(self, runner: RegionRunner) -> None:
@@ -404,7 +408,8 @@ class RegionForward:
         return (_fresh_region_forward, (self.module,))
 
     def __repr__(self) -> str:
-        policies = sorted(f"{b:g}" + (f" saves {r}" if r else "") for b, r in self._compiled)
+        policies = sorted(f"{b:g}" + (f" saves {r}" if r else "") + (" channels-last" if c else "")
+                          for b, r, c in self._compiled)  # fmt: skip
         return f"RegionForward({type(self.module).__name__}, compiled at {policies})"
 
 
@@ -481,6 +486,8 @@ class CompiledRegions:
         self.budget = float(budget)
         self.saves = saves
         self.eager = frozenset(eager)
+        #: NOTE [ Regions in the whole model's layout ] (memtune.profiler.region_layout)
+        self.channels_last = regions_channels_last(self.modules)
         self._regions: list[RegionForward] = []
         self._calls: dict[int, tuple[int, Callable[..., Any]]] = {}
         self._paused = False
@@ -510,7 +517,7 @@ class CompiledRegions:
                 self._regions.append(region)
                 self._calls[id(region)] = (
                     k,
-                    region.eager if k in self.eager else region.compiled(self.budget, self.saves),
+                    region.eager if k in self.eager else region.compiled(self.budget, self.saves, self.channels_last),
                 )
         except BaseException:
             self._release()

@@ -83,6 +83,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from memtune.profiler import ProfilerError
 from memtune.profiler.chain import may_write_input
 from memtune.profiler.module_stages import checkpointed_call, tensor_leaves
+from memtune.profiler.region_layout import regions_channels_last
 from memtune.profiler.region_tree import RegionForward, install_region
 from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Action, Plan, PlanKind
@@ -164,12 +165,14 @@ class PlannedModule(PlannedBase):
         Stage modules are wrapped once ]); a compiled plan's regions get their compiled callables, made once per
         budget and save rule (NOTE [ Regions are wrapped once ] in ``memtune.profiler.region_tree``)."""
         budget = self.plan.compile_budget
+        # the layout the regions were profiled in (NOTE [ Regions in the whole model's layout ])
+        channels_last = budget is not None and regions_channels_last(self._stages)
         for k, m in enumerate(self._stages):
             wrapper = install_region(m)
             call = (
                 wrapper.eager
                 if budget is None or k in self.plan.eager_stages
-                else wrapper.compiled(budget, self.plan.compile_saves)
+                else wrapper.compiled(budget, self.plan.compile_saves, channels_last)
             )
             wrapper.attach(self)
             self._forwards.append(wrapper)
