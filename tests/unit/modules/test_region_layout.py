@@ -27,7 +27,7 @@ def test_the_compilers_rule_takes_a_networks_convolutions_together_where_its_ste
     wide, narrow = TinyResNet(WIDE), TinyResNet()
     assert regions_channels_last([wide])
     assert regions_channels_last([wide.conv1, wide.layer1, wide.layer2, wide.fc])  # the regions cover its convolutions
-    assert not regions_channels_last([nn.Conv2d(3, 64, 7, 2, 3)])  # ResNet-50's stem alone: at most 64 channels each way
+    assert not regions_channels_last([nn.Conv2d(3, 64, 7, 2, 3)])  # ResNet-50's stem alone: at most 64 each way
     assert not regions_channels_last([narrow])  # every convolution small, as the stem
     assert not regions_channels_last([TinyEncoder()])  # no convolution
     assert not regions_channels_last([nn.Conv2d(256, 64, 3)])  # at least twice as many inputs as outputs, kernel 3

@@ -77,7 +77,7 @@ def test_a_profile_of_compiled_regions_prices_plans_that_train_with_the_compiled
     run.release()
 
 
-def _failing_backend(budget: float, saves: str | None = None) -> Callable[..., Any]:
+def _failing_backend(budget: float, saves: str | None = None, channels_last: bool = False) -> Callable[..., Any]:
     def backend(_gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]) -> Any:
         raise RuntimeError(f"no kernel for this graph at budget {budget:g}\nsecond line")
 
