@@ -290,6 +290,11 @@ KEPT: tuple[Kept, ...] = (
     Kept(f"{_R}/h200/region-timing/*.json", "`benchmarks.region_timing` on an H200: measurement (one row per model)"),
     Kept(f"{_R}/h200/region-timing/traces/*", "`benchmarks.region_timing --trace` on an H200: one step's Chrome trace"),
     Kept(
+        f"{_R}/h200/region-layout/*",
+        "ResNet-50's regions in each memory layout on an H200: the experiment `benchmarks.region_layout` was written "
+        "from (its script as run, `experiment.py.txt`), its measurement and two kernel summaries",
+    ),
+    Kept(
         f"{_R}/h100/promises/*.json",
         "`benchmarks.promises` on the H100 (rows with measured profiles); the modeled-"
         "*.json beside them are `scripts/modeled_profiles.py`'s CPU profiles, kept as the inputs modeled_check read",

@@ -8,10 +8,11 @@ as output channels and a kernel over 1, or every one with at most 64 channels ea
 convolutional network is one graph and goes channels-last. Cut into regions, each region decides alone, and a region
 whose convolutions the rule turns down (ResNet-50's stem, one convolution of 3 to 64 channels) runs and hands on the
 default layout, so the regions after it take inputs in the default layout too. Measured on an H200 (torch 2.11,
-torchvision ResNet-50, batch 128, fp32, SGD, GPU time of a training step, median of 10): the whole model compiled
-35.5 ms, its 22 regions (the stem's four modules, each bottleneck block, the pooling and the classifier) compiled
-alone 56.9 ms, the same regions with inductor told to optimize every region's layout 36.8 ms, and with the model's
-input channels-last 35.5 ms; eager 60.3 ms.
+torchvision ResNet-50, batch 128, fp32, SGD, GPU time of a training step, median of 10;
+``benchmarks/results/h200/region-layout/``, the experiment ``benchmarks.region_layout`` was written from): the whole
+model compiled 35.5 ms, its 22 regions (the stem's four modules, each bottleneck block, the pooling and the classifier)
+compiled alone 56.9 ms, the same regions with inductor told to optimize every region's layout 36.8 ms, and with the
+model's input channels-last 35.5 ms; eager 60.3 ms.
 
 So every region of a model is compiled with the layout decision the compiler makes for all of the regions' convolutions
 together (``regions_channels_last``; ``torch._inductor.config.force_layout_optimization`` where it is yes), which is
