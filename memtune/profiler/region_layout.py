@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,14 +52,14 @@ CONVOLUTIONS: tuple[type[nn.Module], ...] = (
 )
 
 
-def _convolutions_graph(convs: list[nn.Module]) -> torch.fx.GraphModule:
+def _convolutions_graph(convs: list[Any]) -> torch.fx.GraphModule:
     """A graph of one ``aten.convolution`` node per module of ``convs``, with meta tensors of its input's channels and
     its weight's shape, as the compiler's layout rule reads them."""
     graph = torch.fx.Graph()
     for k, conv in enumerate(convs):
         weight = conv.weight
         dims = weight.dim() - 2
-        channels = weight.shape[0] if conv.transposed else weight.shape[1] * conv.groups  # type: ignore[index]
+        channels = weight.shape[0] if conv.transposed else weight.shape[1] * conv.groups
         x = graph.placeholder(f"x{k}")
         x.meta["val"] = torch.empty((1, channels, *[1] * dims), device="meta")
         w = graph.placeholder(f"w{k}")
@@ -73,7 +74,7 @@ def _convolutions_graph(convs: list[nn.Module]) -> torch.fx.GraphModule:
 def regions_channels_last(modules: Iterable[nn.Module]) -> bool:
     """Whether the compiler runs the convolutions of ``modules`` (the regions of a model, and everything inside them)
     channels-last when they are in one graph (NOTE [ Regions in the whole model's layout ]); False without any."""
-    seen: dict[int, nn.Module] = {}
+    seen: dict[int, Any] = {}
     for module in modules:
         for m in module.modules():
             if isinstance(m, CONVOLUTIONS) and isinstance(getattr(m, "weight", None), torch.Tensor):
