@@ -52,6 +52,7 @@ def region_runs(entries: Sequence[dict[str, Any]]) -> list[Any]:
             e["error"],
             e["seconds"],
             e.get("saves"),
+            e.get("channels_last", False),
         )
         for e in entries
     ]

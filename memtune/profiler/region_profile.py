@@ -21,6 +21,7 @@ from torch import nn
 from memtune.profiler import saved_tags
 from memtune.profiler._profile import Profile, SaveRule
 from memtune.profiler.module_profile import as_inputs, profile_module
+from memtune.profiler.region_layout import regions_channels_last
 from memtune.profiler.region_tree import RegionPartition, candidate_partitions, first_line, region_partitions
 
 __all__ = ["RegionProfile", "profile_regions"]
@@ -37,6 +38,8 @@ class RegionProfile:
         profile: the compiled profile (None where it failed).
         error: why it failed, in one line (None where it did not).
         seconds: wall seconds its measurement took, compiling included.
+        channels_last: its regions ran their convolutions channels-last, the layout the compiler gives the whole
+            model (NOTE [ Regions in the whole model's layout ] in ``memtune.profiler.region_layout``).
     """
 
     partition: RegionPartition
@@ -45,6 +48,7 @@ class RegionProfile:
     error: str | None
     seconds: float
     saves: SaveRule | None = None
+    channels_last: bool = False
 
     @property
     def policy(self) -> str:
@@ -129,7 +133,9 @@ def profile_regions(
             )
         except Exception as exc:  # the compiler's errors have no common type; the other candidates still stand
             error = first_line(exc)
-        out.append(RegionProfile(part, budget, prof, error, time.perf_counter() - began, rule))
+        # as CompiledRegions decided while it measured them; a failed profile ran in none
+        layout = prof is not None and regions_channels_last(model.get_submodule(n) for n in part.names)
+        out.append(RegionProfile(part, budget, prof, error, time.perf_counter() - began, rule, layout))
     if progress is not None:
         progress(len(todo), len(todo), "done")
     return out

@@ -47,6 +47,8 @@ class RegionTrial:
         eager_regions: regions run eager (written in place at their edges).
         compile_seconds: its first step's wall seconds (compiling); seconds: its whole measurement's.
         error: why it failed, naming the region and the compiler's first line; None where it did not.
+        channels_last: its regions ran their convolutions channels-last, the whole model's layout (NOTE [ Regions in
+            the whole model's layout ] in ``memtune.profiler.region_layout``).
     """
 
     label: str
@@ -62,6 +64,7 @@ class RegionTrial:
     seconds: float
     error: str | None = None
     saves: str | None = None
+    channels_last: bool = False
 
     @property
     def policy(self) -> str:
@@ -87,7 +90,8 @@ class RegionTrial:
             if self.best_ms is not None and self.best_peak_bytes is not None
             else "no plan fits"
         )
-        eager = f"; eager: {', '.join(self.eager_regions)}" if self.eager_regions else ""
+        layout = "; convolutions channels-last, as the model compiled whole" if self.channels_last else ""
+        eager = f"{layout}; eager: {', '.join(self.eager_regions)}" if self.eager_regions else layout
         took = f"; compiled in {self.compile_seconds:.0f} s" if self.compile_seconds is not None else ""
         return f"{head}: unplanned {self.step_ms:.2f} ms{versus}, {best}{eager}{took}"
 
@@ -106,6 +110,7 @@ def region_trial(
     points: Sequence[CompilerPoint] = (),
     error: str | None = None,
     saves: str | None = None,
+    channels_last: bool = False,
 ) -> RegionTrial:
     """The ``RegionTrial`` of one compiled-region profile: from its search's ``result`` (None: it failed with
     ``error``), compared with the whole-model compiler ``points`` measured at the same budget; ``saves``, the save
@@ -127,6 +132,7 @@ def region_trial(
         seconds=seconds,
         error=error,
         saves=saves,
+        channels_last=channels_last,
     )
 
 
@@ -174,6 +180,7 @@ def weigh_all(
                 points=points,
                 error=run.error,
                 saves=run.saves,
+                channels_last=run.channels_last,
             )
         )
     return results, trials

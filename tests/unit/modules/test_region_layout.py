@@ -6,15 +6,19 @@ gradients (CPU inductor)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 from torch import nn
 
+from benchmarks.peer_rows import region_runs
 from memtune.profiler.compiled import budget_backend
 from memtune.profiler.region_layout import regions_channels_last
+from memtune.profiler.region_profile import profile_regions
 from memtune.profiler.region_tree import CompiledRegions, edge_writes, region_partitions
 from memtune.tuner.plan import Plan
+from memtune.tuner.region_plans import RegionTrial
 from memtune.tuner.runtime import planned
 from tests.unit.modules.region_models import TinyEncoder, TinyResNet, resnet_batch, square, taken_grads
 
@@ -76,3 +80,24 @@ def test_planned_regions_in_the_whole_models_layout_give_the_unplanned_compiled_
     for name in reference:
         torch.testing.assert_close(got[name], reference[name], rtol=1e-5, atol=1e-6, msg=name)
         torch.testing.assert_close(got[name], eager_grads[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_a_region_candidates_line_says_its_convolutions_ran_in_the_whole_models_layout() -> None:
+    trial = RegionTrial(label="depth 1: 8 regions (conv1, …)", regions=("conv1",), budget=1.0, step_ms=40.0,
+                        whole_ms=None, best_ms=45.0, best_peak_bytes=2**30, plan=None, eager_regions=("bn1",),
+                        compile_seconds=30.0, seconds=40.0, channels_last=True)  # fmt: skip
+    assert "convolutions channels-last, as the model compiled whole; eager: bn1" in trial.line()
+    assert "channels-last" not in dataclasses.replace(trial, channels_last=False).line()
+
+
+def test_a_grid_rows_region_entries_keep_the_layout_they_were_measured_in() -> None:
+    entry = {"depth": 1, "regions": ["a", "b"], "budget": 1.0, "profile": None, "error": "x", "seconds": 1.0}
+    assert [r.channels_last for r in region_runs([entry, {**entry, "channels_last": True}])] == [False, True]
+
+
+@pytest.mark.slow  # CPU inductor compiles the regions' graphs
+def test_a_region_profile_records_the_layout_its_regions_were_compiled_in() -> None:
+    model, x = TinyResNet(WIDE), resnet_batch()
+    part = region_partitions(model, ((x,), {}))[0]
+    (run,) = profile_regions(model, x, (1.0,), partitions=[part], loss_fn=square, warmup=0, repeats=1, rules=())
+    assert run.error is None and run.channels_last
