@@ -292,7 +292,7 @@ KEPT: tuple[Kept, ...] = (
     Kept(
         f"{_R}/h200/region-layout/*",
         "ResNet-50's regions in each memory layout on an H200: the experiment `benchmarks.region_layout` was written "
-        "from (its script as run, `experiment.py.txt`), its measurement and two kernel summaries",
+        "from (its script as run, `experiment.py.txt`), its measurement, two kernel summaries and two host profiles",
     ),
     Kept(
         f"{_R}/h100/promises/*.json",
