@@ -80,7 +80,9 @@ __all__ = [
     "hf_cache",
     "main",
     "noise_gradients",
+    "ran_in_layout",
     "run_model",
+    "same_alone",
     "same_cache",
     "within_spread",
 ]
@@ -419,10 +421,11 @@ class _Run:
         depths = auto_depths(parts) if args.region_depths == "auto" else args.region_depths
         parts = [p for p in parts if p.depth in depths]
         # a profile measured in another layout than its regions now compile in is measured again (NOTE [ Regions in
-        # the whole model's layout ]); a row's entries from before the layout was decided ran the default one
+        # the whole model's layout ])
         layout = {p.depth: regions_channels_last([model.get_submodule(n) for n in p.names]) for p in parts}
-        row["regions"] = [e for e in row.get("regions", []) if e.get("channels_last", False) == layout.get(e["depth"])
-                          or e["depth"] not in layout]  # fmt: skip
+        alone = {p.depth: same_alone([model.get_submodule(n) for n in p.names]) for p in parts}
+        row["regions"] = [e for e in row.get("regions", []) if e["depth"] not in layout
+                          or ran_in_layout(e, layout[e["depth"]], alone[e["depth"]])]  # fmt: skip
         done = row["regions"]
         have = {(e["depth"], e["budget"], e.get("saves")) for e in done}
         policies = [(b, None) for b in args.region_budgets] + [(1.0, r) for r in args.rules]
@@ -443,6 +446,28 @@ class _Run:
                 })  # fmt: skip
                 self.save()
         return [e for e in done if e["depth"] in depths]
+
+
+def same_alone(regions: Sequence[Any]) -> bool:
+    """Whether every region of ``regions`` that holds a convolution, compiled alone, runs it in the layout that all of
+    them compiled together run theirs in (``regions_channels_last``): then compiling each region with its own layout
+    decision and with the regions' common one is the same."""
+    from memtune.profiler.region_layout import CONVOLUTIONS, regions_channels_last
+
+    together = regions_channels_last(regions)
+    holding = [r for r in regions if any(isinstance(m, CONVOLUTIONS) for m in r.modules())]
+    return all(regions_channels_last([r]) == together for r in holding)
+
+
+def ran_in_layout(entry: dict[str, Any], channels_last: bool, alone: bool) -> bool:
+    """Whether a row's region profile ``entry`` ran its convolutions in the layout ``channels_last`` that its regions
+    compile in now. An entry from before the layout was recorded ran each region's own decision, which is that layout
+    where ``alone`` (``same_alone``); it is then marked with it."""
+    if "channels_last" in entry:
+        return bool(entry["channels_last"]) == channels_last
+    if alone:
+        entry["channels_last"] = channels_last
+    return alone
 
 
 def noise_gradients(*spreads: Any) -> list[int]:

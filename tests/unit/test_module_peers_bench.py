@@ -409,3 +409,18 @@ def test_finalists_set_the_served_plan_beside_the_compiler_point_measured_in_the
     text = peer_rows.table(H200_ROWS)
     assert "## Finalists measured before serving" in text
     assert "| llama | 90% | compiled whole 0.7 | 81.9 | 88.3 / 12.75 | yes |" in text
+
+
+def test_a_region_profile_from_before_layouts_were_recorded_stands_only_where_each_region_alone_ran_that_layout() -> None:
+    from torch import nn
+
+    stem = nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU())  # small channels alone: default layout
+    body = nn.Sequential(nn.Conv2d(32, 256, 3), nn.Conv2d(256, 256, 3))
+    head = nn.Linear(256, 10)
+    assert not module_peers.same_alone([stem, body, head])  # together channels-last, the stem alone not
+    assert module_peers.same_alone([nn.Sequential(stem, body), head])  # one region holds every convolution
+    old: dict[str, Any] = {"depth": 1}
+    assert module_peers.ran_in_layout(old, True, alone=True) and old["channels_last"] is True
+    assert not module_peers.ran_in_layout({"depth": 2}, True, alone=False)
+    assert module_peers.ran_in_layout({"depth": 2, "channels_last": False}, False, alone=False)
+    assert not module_peers.ran_in_layout({"depth": 2, "channels_last": False}, True, alone=True)
