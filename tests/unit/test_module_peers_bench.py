@@ -411,7 +411,7 @@ def test_finalists_set_the_served_plan_beside_the_compiler_point_measured_in_the
     assert "| llama | 90% | compiled whole 0.7 | 81.9 | 88.3 / 12.75 | yes |" in text
 
 
-def test_a_region_profile_from_before_layouts_were_recorded_stands_only_where_each_region_alone_ran_that_layout() -> None:
+def test_an_unrecorded_region_layout_stands_only_where_each_region_alone_ran_it() -> None:
     from torch import nn
 
     stem = nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU())  # small channels alone: default layout
