@@ -77,6 +77,7 @@ __all__ = [
     "MODELS",
     "auto_depths",
     "compiled_math",
+    "float64_words",
     "hf_cache",
     "main",
     "noise_gradients",
@@ -374,7 +375,13 @@ class _Run:
         in its entry as ``math`` as soon as it is checked; the spread once, as the row's ``spread``."""
         from memtune.tuner import Plan
         from memtune.tuner.measure.module_peers import applicable_peers, applied
-        from memtune.tuner.runtime import check_equivalence, compare_steps, reference_step
+        from memtune.tuner.runtime import (
+            check_equivalence,
+            compare_steps,
+            float64_step,
+            judge_against_float64,
+            reference_step,
+        )
 
         row = self.row
         todo = [e for e in row.get("plans", []) if "plan_json" in e and "math" not in e]
@@ -382,6 +389,7 @@ class _Run:
             return
         row.pop("math_error", None)
         names = [n for n, p in model.named_parameters() if p.requires_grad]
+        params = [p for p in model.parameters() if p.requires_grad]
 
         def errors(eq: Any) -> dict[str, Any]:
             return {"loss": eq.loss, "grad": eq.grad, "buffer": eq.buffer, "worst": eq.worst_grad}
@@ -390,20 +398,25 @@ class _Run:
                         if p.family == "compiler")  # fmt: skip
         with compiled_math(), applied(model, whole) as run, applied(model, recut) as other:
             ref = reference_step(model, inputs, loss_fn=loss, run=run)
-            spreads = {
-                "again": compare_steps(reference_step(model, inputs, loss_fn=loss, run=run), ref, names),
-                "eager": compare_steps(reference_step(model, inputs, loss_fn=loss), ref, names),
-                "recut": compare_steps(reference_step(model, inputs, loss_fn=loss, run=other), ref, names),
-            }
+            truth = float64_step(model, inputs, loss_fn=loss)
+            steps = {"again": reference_step(model, inputs, loss_fn=loss, run=run),
+                     "eager": reference_step(model, inputs, loss_fn=loss),
+                     "recut": reference_step(model, inputs, loss_fn=loss, run=other)}  # fmt: skip
+            spreads = {k: compare_steps(v, ref, names) for k, v in steps.items()}
             noise = [names[i] for i in noise_gradients(*spreads.values())]
             row["spread"] = {**{k: errors(v) for k, v in spreads.items()}, "noise": noise}
+            for k, v in steps.items():  # the spreads' runs against float64 too, the plans' measure beside them
+                row["spread"][k]["float64"] = float64_words(judge_against_float64(v.grads, ref, truth, names))
+            del steps
             for e in todo:
                 print(f"{self.name}: gradients of the plan at {e['fraction']:g}", flush=True)
                 eq, pm = check_equivalence(model, Plan.model_validate(e["plan_json"]), inputs, loss_fn=loss,
                                            reference=ref, steps=1)  # fmt: skip
+                judged = judge_against_float64([p.grad for p in params], ref, truth, names)
                 pm.release()
                 del pm
-                e["math"] = {**errors(eq), **within_spread(eq, list(spreads.values()), names)}
+                e["math"] = {**errors(eq), **within_spread(eq, list(spreads.values()), names),
+                             "float64": float64_words(judged)}  # fmt: skip
                 self.save()
 
     def _regions(self, model: Any, inputs: Any, loss: Callable[[Any], Any]) -> list[dict[str, Any]]:
@@ -468,6 +481,12 @@ def ran_in_layout(entry: dict[str, Any], channels_last: bool, alone: bool) -> bo
     if alone:
         entry["channels_last"] = channels_last
     return alone
+
+
+def float64_words(judged: Any) -> dict[str, Any]:
+    """A ``memtune.tuner.runtime.Float64Judgement`` as the row keeps it (NOTE [ Gradients against float64 ])."""
+    return {"within": judged.within, "ratio": judged.ratio, "worst": judged.worst, "loss_error": judged.loss_error,
+            "comparable": judged.comparable}  # fmt: skip
 
 
 def noise_gradients(*spreads: Any) -> list[int]:

@@ -249,11 +249,14 @@ def _plan_rows(row: dict[str, Any], ratios: list[float]) -> list[str]:
 
 
 def _math_rows(rows: list[dict[str, Any]]) -> list[str]:
-    """The gradient check's table (NOTE [ Plans' gradients ]): per model its spread, then each checked plan."""
+    """The gradient check's table (NOTE [ Plans' gradients ]): per model its spread, then each checked plan, each
+    also against float64 where the row measured it (NOTE [ Gradients against float64 ] in
+    ``memtune.tuner.runtime.float64``)."""
     lines = [
         "| model | run | loss error | largest gradient error (parameter) | largest judged (parameter) "
-        "| within the spread |",
-        "|---|---|---|---|---|---|",
+        "| within the spread | RMSE against float64 over the compiled run's, largest (parameter) "
+        "| within float64's rule |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         noise = r["spread"].get("noise")
@@ -261,16 +264,27 @@ def _math_rows(rows: list[dict[str, Any]]) -> list[str]:
         named = (("compiled again", "again"), ("eager", "eager"), (f"compiled at budget {RECUT_BUDGET:g}", "recut"))
         for what, e in ((what, r["spread"][k]) for what, k in named if k in r["spread"]):
             head = f"| {r['model']} | {what} | {e['loss']:.1e}"
-            lines.append(f"{head} | {e['grad']:.1e} ({e['worst']}) | {unjudged} | - |")
+            lines.append(f"{head} | {e['grad']:.1e} ({e['worst']}) | {unjudged} | - | {_float64_cells(e)} |")
         for e in r.get("plans", []):
             m = e.get("math")
             if m is not None:
                 judged = f"{m['judged_grad']:.1e} ({m['judged_worst']})" if "judged_grad" in m else "-"
                 lines.append(
                     f"| {r['model']} | plan at {e['fraction']:.0%} | {m['loss']:.1e} | {m['grad']:.1e} ({m['worst']}) "
-                    f"| {judged} | {'yes' if m['within_spread'] else 'no'} |"
+                    f"| {judged} | {'yes' if m['within_spread'] else 'no'} | {_float64_cells(m)} |"
                 )
     return lines
+
+
+def _float64_cells(check: dict[str, Any]) -> str:
+    """A run's judgement against float64, two cells: its largest RMSE ratio and whether it passes; ``-`` where the
+    row did not measure it."""
+    f = check.get("float64")
+    if f is None:
+        return "- | -"
+    if not f["comparable"]:
+        return f"not comparable: the float64 loss is {f['loss_error']:.1e} off (other random draws) | -"
+    return f"{f['ratio']:.2f} ({f['worst']}) | {'yes' if f['within'] else 'no'}"
 
 
 def table(folder: Path) -> str:

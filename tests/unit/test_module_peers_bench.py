@@ -181,7 +181,12 @@ def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeyp
     assert "spread" in row, (row["plans"], row.get("math_error"))
     assert "math_error" not in row and set(row["spread"]) == {"again", "eager", "recut", "noise"}, row.get("math_error")
     assert plan["math"]["within_spread"], (plan["math"], row["spread"])
-    assert "## Gradients against the unplanned compiled run" in peer_rows.table(tmp_path)
+    # NOTE [ Gradients against float64 ]: the plan and the spreads' runs judged against a float64 step too
+    assert plan["math"]["float64"]["comparable"] and plan["math"]["float64"]["within"], plan["math"]
+    assert row["spread"]["again"]["float64"]["ratio"] == 1.0, row["spread"]  # the compiled run repeats exactly
+    text = peer_rows.table(tmp_path)
+    assert "## Gradients against the unplanned compiled run" in text
+    assert f"| {plan['math']['float64']['ratio']:.2f} ({plan['math']['float64']['worst']}) | yes |" in text
     again = module_peers.run_model("blocks", args)  # continues: the region profiles are not measured again
     assert [e["seconds"] for e in again["regions"]] == [e["seconds"] for e in regions]
     assert again["plans"][0]["math"] == plan["math"]  # nor the gradients checked again

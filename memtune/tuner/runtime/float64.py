@@ -1,0 +1,121 @@
+"""A plan's gradients judged against float64: the rule PyTorch's own compiler benchmarks judge accuracy by.
+
+# NOTE [ Gradients against float64 ]
+Two float32 runs of one model differ by rounding wherever they sum in another order: other kernels, other fusions,
+other convolution algorithms. Compared with each other, a gradient whose entries nearly cancel shows a large relative
+error from rounding alone, and a second run's spread is one sample of that rounding. PyTorch's compiler benchmarks
+judge a compiled run instead against the same step in float64 (``torch._dynamo.utils.same`` with ``fp64_ref``): the
+compiled result's root-mean-square error against float64 may be at most ``multiplier`` times the eager result's, with
+``multiplier`` 2 for float32 (3 for tensors of fewer than 1,000 entries and for 1 x 1 kernels, where noise dominates).
+
+memtune judges a plan the same way against the run it replaces, the unplanned compiled step: per gradient, the plan's
+RMSE against a float64 eager step of the same parameters, buffers, inputs and seed, at most that multiplier times the
+unplanned compiled step's RMSE (``same(reference, plan, fp64_ref=truth, tol=0)``: no absolute tolerance, so only
+the ratio decides). A plan within it rounds no worse than the compiler does. The float64 step is an eager run of a
+float64 copy of the model (``float64_step``); random draws (dropout) must match the float32 runs', so the judgement
+also keeps the float64 loss's relative error against the reference's (``loss_error``): where dropout drew other masks
+in float64 it is of the size of the loss itself, and the judgement is not comparable (``comparable``).
+
+NOTE: ``torch._dynamo.utils.same(ref, res, fp64_ref=..., tol=..., log_error=...)``, read in torch 2.13's
+``torch/_dynamo/utils.py``; its float64 rule and these arguments date from torch 2.1, so torch 2.11 (the GPU image)
+has them.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map_only
+
+from memtune.tuner.runtime.verify import ReferenceStep, reference_step, relative_error
+
+__all__ = ["COMPARABLE_LOSS_ERROR", "Float64Judgement", "float64_step", "judge_against_float64"]
+
+COMPARABLE_LOSS_ERROR = 1e-4
+"""The float64 loss's largest relative error against the float32 reference's for the judgement to stand: rounding is
+orders of magnitude below it, other dropout masks orders above (NOTE [ Gradients against float64 ])."""
+
+
+@dataclass(frozen=True)
+class Float64Judgement:
+    """A run's gradients against float64, beside the reference run's (NOTE [ Gradients against float64 ]).
+
+    Attributes:
+        within: every gradient passes PyTorch's float64 rule.
+        ratio: the largest of (the run's RMSE against float64) / (the reference's), over the gradients; ``worst``
+            names its parameter.
+        errors: each gradient's RMSE against float64, in the parameters' order; ``reference_errors`` the reference's.
+        loss_error: the reference loss's relative error against the float64 loss.
+    """
+
+    within: bool
+    ratio: float
+    worst: str
+    errors: tuple[float, ...]
+    reference_errors: tuple[float, ...]
+    loss_error: float
+
+    @property
+    def comparable(self) -> bool:
+        """Whether the float64 step drew the float32 runs' random numbers (``COMPARABLE_LOSS_ERROR``)."""
+        return self.loss_error <= COMPARABLE_LOSS_ERROR
+
+
+def float64_step(
+    model: nn.Module, inputs: Any, *, loss_fn: Callable[[Any], torch.Tensor], seed: int = 0
+) -> ReferenceStep:
+    """One eager training step of a float64 copy of ``model`` on ``inputs`` (floating tensors made float64), from the
+    model's parameters and buffers and ``seed``; the model itself is untouched. Its memory is freed when it returns but
+    for the gradients and buffers it records."""
+    twin = copy.deepcopy(model).double()
+    try:
+        return reference_step(twin, tree_map_only(torch.Tensor, _float64, inputs), loss_fn=loss_fn, seed=seed)
+    finally:
+        del twin
+
+
+def _float64(t: torch.Tensor) -> torch.Tensor:
+    return t.double() if t.is_floating_point() else t
+
+
+def _rmse(actual: torch.Tensor, truth: torch.Tensor) -> float:
+    return float((actual.detach().double() - truth.to(actual.device)).square().mean().sqrt())
+
+
+def judge_against_float64(
+    grads: Sequence[torch.Tensor | None], reference: ReferenceStep, truth: ReferenceStep, names: Sequence[str]
+) -> Float64Judgement:
+    """``grads`` (a planned step's, in the parameters' order) judged against ``truth`` (``float64_step``) beside
+    ``reference`` (the unplanned step), by ``torch._dynamo.utils.same`` with no absolute tolerance.
+
+    Raises:
+        ValueError: the steps hold different numbers of gradients.
+    """
+    from torch._dynamo.utils import same
+
+    if not len(grads) == len(reference.grads) == len(truth.grads) == len(names):
+        raise ValueError(f"{len(grads)}, {len(reference.grads)} and {len(truth.grads)} gradients for {len(names)}")
+    within, ratio, worst = True, 0.0, ""
+    errors: list[float] = []
+    reference_errors: list[float] = []
+    for name, g, r, t in zip(names, grads, reference.grads, truth.grads, strict=True):
+        if g is None or r is None or t is None:
+            errors.append(0.0 if g is None and r is None else math.inf)
+            reference_errors.append(0.0)
+            within = within and g is None and r is None
+            continue
+        e, re_ = _rmse(g, t), _rmse(r, t)
+        errors.append(e)
+        reference_errors.append(re_)
+        within = within and bool(same(r, g, fp64_ref=t, tol=0.0, log_error=lambda *_: None))
+        share = e / re_ if re_ > 0 else (0.0 if e == 0 else math.inf)
+        if not worst or share > ratio:
+            ratio, worst = share, name
+    loss_error = relative_error(reference.loss.double(), truth.loss)
+    return Float64Judgement(within, ratio, worst, tuple(errors), tuple(reference_errors), loss_error)

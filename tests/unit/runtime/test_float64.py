@@ -1,0 +1,61 @@
+"""Gradients judged against float64 (NOTE [ Gradients against float64 ] in ``memtune.tuner.runtime.float64``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from memtune.tuner.runtime import float64_step, judge_against_float64, reference_step
+from memtune.tuner.runtime.float64 import COMPARABLE_LOSS_ERROR
+
+
+def _model() -> tuple[nn.Module, torch.Tensor, list[str]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    return model, torch.randn(16, 3, 8, 8), names
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.square().mean()
+
+
+def test_the_float64_step_leaves_the_model_as_it_was_and_agrees_with_float32_to_rounding() -> None:
+    model, x, names = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    truth = float64_step(model, x, loss_fn=_loss)
+    assert all(g is not None and g.dtype == torch.float64 for g in truth.grads)
+    assert all(p.dtype == torch.float32 and p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # buffers restored too
+    ref = reference_step(model, x, loss_fn=_loss)
+    judged = judge_against_float64(ref.grads, ref, truth, names)
+    assert judged.comparable and judged.loss_error < 1e-6
+    assert judged.within and judged.ratio == 1.0  # the reference against itself
+    assert all(0 < e < 1e-5 for e in judged.errors)
+
+
+def test_a_gradient_further_from_float64_than_twice_the_references_error_fails_and_is_named() -> None:
+    model, x, names = _model()
+    truth = float64_step(model, x, loss_fn=_loss)
+    ref = reference_step(model, x, loss_fn=_loss)
+    k = names.index("4.weight")  # the classifier's
+    grads = list(ref.grads)
+    t, r = truth.grads[k], ref.grads[k]
+    assert t is not None and r is not None
+    grads[k] = (t + 3 * (r.double() - t)).float()  # three times the reference's error, entry by entry
+    judged = judge_against_float64(grads, ref, truth, names)
+    assert not judged.within
+    assert judged.worst == names[k] and 2.5 < judged.ratio < 3.5
+    halfway = list(ref.grads)
+    halfway[k] = (t + 0.5 * (r.double() - t)).float()  # nearer float64 than the reference: within
+    assert judge_against_float64(halfway, ref, truth, names).within
+
+
+def test_a_float64_step_that_drew_other_random_numbers_is_not_comparable() -> None:
+    model, x, names = _model()
+    truth = float64_step(model, x, loss_fn=_loss)
+    ref = reference_step(model, x, loss_fn=_loss)
+    other = dataclasses.replace(truth, loss=truth.loss * (1 + 100 * COMPARABLE_LOSS_ERROR))
+    assert not judge_against_float64(ref.grads, ref, other, names).comparable
