@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from memtune.tuner.measure.bench import BenchRow
     from memtune.tuner.measure.first_use import PresentGPU
 
-__all__ = ["bench_command"]
+__all__ = ["bench_command", "float64_text"]
 
 
 def bench_command(
@@ -274,7 +274,24 @@ def _factory_bench(
         raise fail(f"{row['error']} within {fraction:.0%} of the measured peak", code=1)
     out.print(
         f"plan {row['plan']} at {format_bytes(row['budget_bytes'])}; gradients within {row['equality']['grad']:.1e} "
-        f"of the unplanned step's (its own run-to-run spread {row['spread']['grad']:.1e})"
+        f"of the unplanned step's (its own run-to-run spread {row['spread']['grad']:.1e}){float64_text(row)}"
+    )
+
+
+def float64_text(row: dict[str, Any]) -> str:
+    """The bench row's judgement against float64, in words after a semicolon (NOTE [ Gradients against float64 ] in
+    ``memtune.tuner.runtime.float64``); empty for a row measured without it."""
+    f = row.get("float64")
+    if f is None:
+        return ""
+    if "error" in f:
+        return f"; not judged against float64: {f['error']}"
+    if not f["comparable"]:
+        return f"; not judged against float64: its loss is {f['loss_error']:.1e} off (dropout drew otherwise)"
+    verdict = "within" if f["within"] else "NOT within"
+    return (
+        f"; against float64 its largest gradient error is {f['ratio']:.2f}x the unplanned step's ({f['worst']}): "
+        f"{verdict} PyTorch's accuracy rule"
     )
 
 

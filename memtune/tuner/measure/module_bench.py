@@ -8,8 +8,10 @@ peak allocated and reserved bytes, allocator retries); the profile by module sta
 the best plan under ``budget_guard``
 at that budget (an out-of-memory is a result), again without the cap, and the stages wrapped with every action
 ``keep`` (what wrapping costs by itself); the simulator's prediction; the largest relative loss, gradient and buffer
-errors of the plan against the unplanned step beside those of a second unplanned step (the run-to-run spread); and
-each given built-in (a module sharing the model's parameters, e.g. ``checkpoint_sequential`` over a trunk), uncapped.
+errors of the plan against the unplanned step beside those of a second unplanned step (the run-to-run spread); the
+plan's gradients against a float64 step beside the unplanned step's (NOTE [ Gradients against float64 ] in
+``memtune.tuner.runtime.float64``; an ``error`` where the float64 step does not fit the GPU); and each given built-in
+(a module sharing the model's parameters, e.g. ``checkpoint_sequential`` over a trunk), uncapped.
 """
 
 from __future__ import annotations
@@ -139,10 +141,30 @@ def bench_module(
     eq, _ = check_equivalence(model, plan, inputs, loss_fn=loss, reference=ref, steps=1)
     row["spread"] = {"loss": same.loss, "grad": same.grad, "buffer": same.buffer}
     row["equality"] = {"loss": eq.loss, "grad": eq.grad, "buffer": eq.buffer, "worst": eq.worst_grad}
+    note("gradients against float64")
+    row["float64"] = _against_float64(model, inputs, loss, ref)
     for name, peer in (builtins or {}).items():
         note(name)
         row[name] = measure_step(model, peer, inputs, loss, warmup=warmup, steps=steps)
     return row
+
+
+def _against_float64(model: nn.Module, inputs: Any, loss: Loss, ref: Any) -> dict[str, Any]:
+    """The planned step whose gradients ``model`` holds, judged against a float64 step beside the unplanned step
+    ``ref`` (NOTE [ Gradients against float64 ] in ``memtune.tuner.runtime.float64``): a JSON-ready dict, or its
+    ``error`` where the float64 step does not fit the GPU (it holds twice the unplanned step's activations)."""
+    from memtune.tuner.runtime.float64 import float64_step, judge_against_float64
+
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    grads = [None if p.grad is None else p.grad.detach().clone() for _, p in params]
+    try:
+        truth = float64_step(model, inputs, loss_fn=loss, seed=ref.seed)
+    except torch.cuda.OutOfMemoryError as exc:
+        torch.cuda.empty_cache()
+        return {"error": f"the float64 step does not fit the GPU: {str(exc).splitlines()[0][:200]}"}
+    judged = judge_against_float64(grads, ref, truth, [n for n, _ in params])
+    return {"within": judged.within, "ratio": judged.ratio, "worst": judged.worst, "loss_error": judged.loss_error,
+            "comparable": judged.comparable}  # fmt: skip
 
 
 def _planned_rows(

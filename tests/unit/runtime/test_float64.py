@@ -59,3 +59,28 @@ def test_a_float64_step_that_drew_other_random_numbers_is_not_comparable() -> No
     ref = reference_step(model, x, loss_fn=_loss)
     other = dataclasses.replace(truth, loss=truth.loss * (1 + 100 * COMPARABLE_LOSS_ERROR))
     assert not judge_against_float64(ref.grads, ref, other, names).comparable
+
+
+def test_the_bench_line_says_the_float64_verdict_or_why_there_is_none() -> None:
+    from memtune.api.cli._cli_bench import float64_text
+
+    assert float64_text({}) == ""
+    row = {"float64": {"within": True, "ratio": 1.17, "worst": "layer2.2.bn1.bias", "loss_error": 4.9e-8,
+                       "comparable": True}}  # fmt: skip
+    assert "1.17x the unplanned step's (layer2.2.bn1.bias): within PyTorch's accuracy rule" in float64_text(row)
+    row["float64"].update(within=False)
+    assert "NOT within" in float64_text(row)
+    row["float64"].update(comparable=False, loss_error=0.3)
+    assert "not judged against float64: its loss is 3.0e-01 off" in float64_text(row)
+    assert "does not fit" in float64_text({"float64": {"error": "the float64 step does not fit the GPU: ..."}})
+
+
+def test_the_bench_judges_the_plans_gradients_held_by_the_model_against_float64() -> None:
+    from memtune.tuner.measure import module_bench
+
+    model, x, _ = _model()
+    ref = reference_step(model, x, loss_fn=_loss)
+    for p, g in zip(model.parameters(), ref.grads, strict=True):
+        p.grad = None if g is None else g.clone()  # the planned step as the bench leaves it: here the same math
+    row = module_bench._against_float64(model, x, _loss, ref)
+    assert row["within"] and row["comparable"] and row["ratio"] == 1.0, row
