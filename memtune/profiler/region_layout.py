@@ -23,6 +23,12 @@ arguments), each region keeps the compiler's own per-region decision. A region's
 are. Models without convolutions (the language models) are untouched. The values are the same in either layout; only
 strides, and the convolution algorithms the layout selects, differ, as they do in the model compiled whole.
 
+The rule also turns down a graph with 300 or more nodes per convolution ("only a few conv"). Asked about the
+convolutions alone, it cannot see that: a model with a few convolutions among many other operations compiled whole
+keeps the default layout, while its regions run those convolutions channels-last. ViT-B/16's patch projection is one:
+its region is that convolution alone, which the rule runs channels-last by itself too, so its regions ran so before
+the regions shared a decision as well (``same_alone`` in ``benchmarks/module_peers.py`` keeps their profiles).
+
 Torch names relied on, in torch 2.11 (the GPU image) and 2.13 (CI): ``torch._inductor.graph.GraphLowering.
 decide_layout_opt(gm, *, is_inference)`` (a static method reading each convolution node's ``meta["val"]`` of its input
 and weight and its last argument, the groups) and ``torch._inductor.config.force_layout_optimization``.
