@@ -15,7 +15,10 @@ algorithm choice work on eager operations only, so a compiled stage takes neithe
 place stays eager (``CompiledStage.eager``).
 
 The wrapper shares the module's parameters and buffers (``inner``): the math is the compiler's lowering of the same
-operations, equal to eager up to floating-point reassociation (tests compare within tolerance).
+operations, equal to eager up to floating-point reassociation (tests compare within tolerance). A chain's stages run
+their convolutions in the layout the compiler gives all of them together, as compiled regions do (NOTE [ Regions in
+the whole model's layout ] in ``memtune.profiler.region_layout``): ``compiled_chain`` (the profile) and a planned chain
+(the run) decide it from the same stages, so a plan runs in the layout it was profiled in.
 
 Dynamo compiles one graph per input shape and module code; a chain's stages of one class (ResNet's bottlenecks)
 share the code, so ``configure_dynamo`` raises the recompile limits above the number of stages: without that,
@@ -34,6 +37,7 @@ import torch
 from torch import nn
 
 from memtune.profiler.chain import ModelChain, Stage, may_write_input
+from memtune.profiler.region_layout import regions_channels_last
 
 __all__ = [
     "COMPILE_BUDGETS",
@@ -110,12 +114,15 @@ class CompiledStage(nn.Module):
         inner: the stage's module; its parameters and buffers are shared, not copied.
         budget: ``activation_memory_budget`` while the stage compiles (NOTE [ Compiled stages ]).
         saves: memtune's save rule inside the stage, None for the compiler's own choice (``budget_backend``).
+        channels_last: its convolutions run channels-last whatever the compiler decides for the stage alone: a chain's
+            stages take the decision of all of them together (``compiled_chain``; NOTE [ Regions in the whole
+            model's layout ] in ``memtune.profiler.region_layout``).
 
     Raises:
         ValueError: ``budget`` is outside 0..1.
     """
 
-    def __init__(self, inner: nn.Module, budget: float, saves: str | None = None) -> None:
+    def __init__(self, inner: nn.Module, budget: float, saves: str | None = None, channels_last: bool = False) -> None:
         super().__init__()
         if not 0.0 <= budget <= 1.0:
             raise ValueError(f"a compiled stage's activation budget is a share from 0 to 1, not {budget}")
@@ -123,12 +130,15 @@ class CompiledStage(nn.Module):
         self.inner = inner
         self.budget = float(budget)
         self.saves = saves
+        self.channels_last = channels_last
         #: a stage that writes its input in place (ReLU(inplace=True)) runs eagerly: compiled, its graph mutates
         #: the input after saving it, and under a low budget the backward then finds the saved tensor changed
         #: (seen with ResNet's relu stage at budget 0, on the H100 and the CPU)
         self.eager = may_write_input(inner)
         compiled: Callable[..., Any] = (
-            inner if self.eager else torch.compile(inner, dynamic=False, backend=budget_backend(self.budget, saves))
+            inner
+            if self.eager
+            else torch.compile(inner, dynamic=False, backend=budget_backend(self.budget, saves, channels_last))
         )
         # not a submodule: the parameters are ``inner``'s, listed once (state_dict, optimizers)
         object.__setattr__(self, "_compiled", compiled)
@@ -138,7 +148,10 @@ class CompiledStage(nn.Module):
         return compiled(*args, **kwargs)
 
     def extra_repr(self) -> str:
-        return "eager: writes its input in place" if self.eager else f"activation_memory_budget={self.budget}"
+        if self.eager:
+            return "eager: writes its input in place"
+        layout = ", convolutions channels-last" if self.channels_last else ""
+        return f"activation_memory_budget={self.budget}{layout}"
 
 
 def eager_module(module: nn.Module) -> nn.Module:
@@ -147,6 +160,12 @@ def eager_module(module: nn.Module) -> nn.Module:
 
 
 def compiled_chain(chain: ModelChain, budget: float) -> ModelChain:
-    """``chain`` with every stage compiled under ``budget`` (shares its parameters; NOTE [ Compiled stages ])."""
-    stages = [Stage(s.name, s.kind, CompiledStage(eager_module(s.module), budget)) for s in chain.stages]
+    """``chain`` with every stage compiled under ``budget`` (shares its parameters; NOTE [ Compiled stages ]), in the
+    layout the compiler gives all the stages' convolutions together (``regions_channels_last``)."""
+    modules = [eager_module(s.module) for s in chain.stages]
+    layout = regions_channels_last(modules)
+    stages = [
+        Stage(s.name, s.kind, CompiledStage(m, budget, channels_last=layout))
+        for s, m in zip(chain.stages, modules, strict=True)
+    ]
     return dataclasses.replace(chain, stages=stages, params=dict(chain.params))

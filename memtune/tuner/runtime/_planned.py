@@ -42,6 +42,7 @@ from torch import nn
 from memtune.profiler import ModelChain
 from memtune.profiler.chain import flatten
 from memtune.profiler.compiled import CompiledStage
+from memtune.profiler.region_layout import regions_channels_last
 from memtune.tuner._spatial import parse_segment_key
 from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Action, Plan, PlanKind, segments
@@ -188,9 +189,13 @@ class PlannedChain(PlannedBase):
         if budget is None:
             return modules
         compiled = [self._compiled.get(k) for k in range(len(modules))]
-        for k, (m, c) in enumerate(zip(modules, compiled, strict=True)):
-            if c is None or c.inner is not m:  # compiled once per module; a swapped module compiles anew
-                self._compiled[k] = CompiledStage(m, budget, self.plan.compile_saves)
+        stale = [c is None or c.inner is not m for m, c in zip(modules, compiled, strict=True)]
+        if any(stale):  # compiled once per module; a swapped module compiles anew, the layout decided again
+            layout = regions_channels_last(modules)  # as compiled_chain profiled them
+            for k, m in enumerate(modules):
+                c = self._compiled.get(k)
+                if stale[k] or c is None or c.channels_last != layout:
+                    self._compiled[k] = CompiledStage(m, budget, self.plan.compile_saves, layout)
         return [self._compiled[k] for k in range(len(modules))]
 
     # ---- forward ---------------------------------------------------------------------------------

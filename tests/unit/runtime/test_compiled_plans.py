@@ -69,6 +69,21 @@ def test_compiled_run_is_eager_within_tolerance() -> None:
     assert eq.ok(1e-4), eq
 
 
+def test_a_chains_compiled_stages_take_the_layout_of_all_their_convolutions_together() -> None:
+    from memtune.profiler.region_layout import regions_channels_last
+    from memtune.tuner.runtime import planned
+
+    chain = zoo.build("resnet18", {"image_size": 16, "num_classes": 5})
+    assert not regions_channels_last([chain.stages[0].module])  # the stem's convolution alone: 3 to 64 channels
+    profiled = [s.module for s in compiled_chain(chain, 1.0).stages]
+    assert all(isinstance(m, CompiledStage) and m.channels_last for m in profiled)
+    assert "convolutions channels-last" in repr(profiled[0])
+    pm = planned(chain, Plan.uniform(len(chain), compile_budget=1.0))
+    run = pm.stage_modules()
+    assert all(isinstance(m, CompiledStage) and m.channels_last for m in run)  # as profiled
+    assert pm.stage_modules()[0] is run[0]  # wrapped once, not at every call
+
+
 def test_compiled_plan_rules() -> None:
     with pytest.raises(ValueError, match=r"stage 1 is 'selective'.*compiled"):
         Plan.from_actions("ks", compile_budget=0.5)
