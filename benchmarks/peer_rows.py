@@ -22,9 +22,11 @@ __all__ = [
     "lower_bounds",
     "ms_gib",
     "plan_profile",
+    "point_noise",
     "point_update_ms",
     "ran",
     "region_runs",
+    "repeated_points",
     "repredicted",
     "row_update_ms",
     "searched_profile",
@@ -218,9 +220,9 @@ def _peer_rows(row: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _plan_rows(row: dict[str, Any], ratios: list[float]) -> list[str]:
+def _plan_rows(row: dict[str, Any], ratios: list[float], verdicts: list[bool]) -> list[str]:
     lines = []
-    bounds, top = lower_bounds(row), compiled_top(row)
+    bounds, top, noise = lower_bounds(row), compiled_top(row), point_noise(row)
     for e in row.get("plans", []):
         head = f"| {row['model']} | {e['fraction']:.0%} ({e['budget_bytes'] / GiB:.2f}) |"
         peer = fastest_peer_within(row, e["budget_bytes"])
@@ -228,23 +230,72 @@ def _plan_rows(row: dict[str, Any], ratios: list[float]) -> list[str]:
         bound = bounds.get(e["fraction"])
         bound_text = f"{bound:.1f}" if bound is not None else "-"
         if "plan_json" not in e:
-            lines.append(f"{head} {cell(e.get('error', 'no plan'))} | - | - | {peer_text} | - | - | {bound_text} | - |")
+            lines.append(
+                f"{head} {cell(e.get('error', 'no plan'))} | - | - | {peer_text} | - | - | - | {bound_text} | - |"
+            )
             continue
         kind = "compiled" if e.get("compiled") else "eager"
         pr, cap = e["predicted"], e.get("capped")
         measured = ms_gib(cap) if ran(cap) else cell((cap or {}).get("error", "not measured")[:120])
-        ratio = "-"
+        ratio, verdict = "-", "-"
         if ran(cap) and peer is not None:
             assert cap is not None
             ratios.append(cap["step_ms"] / peer["step_ms"])
             ratio = f"{ratios[-1]:.2f}"
+            if noise is not None:
+                verdicts.append(ratios[-1] <= 1.0 + noise)
+                verdict = f"{'yes' if verdicts[-1] else 'no'} (noise {noise:.0%})"
         ms = cap["step_ms"] if ran(cap) and cap is not None else None
         vs_top = f"{ms / top['step_ms']:.2f}" if ms is not None and top is not None else "-"
         vs_bound = f"{ms / bound:.2f}" if ms is not None and bound is not None else "-"
         lines.append(
             f"{head} {kind} `{e['plan']}` | {pr['step_ms']:.1f} / {pr['peak_bytes'] / GiB:.2f} | {measured} | "
-            f"{peer_text} | {ratio} | {vs_top} | {bound_text} | {vs_bound} |"
+            f"{peer_text} | {ratio} | {verdict} | {vs_top} | {bound_text} | {vs_bound} |"
         )
+    return lines
+
+
+def repeated_points(row: dict[str, Any]) -> dict[float, list[float]]:
+    """Each compiler point the row measured more than once, by activation budget: its step ms in the sweep, then
+    every time it ran as a finalist (``compiled whole B``), and under the cap where it was the plan served. One
+    compiled graph run again: their spread is the run-to-run noise of the compiler's steps (``point_noise``)."""
+    steps: dict[float, list[float]] = {}
+    for p in row.get("peers", []):
+        if p.get("family") == "compiler" and ran(p):
+            steps[float(p["activation_budget"])] = [float(p["step_ms"])]
+    for e in row.get("plans", []):
+        for f in e.get("finalists", []):
+            budget = _whole_budget(f["name"])
+            if budget is None or budget not in steps or not _timed(f):
+                continue
+            steps[budget].append(float(f["measured"]["step_ms"]))
+            cap = e.get("capped")
+            if f.get("served") and ran(cap) and cap is not None:
+                steps[budget].append(float(cap["step_ms"]))
+    return {b: v for b, v in steps.items() if len(v) > 1}
+
+
+def _whole_budget(name: str) -> float | None:
+    """The activation budget of a finalist named ``compiled whole B``; None for any other."""
+    head, _, budget = name.rpartition(" ")
+    return float(budget) if head == "compiled whole" else None
+
+
+def point_noise(row: dict[str, Any]) -> float | None:
+    """The row's run-to-run noise of the compiler's steps: the largest (slowest / fastest - 1) over its compiler points
+    measured more than once (``repeated_points``); None where none was. The goal's "no slower than the fastest peer
+    within the stated run-to-run noise" reads a plan's step over that peer's at most 1 + this."""
+    spreads = [max(v) / min(v) - 1.0 for v in repeated_points(row).values()]
+    return max(spreads, default=None)
+
+
+def _noise_rows(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Per model, its compiler points measured more than once and their spread (``repeated_points``)."""
+    lines = ["| model | compiler point | steps ms (sweep, then again) | slowest / fastest |", "|---|---|---|---|"]
+    for r in rows:
+        for budget, steps in sorted(repeated_points(r).items()):
+            shown = ", ".join(f"{x:.1f}" for x in steps)
+            lines.append(f"| {r['model']} | budget {budget:g} | {shown} | {max(steps) / min(steps):.2f} |")
     return lines
 
 
@@ -298,18 +349,25 @@ def table(folder: Path) -> str:
     ]
     plans = [
         "| model | budget (GiB) | memtune's plan | predicted ms / GiB | under the cap ms / GiB "
-        "| fastest peer within the budget: ms / GiB reserved | memtune / peer | memtune / compiled step "
-        "| lower bound ms | memtune / bound |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| fastest peer within the budget: ms / GiB reserved | memtune / peer | no slower within the noise "
+        "| memtune / compiled step | lower bound ms | memtune / bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ratios: list[float] = []
+    verdicts: list[bool] = []
     for r in rows:
         peers += _peer_rows(r)
-        plans += _plan_rows(r, ratios)
+        plans += _plan_rows(r, ratios, verdicts)
     out = ["## Peers", "", *peers, "", "## memtune at fractions of the compiled peak", "", *plans, ""]
     if ratios:
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         out.append(f"memtune / fastest peer within the budget, geometric mean over {len(ratios)} budgets: {geo:.3f}")
+    if verdicts:
+        out += ["", f"memtune no slower than the fastest peer within the budget, within the row's measured noise of "
+                    f"the compiler's points: {sum(verdicts)} of {len(verdicts)} budgets"]  # fmt: skip
+    noisy = [r for r in rows if repeated_points(r)]
+    if noisy:
+        out += ["", "## The compiler's points measured more than once", "", *_noise_rows(noisy)]
     near: list[float] = []
     measured = _finalist_rows([r for r in rows if any("finalists" in e for e in r.get("plans", []))], near)
     if len(measured) > 2:

@@ -70,10 +70,11 @@ def test_the_tables_render_from_the_json_alone(tmp_path: Path) -> None:
         "| resnet50 | offload activations (side stream) | out of memory: CUDA out of memory \\| twice | | | | |" in text
     )
     assert ("| resnet50 | 60% (6.30) | compiled `compiled whole, budget 0.5` | 52.0 / 5.70 | 58.0 / 5.90 | "
-            "torch.compile budget 0.5: 52.0 / 6.20 | 1.12 | 1.29 | - | - |") in text  # fmt: skip
-    # the row holds no profile: no lower bound; the compiled step is the sweep's budget 1
-    assert "| resnet50 | 30% (3.20) | eager `rrrrooo` | 140.0 / 3.00 | 142.0 / 3.10 | none | - | 3.16 | - | - |" in text
-    assert "| resnet50 | 10% (1.00) | no plan fits | - | - | none | - | - | - | - |" in text
+            "torch.compile budget 0.5: 52.0 / 6.20 | 1.12 | - | 1.29 | - | - |") in text  # fmt: skip
+    # the row holds no profile: no lower bound; the compiled step is the sweep's budget 1; no point measured twice
+    thirty = "| resnet50 | 30% (3.20) | eager `rrrrooo` | 140.0 / 3.00 | 142.0 / 3.10 | none | - | - | 3.16 | - | - |"
+    assert thirty in text
+    assert "| resnet50 | 10% (1.00) | no plan fits | - | - | none | - | - | - | - | - |" in text
     assert "geometric mean over 1 budgets: 1.115" in text
     assert "- resnet50: batch 128, NVIDIA H100 80GB HBM3, 2026-11-27T10:00:00Z, commit 0123456789" in text
 
@@ -429,3 +430,16 @@ def test_an_unrecorded_region_layout_stands_only_where_each_region_alone_ran_it(
     assert not module_peers.ran_in_layout({"depth": 2}, True, alone=False)
     assert module_peers.ran_in_layout({"depth": 2, "channels_last": False}, False, alone=False)
     assert not module_peers.ran_in_layout({"depth": 2, "channels_last": False}, True, alone=True)
+
+
+def test_the_compilers_noise_is_read_from_its_points_measured_again_and_judges_the_plans_within_it() -> None:
+    row = json.loads((H200_ROWS / "mobilenet_v2.json").read_text())
+    again = peer_rows.repeated_points(row)
+    # budget 0.3: the sweep's 26.7 ms, then as three budgets' finalists, and under the 90% cap as the plan served
+    assert [round(x, 1) for x in again[0.3]] == [26.7, 29.1, 36.3, 33.1, 40.2]
+    assert peer_rows.point_noise(row) == pytest.approx(40.2011833 / 26.6698561 - 1, rel=1e-6)
+    assert peer_rows.point_noise({"peers": [], "plans": []}) is None
+    text = peer_rows.table(H200_ROWS)
+    assert "| 1.36 | yes (noise 51%) |" in text  # the compiler's own point served at 90%: a tie within the noise
+    assert "| 1.56 | no (noise 51%) |" in text  # the two regions at 75%: slower than the noise explains
+    assert "## The compiler's points measured more than once" in text
