@@ -398,7 +398,7 @@ class _Run:
                         if p.family == "compiler")  # fmt: skip
         with compiled_math(), applied(model, whole) as run, applied(model, recut) as other:
             ref = reference_step(model, inputs, loss_fn=loss, run=run)
-            truth = float64_step(model, inputs, loss_fn=loss)
+            truth = self._float64(model, inputs, loss, float64_step)
             steps = {"again": reference_step(model, inputs, loss_fn=loss, run=run),
                      "eager": reference_step(model, inputs, loss_fn=loss),
                      "recut": reference_step(model, inputs, loss_fn=loss, run=other)}  # fmt: skip
@@ -406,18 +406,34 @@ class _Run:
             noise = [names[i] for i in noise_gradients(*spreads.values())]
             row["spread"] = {**{k: errors(v) for k, v in spreads.items()}, "noise": noise}
             for k, v in steps.items():  # the spreads' runs against float64 too, the plans' measure beside them
-                row["spread"][k]["float64"] = float64_words(judge_against_float64(v.grads, ref, truth, names))
+                if truth is not None:
+                    row["spread"][k]["float64"] = float64_words(judge_against_float64(v.grads, ref, truth, names))
             del steps
             for e in todo:
                 print(f"{self.name}: gradients of the plan at {e['fraction']:g}", flush=True)
                 eq, pm = check_equivalence(model, Plan.model_validate(e["plan_json"]), inputs, loss_fn=loss,
                                            reference=ref, steps=1)  # fmt: skip
-                judged = judge_against_float64([p.grad for p in params], ref, truth, names)
+                grads = [p.grad for p in params]
+                judged = None if truth is None else judge_against_float64(grads, ref, truth, names)
                 pm.release()
                 del pm
-                e["math"] = {**errors(eq), **within_spread(eq, list(spreads.values()), names),
-                             "float64": float64_words(judged)}  # fmt: skip
+                e["math"] = {**errors(eq), **within_spread(eq, list(spreads.values()), names)}
+                if judged is not None:
+                    e["math"]["float64"] = float64_words(judged)
                 self.save()
+
+    def _float64(self, model: Any, inputs: Any, loss: Callable[[Any], Any], step: Callable[..., Any]) -> Any:
+        """The float64 step of NOTE [ Gradients against float64 ] (``step``: ``float64_step``), or None where it does
+        not fit the GPU (twice a float32 step's activations, four times a bfloat16 one's): the row's spread says so."""
+        import torch
+
+        self.row.pop("float64_error", None)
+        try:
+            return step(model, inputs, loss_fn=loss)
+        except torch.cuda.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            self.row["float64_error"] = f"the float64 step does not fit the GPU: {str(exc).splitlines()[0][:200]}"
+            return None
 
     def _regions(self, model: Any, inputs: Any, loss: Callable[[Any], Any]) -> list[dict[str, Any]]:
         """The region profiles ``--region-depths`` asks for, measured where the row lacks them (each kept in the row as
