@@ -77,7 +77,6 @@ __all__ = [
     "MODELS",
     "auto_depths",
     "compiled_math",
-    "float64_words",
     "hf_cache",
     "main",
     "noise_gradients",
@@ -407,7 +406,7 @@ class _Run:
             row["spread"] = {**{k: errors(v) for k, v in spreads.items()}, "noise": noise}
             for k, v in steps.items():  # the spreads' runs against float64 too, the plans' measure beside them
                 if truth is not None:
-                    row["spread"][k]["float64"] = float64_words(judge_against_float64(v.grads, ref, truth, names))
+                    row["spread"][k]["float64"] = judge_against_float64(v.grads, ref, truth, names).summary()
             del steps
             for e in todo:
                 print(f"{self.name}: gradients of the plan at {e['fraction']:g}", flush=True)
@@ -419,7 +418,7 @@ class _Run:
                 del pm
                 e["math"] = {**errors(eq), **within_spread(eq, list(spreads.values()), names)}
                 if judged is not None:
-                    e["math"]["float64"] = float64_words(judged)
+                    e["math"]["float64"] = judged.summary()
                 self.save()
 
     def _float64(self, model: Any, inputs: Any, loss: Callable[[Any], Any], step: Callable[..., Any]) -> Any:
@@ -497,12 +496,6 @@ def ran_in_layout(entry: dict[str, Any], channels_last: bool, alone: bool) -> bo
     if alone:
         entry["channels_last"] = channels_last
     return alone
-
-
-def float64_words(judged: Any) -> dict[str, Any]:
-    """A ``memtune.tuner.runtime.Float64Judgement`` as the row keeps it (NOTE [ Gradients against float64 ])."""
-    return {"within": judged.within, "ratio": judged.ratio, "worst": judged.worst, "loss_error": judged.loss_error,
-            "comparable": judged.comparable}  # fmt: skip
 
 
 def noise_gradients(*spreads: Any) -> list[int]:

@@ -162,9 +162,7 @@ def _against_float64(model: nn.Module, inputs: Any, loss: Loss, ref: Any) -> dic
     except torch.cuda.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         return {"error": f"the float64 step does not fit the GPU: {str(exc).splitlines()[0][:200]}"}
-    judged = judge_against_float64(grads, ref, truth, [n for n, _ in params])
-    return {"within": judged.within, "ratio": judged.ratio, "worst": judged.worst, "loss_error": judged.loss_error,
-            "comparable": judged.comparable}  # fmt: skip
+    return judge_against_float64(grads, ref, truth, [n for n, _ in params]).summary()
 
 
 def _planned_rows(

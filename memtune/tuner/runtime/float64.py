@@ -66,6 +66,12 @@ class Float64Judgement:
         """Whether the float64 step drew the float32 runs' random numbers (``COMPARABLE_LOSS_ERROR``)."""
         return self.loss_error <= COMPARABLE_LOSS_ERROR
 
+    def summary(self) -> dict[str, Any]:
+        """The judgement without its per-gradient errors, JSON-ready: ``within``, ``ratio``, ``worst``, ``loss_error``
+        and ``comparable``."""
+        return {"within": self.within, "ratio": self.ratio, "worst": self.worst, "loss_error": self.loss_error,
+                "comparable": self.comparable}  # fmt: skip
+
 
 def float64_step(
     model: nn.Module, inputs: Any, *, loss_fn: Callable[[Any], torch.Tensor], seed: int = 0

@@ -34,6 +34,8 @@ def test_the_float64_step_leaves_the_model_as_it_was_and_agrees_with_float32_to_
     assert judged.comparable and judged.loss_error < 1e-6
     assert judged.within and judged.ratio == 1.0  # the reference against itself
     assert all(0 < e < 1e-5 for e in judged.errors)
+    assert judged.summary() == {"within": True, "ratio": 1.0, "worst": judged.worst, "loss_error": judged.loss_error,
+                               "comparable": True}  # fmt: skip
 
 
 def test_a_gradient_further_from_float64_than_twice_the_references_error_fails_and_is_named() -> None:
