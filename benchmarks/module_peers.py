@@ -220,6 +220,10 @@ class _Run:
             row["plans_error"] = _error(exc)
         self.save()
         if args.math:
+            if args.math_again:  # NOTE [ Gradients against float64 ]: the checks made before it, made again
+                for e in row.get("plans", []):
+                    if "float64" not in e.get("math", {"float64": None}):
+                        del e["math"]
             try:
                 self._math(model, inputs, loss)
             except Exception as exc:  # the plans stand; the check's failure is the row's
@@ -647,6 +651,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "measured with")  # fmt: skip
     parser.add_argument("--no-math", dest="math", action="store_false",
                         help="skip the plans' gradient check (NOTE [ Plans' gradients ])")  # fmt: skip
+    parser.add_argument("--math-again", action="store_true", help="check again the gradients of the plans checked "
+                        "before they were judged against float64 (NOTE [ Gradients against float64 ])")  # fmt: skip
     parser.add_argument("--fresh", action="store_true", help="start over instead of continuing what --out holds")
     parser.add_argument("--replan", action="store_true", help="search and measure again, with their gradient check, "
                         "the plans searched at another commit, over what the rows hold (their peers, profiles and "

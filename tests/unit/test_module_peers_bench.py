@@ -109,7 +109,7 @@ def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
     args = argparse.Namespace(out=tmp_path, fresh=False, warmup=1, steps=1, trials=10, compiler_sweep=[],
                               fractions=[0.9, 0.5], region_depths=[], region_budgets=[1.0], rules=[],
-                              math=False, cache="default", replan=False)  # fmt: skip
+                              math=False, cache="default", replan=False, math_again=False)  # fmt: skip
     row = module_peers.run_model("mlp", args)
     assert "error" not in row and "plans_error" not in row, row
     assert [p["family"] for p in row["peers"]] == ["hf_checkpointing", "checkpoint_sequential", "offload_activations"]
@@ -169,7 +169,7 @@ def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeyp
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
     args = argparse.Namespace(out=tmp_path, fresh=False, warmup=0, steps=1, trials=10, compiler_sweep=[],
                               fractions=[1.0], region_depths=[1], region_budgets=[1.0], rules=["compute"],
-                              math=True, cache="default", replan=False)  # fmt: skip
+                              math=True, cache="default", replan=False, math_again=False)  # fmt: skip
     row = module_peers.run_model("blocks", args)
     assert "error" not in row and "plans_error" not in row, row
     regions = row["regions"]
@@ -191,6 +191,12 @@ def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeyp
     again = module_peers.run_model("blocks", args)  # continues: the region profiles are not measured again
     assert [e["seconds"] for e in again["regions"]] == [e["seconds"] for e in regions]
     assert again["plans"][0]["math"] == plan["math"]  # nor the gradients checked again
+    checked = json.loads((tmp_path / "blocks.json").read_text())
+    del checked["plans"][0]["math"]["float64"]  # a check made before the float64 judgement existed
+    (tmp_path / "blocks.json").write_text(json.dumps(checked))
+    args.math_again = True
+    rechecked = module_peers.run_model("blocks", args)
+    assert rechecked["plans"][0]["math"]["float64"]["within"], rechecked["plans"][0]["math"]
 
 
 def test_auto_depths_are_the_depths_of_the_partitions_tune_measures() -> None:
