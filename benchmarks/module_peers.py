@@ -222,7 +222,7 @@ class _Run:
         if args.math:
             if args.math_again:  # NOTE [ Gradients against float64 ]: the checks made before it, made again
                 for e in row.get("plans", []):
-                    if "float64" not in e.get("math", {"float64": None}):
+                    if "math" in e and "float64" not in e["math"]:
                         del e["math"]
             try:
                 self._math(model, inputs, loss)
@@ -381,7 +381,7 @@ class _Run:
         from memtune.tuner.runtime import (
             check_equivalence,
             compare_steps,
-            float64_step,
+            fitting_float64_step,
             judge_against_float64,
             reference_step,
         )
@@ -401,15 +401,18 @@ class _Run:
                         if p.family == "compiler")  # fmt: skip
         with compiled_math(), applied(model, whole) as run, applied(model, recut) as other:
             ref = reference_step(model, inputs, loss_fn=loss, run=run)
-            truth = self._float64(model, inputs, loss, float64_step)
+            truth, error = fitting_float64_step(model, inputs, loss_fn=loss)
+            row.pop("float64_error", None)
+            if error is not None:
+                row["float64_error"] = error
             steps = {"again": reference_step(model, inputs, loss_fn=loss, run=run),
                      "eager": reference_step(model, inputs, loss_fn=loss),
                      "recut": reference_step(model, inputs, loss_fn=loss, run=other)}  # fmt: skip
             spreads = {k: compare_steps(v, ref, names) for k, v in steps.items()}
             noise = [names[i] for i in noise_gradients(*spreads.values())]
             row["spread"] = {**{k: errors(v) for k, v in spreads.items()}, "noise": noise}
-            for k, v in steps.items():  # the spreads' runs against float64 too, the plans' measure beside them
-                if truth is not None:
+            if truth is not None:  # the spreads' runs against float64 too, the plans' measure beside them
+                for k, v in steps.items():
                     row["spread"][k]["float64"] = judge_against_float64(v.grads, ref, truth, names).summary()
             del steps
             for e in todo:
@@ -424,19 +427,6 @@ class _Run:
                 if judged is not None:
                     e["math"]["float64"] = judged.summary()
                 self.save()
-
-    def _float64(self, model: Any, inputs: Any, loss: Callable[[Any], Any], step: Callable[..., Any]) -> Any:
-        """The float64 step of NOTE [ Gradients against float64 ] (``step``: ``float64_step``), or None where it does
-        not fit the GPU (twice a float32 step's activations, four times a bfloat16 one's): the row's spread says so."""
-        import torch
-
-        self.row.pop("float64_error", None)
-        try:
-            return step(model, inputs, loss_fn=loss)
-        except torch.cuda.OutOfMemoryError as exc:
-            torch.cuda.empty_cache()
-            self.row["float64_error"] = f"the float64 step does not fit the GPU: {str(exc).splitlines()[0][:200]}"
-            return None
 
     def _regions(self, model: Any, inputs: Any, loss: Callable[[Any], Any]) -> list[dict[str, Any]]:
         """The region profiles ``--region-depths`` asks for, measured where the row lacks them (each kept in the row as

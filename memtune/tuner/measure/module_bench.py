@@ -153,15 +153,13 @@ def _against_float64(model: nn.Module, inputs: Any, loss: Loss, ref: Any) -> dic
     """The planned step whose gradients ``model`` holds, judged against a float64 step beside the unplanned step
     ``ref`` (NOTE [ Gradients against float64 ] in ``memtune.tuner.runtime.float64``): a JSON-ready dict, or its
     ``error`` where the float64 step does not fit the GPU (it holds twice the unplanned step's activations)."""
-    from memtune.tuner.runtime.float64 import float64_step, judge_against_float64
+    from memtune.tuner.runtime.float64 import fitting_float64_step, judge_against_float64
 
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     grads = [None if p.grad is None else p.grad.detach().clone() for _, p in params]
-    try:
-        truth = float64_step(model, inputs, loss_fn=loss, seed=ref.seed)
-    except torch.cuda.OutOfMemoryError as exc:
-        torch.cuda.empty_cache()
-        return {"error": f"the float64 step does not fit the GPU: {str(exc).splitlines()[0][:200]}"}
+    truth, error = fitting_float64_step(model, inputs, loss_fn=loss, seed=ref.seed)
+    if truth is None:
+        return {"error": error}
     return judge_against_float64(grads, ref, truth, [n for n, _ in params]).summary()
 
 

@@ -17,7 +17,7 @@ from memtune.tuner.runtime._inference_runner import InferenceRunner
 from memtune.tuner.runtime._planned import PlannedChain, load_plan, planned
 from memtune.tuner.runtime._pool import HostPool
 from memtune.tuner.runtime._run_errors import PlanOutOfMemoryError
-from memtune.tuner.runtime.float64 import Float64Judgement, float64_step, judge_against_float64
+from memtune.tuner.runtime.float64 import Float64Judgement, fitting_float64_step, float64_step, judge_against_float64
 from memtune.tuner.runtime.guard import budget_guard
 from memtune.tuner.runtime.offload import OffloadStats
 from memtune.tuner.runtime.verify import Equivalence, ReferenceStep, check_equivalence, compare_steps, reference_step
@@ -34,6 +34,7 @@ __all__ = [
     "budget_guard",
     "check_equivalence",
     "compare_steps",
+    "fitting_float64_step",
     "float64_step",
     "judge_against_float64",
     "load_plan",

@@ -189,12 +189,11 @@ class PlannedChain(PlannedBase):
         if budget is None:
             return modules
         compiled = [self._compiled.get(k) for k in range(len(modules))]
-        stale = [c is None or c.inner is not m for m, c in zip(modules, compiled, strict=True)]
-        if any(stale):  # compiled once per module; a swapped module compiles anew, the layout decided again
+        if any(c is None or c.inner is not m for m, c in zip(modules, compiled, strict=True)):
+            # compiled once per module; a swapped module compiles anew, the layout decided again
             layout = regions_channels_last(modules)  # as compiled_chain profiled them
-            for k, m in enumerate(modules):
-                c = self._compiled.get(k)
-                if stale[k] or c is None or c.channels_last != layout:
+            for k, (m, c) in enumerate(zip(modules, compiled, strict=True)):
+                if c is None or c.inner is not m or c.channels_last != layout:
                     self._compiled[k] = CompiledStage(m, budget, self.plan.compile_saves, layout)
         return [self._compiled[k] for k in range(len(modules))]
 

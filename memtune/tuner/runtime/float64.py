@@ -16,7 +16,7 @@ float64 copy of the model (``float64_step``); random draws (dropout) must match 
 also keeps the float64 loss's relative error against the reference's (``loss_error``): where dropout drew other masks
 in float64 it is of the size of the loss itself, and the judgement is not comparable (``comparable``).
 
-NOTE: ``torch._dynamo.utils.same(ref, res, fp64_ref=..., tol=..., log_error=...)``, read in torch 2.13's
+NOTE: ``torch._dynamo.utils.same(ref, res, fp64_ref=..., tol=..., log_error=...)`` and ``rmse``, read in torch 2.13's
 ``torch/_dynamo/utils.py``; its float64 rule and these arguments date from torch 2.1, so torch 2.11 (the GPU image)
 has them.
 """
@@ -35,7 +35,13 @@ from torch.utils._pytree import tree_map_only
 
 from memtune.tuner.runtime.verify import ReferenceStep, reference_step, relative_error
 
-__all__ = ["COMPARABLE_LOSS_ERROR", "Float64Judgement", "float64_step", "judge_against_float64"]
+__all__ = [
+    "COMPARABLE_LOSS_ERROR",
+    "Float64Judgement",
+    "fitting_float64_step",
+    "float64_step",
+    "judge_against_float64",
+]
 
 COMPARABLE_LOSS_ERROR = 1e-4
 """The float64 loss's largest relative error against the float32 reference's for the judgement to stand: rounding is
@@ -80,18 +86,23 @@ def float64_step(
     model's parameters and buffers and ``seed``; the model itself is untouched. Its memory is freed when it returns but
     for the gradients and buffers it records."""
     twin = copy.deepcopy(model).double()
+    return reference_step(twin, tree_map_only(torch.Tensor, _float64, inputs), loss_fn=loss_fn, seed=seed)
+
+
+def fitting_float64_step(
+    model: nn.Module, inputs: Any, *, loss_fn: Callable[[Any], torch.Tensor], seed: int = 0
+) -> tuple[ReferenceStep | None, str | None]:
+    """``float64_step``, or why it could not run: it holds twice a float32 step's activations (four times a bfloat16
+    one's), and where that does not fit the GPU the step is None and the text says so."""
     try:
-        return reference_step(twin, tree_map_only(torch.Tensor, _float64, inputs), loss_fn=loss_fn, seed=seed)
-    finally:
-        del twin
+        return float64_step(model, inputs, loss_fn=loss_fn, seed=seed), None
+    except torch.cuda.OutOfMemoryError as exc:
+        torch.cuda.empty_cache()
+        return None, f"the float64 step does not fit the GPU: {str(exc).splitlines()[0][:200]}"
 
 
 def _float64(t: torch.Tensor) -> torch.Tensor:
     return t.double() if t.is_floating_point() else t
-
-
-def _rmse(actual: torch.Tensor, truth: torch.Tensor) -> float:
-    return float((actual.detach().double() - truth.to(actual.device)).square().mean().sqrt())
 
 
 def judge_against_float64(
@@ -103,7 +114,7 @@ def judge_against_float64(
     Raises:
         ValueError: the steps hold different numbers of gradients.
     """
-    from torch._dynamo.utils import same
+    from torch._dynamo.utils import rmse, same
 
     if not len(grads) == len(reference.grads) == len(truth.grads) == len(names):
         raise ValueError(f"{len(grads)}, {len(reference.grads)} and {len(truth.grads)} gradients for {len(names)}")
@@ -116,7 +127,7 @@ def judge_against_float64(
             reference_errors.append(0.0)
             within = within and g is None and r is None
             continue
-        e, re_ = _rmse(g, t), _rmse(r, t)
+        e, re_ = float(rmse(t, g)), float(rmse(t, r))
         errors.append(e)
         reference_errors.append(re_)
         within = within and bool(same(r, g, fp64_ref=t, tol=0.0, log_error=lambda *_: None))

@@ -36,7 +36,7 @@ EXPECTED = {
     memtune.tuner.runtime: {
         "Equivalence", "HostPool", "OffloadStats", "PlanOutOfMemoryError", "PlannedChain", "ReferenceStep",
         "budget_guard", "check_equivalence", "compare_steps", "load_plan", "planned", "reference_step",
-        "InferenceRunner", "Float64Judgement", "float64_step", "judge_against_float64",
+        "InferenceRunner", "Float64Judgement", "fitting_float64_step", "float64_step", "judge_against_float64",
     },
     memtune.storage: {
         "ConflictError", "Database", "IdempotencyConflictError", "NotFoundError", "StorageError", "UnavailableError",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from torch import nn
 
@@ -86,3 +87,16 @@ def test_the_bench_judges_the_plans_gradients_held_by_the_model_against_float64(
         p.grad = None if g is None else g.clone()  # the planned step as the bench leaves it: here the same math
     row = module_bench._against_float64(model, x, _loss, ref)
     assert row["within"] and row["comparable"] and row["ratio"] == 1.0, row
+
+
+def test_a_float64_step_that_does_not_fit_the_gpu_says_so_instead_of_failing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memtune.tuner.runtime import float64 as f64
+
+    def too_big(*_a: object, **_k: object) -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore lines")
+
+    model, x, _ = _model()
+    monkeypatch.setattr(f64, "float64_step", too_big)
+    truth, error = f64.fitting_float64_step(model, x, loss_fn=_loss)
+    assert truth is None
+    assert error == "the float64 step does not fit the GPU: CUDA out of memory. Tried to allocate 20.00 GiB"
