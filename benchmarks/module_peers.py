@@ -467,7 +467,29 @@ class _Run:
                     "profile": json.loads(run.profile.to_json()) if run.profile is not None else None,
                 })  # fmt: skip
                 self.save()
-        return [e for e in done if e["depth"] in depths]
+        mine = [e for e in done if e["depth"] in depths]
+        self._host_prices(model, inputs, loss, mine)
+        return mine
+
+    def _host_prices(self, model: Any, inputs: Any, loss: Callable[[Any], Any], entries: list[dict[str, Any]]) -> None:
+        """Each region profile of ``entries`` without host prices priced here (NOTE [ Host prices ] in
+        ``memtune.tuner.measure.host_price``), its ``host_seconds`` kept beside it, and saved as soon as it is."""
+        import time
+
+        from memtune.profiler import Profile
+        from memtune.tuner.measure.host_price import with_host_prices
+
+        for e in entries:
+            if e.get("profile") is None or e["profile"].get("host") is not None:
+                continue
+            print(f"{self.name}: pricing the host of depth {e['depth']} at budget {e['budget']:g}"
+                  f"{' rule ' + e['saves'] if e.get('saves') else ''}")  # fmt: skip
+            began = time.perf_counter()
+            priced = with_host_prices(model, inputs, Profile.from_json(json.dumps(e["profile"])), loss)
+            if priced.host is not None:
+                e["profile"] = json.loads(priced.to_json())
+                e["host_seconds"] = round(time.perf_counter() - began, 1)
+                self.save()
 
 
 def same_alone(regions: Sequence[Any]) -> bool:

@@ -29,6 +29,7 @@ __all__ = [
     "ConvAlgo",
     "ConvProfile",
     "DeviceIdentity",
+    "HostPrices",
     "Profile",
     "SaveRule",
     "SavedStorage",
@@ -323,6 +324,31 @@ class StepPeak(_Frozen):
     output_held: bool = Field(description="whether the measured step held the model's output until its backward ended")
 
 
+class HostPrices(_Frozen):
+    """What the host spends issuing one step of a profile's stages as memtune's runtime plans it (NOTE [ Host issue
+    time ] in ``memtune.tuner.simulator``), measured on the GPU the profile was made on by
+    ``memtune.tuner.measure.host_price``; times in ms.
+    """
+
+    keep_ms: float = Field(
+        ge=0,
+        description="the host's time to issue one step (forward, loss, backward; no update) with every stage kept, "
+        "from the step's start until its Python returns, median ms",
+    )
+    recompute_ms: tuple[float, ...] | None = Field(
+        default=None,
+        description="per stage, what recomputing it adds to the host's time, ms: the step with every stage "
+        "recomputed less keep_ms, shared among the stages by their forward ms; None: not measured (a stage refused "
+        "a checkpoint)",
+    )
+    offload_ms: tuple[float, ...] | None = Field(
+        default=None,
+        description="per stage, what offloading it adds to the host's time, ms: the step with every stage offloaded "
+        "less keep_ms, shared among the stages by the storages each saves first; None: not measured",
+    )
+    steps: int = Field(ge=1, description="timed steps per plan (after two warm-up steps)")
+
+
 class Profile(_Frozen):
     """A whole chain's profile on one device. Serialises to versioned JSON (``to_json``/``from_json``)."""
 
@@ -430,6 +456,12 @@ class Profile(_Frozen):
         "ms, measured beside the plain step the stages add up to (NOTE [ Recompute priced as measured ] in "
         "memtune.tuner.simulator); None: not measured",
     )
+    host: HostPrices | None = Field(
+        default=None,
+        description="the host's issue time of a step under each action, measured with memtune's runtime (NOTE [ Host "
+        "issue time ] in memtune.tuner.simulator): a simulated step takes at least the host's time; None: not "
+        "measured (the simulator prices the GPU alone)",
+    )
 
     @property
     def recompute_rerun_scale(self) -> float:
@@ -466,6 +498,11 @@ class Profile(_Frozen):
                 raise ValueError(f"storages[{k}].producer {s.producer} is outside -1..{n - 1}")
             if any(not 0 <= j < n for j in s.read_by):
                 raise ValueError(f"storages[{k}].read_by {s.read_by} names a stage outside 0..{n - 1}")
+        if self.host is not None:
+            for name in ("recompute_ms", "offload_ms"):
+                shares = getattr(self.host, name)
+                if shares is not None and len(shares) != n:
+                    raise ValueError(f"host.{name} has {len(shares)} entries; the profile has {n} stages")
         if self.compile_saves is not None and self.compile_budget is None:
             raise ValueError("compile_saves is a save rule of compiled stages: it needs compile_budget")
         if self.eager_stages and (self.compile_budget is None or not self.modules):

@@ -235,3 +235,31 @@ def test_tune_measures_its_finalists_and_serves_the_fastest_that_ran_on_cuda(mon
     best = tuned.result.best
     assert best is not None and (best.step_ms, best.peak_bytes) == (won.predicted_ms, won.predicted_peak_bytes)
     assert "measured before serving" in str(tuned) and "<- served" in str(tuned)
+
+
+def test_host_prices_of_a_region_profile_are_measured_with_the_runtime_on_cuda() -> None:
+    """NOTE [ Host prices ]: a region profile's kept step's host time, and what offloading and recomputing each region
+    add, measured with memtune's runtime; the model's parameters and buffers are left as found, and the simulator's
+    kept step is then at least the host's."""
+    from memtune.profiler.region_profile import profile_regions
+    from memtune.tuner import simulate
+    from memtune.tuner.measure.host_price import with_host_prices
+
+    model, x = _resnet(batch=32, size=64)
+    parts = region_partitions(model, ((x,), {}))
+    finest = max(parts, key=lambda p: len(p.names))
+    (region,) = profile_regions(model, x, [1.0], partitions=[finest], loss_fn=square, rules=[], warmup=1, repeats=3)
+    assert region.profile is not None, region.error
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    prof = with_host_prices(model, x, region.profile, square)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "pricing changed the model's parameters or buffers"
+    host = prof.host
+    assert host is not None and host.keep_ms > 0
+    n = prof.n_stages
+    assert host.offload_ms is not None and len(host.offload_ms) == n and sum(host.offload_ms) > 0
+    assert host.recompute_ms is not None and len(host.recompute_ms) == n and sum(host.recompute_ms) > 0
+    keep = Plan.from_actions("k" * n).named(prof)
+    got = simulate(prof, keep)
+    print(f"host prices of {n} regions: {host}; kept step simulated {got.step_ms:.2f} ms, host {got.host_ms:.2f} ms")
+    assert got.host_ms == host.keep_ms and got.step_ms >= host.keep_ms

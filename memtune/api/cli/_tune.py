@@ -339,6 +339,7 @@ def _factory_compiled(
     from memtune.profiler.factory import factory_inputs
     from memtune.profiler.region_profile import profile_regions
     from memtune.tuner.measure.compiler_points import measure_module_points, with_compiler_points
+    from memtune.tuner.measure.host_price import host_priced
     from memtune.tuner.measure.tune_module import COMPILE_BUDGETS
 
     net = build_factory(model, params).to(device)  # the same architecture: the points do not depend on the weights
@@ -360,6 +361,10 @@ def _factory_compiled(
             err.print(
                 f"[yellow]warning:[/] compiled regions {run.partition.label} at {run.policy} failed ({run.error})"
             )
+    with err.status("pricing the host") as status:  # NOTE [ Host prices ]; nothing off CUDA
+        regions = host_priced(net, x, regions, output_held=output_held,
+                              progress=lambda done, total, what: status.update(f"pricing the host {done + 1}/{total}: "
+                                                                               f"{what}"))  # fmt: skip
     return with_compiler_points(prof, points), regions, (net, x)
 
 

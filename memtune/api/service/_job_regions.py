@@ -50,15 +50,19 @@ def measure_job_regions(
     import torch
 
     from memtune.profiler.region_profile import profile_regions
+    from memtune.tuner.measure.host_price import host_priced
 
     module, inputs = load_stored_program(model, archive, torch.device("cuda", 0))
-    return profile_regions(
+    runs = profile_regions(
         module,
         inputs,
         COMPILE_BUDGETS,
         dtype=dtype,
         progress=lambda done, total, what: progress(f"{done}/{total}: {what}"),
     )
+    # NOTE [ Host prices ] in memtune.tuner.measure.host_price
+    return host_priced(module, inputs, runs, progress=lambda done, total, what: progress(
+        f"pricing the host {done}/{total}: {what}"))  # fmt: skip
 
 
 def job_regions(

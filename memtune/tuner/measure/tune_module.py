@@ -307,7 +307,10 @@ def _region_profiles(
                 f"compiled regions {run.partition.label} at {run.policy} failed ({run.error}); the other plans stand",
                 stacklevel=3,
             )
-    return runs
+    from memtune.tuner.measure.host_price import host_priced
+
+    with progress_bar("pricing the host", progress) as update:
+        return host_priced(model, example_inputs, runs, loss_fn, output_held=output_held, progress=update)
 
 
 def planned(
