@@ -17,6 +17,7 @@ pace; the simulator takes the larger of host and GPU, so such a price stands for
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import statistics
@@ -59,38 +60,29 @@ def _first_saved(profile: Profile) -> list[int]:
 
 
 def _issue_ms(
-    model: nn.Module, plan: Plan, inputs: Any, loss_fn: Callable[[Any], torch.Tensor], dtype: str,
+    model: nn.Module, run: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor], dtype: str,
     output_held: bool, steps: int,
 ) -> float:  # fmt: skip
-    """The median host time of ``steps`` steps of ``plan`` after two untimed ones (NOTE [ Host prices ]), ms."""
+    """The median host time of ``steps`` steps of the planned model ``run`` after two untimed ones (NOTE [ Host
+    prices ]), ms; the gradients dropped after each step."""
     args = as_inputs(inputs)
-    cast = torch.autocast("cuda", dtype=getattr(torch, dtype)) if dtype != "float32" else None
-    pm = planned(model, plan)
+    cast = torch.autocast("cuda", dtype=getattr(torch, dtype)) if dtype != "float32" else contextlib.nullcontext()
     times: list[float] = []
-    try:
-        for k in range(2 + steps):
-            began = time.perf_counter()
-            if cast is not None:
-                with cast:
-                    out = call_model(pm, args)
-                    value = loss_fn(out)
-            else:
-                out = call_model(pm, args)
-                value = loss_fn(out)
-            if not output_held:
-                del out
-            value.backward()
-            if k >= 2:
-                times.append((time.perf_counter() - began) * 1e3)
-            del value
-            out = None
-            torch.cuda.synchronize()
-            for p in model.parameters():
-                p.grad = None
-    finally:
-        pm.release()
-        del pm
-        gc.collect()
+    for k in range(2 + steps):
+        began = time.perf_counter()
+        with cast:
+            out = call_model(run, args)
+            value = loss_fn(out)
+        if not output_held:
+            del out
+        value.backward()
+        if k >= 2:
+            times.append((time.perf_counter() - began) * 1e3)
+        del value
+        out = None
+        torch.cuda.synchronize()
+        for p in model.parameters():
+            p.grad = None
     return statistics.median(times)
 
 
@@ -109,26 +101,33 @@ def measure_host_prices(
     if device.type != "cuda" or not profile.modules:
         return None
     base = Plan.uniform(profile.n_stages).named(profile)
-    fwd = [s.forward_ms for s in profile.stages]
+    # planned together, the three share each region's compiled callables: compiled once, not once per plan (NOTE
+    # [ Regions are wrapped once ] in memtune.profiler.region_tree)
+    runs = {a: planned(model, base.with_(actions=(a,) * profile.n_stages)) for a in (Action.KEEP, Action.OFFLOAD,
+                                                                                   Action.RECOMPUTE)}  # fmt: skip
 
-    def extra(action: Action, weights: Sequence[float], keep: float) -> tuple[float, ...] | None:
+    def host_ms(action: Action) -> float | None:
         try:
-            ms = _issue_ms(model, base.with_(actions=(action,) * profile.n_stages), example_inputs, loss_fn,
-                           profile.dtype, output_held, steps)  # fmt: skip
+            return _issue_ms(model, runs[action], example_inputs, loss_fn, profile.dtype, output_held, steps)
         except Exception:  # an action the model refuses, an out-of-memory: that action stays unpriced
             return None
         finally:
             torch.cuda.empty_cache()
-        return shares(ms - keep, weights)
 
     with left_as_found(model, device):
         try:
-            keep = _issue_ms(model, base, example_inputs, loss_fn, profile.dtype, output_held, steps)
-        except Exception:  # the profile's own regions do not run here: no prices
-            return None
-        offload = extra(Action.OFFLOAD, _first_saved(profile), keep)
-        recompute = extra(Action.RECOMPUTE, fwd, keep)
-    return HostPrices(keep_ms=keep, recompute_ms=recompute, offload_ms=offload, steps=steps)
+            keep = host_ms(Action.KEEP)
+            offload, recompute = host_ms(Action.OFFLOAD), host_ms(Action.RECOMPUTE)
+        finally:
+            for run in runs.values():
+                run.release()
+            runs.clear()
+            gc.collect()
+    if keep is None:  # the profile's own regions do not run here: no prices
+        return None
+    off = None if offload is None else shares(offload - keep, _first_saved(profile))
+    rec = None if recompute is None else shares(recompute - keep, [s.forward_ms for s in profile.stages])
+    return HostPrices(keep_ms=keep, recompute_ms=rec, offload_ms=off, steps=steps)
 
 
 def with_host_prices(

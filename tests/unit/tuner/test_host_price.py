@@ -1,7 +1,7 @@
 """NOTE [ Host issue time ] (``memtune.tuner.simulator``) and NOTE [ Host prices ]
-(``memtune.tuner.measure.host_price``): a profile with host prices prices a step at least at the host's time under the plan's actions, on the fast path and
-the reference alike, and bounded simulations answer by the floored step; the prices are shared among the stages as
-measured, and none are measured off CUDA."""
+(``memtune.tuner.measure.host_price``): a profile with host prices prices a step at least at the host's time under
+the plan's actions, on the fast path and the reference alike, and bounded simulations answer by the floored step; the
+prices are shared among the stages as measured, and none are measured off CUDA."""
 
 from __future__ import annotations
 
@@ -81,9 +81,7 @@ def test_a_bounded_simulation_answers_by_the_floored_step() -> None:
 def test_host_prices_name_one_entry_per_stage() -> None:
     profile = conv_profile()
     with pytest.raises(ValueError, match=r"host\.offload_ms has 2 entries"):
-        Profile.model_validate(
-            {**profile.model_dump(), "host": {"keep_ms": 1.0, "offload_ms": [0.1, 0.2], "steps": 3}}
-        )
+        Profile.model_validate({**profile.model_dump(), "host": {"keep_ms": 1.0, "offload_ms": [0.1, 0.2], "steps": 3}})
 
 
 def test_shares_follow_the_weights_and_never_go_negative() -> None:
