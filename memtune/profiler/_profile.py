@@ -326,7 +326,7 @@ class StepPeak(_Frozen):
 
 class HostPrices(_Frozen):
     """What the host spends issuing one step of a profile's stages as memtune's runtime plans it (NOTE [ Host issue
-    time ] in ``memtune.tuner.simulator``), measured on the GPU the profile was made on by
+    time ] in ``memtune.tuner._host_time``), measured on the GPU the profile was made on by
     ``memtune.tuner.measure.host_price``; times in ms.
     """
 
@@ -459,7 +459,7 @@ class Profile(_Frozen):
     host: HostPrices | None = Field(
         default=None,
         description="the host's issue time of a step under each action, measured with memtune's runtime (NOTE [ Host "
-        "issue time ] in memtune.tuner.simulator): a simulated step takes at least the host's time; None: not "
+        "issue time ] in memtune.tuner._host_time): a simulated step takes at least the host's time; None: not "
         "measured (the simulator prices the GPU alone)",
     )
 

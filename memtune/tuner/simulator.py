@@ -43,21 +43,6 @@ plan's segment ``layer1.0``–``layer1.1`` peaked in ``layer1.1``'s backward at 
 simulated, one 784 MiB block output short, and the bench's run at that budget (8.41 GiB) ran out of memory
 allocating it. With the copy counted the stage is simulated at 8.71 GiB.
 
-# NOTE [ Host issue time ]
-The engines above are the GPU's. The host issues every kernel first, and where it issues more slowly than the GPU
-runs, the GPU waits and the step takes the host's time. A compiled region pays a fixed host cost per call (the
-compiler's guards and wrappers, its kernels' launches), and a plan adds its own: a recomputed region is called again
-in the backward under a checkpoint, an offloaded one packs, copies and fetches every saved tensor from Python hooks.
-Measured on the H200 (torch 2.11, MobileNetV2, batch 256, ``benchmarks.region_timing``): the 21-region plan with every
-region kept issued its step in 39.4 ms against 21.3 ms of GPU time, the whole model compiled in 20.8 against 20.1; the
-45% plan with four regions recomputed and five offloaded issued in 74.6 ms against 35.0 ms of GPU time, and took
-75.1 ms where the simulator, pricing the GPU alone, said 49.2. Where the profile carries host prices
-(``Profile.host``, measured with memtune's runtime by ``memtune.tuner.measure.host_price``), a plan's host time is the
-kept step's plus what each recomputed or offloaded stage adds (a selective stage is priced as a recomputed one), and
-the step takes at least that (``SimResult.host_ms``). The host is a floor, not a third engine: a step where host and
-GPU each bind part of the time is priced by the larger total, which errs short. Without host prices the GPU alone
-prices the step, as before.
-
 The simulator is deterministic and pure Python. ``Simulator(profile)`` precomputes the per-profile
 tables once, so that ``run(plan)`` costs a few hundred microseconds for a 40-stage chain. A run is four steps:
 schedule (``memtune.tuner._schedule``), forward, backward (each stage's in ``memtune.tuner._stage_backward``) and peak,
@@ -69,7 +54,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Literal
 
 from memtune.profiler import CompilerPoint, ConvAlgo, Profile
@@ -77,8 +62,10 @@ from memtune.profiler.loss_model import profile_loss_ms
 from memtune.tuner._conv_choice import RuleChoices
 from memtune.tuner._conv_costs import price_choices
 from memtune.tuner._fast_path import FastPath
+from memtune.tuner._host_time import HostTime
 from memtune.tuner._ledger import Ledger
 from memtune.tuner._schedule import StepState, backward_schedule, forward_schedule
+from memtune.tuner._sim_result import SimResult
 from memtune.tuner._spatial import SplitPricing, parse_segment_key
 from memtune.tuner._stage_backward import stage_backward
 from memtune.tuner._storage_tables import StorageTables, backward_transients, merge_storages
@@ -92,49 +79,6 @@ __all__ = ["OPTIMIZERS", "SimResult", "Simulator", "StorageTables", "backward_tr
 Optimizer = Literal["sgd", "adam", "none"]
 #: optimizer state bytes per parameter byte
 OPTIMIZERS: dict[str, float] = {"sgd": 1.0, "adam": 2.0, "none": 0.0}
-
-
-@dataclass(frozen=True)
-class SimResult:
-    """What one simulated training step costs.
-
-    Attributes:
-        step_ms: wall time of forward + backward, ms.
-        peak_bytes: maximum of the memory timeline, bytes.
-        forward_ms / backward_ms: compute-stream end of each phase, ms (backward_ms is its duration).
-        recompute_ms: extra forward time spent re-running recompute segments and selective stages' cheap operations, ms.
-        stall_ms: total time compute waited for copies, ms.
-        forward_stalls_ms / backward_stalls_ms: per stage, ms.
-        d2h_bytes / h2d_bytes: bytes copied each way.
-        timeline: ``(time ms, live bytes, label)`` after each event, when asked for.
-        blocks: the same events tensor by tensor, ``("alloc" | "free", key, bytes)`` in program order, when a
-            timeline is asked for (NOTE [ Allocator placement ] in ``memtune.tuner.placement`` replays them).
-        spans: when a timeline is asked for, what the copy engines and the backward ran when: ``("d2h" | "h2d",
-            storage id in ``Simulator.tables``, start ms, end ms)`` per copy and ``("backward", stage, start ms, end
-            ms)`` per stage (``memtune.tuner._ranks`` prices a shared host link with them).
-        host_ms: the host's time to issue the step (NOTE [ Host issue time ]), ms; ``step_ms`` is at least it; 0 where
-            the profile has no host prices.
-    """
-
-    step_ms: float
-    peak_bytes: int
-    forward_ms: float
-    backward_ms: float
-    recompute_ms: float
-    stall_ms: float
-    forward_stalls_ms: tuple[float, ...]
-    backward_stalls_ms: tuple[float, ...]
-    d2h_bytes: int
-    h2d_bytes: int
-    base_bytes: int
-    timeline: tuple[tuple[float, int, str], ...] = field(default=(), repr=False)
-    blocks: tuple[tuple[str, object, int], ...] = field(default=(), repr=False)
-    spans: tuple[tuple[str, int, float, float], ...] = field(default=(), repr=False)
-    host_ms: float = 0.0
-
-    def fits(self, budget_bytes: int) -> bool:
-        """True when the simulated peak is within ``budget_bytes``."""
-        return self.peak_bytes <= budget_bytes
 
 
 class Simulator:
@@ -227,8 +171,8 @@ class Simulator:
         self.loss_ms = profile_loss_ms(profile) * self.compute_scale
         # NOTE [ Held output ]: returned storages the loop holds through the backward
         self.held = profile.output_held_bytes or 0
-        # NOTE [ Host issue time ]: the kept step's host ms and what each stage's action adds; None: the GPU alone
-        self.host = _host_prices(profile)
+        # NOTE [ Host issue time ] (memtune.tuner._host_time): None where the profile has no host prices
+        self.host = HostTime.of(profile)
         # NOTE [ Memory held before the step ] (memtune.profiler._module_step): library workspaces count too
         self.base = (
             int(profile.param_bytes * (1.0 + OPTIMIZERS[optimizer])) + profile.input_bytes + profile.resident_bytes
@@ -272,22 +216,13 @@ class Simulator:
 
     def host_ms(self, actions: Sequence[Action]) -> float:
         """The host's time to issue a step of ``actions`` (NOTE [ Host issue time ]), ms; 0 without host prices."""
-        if self.host is None:
-            return 0.0
-        keep, rec, off = self.host
-        ms = keep
-        for k, a in enumerate(actions):
-            if a is Action.OFFLOAD:
-                ms += off[k]
-            elif a is Action.RECOMPUTE or a is Action.SELECTIVE:
-                ms += rec[k]
-        return ms
+        return 0.0 if self.host is None else self.host.ms(actions)
 
     def _host_floor(self, result: SimResult, actions: Sequence[Action]) -> SimResult:
         """``result`` with its host time, its step at least that (NOTE [ Host issue time ])."""
         if self.host is None:
             return result
-        host = self.host_ms(actions)
+        host = self.host.ms(actions)
         return replace(result, host_ms=host, step_ms=max(result.step_ms, host))
 
     def run_bounded(
@@ -795,16 +730,6 @@ class Simulator:
             blocks=tuple(led.blocks) if led.blocks is not None else (),
             spans=tuple(sp) if sp is not None else (),
         )
-
-
-def _host_prices(profile: Profile) -> tuple[float, list[float], list[float]] | None:
-    """NOTE [ Host issue time ]: the kept step's host ms and, per stage, what recomputing and offloading it add (0
-    where not measured); None where the profile has no host prices."""
-    host = profile.host
-    if host is None:
-        return None
-    n = len(profile.stages)
-    return host.keep_ms, list(host.recompute_ms or [0.0] * n), list(host.offload_ms or [0.0] * n)
 
 
 def _measured(point: CompilerPoint) -> SimResult:

@@ -1,5 +1,5 @@
 """The host's time to issue a step of a profile's stages under memtune's runtime, per action (NOTE [ Host issue time ]
-in ``memtune.tuner.simulator``), measured on the model's CUDA device.
+in ``memtune.tuner._host_time``), measured on the model's CUDA device.
 
 # NOTE [ Host prices ]
 Three plans of the profile run through ``memtune.planned``, each for two untimed steps and then ``steps`` timed ones:
@@ -17,7 +17,6 @@ pace; the simulator takes the larger of host and GPU, so such a price stands for
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import statistics
@@ -30,8 +29,8 @@ from torch import nn
 
 from memtune.profiler import HostPrices, Profile
 from memtune.profiler.module_profile import as_inputs, default_loss, left_as_found
-from memtune.profiler.module_stages import call_model
 from memtune.profiler.region_profile import RegionProfile
+from memtune.tuner.measure.step_timing import training_step
 from memtune.tuner.plan import Action, Plan
 from memtune.tuner.runtime._planned import planned
 
@@ -65,21 +64,14 @@ def _issue_ms(
 ) -> float:  # fmt: skip
     """The median host time of ``steps`` steps of the planned model ``run`` after two untimed ones (NOTE [ Host
     prices ]), ms; the gradients dropped after each step."""
-    args = as_inputs(inputs)
-    cast = torch.autocast("cuda", dtype=getattr(torch, dtype)) if dtype != "float32" else contextlib.nullcontext()
+    step = training_step(run, as_inputs(inputs), loss_fn, None, output_held=output_held,
+                         autocast=None if dtype == "float32" else getattr(torch, dtype))  # fmt: skip
     times: list[float] = []
     for k in range(2 + steps):
         began = time.perf_counter()
-        with cast:
-            out = call_model(run, args)
-            value = loss_fn(out)
-        if not output_held:
-            del out
-        value.backward()
+        step()
         if k >= 2:
             times.append((time.perf_counter() - began) * 1e3)
-        del value
-        out = None
         torch.cuda.synchronize()
         for p in model.parameters():
             p.grad = None

@@ -211,26 +211,29 @@ def training_step(
     run: torch.nn.Module,
     args: tuple[tuple[Any, ...], dict[str, Any]],
     loss_fn: Callable[[Any], torch.Tensor],
-    opt: torch.optim.Optimizer,
+    opt: torch.optim.Optimizer | None,
     *,
     output_held: bool = False,
     autocast: torch.dtype | None = None,
 ) -> Callable[[], None]:
     """One step of ``run`` on ``args`` (``memtune.profiler.module_profile.as_inputs``'s form): the gradients set to
-    None, forward, ``loss_fn`` over the output, backward, ``opt.step()``. ``output_held``: the output is held until
-    the backward ends (NOTE [ Held output ] in ``memtune.tuner.simulator``); otherwise it is dropped before it.
-    ``autocast``: the forward and the loss run under ``torch.autocast`` to that dtype on the parameters' device."""
+    None, forward, ``loss_fn`` over the output, backward, ``opt.step()``; ``opt`` None: forward, loss and backward
+    alone (the caller drops the gradients). ``output_held``: the output is held until the backward ends (NOTE [ Held
+    output ] in ``memtune.tuner.simulator``); otherwise it is dropped before it. ``autocast``: the forward and the loss
+    run under ``torch.autocast`` to that dtype on the parameters' device."""
     device = next((p.device.type for p in run.parameters()), "cpu")
     cast = contextlib.nullcontext() if autocast is None else torch.autocast(device, dtype=autocast)
 
     def step() -> None:
-        opt.zero_grad(set_to_none=True)
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
         with cast:
             out = call_model(run, args)
             value = loss_fn(out)
         if not output_held:
             del out
         value.backward()
-        opt.step()
+        if opt is not None:
+            opt.step()
 
     return step

@@ -20,9 +20,9 @@ import memtune.tuner.runtime
 EXPECTED = {
     memtune.profiler: {
         "GPUS", "ZOO_NAMES", "ArchiveTooLargeError", "CompilerPoint", "ConvAlgo", "ConvProfile", "DeviceIdentity",
-        "ExportedError", "GPUSpec", "ModelChain", "Profile", "ProfilerError", "RowMap", "SaveRule", "SavedStorage",
-        "SpecError", "StageProfile", "StepPeak", "UnknownGPUError", "build", "build_factory", "find_profile",
-        "find_stages", "from_spec", "get_gpu", "modeled_profile", "profile_module", "spec_hash",
+        "ExportedError", "GPUSpec", "HostPrices", "ModelChain", "Profile", "ProfilerError", "RowMap", "SaveRule",
+        "SavedStorage", "SpecError", "StageProfile", "StepPeak", "UnknownGPUError", "build", "build_factory",
+        "find_profile", "find_stages", "from_spec", "get_gpu", "modeled_profile", "profile_module", "spec_hash",
     },
     memtune.tuner: {
         "POLICIES", "Action", "BoundError", "BudgetError", "CalibrationError", "Candidate", "Plan", "PlanError",

@@ -1,4 +1,4 @@
-"""NOTE [ Host issue time ] (``memtune.tuner.simulator``) and NOTE [ Host prices ]
+"""NOTE [ Host issue time ] (``memtune.tuner._host_time``) and NOTE [ Host prices ]
 (``memtune.tuner.measure.host_price``): a profile with host prices prices a step at least at the host's time under
 the plan's actions, on the fast path and the reference alike, and bounded simulations answer by the floored step; the
 prices are shared among the stages as measured, and none are measured off CUDA."""
