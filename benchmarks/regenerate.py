@@ -287,6 +287,7 @@ KEPT: tuple[Kept, ...] = (
     Kept(f"{_R}/h100/compiled/*.txt", "GPU test log on the H100"),
     Kept(f"{_R}/h100/module-peers/*.json", "`benchmarks.module_peers` on the H100: measurement (one row per model)"),
     Kept(f"{_R}/h200/module-peers/*.json", "`benchmarks.module_peers` on H200s: measurement (one row per model)"),
+    Kept(f"{_R}/h200/host-issue/*", "`benchmarks.host_issue` on the H200: step times and Python's profiler tables"),
     Kept(f"{_R}/h200/region-timing/*.json", "`benchmarks.region_timing` on an H200: measurement (one row per model)"),
     Kept(f"{_R}/h200/region-timing/traces/*", "`benchmarks.region_timing --trace` on an H200: one step's Chrome trace"),
     Kept(

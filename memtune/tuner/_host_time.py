@@ -5,10 +5,11 @@ The engines above are the GPU's. The host issues every kernel first, and where i
 runs, the GPU waits and the step takes the host's time. A compiled region pays a fixed host cost per call (the
 compiler's guards and wrappers, its kernels' launches), and a plan adds its own: a recomputed region is called again
 in the backward under a checkpoint, an offloaded one packs, copies and fetches every saved tensor from Python hooks.
-Measured on the H200 (torch 2.11, MobileNetV2, batch 256, ``benchmarks.region_timing``): the 21-region plan with every
-region kept issued its step in 39.4 ms against 21.3 ms of GPU time, the whole model compiled in 20.8 against 20.1; the
-45% plan with four regions recomputed and five offloaded issued in 74.6 ms against 35.0 ms of GPU time, and took
-75.1 ms where the simulator, pricing the GPU alone, said 49.2. Where the profile carries host prices
+Measured on the H200 (torch 2.11, MobileNetV2, batch 128, ``python -m benchmarks.host_issue``, its files under
+``benchmarks/results/h200/host-issue``): the 21-region plan with every region kept issued its step in 39.4 ms against
+21.3 ms of GPU time, the whole model compiled in 20.8 against 20.1; the 45% plan of four regions recomputed and five
+offloaded issued in 74.6 ms against 35.0 ms of GPU time and took 75.1 ms, where the simulator, pricing the GPU alone,
+had predicted 44.3. Where the profile carries host prices
 (``Profile.host``, measured with memtune's runtime by ``memtune.tuner.measure.host_price``), a plan's host time is the
 kept step's plus what each recomputed or offloaded stage adds (a selective stage is priced as a recomputed one), and
 the step takes at least that (``SimResult.host_ms``). The host is a floor, not a third engine: a step where host and
