@@ -9,7 +9,8 @@ after: with the GPU behind, the host never waits for it, so the time is the host
 is ``HostPrices.keep_ms``; what the offloaded plan's median adds is shared among the stages by the storages each saves
 first (what an offloaded stage packs, copies and fetches), what the recomputed plan's adds by their forward ms (what a
 re-run issues again). A plan that fails (a stage that refuses a checkpoint, an out-of-memory) leaves its action
-unpriced, and a non-CUDA device gets no prices at all: a CPU's step is synchronous, its time is not the host's.
+unpriced, with a warning that says which and why (where the kept plan fails, the profile gets no prices), and a
+non-CUDA device gets no prices at all: a CPU's step is synchronous, its time is not the host's.
 
 Where the GPU falls more than its launch queue behind the host, the host blocks and the measured time reads the GPU's
 pace; the simulator takes the larger of host and GPU, so such a price stands for a measured step, not below it.
@@ -21,6 +22,7 @@ import dataclasses
 import gc
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,6 +80,11 @@ def _issue_ms(
     return statistics.median(times)
 
 
+def _host_bound(device: torch.device) -> bool:
+    """Whether a step on ``device`` returns before its work is done, so that its time is the host's: CUDA's."""
+    return device.type == "cuda"
+
+
 def measure_host_prices(
     model: nn.Module,
     example_inputs: Any,
@@ -90,26 +97,35 @@ def measure_host_prices(
     """The host prices of ``profile``'s stages on ``model`` (NOTE [ Host prices ]); None off CUDA or where the kept
     plan itself fails. The model is left as found (``left_as_found``)."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    if device.type != "cuda" or not profile.modules:
+    if not _host_bound(device) or not profile.modules:
         return None
     base = Plan.uniform(profile.n_stages).named(profile)
     # planned together, the three share each region's compiled callables: compiled once, not once per plan (NOTE
     # [ Regions are wrapped once ] in memtune.profiler.region_tree)
+    unpriced = {  # what a failed plan leaves unpriced, said in its warning
+        Action.KEEP: ("kept", "the profile gets no host prices: its plans are priced by GPU time alone"),
+        Action.OFFLOAD: ("offloaded", "offloading adds nothing to the host's time in its plans"),
+        Action.RECOMPUTE: ("recomputed", "recomputing adds nothing to the host's time in its plans"),
+    }
     runs = {a: planned(model, base.with_(actions=(a,) * profile.n_stages)) for a in (Action.KEEP, Action.OFFLOAD,
                                                                                    Action.RECOMPUTE)}  # fmt: skip
 
     def host_ms(action: Action) -> float | None:
         try:
             return _issue_ms(model, runs[action], example_inputs, loss_fn, profile.dtype, output_held, steps)
-        except Exception:  # an action the model refuses, an out-of-memory: that action stays unpriced
+        except Exception as exc:  # an action the model refuses, an out-of-memory: that action stays unpriced
+            done, left = unpriced[action]
+            why = str(exc).splitlines()[0] if str(exc) else "no message"
+            warnings.warn(f"host prices: the step with every stage {done} failed ({type(exc).__name__}: {why}); {left}",
+                          stacklevel=3)  # fmt: skip
             return None
         finally:
             torch.cuda.empty_cache()
 
     with left_as_found(model, device):
         try:
-            keep = host_ms(Action.KEEP)
-            offload, recompute = host_ms(Action.OFFLOAD), host_ms(Action.RECOMPUTE)
+            keep = host_ms(Action.KEEP)  # where it fails, the others are not tried: nothing would price them
+            offload, recompute = (None, None) if keep is None else (host_ms(Action.OFFLOAD), host_ms(Action.RECOMPUTE))
         finally:
             for run in runs.values():
                 run.release()

@@ -95,3 +95,30 @@ def test_no_host_prices_off_cuda() -> None:
     x = torch.randn(4, 8)
     profile = profile_module(model, x, loss_fn=lambda out: out.sum(), warmup=0, repeats=1)
     assert measure_host_prices(model, x, profile, lambda out: out.sum()) is None
+
+
+def test_a_plan_that_fails_leaves_its_action_unpriced_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memtune.tuner.measure import host_price
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    profile = profile_module(model, x, loss_fn=lambda out: out.sum(), warmup=0, repeats=1)
+    monkeypatch.setattr(host_price, "_host_bound", lambda device: True)  # priced as if on CUDA, timed by the fake
+    issued = iter([10.0, 13.0])  # kept, offloaded; then the recomputed plan fails
+
+    def fake_issue(*args: object) -> float:
+        try:
+            return next(issued)
+        except StopIteration:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore") from None
+
+    monkeypatch.setattr(host_price, "_issue_ms", fake_issue)
+    with pytest.warns(UserWarning, match=r"every stage recomputed failed \(RuntimeError: CUDA out of memory\. Tried "
+                                         r"to allocate 2\.00 GiB\); recomputing adds nothing"):  # fmt: skip
+        host = measure_host_prices(model, x, profile, lambda out: out.sum())
+    assert host is not None and host.keep_ms == 10.0 and host.recompute_ms is None
+    assert host.offload_ms is not None and sum(host.offload_ms) == pytest.approx(3.0)
+
+    monkeypatch.setattr(host_price, "_issue_ms", lambda *a: (_ for _ in ()).throw(ValueError("refused")))
+    with pytest.warns(UserWarning, match=r"every stage kept failed \(ValueError: refused\); the profile gets no host"):
+        assert measure_host_prices(model, x, profile, lambda out: out.sum()) is None
