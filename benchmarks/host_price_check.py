@@ -4,10 +4,10 @@
     python -m benchmarks.host_price_check --model resnet50 --regions 1:1:,2:1:compute --out DIR
 
 For each of a ``benchmarks.module_peers`` row's region profiles named by ``--regions`` (``depth:budget:rule``, the rule
-empty for none), in one process: the profile priced again as ``memtune`` prices it now; then, planned together with
-its kept plan, the plans the row served on that profile and ``--random`` seeded mixed plans (keep, offload, recompute
-drawn alike), stepped in turn as the prices are (one step of each a round, 2 untimed rounds and 5 timed), each plan's
-measured host time beside what the new prices and the row's committed ones predict (``Simulator.host_ms``). Written to
+empty for none), in one process: the profile priced again as ``memtune`` prices it now; then, one after another, its
+kept plan, the plans the row served on that profile and ``--random`` seeded mixed plans (keep, offload, recompute
+drawn alike), each run and timed as the prices are (``issue_ms``: 2 untimed steps and 5 timed), each plan's measured
+host time beside what the new prices and the row's committed ones predict (``Simulator.host_ms``). Written to
 ``<out>/<model>-host-prices.json``; a line per plan to standard output.
 """
 
@@ -62,7 +62,7 @@ def check(
 
     from memtune.profiler import Profile
     from memtune.tuner import Action, Plan, Simulator
-    from memtune.tuner.measure.host_price import issue_ms, measure_host_prices
+    from memtune.tuner.measure.host_price import HOST_STEPS, issue_ms, measure_host_prices
     from memtune.tuner.runtime import planned
 
     committed = Profile.from_json(json.dumps(entry["profile"]))
@@ -75,18 +75,19 @@ def check(
     compacts = ["k" * n, *_served_on(row, committed), *mixed_plans(n, count, seed)]
     base = Plan.uniform(n).named(committed)
     letters = {"k": Action.KEEP, "o": Action.OFFLOAD, "r": Action.RECOMPUTE}
-    runs = {c: planned(model, base.with_(actions=[letters[a] for a in c])) for c in dict.fromkeys(compacts)}
-    try:
-        medians, failed = issue_ms(model, runs, inputs, loss_fn, committed.dtype, True, 5)
-    finally:
-        for run in runs.values():
-            run.release()
-        gc.collect()
-        torch.cuda.empty_cache()
     plans = []
-    for c in runs:
+    for c in dict.fromkeys(compacts):
         actions = [letters[a] for a in c]
-        got = {"plan": c, "measured_ms": medians.get(c), "error": failed.get(c)}
+        run = planned(model, base.with_(actions=actions))
+        got: dict[str, Any] = {"plan": c, "measured_ms": None, "error": None}
+        try:
+            got["measured_ms"] = issue_ms(model, run, inputs, loss_fn, committed.dtype, True, HOST_STEPS)
+        except Exception as exc:  # an out-of-memory: the plan's line says so
+            got["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        finally:
+            run.release()
+            gc.collect()
+            torch.cuda.empty_cache()
         got["new_ms"] = new.host_ms(actions) if new is not None else None
         got["old_ms"] = old.host_ms(actions) if old is not None else None
         plans.append(got)

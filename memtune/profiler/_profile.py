@@ -337,17 +337,16 @@ class HostPrices(_Frozen):
     )
     recompute_ms: tuple[float, ...] | None = Field(
         default=None,
-        description="per stage, what recomputing it adds to the host's time, ms: a fixed part plus a part in "
-        "proportion to its forward ms, fitted to the steps with every, the even and the odd stages recomputed, less "
-        "keep_ms; None: not measured (a stage refused a checkpoint)",
+        description="per stage, what recomputing it adds to the host's time, ms: the step with every stage "
+        "recomputed less keep_ms, shared among the stages by their forward ms; None: not measured (a stage refused "
+        "a checkpoint)",
     )
     offload_ms: tuple[float, ...] | None = Field(
         default=None,
-        description="per stage, what offloading it adds to the host's time, ms: a fixed part plus a part per "
-        "storage it saves first, fitted to the steps with every, the even and the odd stages offloaded, less keep_ms; "
-        "None: not measured",
+        description="per stage, what offloading it adds to the host's time, ms: the step with every stage offloaded "
+        "less keep_ms, shared among the stages by the storages each saves first; None: not measured",
     )
-    steps: int = Field(ge=1, description="timed steps per plan, one a round over the plans (after two warm-up rounds)")
+    steps: int = Field(ge=1, description="timed steps per plan (after two warm-up steps)")
 
 
 class Profile(_Frozen):
