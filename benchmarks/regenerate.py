@@ -288,6 +288,12 @@ KEPT: tuple[Kept, ...] = (
     Kept(f"{_R}/h100/module-peers/*.json", "`benchmarks.module_peers` on the H100: measurement (one row per model)"),
     Kept(f"{_R}/h200/module-peers/*.json", "`benchmarks.module_peers` on H200s: measurement (one row per model)"),
     Kept(f"{_R}/h200/host-issue/*", "`benchmarks.host_issue` on the H200: step times and Python's profiler tables"),
+    Kept(f"{_R}/h200/host-prices/*.json", "`benchmarks.host_price_check` on the H200: plans' host times, priced"),
+    Kept(
+        f"{_R}/h200/host-prices/fitted/*",
+        "host prices fitted as a fixed part per region plus a part per storage or forward ms, set aside: the pricing "
+        "module as run (`host_price.py.txt`) and `benchmarks.host_price_check`'s measurement with it, on an H200",
+    ),
     Kept(f"{_R}/h200/region-timing/*.json", "`benchmarks.region_timing` on an H200: measurement (one row per model)"),
     Kept(f"{_R}/h200/region-timing/traces/*", "`benchmarks.region_timing --trace` on an H200: one step's Chrome trace"),
     Kept(
