@@ -87,6 +87,7 @@ from memtune.profiler.region_layout import regions_channels_last
 from memtune.profiler.region_tree import RegionForward, install_region
 from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Action, Plan, PlanKind
+from memtune.tuner.runtime._module_tensors import ModuleTensors
 from memtune.tuner.runtime._planned_base import PlannedBase
 from memtune.tuner.runtime._rng import RandomState
 from memtune.tuner.runtime.offload import StepState, resident_storage_ptrs
@@ -145,6 +146,10 @@ class PlannedModule(PlannedBase):
             raise PlanError(f"sync_points {bad} are outside the stage range 0..{len(modules) - 1}")
         super().__init__(model, plan, plan.stages, pool_bytes=pool_bytes)
         self._stages = modules
+        #: the model's and each stage's tensors, the module tree walked once (NOTE [ Module tensors read from the
+        #: modules' tables ])
+        self._tensors = ModuleTensors(model)
+        self._stage_tensors = [ModuleTensors(m) for m in modules]
         self._clone = [may_write_input(m) if clone_stage_inputs is None else clone_stage_inputs for m in modules]
         self._step_now: StepState | None = None
         #: each stage module's wrapper, installed once (NOTE [ Stage modules are wrapped once ]); empty once released
@@ -233,7 +238,7 @@ class PlannedModule(PlannedBase):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
-        tensors = [*self.model.parameters(), *self.model.buffers()]
+        tensors = [*self._tensors.parameters(), *self._tensors.buffers()]
         device = tensors[0].device if tensors else torch.device("cpu")
         exclude = resident_storage_ptrs([*tensors, *tensor_leaves((args, kwargs))])  # the inputs: always resident
         if not self._forwards:
@@ -272,7 +277,7 @@ class PlannedModule(PlannedBase):
             step.forward_stage = k
             offloading = action is Action.OFFLOAD
             # NOTE [ Sharded parameters ]: the parameters as the stage runs them, gathered ones included
-            step.exclude_ptrs.update(resident_storage_ptrs(self._stages[k].parameters()))
+            step.exclude_ptrs.update(resident_storage_ptrs(self._stage_tensors[k].parameters()))
             with step.hooks(k, k) if offloading else contextlib.nullcontext():
                 if checkpointed:
                     out = self._checkpointed(k, fn, args, kwargs, selective=action is Action.SELECTIVE)
@@ -295,15 +300,15 @@ class PlannedModule(PlannedBase):
         Raises:
             PlanError: the stage is given state that cannot be copied, or it writes an input in place undeclared.
         """
-        module = self._stages[k]
+        own = self._stage_tensors[k]
         clone = self._clone[k]
         inputs = list(tensor_leaves((args, kwargs)))
-        rng = RandomState.capture([*inputs, *module.parameters(), *module.buffers()])
+        rng = RandomState.capture([*inputs, *own.parameters(), *own.buffers()])
 
         def rerun(call: Callable[[], Any]) -> Any:
             # NOTE [ Buffers during recompute ]; outside selective checkpointing's dispatch mode
             with _disable_current_modes():
-                snapshot = [(b, b.clone()) for b in module.buffers()]
+                snapshot = [(b, b.clone()) for b in own.buffers()]
             try:
                 with rng.replayed():
                     return call()
