@@ -289,6 +289,7 @@ KEPT: tuple[Kept, ...] = (
     Kept(f"{_R}/h200/module-peers/*.json", "`benchmarks.module_peers` on H200s: measurement (one row per model)"),
     Kept(f"{_R}/h200/host-issue/*", "`benchmarks.host_issue` on the H200: step times and Python's profiler tables"),
     Kept(f"{_R}/h200/host-prices/*.json", "`benchmarks.host_price_check` on the H200: plans' host times, priced"),
+    Kept(f"{_R}/runtime-overhead/*.json", "`benchmarks.runtime_overhead`: timed on the 2-core CPU machine"),
     Kept(
         f"{_R}/h200/host-prices/fitted/*",
         "host prices fitted as a fixed part per region plus a part per storage or forward ms, set aside: the pricing "
