@@ -42,9 +42,14 @@ Its step is at least
   simulator's copy times, ``memtune.tuner._copy_costs.storage_copy_ms``): a byte away at the peak went out before it on
   the one copy engine to the host and comes back after it on the one from the host, so its two copies never overlap.
 
-The floor is the least over r of the larger of the two, the split most favourable to the plan; r is at most the bytes
-the regions make, and D at most the profile's storages (beyond that no plan of the profile fits: the floor is
-infinite). Without a copy rate o is 0.
+- host floor, where the profile carries host prices (NOTE [ Host issue time ] in ``memtune.tuner._host_time``): the
+  host's time to issue the step with every region kept. A plan's actions add host work (an offloaded region's hooks,
+  a recomputed one's re-run) and take none away, so no plan of the profile issues its step faster.
+
+The floor is the least over r of the larger of the compute and link floors, the split most favourable to the plan,
+and at least the host floor; r is at most the bytes the regions make, and D at most the profile's storages (beyond
+that no plan of the profile fits: the floor is infinite). Without a copy rate o is 0. The family's unconstrained
+step T is its kept step as simulated, the larger of its compute and its host floor.
 
 Where neither family exists (no compiler points, no compiled-region profile) there is no bound and nothing is
 printed. The compiled unconstrained step, the base of the printed ratio, is the fastest family's T.
@@ -57,6 +62,8 @@ Assumptions, besides the relaxations NOTE [ Budget bound ] makes (fractions of s
   copies in flight and workspaces only add), and its actions change no region's forward, backward or the loss but
   add re-runs as the simulator prices them;
 - copies each way one at a time at the fastest storage's rate, the link not shared (one GPU per host link);
+- the host's pace as the profile's prices measured it (a busier host issues more slowly; a quieter one, measured
+  later, may issue faster than the floor);
 - the bound is at B itself: plans of regions must fit B less the headroom, and a compiler point is served where its
   reserved peak, which is at least its allocated peak, fits B (or its allocated peak fits B less the headroom); so
   every compiled plan served has its allocated peak within B. The bound is looser than either family's best plan by
@@ -92,8 +99,10 @@ class CompiledFloor:
     Attributes:
         family: ``the whole model compiled`` or ``N regions compiled at activation budget A``.
         unconstrained_ms: its fastest step with everything kept (T).
-        step_ms: its floor, the larger of ``compute_ms`` and ``link_ms``; ``inf`` where none of its plans can fit.
+        step_ms: its floor, the largest of ``compute_ms``, ``link_ms`` and ``host_ms``; ``inf`` where none of its plans
+            can fit.
         compute_ms / link_ms: its compute floor and link floor at the split the floor takes.
+        host_ms: its host floor (the host's time to issue a kept step; 0 without host prices).
         recompute_bytes / offload_bytes: that split: bytes of peak freed by recompute and by copies to the host.
     """
 
@@ -102,6 +111,7 @@ class CompiledFloor:
     step_ms: float
     compute_ms: float
     link_ms: float = 0.0
+    host_ms: float = 0.0
     recompute_bytes: float = 0.0
     offload_bytes: float = 0.0
 
@@ -164,11 +174,13 @@ def region_floor(sim: Simulator, budget_bytes: int) -> CompiledFloor:
     fwd, bwd, _, _ = sim.stage_costs(keep)
     compute = sum(fwd) + sim.loss_ms + sum(bwd)
     family = f"{sim.n} regions compiled at activation budget {prof.compile_budget:g}"
+    host = sim.host_ms(keep.actions)  # a plan's actions add host work, take none away
+    kept = max(compute, host)
     need = float(sim.run(keep).peak_bytes - budget_bytes)
     if need <= 0:
-        return CompiledFloor(family, compute, compute, compute)
+        return CompiledFloor(family, kept, kept, compute, host_ms=host)
     if need > sum(tab.s_bytes):
-        return CompiledFloor(family, compute, math.inf, math.inf)
+        return CompiledFloor(family, kept, math.inf, math.inf, host_ms=host)
     made: dict[int, float] = {}
     for s, p in enumerate(tab.s_producer):
         if p >= 0:
@@ -186,9 +198,9 @@ def region_floor(sim: Simulator, budget_bytes: int) -> CompiledFloor:
     )
     r, rerun = _split(compute, pieces, need, per_byte)
     if r is None:
-        return CompiledFloor(family, compute, math.inf, math.inf)
+        return CompiledFloor(family, kept, math.inf, math.inf, host_ms=host)
     link = 0.0 if per_byte is None else per_byte * (need - r)
-    return CompiledFloor(family, compute, max(compute + rerun, link), compute + rerun, link, r, need - r)
+    return CompiledFloor(family, kept, max(compute + rerun, link, host), compute + rerun, link, host, r, need - r)
 
 
 def _split(

@@ -241,10 +241,16 @@ def compiled_bound_words(bound: CompiledBound, budget: str) -> str:
             f"no compiled plan can run within {budget}: offload and recompute of the compiled regions cannot free "
             f"enough at their peak (the compiled lower bound, {CONCEPTS})"
         )
+    least = bound.least
+    host = (
+        f"; the host sets it: it issues a step of the {least.family} in {least.host_ms:.2f} ms with every region kept"
+        if least.host_ms > 0 and least.host_ms >= max(least.compute_ms, least.link_ms)
+        else ""
+    )
     return (
         f"no compiled plan (the whole model compiled, or compiled regions with offload and recompute) can step faster "
         f"than {bound.step_ms:.2f} ms ({bound.ratio:.2f}x the compiled unconstrained step) within {budget} (the "
-        f"compiled lower bound, {CONCEPTS})"
+        f"compiled lower bound, {CONCEPTS}){host}"
     )
 
 

@@ -17,7 +17,7 @@ import pytest
 from chains import MiB, linear_chain
 from profiles import conv_profile
 
-from memtune.profiler._profile import CompilerPoint, Profile
+from memtune.profiler._profile import CompilerPoint, HostPrices, Profile
 from memtune.profiler.region_profile import RegionProfile
 from memtune.profiler.region_tree import RegionPartition
 from memtune.tuner._search_results import compiler_candidates
@@ -28,6 +28,7 @@ from memtune.tuner.plan import Plan
 from memtune.tuner.search import tune
 from memtune.tuner.simulator import Simulator, simulate
 from memtune.tuner.stage_choices import stage_actions
+from memtune.tuner.tuned import compiled_bound_words
 
 
 def _points(prof: Profile, *shares: tuple[float, float, float]) -> Profile:
@@ -43,6 +44,15 @@ def _compiled(prof: Profile, budget: float) -> Profile:
     eager, as a compiled region is."""
     stages = tuple(s.model_copy(update={"forward_ms": 0.9 * s.forward_ms}) for s in prof.stages)
     return prof.model_copy(update={"compile_budget": budget, "stages": stages, "model": f"{prof.model} compiled"})
+
+
+def _hosted(prof: Profile, keep_share: float) -> Profile:
+    """``prof`` with host prices: a kept step issued in ``keep_share`` of its simulated GPU step, each offloaded or
+    recomputed stage adding 5% of it."""
+    gpu = simulate(prof, Plan.uniform(prof.n_stages)).step_ms
+    extra = (0.05 * gpu,) * prof.n_stages
+    host = HostPrices(keep_ms=keep_share * gpu, recompute_ms=extra, offload_ms=extra, steps=5)
+    return prof.model_copy(update={"host": host})
 
 
 def _plans(prof: Profile, rng: random.Random, count: int) -> list[Plan]:
@@ -75,8 +85,12 @@ def test_the_whole_model_floor_is_below_every_measured_point_that_fits() -> None
 
 @pytest.mark.parametrize(
     "prof",
-    [_compiled(linear_chain(5, saved_mib=64), 1.0), _compiled(conv_profile(2).without_conv_algos(), 0.5)],
-    ids=["chain", "convs"],
+    [
+        _compiled(linear_chain(5, saved_mib=64), 1.0),
+        _compiled(conv_profile(2).without_conv_algos(), 0.5),
+        _hosted(_compiled(linear_chain(5, saved_mib=64), 1.0), 1.2),
+    ],
+    ids=["chain", "convs", "host-bound chain"],
 )
 def test_no_plan_of_compiled_regions_that_fits_is_faster_than_its_floor(prof: Profile) -> None:
     sim = Simulator(prof)
@@ -92,7 +106,7 @@ def test_no_plan_of_compiled_regions_that_fits_is_faster_than_its_floor(prof: Pr
             if r.peak_bytes <= budget:
                 assert r.step_ms >= floor.step_ms - 1e-6, (share, r.step_ms, floor)
                 fits += 1
-        assert floor.step_ms >= floor.compute_ms and floor.step_ms >= floor.link_ms
+        assert floor.step_ms >= max(floor.compute_ms, floor.link_ms, floor.host_ms)
     assert fits > 100  # plans that fit were checked at several budgets
     assert region_floor(sim, 2 * peak).step_ms == pytest.approx(sim.run(Plan.uniform(prof.n_stages)).step_ms)
     assert math.isinf(region_floor(sim, sim.run(Plan.uniform(prof.n_stages)).base_bytes // 4).step_ms)
@@ -169,3 +183,26 @@ def test_every_served_plan_of_the_committed_region_benchmark_is_predicted_above_
                 assert bounds[p["fraction"]] <= p["predicted_step_ms"] * (1 + 1e-9), (name, p["fraction"], bounds)
                 seen += 1
     assert seen >= 4
+
+
+def test_a_host_that_issues_a_kept_step_slower_than_the_gpu_runs_it_sets_the_floor() -> None:
+    gpu_bound = _compiled(linear_chain(5, saved_mib=64), 1.0)
+    hosted = _hosted(gpu_bound, 1.5)
+    kept = simulate(gpu_bound, Plan.uniform(gpu_bound.n_stages))
+    assert hosted.host is not None
+    for share in (0.6, 0.9, 1.2):
+        budget = int(share * kept.peak_bytes)
+        alone, floor = region_floor(Simulator(gpu_bound), budget), region_floor(Simulator(hosted), budget)
+        assert (alone.host_ms, floor.host_ms) == (0.0, pytest.approx(hosted.host.keep_ms))
+        assert floor.step_ms == pytest.approx(max(alone.step_ms, hosted.host.keep_ms))
+        assert floor.unconstrained_ms == pytest.approx(hosted.host.keep_ms)  # the kept step, as simulated
+    roomy = compiled_lower_bound([hosted], 2 * kept.peak_bytes)
+    assert roomy is not None and roomy.step_ms == pytest.approx(1.5 * kept.step_ms)
+    words = compiled_bound_words(roomy, "2 GiB")
+    assert (
+        "the host sets it: it issues a step of the 5 regions compiled at activation budget 1 in "
+        f"{1.5 * kept.step_ms:.2f} ms" in words
+    )
+    assert "the host sets it" not in compiled_bound_words(
+        compiled_lower_bound([gpu_bound], 2 * kept.peak_bytes) or roomy, "2 GiB"
+    )
