@@ -52,6 +52,7 @@ class Finalist:
         predicted_ms, predicted_peak_bytes: the search's prediction (the forward and backward, without the update).
         step_ms: the measured median training step (the update included); None where it did not run.
         reserved_bytes: the caching allocator's peak reserved bytes in the timed steps; None where it did not run.
+        peak_bytes: the peak allocated bytes in the timed steps; None where it did not run or was not kept.
         served: whether this is the plan served.
         error: why it did not run (an out-of-memory under the budget's cap, a compiler error); None where it ran.
     """
@@ -61,6 +62,7 @@ class Finalist:
     predicted_peak_bytes: int
     step_ms: float | None = None
     reserved_bytes: int | None = None
+    peak_bytes: int | None = None
     served: bool = False
     error: str | None = None
 

@@ -112,15 +112,16 @@ def job_regions(
 
 def weigh_job_regions(
     result: TuneResult, regions: Sequence[RegionProfile], search: Callable[[Profile], TuneResult]
-) -> tuple[TuneResult, list[ResultIn], list[str]]:
+) -> tuple[TuneResult, list[ResultIn], list[str], list[tuple[TuneResult, str | None]]]:
     """Each measured region profile of ``regions`` searched by ``search`` (NOTE [ Compiled-region candidates ] in
     ``memtune.tuner.region_plans``), beside ``result``, the job's own search.
 
     Returns:
         ``result`` with the fastest best plan of them all as its best, named as its row (its unconstrained step and
         baselines stay the job's profile's); a row per region profile whose search found a plan that fits
-        (``optuna``, named for its partition and policy), to store beside the job's rows; and a line per region
-        profile for the compile note.
+        (``optuna``, named for its partition and policy), to store beside the job's rows; a line per region
+        profile for the compile note; and every search, the job's own first, each with the name its best is stored
+        under (None: its own), for the finalists (``memtune.api.service._job_finalists``).
     """
     from memtune.tuner.region_plans import weigh_regions
 
@@ -132,13 +133,15 @@ def weigh_job_regions(
 
     fastest, trials = weigh_regions(result, regions, searched)
     rows, served = [], result
+    searches: list[tuple[TuneResult, str | None]] = [(result, None)]
     for run in regions:
         searched_here = found.get(id(run))
         best = searched_here.best if searched_here is not None else None
-        if best is None or not best.feasible:
+        if searched_here is None or best is None or not best.feasible:
             continue
         named = dataclasses.replace(best, name=f"compiled regions {run.partition.label.split(':')[0]} at {run.policy}")
         rows.append(result_in(named, "optuna"))
+        searches.append((searched_here, named.name))
         if searched_here is fastest:
             served = dataclasses.replace(result, best=named)
-    return served, rows, [t.line() for t in trials]
+    return served, rows, [t.line() for t in trials], searches

@@ -64,8 +64,21 @@ region profile's best that fits is stored beside the job's rows (named ``compile
 compile note gains a line per region profile (its unplanned step, its best plan, or why it failed). A zoo model or
 spec is a chain of layers: its plans compile whole or not at all. Without a GPU of the type there are no regions
 (the compile note already says why the plans are eager); a measurement that fails is noted and the other plans
-stand. Exported programs are not measured under a plan yet (NOTE [ Measured validation ]): their region plans, like
-their eager ones, are served as simulated.
+stand.
+
+# NOTE [ Finalists in the service ]
+The simulator prices the GPU's work, and a compiled region's step may wait for the host (NOTE [ Measured finalists ] in
+``memtune.tuner.finalists``): between a compiler point and a plan of regions predicted a little faster it cannot
+choose. So a job whose compiled regions were measured (above) then has its finalists run on the same GPU, as
+``memtune.tune`` runs them: the best plan of the job's own search and of each region profile's, and every compiler
+point that fits, those predicted within ``SPREAD`` of the fastest, at most ``FINALIST_LIMIT``, the fastest fitting
+compiler point always among them; each runs on the program loaded onto the GPU, one step outside the cap and then
+timed steps under ``budget_guard`` at the job's budget, with the job's optimizer at learning rate 0
+(``memtune.api.service._job_finalists``). The fastest that ran is the job's best plan, under the name its row is
+stored with; the compile note says what each finalist predicted and measured (the events stream shows each start).
+Where only one plan is a finalist there is nothing to choose and nothing runs; where none runs under the budget, or
+the measurement fails, the note says so and the fastest prediction stands. Exported programs are not validated
+under ``validate_top_k`` yet (NOTE [ Measured validation ]): their finalists are what is measured of them.
 
 # NOTE [ Measured validation ]
 A job with ``validate_top_k`` > 0 asks the worker to measure its best plans on the GPU after the search:
@@ -155,6 +168,7 @@ from memtune.api.service._job_compile import (
     measure_job_compiler_points,
     search_profile,
 )
+from memtune.api.service._job_finalists import FinalistsFn, job_finalists, measure_job_finalists
 from memtune.api.service._job_lease import LeaseLost, LeaseWatch
 from memtune.api.service._job_profiles import job_profile
 from memtune.api.service._job_regions import RegionsFn, job_regions, measure_job_regions, weigh_job_regions
@@ -218,6 +232,8 @@ class Worker:
             [ Compiler points in the service ]); None for ``measure_job_compiler_points``.
         regions_fn: measures an exported program's candidate partitions into compiled regions (NOTE [ Compiled
             regions in the service ]); None for ``measure_job_regions``.
+        finalists_fn: runs an exported program's finalists on this worker's GPU (NOTE [ Finalists in the service ]);
+            None for ``measure_job_finalists``.
     """
 
     def __init__(
@@ -235,6 +251,7 @@ class Worker:
         local_gpu: Callable[[], str | None] | None = None,
         compiler_points_fn: CompilerPointsFn | None = None,
         regions_fn: RegionsFn | None = None,
+        finalists_fn: FinalistsFn | None = None,
     ) -> None:
         if heartbeat_interval_s >= stale_after_s:
             raise ValueError(
@@ -253,6 +270,7 @@ class Worker:
         self._local_gpu = local_gpu or cuda_gpu_key
         self.compiler_points_fn: CompilerPointsFn = compiler_points_fn or measure_job_compiler_points
         self.regions_fn: RegionsFn = regions_fn or measure_job_regions
+        self.finalists_fn: FinalistsFn = finalists_fn or measure_job_finalists
         self._local_gpu_key: tuple[str | None] | None = None  # read once, on first need
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -376,8 +394,13 @@ class Worker:
                 raise LeaseLost
             rows = simulated_rows(job, result)
             if regions and not watch.cancel:  # NOTE [ Compiled regions in the service ]
-                result, region_rows = self._weigh_regions(job, lease, watch, result, regions, cal)
+                result, region_rows, searched = self._weigh_regions(job, lease, watch, result, regions, cal)
                 rows += region_rows
+                # NOTE [ Finalists in the service ]
+                result, measured = job_finalists(
+                    self.db, job, lease, watch, result, searched, measure=self.finalists_fn
+                )
+                rows += measured
             validation = None
             if job.validate_top_k > 0:
                 validation = validate_job(
@@ -454,12 +477,13 @@ class Worker:
         result: TuneResult,
         regions: Sequence[RegionProfile],
         calibration: Calibration,
-    ) -> tuple[TuneResult, list[ResultIn]]:
+    ) -> tuple[TuneResult, list[ResultIn], list[tuple[TuneResult, str | None]]]:
         """Each compiled-region profile searched as the job's own search was (in memory: a resumed job searches
-        them again), the fastest plan of all served, every region profile's line added to the compile note."""
+        them again), the fastest plan of all served, every region profile's line added to the compile note; with
+        every search and the name its best is stored under (``weigh_job_regions``)."""
         from memtune.tuner import tune
 
-        served, rows, lines = weigh_job_regions(
+        served, rows, lines, searched = weigh_job_regions(
             result,
             regions,
             lambda p: tune(
@@ -478,7 +502,7 @@ class Worker:
             before = JobRepository(s).get(job.id).compile_note
         text = f"compiled regions searched: {'; '.join(lines)}; served: {won}"
         compile_note(self.db, job, lease, watch, (f"{before}; {text}" if before else text)[:2000])
-        return served, rows
+        return served, rows, searched
 
     def _store(
         self,

@@ -101,7 +101,8 @@ def run_finalist(
         with budget_guard(budget, pm):
             got = measure_step(model, pm, example_inputs, loss_fn, warmup=FINALIST_WARMUP, steps=FINALIST_STEPS,
                                output_held=output_held, optimizer=optimizer, dtype=dtype)  # fmt: skip
-        return dataclasses.replace(head, step_ms=got["step_ms"], reserved_bytes=got["reserved_bytes"])
+        return dataclasses.replace(head, step_ms=got["step_ms"], reserved_bytes=got["reserved_bytes"],
+                                   peak_bytes=got["peak_bytes"])  # fmt: skip
     except Exception as exc:  # an out-of-memory under the cap, a compiler's error: the finalist's result
         text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         return dataclasses.replace(head, error=f"{type(exc).__name__}: {text}")

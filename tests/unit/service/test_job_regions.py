@@ -8,6 +8,8 @@ GPU type (``profile_regions(..., gpu="h200")``, a modeled profile), as the GPU m
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +18,7 @@ import torch
 from exported_fixtures import TinyNet, export_archive
 
 from memtune.api.client import MemtuneClient
+from memtune.api.service._job_finalists import FinalistsFn
 from memtune.api.service.schemas import JobPublic
 from memtune.api.service.worker import COMPILE_BUDGETS, Worker
 from memtune.profiler.exported import load_exported
@@ -23,6 +26,8 @@ from memtune.profiler.region_profile import RegionProfile, profile_regions
 from memtune.storage.database import Database
 from memtune.storage.records import ModelRecord
 from memtune.storage.repositories import ResultRepository
+from memtune.tuner import Candidate
+from memtune.tuner.finalists import Finalist
 
 pytestmark = pytest.mark.slow  # CPU inductor compiles every region
 
@@ -44,7 +49,9 @@ def _no_points(*_args: Any) -> tuple[tuple[()], dict[float, str]]:
     return (), {b: "test: compiles nothing" for b in COMPILE_BUDGETS}
 
 
-def _worker(db: Database, regions: Callable[..., Sequence[RegionProfile]]) -> Worker:
+def _worker(
+    db: Database, regions: Callable[..., Sequence[RegionProfile]], finalists: FinalistsFn | None = None
+) -> Worker:
     return Worker(
         db,
         worker_id="unit-worker",
@@ -53,17 +60,23 @@ def _worker(db: Database, regions: Callable[..., Sequence[RegionProfile]]) -> Wo
         local_gpu=lambda: "h200",
         compiler_points_fn=_no_points,
         regions_fn=regions,
+        finalists_fn=finalists or _measured_at(),
     )
 
 
 def _tuned(
-    client: MemtuneClient, db: Database, tiny: bytes, name: str, regions: Callable[..., Sequence[RegionProfile]]
+    client: MemtuneClient,
+    db: Database,
+    tiny: bytes,
+    name: str,
+    regions: Callable[..., Sequence[RegionProfile]],
+    finalists: FinalistsFn | None = None,
 ) -> tuple[str, JobPublic]:
-    """The program uploaded as ``name``, one job of it run by a worker measuring regions with ``regions``: the
-    model's id and the job, succeeded."""
+    """The program uploaded as ``name``, one job of it run by a worker measuring regions with ``regions`` and
+    finalists with ``finalists``: the model's id and the job, succeeded."""
     model = client.upload_exported(tiny, name=name)
     job = client.submit_job(model.id, batch=4, gpu="h200", budget="100MiB", trials=12)
-    assert _worker(db, regions).run_once() == job.id
+    assert _worker(db, regions, finalists).run_once() == job.id
     done = client.get_job(job.id)
     assert done.state == "succeeded", done.error
     return model.id, done
@@ -99,7 +112,7 @@ def test_a_job_searches_its_measured_regions_beside_its_own_search(
     assert done.progress.best.step_ms == pytest.approx(min(region_row.step_ms, own.step_ms))
     assert note.startswith("compiling the whole model failed at every activation budget, so no plan compiles it whole")
     served = "a plan of compiled regions" if regions_won else "the job's own search's best plan"
-    assert note.endswith(f"served: {served}")
+    assert f"; served: {served}" in note
 
 
 def test_faster_regions_are_served_as_the_jobs_best(
@@ -149,3 +162,83 @@ def test_no_regions_under_compile_off_or_for_a_zoo_model(client: MemtuneClient, 
         done = client.get_job(job.id)
         assert done.state == "succeeded", done.error
         assert "regions" not in (done.compile_note or "")
+
+
+def _scaled(measured: list[RegionProfile], share: float) -> list[RegionProfile]:
+    """Test values, not measurements: the measured region profiles with every stage's times scaled by ``share``."""
+    out = []
+    for run in measured:
+        assert run.profile is not None
+        stages = tuple(
+            s.model_copy(update={"forward_ms": s.forward_ms * share, "backward_ms": s.backward_ms * share})
+            for s in run.profile.stages
+        )
+        out.append(RegionProfile(run.partition, run.budget, run.profile.model_copy(update={"stages": stages}),
+                                 None, run.seconds))  # fmt: skip
+    return out
+
+
+def _measured_at(steps: dict[str, float] | None = None, seen: list[list[str]] | None = None) -> FinalistsFn:
+    """Test values, not measurements: each finalist measured at its prediction, or at ``steps[name]`` where given
+    (``inf``: it ran out of memory); ``seen`` gets each call's finalists' names."""
+
+    def measure(
+        model: ModelRecord, archive: bytes, dtype: str, chosen: Sequence[tuple[str, Candidate]], budget: int,
+        optimizer: str, progress: Callable[[str], None],
+    ) -> list[Finalist]:  # fmt: skip
+        assert model.kind == "exported" and archive.startswith(b"PK") and (dtype, optimizer) == ("float32", "sgd")
+        if seen is not None:
+            seen.append([name for name, _ in chosen])
+        out = []
+        for k, (name, c) in enumerate(chosen):
+            progress(f"{k + 1}/{len(chosen)}: {name}")
+            ms = (steps or {}).get(name, c.step_ms)
+            head = Finalist(name, c.step_ms, c.peak_bytes)
+            ran = dict(step_ms=ms, reserved_bytes=c.peak_bytes, peak_bytes=c.peak_bytes)
+            out.append(
+                dataclasses.replace(head, **({"error": "OutOfMemoryError: under the cap"} if math.isinf(ms) else ran))
+            )
+        return out
+
+    return measure
+
+
+def test_finalists_run_on_the_gpu_and_the_fastest_measured_is_served(
+    client: MemtuneClient, db: Database, tiny: bytes, measured: list[RegionProfile]
+) -> None:
+    regions, eager = "optuna (3 compiled regions, budget 1)", "optuna (eager stages)"
+    seen: list[list[str]] = []
+    # the regions predicted faster (their stages at 80% of the measured times), the eager plan measured faster
+    model_id, done = _tuned(client, db, tiny, "tiny-finalists", lambda *_a: _scaled(measured, 0.8),
+                            _measured_at({regions: 5.0, eager: 2.0}, seen))  # fmt: skip
+    assert seen == [[regions, eager]]
+    assert done.progress.best is not None and done.progress.best.name == "optuna"  # the eager plan, as stored
+    note = done.compile_note or ""
+    assert f"; finalists measured on this worker's GPU: {regions}: predicted " in note
+    assert "measured 5.00 ms" in note and "measured 2.00 ms" in note and note.endswith("  <- served")
+    with db.session() as s:
+        measured_rows = {r.name: r for r in ResultRepository(s).for_job(done.id) if r.source == "measured"}
+    assert set(measured_rows) == {"optuna", "compiled regions depth 1 at activation budget 1"}
+    assert measured_rows["optuna"].step_ms == 2.0 and measured_rows["optuna"].predicted_step_ms is not None
+    best = client.best("h200", model=model_id, batch=4, budget="100MiB")  # a measured plan answers first
+    assert best.source == "measured" and best.step_ms == 2.0 and best.plan.get("compile_budget") is None
+
+
+def test_finalists_keep_the_fastest_prediction_where_none_ran_or_the_measurement_failed(
+    client: MemtuneClient, db: Database, tiny: bytes, measured: list[RegionProfile]
+) -> None:
+    regions, eager = "optuna (3 compiled regions, budget 1)", "optuna (eager stages)"
+
+    def broken(*_args: Any) -> list[Finalist]:
+        raise RuntimeError("CUDA error: device-side assert")
+
+    _, failed = _tuned(client, db, tiny, "tiny-finalists-broken", lambda *_a: _scaled(measured, 0.8), broken)
+    assert (failed.compile_note or "").endswith(
+        "; measuring finalists failed: RuntimeError: CUDA error: device-side assert; the fastest prediction is served"
+    )
+    _, none = _tuned(client, db, tiny, "tiny-finalists-none", lambda *_a: _scaled(measured, 0.8),
+                     _measured_at({regions: math.inf, eager: math.inf}))  # fmt: skip
+    assert "finalists measured, none ran under the budget (" in (none.compile_note or "")
+    for done in (failed, none):
+        assert done.progress.best is not None
+        assert done.progress.best.name == "compiled regions depth 1 at activation budget 1"

@@ -1,0 +1,150 @@
+"""Measured finalists on a job (NOTE [ Finalists in the service ] in ``memtune.api.service.worker``): the plans of an
+exported program's job predicted nearest the fastest, each run on this worker's GPU under the job's budget, and the
+fastest that ran served.
+
+``job_finalists`` chooses them (``memtune.tuner.finalists.finalists``) and has ``measure`` run them
+(``measure_job_finalists`` by default, the worker's ``FinalistsFn``); it gives the result to store and a line for the
+job's compile note. Step times are in milliseconds, budgets in bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from memtune.api.service._job_compile import compile_note
+from memtune.api.service._job_lease import LeaseLost, LeaseWatch
+from memtune.api.service._job_profiles import load_stored_program, stored_model
+from memtune.storage import Database
+from memtune.storage.records import Job, ModelRecord, ResultIn
+from memtune.storage.repositories import JobLease, JobRepository, ModelRepository
+
+if TYPE_CHECKING:
+    from memtune.tuner import Candidate, TuneResult
+    from memtune.tuner.finalists import Finalist
+
+__all__ = ["FINALIST_LIMIT", "FinalistsFn", "job_finalists", "measure_job_finalists"]
+
+log = logging.getLogger("memtune.worker")
+
+FINALIST_LIMIT = 3
+"""At most this many finalists a job, as ``memtune.tune`` measures."""
+
+FinalistsFn = Callable[
+    [ModelRecord, bytes, str, "Sequence[tuple[str, Candidate]]", int, str, Callable[[str], None]],
+    "Sequence[Finalist]",
+]
+"""Runs an exported program's finalists on this worker's GPU, called with the stored model, its archive, the job's
+dtype, the finalists (each a name and its candidate, fastest predicted first), the job's budget in bytes, its optimizer
+and a function it calls with progress text; gives one ``Finalist`` per finalist, in order, an error its own.
+``measure_job_finalists`` by default."""
+
+
+def measure_job_finalists(
+    model: ModelRecord,
+    archive: bytes,
+    dtype: str,
+    chosen: Sequence[tuple[str, Candidate]],
+    budget_bytes: int,
+    optimizer: str,
+    progress: Callable[[str], None],
+) -> list[Finalist]:
+    """Each of ``chosen`` run as ``memtune.tune`` runs a finalist (``run_finalist``: a step outside the cap, then timed
+    steps under ``budget_guard`` at ``budget_bytes``) on the exported program ``model`` loaded onto this process's CUDA
+    device, with the loss its profile was measured with (the default loss), the output held through the backward as
+    profiled; the program is left as found.
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    import torch
+
+    from memtune.profiler.module_profile import default_loss, left_as_found
+    from memtune.tuner.measure.finalists import run_finalist
+
+    device = torch.device("cuda", 0)
+    module, inputs = load_stored_program(model, archive, device)
+    ran = []
+    with left_as_found(module, device):
+        for k, (name, candidate) in enumerate(chosen):
+            progress(f"{k + 1}/{len(chosen)}: {name}")
+            ran.append(run_finalist(module, inputs, name, candidate, budget_bytes, default_loss, optimizer=optimizer,
+                                    output_held=True, dtype=dtype))  # fmt: skip
+    return ran
+
+
+def job_finalists(
+    db: Database,
+    job: Job,
+    lease: JobLease,
+    watch: LeaseWatch,
+    result: TuneResult,
+    searched: Sequence[tuple[TuneResult, str | None]],
+    *,
+    measure: FinalistsFn,
+) -> tuple[TuneResult, list[ResultIn]]:
+    """``result`` (the job's, its best the fastest predicted of ``searched``) with the fastest measured finalist as its
+    best, and a ``measured`` row per finalist that ran (NOTE [ Finalists in the service ]); ``result`` and no rows
+    where one plan alone is a finalist, the job is cancelled, no finalist ran or the measurement failed (the compile
+    note says which). ``searched``: every search of the job, its own first, each with the name its best is stored
+    under (None: the job's own, stored as ``optuna``). Raises LeaseLost."""
+    from memtune.tuner.finalists import fastest_measured, finalists
+
+    chosen = finalists([r for r, _ in searched], FINALIST_LIMIT)
+    if len(chosen) < 2 or watch.should_stop():
+        return result, []
+    model = stored_model(db, job)
+    with db.session() as s:
+        archive = ModelRepository(s).program(model.id)
+        before = JobRepository(s).get(job.id).compile_note
+    lead = f"{before}; " if before else ""
+
+    def note(text: str) -> None:
+        compile_note(db, job, lease, watch, f"{lead}{text}"[:2000])
+
+    try:
+        ran = list(measure(model, archive, job.dtype, [(name, c) for name, _, c in chosen], job.budget_bytes,
+                           job.optimizer, lambda what: note(f"measuring finalists: {what}")))  # fmt: skip
+    except LeaseLost:
+        raise
+    except Exception as e:
+        log.warning("job %s: measuring finalists failed: %s", job.id, e, exc_info=True)
+        note(f"measuring finalists failed: {type(e).__name__}: {e}; the fastest prediction is served")
+        return result, []
+    won = fastest_measured(ran)
+    if won is None:
+        note(f"finalists measured, none ran under the budget ({'; '.join(f.line() for f in ran)}); the fastest "
+             "prediction is served")  # fmt: skip
+        return result, []
+    ran[won] = dataclasses.replace(ran[won], served=True)
+    note(f"finalists measured on this worker's GPU: {'; '.join(f.line() for f in ran)}")
+    own = searched[0][0]
+    names = {id(r): name or "optuna" for r, name in searched[1:]}  # region searches' row names; the job's own: optuna
+    stored = [_stored(job, c, (names.get(id(source), "optuna") if source.best is c else None), f)
+              for (_, source, c), f in zip(chosen, ran, strict=True)]  # fmt: skip
+    _, source, best = chosen[won]
+    if source is not own and source.best is best:  # a region search's best, under its row's name
+        best = dataclasses.replace(best, name=names[id(source)])
+    served = dataclasses.replace(result, best=best)
+    return served, [r for r in stored if r is not None]
+
+
+def _stored(job: Job, c: Candidate, row: str | None, ran: Finalist) -> ResultIn | None:
+    """The ``measured`` row of a finalist that ran, under the name and kind of its simulated row (``row``; None: a
+    compiler point the search did not serve, named for itself, a baseline); None where it did not run."""
+    if ran.step_ms is None or ran.peak_bytes is None:
+        return None
+    return ResultIn(
+        name=row or c.name,
+        kind="optuna" if row is not None else "baseline",
+        plan=c.plan.model_dump(mode="json"),
+        step_ms=float(ran.step_ms),
+        peak_bytes=int(ran.peak_bytes),
+        feasible=ran.peak_bytes <= job.budget_bytes,
+        source="measured",
+        predicted_step_ms=c.step_ms,
+        predicted_peak_bytes=c.peak_bytes,
+        reserved_peak_bytes=ran.reserved_bytes,
+    )
