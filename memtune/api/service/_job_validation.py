@@ -149,7 +149,7 @@ def validation_refusal(model: ModelRecord, job: Job) -> str | None:
     if model.kind == "exported":
         return (
             "measured validation builds the model in a fresh process per plan from a zoo name or JSON spec; "
-            "an exported program's plans are measured as finalists instead, where its compiled regions are (compile "
+            "exported programs' plans are measured as finalists instead, where their compiled regions are (compile "
             "auto or on, on a worker with a GPU of the job's type: the compile note says what they measured)"
         )
     if job.optimizer != "sgd":

@@ -100,13 +100,13 @@ def measure_host_prices(
     if not _host_bound(device) or not profile.modules:
         return None
     base = Plan.uniform(profile.n_stages).named(profile)
-    # planned together, the three share each region's compiled callables: compiled once, not once per plan (NOTE
-    # [ Regions are wrapped once ] in memtune.profiler.region_tree)
     unpriced = {  # what a failed plan leaves unpriced, said in its warning
         Action.KEEP: ("kept", "the profile gets no host prices: its plans are priced by GPU time alone"),
         Action.OFFLOAD: ("offloaded", "offloading adds nothing to the host's time in its plans"),
         Action.RECOMPUTE: ("recomputed", "recomputing adds nothing to the host's time in its plans"),
     }
+    # planned together, the three share each region's compiled callables: compiled once, not once per plan (NOTE
+    # [ Regions are wrapped once ] in memtune.profiler.region_tree)
     runs = {a: planned(model, base.with_(actions=(a,) * profile.n_stages)) for a in (Action.KEEP, Action.OFFLOAD,
                                                                                    Action.RECOMPUTE)}  # fmt: skip
 
