@@ -30,10 +30,15 @@ def mixed_plans(n: int, count: int, seed: int) -> list[str]:
 
 
 def _entry(row: dict[str, Any], spec: str) -> dict[str, Any]:
-    """The row's region profile named by ``depth:budget:rule``."""
-    depth, budget, rule = spec.split(":")
+    """The row's region profile named by ``depth:budget:rule``; a spec of another form, or one the row lacks, stops the
+    command with a message that says which."""
+    try:
+        depth, budget, rule = spec.split(":")
+        wanted = (int(depth), float(budget))
+    except ValueError:
+        raise SystemExit(f"--regions {spec!r}: expected depth:budget:rule, e.g. 1:1: or 2:1:compute") from None
     for e in row["regions"]:
-        if e["depth"] == int(depth) and e["budget"] == float(budget) and (e.get("saves") or "") == rule:
+        if (e["depth"], e["budget"]) == wanted and (e.get("saves") or "") == rule:
             return e
     raise SystemExit(f"--regions {spec}: the row holds no region profile of depth {depth} at budget {budget}"
                      f"{' under rule ' + rule if rule else ''}")  # fmt: skip

@@ -103,6 +103,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path)
     a = parser.parse_args()
+    for flag, value in (("--blocks", a.blocks), ("--steps", a.steps), ("--rounds", a.rounds)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, not {value}")
     got = measure(a.blocks, a.steps, a.rounds)
     got.update(torch=torch.__version__, python=platform.python_version(), machine=platform.machine(),
                command=f"python -m benchmarks.runtime_overhead --blocks {a.blocks} --steps {a.steps} "
