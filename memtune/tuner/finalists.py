@@ -21,8 +21,15 @@ So ``memtune.tune`` on a module on a CUDA device measures its finalists before i
    allocator's slack, as in NOTE [ Measured validation ]), a few untimed and timed training steps with the optimizer
    the search priced, in the order of its prediction.
 4. The finalist with the fastest measured median step that ran is served (``served``); one that ran out of memory or
-   failed keeps its error and is never served. Where none ran, the simulator's fastest plan is served and ``tune``
-   warns.
+   failed keeps its error and is never served.
+5. Where none ran, the fallbacks are measured in turn until one runs (``fallbacks``): the plans of every search's
+   Pareto front that fit and were not measured, each predicted to peak below every finalist that ran out of memory
+   under the cap, fastest prediction first, at most ``limit``. A plan predicted within its budget can run out of
+   memory under the cap where the allocator's blocks do not pack as modelled (ViT-B/16 at 30% of its compiled peak on
+   an H200: 1.5% more allocated than predicted, and a request of 148 MiB found no room); a plan of smaller predicted
+   peak leaves the allocator more room. Where no fallback runs either, no plan is served (``Tuned.plan`` is None and
+   ``tune`` warns, naming every error): a plan measured to run out of memory under its budget is never called one that
+   fits.
 
 The model is left as found (NOTE [ Profiler hygiene ]; the update runs at learning rate 0). ``Tuned.measured``
 keeps every finalist for the printout.
@@ -37,7 +44,7 @@ from dataclasses import dataclass
 from memtune.tuner._search_results import Candidate, TuneResult
 from memtune.tuner.plan import Plan
 
-__all__ = ["SPREAD", "Finalist", "fastest_measured", "finalists", "none_ran", "served"]
+__all__ = ["SPREAD", "Finalist", "fallbacks", "fastest_measured", "finalists", "none_ran", "served"]
 
 SPREAD = 1.25
 """Finalists are predicted within this factor of the fastest prediction (NOTE [ Measured finalists ])."""
@@ -55,6 +62,7 @@ class Finalist:
         peak_bytes: the peak allocated bytes in the timed steps; None where it did not run or was not kept.
         served: whether this is the plan served.
         error: why it did not run (an out-of-memory under the budget's cap, a compiler error); None where it ran.
+        out_of_memory: it did not run because it ran out of GPU memory (under the cap, or in its first step).
     """
 
     name: str
@@ -65,6 +73,7 @@ class Finalist:
     peak_bytes: int | None = None
     served: bool = False
     error: str | None = None
+    out_of_memory: bool = False
 
     def line(self) -> str:
         """One line for a printout."""
@@ -115,6 +124,33 @@ def finalists(
     return near
 
 
+def fallbacks(
+    results: Sequence[TuneResult],
+    measured: Sequence[tuple[tuple[str, TuneResult, Candidate], Finalist]],
+    limit: int = 3,
+) -> list[tuple[str, TuneResult, Candidate]]:
+    """The plans to measure where no finalist in ``measured`` (each chosen finalist with what it gave) ran (NOTE [
+    Measured finalists ], step 5): the fitting plans of every search's Pareto front not measured yet, each predicted
+    to peak below every finalist that ran out of memory, fastest prediction first (ties: the smaller peak), at most
+    ``limit``, labelled as ``finalists`` labels them.
+
+    Raises:
+        ValueError: ``limit`` below 1.
+    """
+    if limit < 1:
+        raise ValueError(f"fallbacks need limit >= 1, not {limit}")
+    seen: list[Plan] = [c.plan for (_, _, c), _ in measured]
+    ceiling = min((c.peak_bytes for (_, _, c), f in measured if f.out_of_memory), default=None)
+    every = [(r, c) for r in results for c in r.pareto if c.feasible and (ceiling is None or c.peak_bytes < ceiling)]
+    every.sort(key=lambda rc: (rc[1].step_ms, rc[1].peak_bytes))
+    pool: list[tuple[str, TuneResult, Candidate]] = []
+    for r, c in every:
+        if c.plan not in seen:
+            seen.append(c.plan)
+            pool.append((_label(r, c), r, c))
+    return pool[:limit]
+
+
 def served(chosen: tuple[str, TuneResult, Candidate]) -> TuneResult:
     """The result to serve for the finalist ``chosen``: its search's result, with the finalist as its best."""
     _, result, c = chosen
@@ -129,9 +165,13 @@ def fastest_measured(ran: Sequence[Finalist]) -> int | None:
 
 
 def none_ran(measured: Sequence[Finalist]) -> str | None:
-    """The warning where finalists were measured and none ran (each one's error named), the simulator's fastest then
-    served; None otherwise."""
+    """The warning where finalists (and fallbacks) were measured and none ran, each one's error named, and so no plan
+    is served; None otherwise."""
     if not measured or any(f.served for f in measured):
         return None
     failed = "; ".join(f"{f.name}: {f.error}" for f in measured)
-    return f"no finalist ran under the budget ({failed}); the simulator's fastest plan is served"
+    return (
+        f"no plan ran under the budget ({failed}); none is served, though the simulator found plans that fit: give "
+        "the budget more room (the plans that ran out of memory name the stage and the request), or tune with "
+        "finalists=0 to take the simulator's fastest unmeasured"
+    )

@@ -390,8 +390,8 @@ def tune(
             "--finalists",
             min=0,
             help="a factory model compiled on --device cuda: measure this many of the fastest plans found (the "
-            "fastest compiler point that fits among them) under the budget and serve the fastest measured; 0 serves "
-            "the simulator's fastest (docs/python-api.md)",
+            "fastest compiler point that fits among them) under the budget and serve the fastest measured (where none "
+            "runs, plans of smaller peak in turn, else none); 0 serves the simulator's fastest (docs/python-api.md)",
         ),
     ] = 3,
 ) -> None:

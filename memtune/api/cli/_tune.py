@@ -139,16 +139,26 @@ def tune_command(
         finals = {"finalists": [dataclasses.asdict(f) for f in measured]} if measured else {}
         sys.stdout.write(json.dumps({**result.to_dict(), **regions_json, **finals}) + "\n")
         return
+    if measured and result.best is None:  # NOTE [ Measured finalists ], step 5: none ran, none served
+        _print_measured(measured)
+        if beside is not None:
+            beside.close()
+        raise fail(f"no plan ran within {format_bytes(budget_bytes)} on this GPU (above); none is served")
     try:
         region_profiles = [r.profile for r in regions if r.profile is not None]
         _print_tuned(result, prof, budget_bytes, optimizer, pareto, beside, trials_done, region_profiles)
         if measured:  # NOTE [ Measured finalists ] in memtune.tuner.finalists
-            out.print("measured before serving (training steps under the budget's cap, the update included):")
-            for f in measured:
-                out.print(f"  {f.line()}", markup=False)
+            _print_measured(measured)
     finally:
         if beside is not None:
             beside.close()
+
+
+def _print_measured(measured: tuple[Finalist, ...]) -> None:
+    """The finalists (and fallbacks) measured before serving, one line each."""
+    out.print("measured before serving (training steps under the budget's cap, the update included):")
+    for f in measured:
+        out.print(f"  {f.line()}", markup=False)
 
 
 def _searched_profile(

@@ -86,11 +86,12 @@ def job_finalists(
     measure: FinalistsFn,
 ) -> tuple[TuneResult, list[ResultIn]]:
     """``result`` (the job's, its best the fastest predicted of ``searched``) with the fastest measured finalist as its
-    best, and a ``measured`` row per finalist that ran (NOTE [ Finalists in the service ]); ``result`` and no rows
-    where one plan alone is a finalist, the job is cancelled, no finalist ran or the measurement failed (the compile
+    best, and a ``measured`` row per finalist that ran (NOTE [ Finalists in the service ]; where none ran, the
+    fallbacks of NOTE [ Measured finalists ] in turn until one runs); ``result`` and no rows where one plan alone is a
+    finalist, the job is cancelled, no finalist ran or the measurement failed (the compile
     note says which). ``searched``: every search of the job, its own first, each with the name its best is stored
     under (None: the job's own, stored as ``optuna``). Raises LeaseLost."""
-    from memtune.tuner.finalists import fastest_measured, finalists
+    from memtune.tuner.finalists import fallbacks, fastest_measured, finalists
 
     chosen = finalists([r for r, _ in searched], FINALIST_LIMIT)
     if len(chosen) < 2 or watch.should_stop():
@@ -104,9 +105,18 @@ def job_finalists(
     def note(text: str) -> None:
         compile_note(db, job, lease, watch, f"{lead}{text}"[:2000])
 
+    def run(plans: Sequence[tuple[str, TuneResult, Candidate]], what: str) -> list[Finalist]:
+        return list(measure(model, archive, job.dtype, [(name, c) for name, _, c in plans], job.budget_bytes,
+                            job.optimizer, lambda done: note(f"measuring {what}: {done}")))  # fmt: skip
+
     try:
-        ran = list(measure(model, archive, job.dtype, [(name, c) for name, _, c in chosen], job.budget_bytes,
-                           job.optimizer, lambda what: note(f"measuring finalists: {what}")))  # fmt: skip
+        ran = run(chosen, "finalists")
+        if fastest_measured(ran) is None:  # NOTE [ Measured finalists ], step 5: fallbacks in turn until one runs
+            for extra in fallbacks([r for r, _ in searched], list(zip(chosen, ran, strict=True)), FINALIST_LIMIT):
+                chosen.append(extra)
+                ran.extend(run([extra], "fallbacks"))
+                if ran[-1].step_ms is not None:
+                    break
     except LeaseLost:
         raise
     except Exception as e:
@@ -115,8 +125,8 @@ def job_finalists(
         return result, []
     won = fastest_measured(ran)
     if won is None:
-        note(f"finalists measured, none ran under the budget ({'; '.join(f.line() for f in ran)}); the fastest "
-             "prediction is served")  # fmt: skip
+        note(f"finalists and fallbacks measured, none ran under the budget ({'; '.join(f.line() for f in ran)}); "
+             "the fastest prediction is served")  # fmt: skip
         return result, []
     ran[won] = dataclasses.replace(ran[won], served=True)
     note(f"finalists measured on this worker's GPU: {'; '.join(f.line() for f in ran)}")

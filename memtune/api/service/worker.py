@@ -76,8 +76,10 @@ compiler point always among them; each runs on the program loaded onto the GPU, 
 timed steps under ``budget_guard`` at the job's budget, with the job's optimizer at learning rate 0
 (``memtune.api.service._job_finalists``). The fastest that ran is the job's best plan, under the name its row is
 stored with; the compile note says what each finalist predicted and measured (the events stream shows each start).
-Where only one plan is a finalist there is nothing to choose and nothing runs; where none runs under the budget, or
-the measurement fails, the note says so and the fastest prediction stands. Exported programs are not validated
+Where only one plan is a finalist there is nothing to choose and nothing runs; where none runs under the budget, the
+fallbacks of NOTE [ Measured finalists ] run one at a time until one runs; where none of those runs either, or the
+measurement fails, the note says so and the fastest prediction stands (``memtune.tune`` then serves no plan; a job
+keeps its simulated rows). Exported programs are not validated
 under ``validate_top_k`` yet (NOTE [ Measured validation ]): their finalists are what is measured of them.
 
 # NOTE [ Measured validation ]

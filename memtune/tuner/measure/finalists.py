@@ -13,10 +13,11 @@ from torch import nn
 
 from memtune.profiler.module_profile import as_inputs, left_as_found
 from memtune.tuner._search_results import Candidate
-from memtune.tuner.finalists import Finalist, fastest_measured, finalists, served
+from memtune.tuner.finalists import Finalist, fallbacks, fastest_measured, finalists, served
 from memtune.tuner.measure.module_bench import measure_step
 from memtune.tuner.measure.step_timing import training_step
 from memtune.tuner.runtime._planned import planned
+from memtune.tuner.runtime._run_errors import PlanOutOfMemoryError
 from memtune.tuner.runtime.guard import budget_guard
 from memtune.tuner.tuned import Tuned
 
@@ -52,27 +53,42 @@ def measure_finalists(
         progress: ``progress(done, total, what)`` before each finalist and at the end.
 
     Returns:
-        ``tuned`` with ``measured`` set and ``result`` the served finalist's search, that finalist its best; ``tuned``
-        itself where no plan fits.
+        ``tuned`` with ``measured`` set (the finalists, then any fallback measured) and ``result`` the served plan's
+        search, that plan its best, or ``tuned.result`` with no best where none ran; ``tuned`` itself where no plan
+        fits.
     """
-    chosen = finalists(tuned.searched or (tuned.result,), limit)
+    searched = tuned.searched or (tuned.result,)
+    chosen = finalists(searched, limit)
     if not chosen:
         return tuned
     device = next(p.device for p in model.parameters())
     budget = tuned.result.budget_bytes
     dtype = tuned.result.profile.dtype
     ran: list[Finalist] = []
+
+    def run(k: int, total: int, name: str, candidate: Candidate) -> Finalist:
+        if progress is not None:
+            progress(k, total, name)
+        ran.append(run_finalist(model, example_inputs, name, candidate, budget, loss_fn, optimizer=optimizer,
+                                output_held=output_held, dtype=dtype))  # fmt: skip
+        return ran[-1]
+
     with left_as_found(model, device):
         for k, (name, _, candidate) in enumerate(chosen):
-            if progress is not None:
-                progress(k, len(chosen), name)
-            ran.append(run_finalist(model, example_inputs, name, candidate, budget, loss_fn, optimizer=optimizer,
-                                    output_held=output_held, dtype=dtype))  # fmt: skip
+            run(k, len(chosen), name, candidate)
+        if fastest_measured(ran) is None:  # NOTE [ Measured finalists ], step 5: in turn until one runs
+            extra = fallbacks(searched, list(zip(chosen, ran, strict=True)), limit)
+            total = len(chosen) + len(extra)
+            for name, result, candidate in extra:
+                chosen.append((name, result, candidate))
+                if run(len(ran), total, name, candidate).step_ms is not None:
+                    break
     if progress is not None:
         progress(len(chosen), len(chosen), "done")
     won = fastest_measured(ran)
-    if won is None:  # the simulator's fastest stands; tune warns
-        return dataclasses.replace(tuned, measured=tuple(ran))
+    if won is None:  # measured to run out of memory or to fail: no plan is served; tune warns (none_ran)
+        return dataclasses.replace(tuned, result=dataclasses.replace(tuned.result, best=None, no_choice=None),
+                                   measured=tuple(ran))  # fmt: skip
     ran[won] = dataclasses.replace(ran[won], served=True)
     return dataclasses.replace(tuned, result=served(chosen[won]), measured=tuple(ran))
 
@@ -105,7 +121,8 @@ def run_finalist(
                                    peak_bytes=got["peak_bytes"])  # fmt: skip
     except Exception as exc:  # an out-of-memory under the cap, a compiler's error: the finalist's result
         text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        return dataclasses.replace(head, error=f"{type(exc).__name__}: {text}")
+        short = isinstance(exc, (torch.OutOfMemoryError, PlanOutOfMemoryError))
+        return dataclasses.replace(head, error=f"{type(exc).__name__}: {text}", out_of_memory=short)
     finally:
         for p in model.parameters():
             p.grad = None

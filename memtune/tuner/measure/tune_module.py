@@ -167,8 +167,10 @@ def tune(
             a warning says why (the region and the compiler's first line) and the other plans stand.
         finalists: for a module on a CUDA device, at most this many of the fastest plans found (the fastest compiler
             point that fits always among them) are measured under the budget before one is served, and the fastest
-            measured is served (NOTE [ Measured finalists ] in ``memtune.tuner.finalists``); 0 serves the
-            simulator's fastest unmeasured. Unused on the CPU and with a ``Profile``.
+            measured is served (NOTE [ Measured finalists ] in ``memtune.tuner.finalists``); where none runs, the
+            fastest plans of smaller predicted peak are tried in turn, and where none of those runs either no plan is
+            served (``Tuned.plan`` is None, with a warning naming each error). 0 serves the simulator's fastest
+            unmeasured. Unused on the CPU and with a ``Profile``.
 
     Returns:
         A ``Tuned``: ``plan`` (for ``planned``), ``table()``, ``bound`` (and ``compiled_bound`` where compiled plans
@@ -229,7 +231,7 @@ def _measured(
     progress: bool,
 ) -> Tuned:
     """``tuned`` with its finalists measured (NOTE [ Measured finalists ] in ``memtune.tuner.finalists``); a warning
-    where none ran, the simulator's fastest then served."""
+    where none ran, no plan then served."""
     from memtune.profiler.module_profile import default_loss
     from memtune.tuner.finalists import none_ran
     from memtune.tuner.measure.finalists import measure_finalists
@@ -332,12 +334,19 @@ def planned(
         kwargs: for ``memtune.tuner.runtime._planned.planned``.
 
     Raises:
-        PlanError: no plan fits (``tune`` found none), or the plan does not match the model's stages.
+        PlanError: no plan fits (``tune`` found none, or none it measured ran), or the plan does not match the model's
+            stages.
     """
     from memtune.tuner import PlanError
     from memtune.tuner.runtime import planned as apply_plan
 
     if isinstance(plan, Tuned):
+        if plan.result.best is None and plan.measured:  # NOTE [ Measured finalists ], step 5
+            raise PlanError(
+                f"no plan ran within {format_bytes(plan.result.budget_bytes)} on this GPU: "
+                + "; ".join(f.line() for f in plan.measured)
+                + ". Tune with a larger budget"
+            )
         plan = plan.result
     if isinstance(plan, TuneResult):
         if plan.best is None:

@@ -47,3 +47,21 @@ def test_the_command_serves_the_finalist_measured_fastest(monkeypatch: pytest.Mo
     assert got.best is not None and got.best.plan.whole_compile == 0.5  # the compiler point, measured fastest
     assert [f.served for f in measured] == [True, False]
     assert _finalists(("net", "batch"), result, [result], "sgd", True, 0) == (result, ())  # --finalists 0
+
+
+def test_where_no_plan_ran_the_command_serves_none_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prof = modeled_profile(zoo.build("resnet50"), 64, "float32", "h100")
+    base = simulate(prof, Plan.uniform(prof.n_stages))
+    result = tune(prof, int(base.peak_bytes * 0.7), trials=20, seed=0)
+    failed = (Finalist("optuna", 1.0, 1, error="PlanOutOfMemoryError: stage 6", out_of_memory=True),)
+
+    def stand_in(model: Any, x: Any, tuned: Tuned, loss_fn: Any, **kwargs: Any) -> Tuned:
+        return dataclasses.replace(tuned, result=dataclasses.replace(tuned.result, best=None), measured=failed)
+
+    monkeypatch.setattr(memtune.tuner.measure.finalists, "measure_finalists", stand_in)
+    got, measured = _finalists(("net", "batch"), result, [result], "sgd", True, 3)
+    assert got.best is None and measured == failed
+    err = capsys.readouterr().err
+    assert "no plan ran under the budget (optuna: PlanOutOfMemoryError: stage 6); none is served" in " ".join(err.split())

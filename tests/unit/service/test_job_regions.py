@@ -18,7 +18,7 @@ import torch
 from exported_fixtures import TinyNet, export_archive
 
 from memtune.api.client import MemtuneClient
-from memtune.api.service._job_finalists import FinalistsFn
+from memtune.api.service._job_finalists import FINALIST_LIMIT, FinalistsFn
 from memtune.api.service.schemas import JobPublic
 from memtune.api.service.worker import COMPILE_BUDGETS, Worker
 from memtune.profiler.exported import load_exported
@@ -178,9 +178,11 @@ def _scaled(measured: list[RegionProfile], share: float) -> list[RegionProfile]:
     return out
 
 
-def _measured_at(steps: dict[str, float] | None = None, seen: list[list[str]] | None = None) -> FinalistsFn:
-    """Test values, not measurements: each finalist measured at its prediction, or at ``steps[name]`` where given
-    (``inf``: it ran out of memory); ``seen`` gets each call's finalists' names."""
+def _measured_at(
+    steps: dict[str, float] | None = None, seen: list[list[str]] | None = None, rest: float | None = None
+) -> FinalistsFn:
+    """Test values, not measurements: each finalist measured at ``steps[name]`` where given, else at ``rest`` where
+    given, else at its prediction (``inf``: it ran out of memory); ``seen`` gets each call's finalists' names."""
 
     def measure(
         model: ModelRecord, archive: bytes, dtype: str, chosen: Sequence[tuple[str, Candidate]], budget: int,
@@ -192,11 +194,12 @@ def _measured_at(steps: dict[str, float] | None = None, seen: list[list[str]] | 
         out = []
         for k, (name, c) in enumerate(chosen):
             progress(f"{k + 1}/{len(chosen)}: {name}")
-            ms = (steps or {}).get(name, c.step_ms)
+            ms = (steps or {}).get(name, c.step_ms if rest is None else rest)
             head = Finalist(name, c.step_ms, c.peak_bytes)
             ran = dict(step_ms=ms, reserved_bytes=c.peak_bytes, peak_bytes=c.peak_bytes)
             out.append(
-                dataclasses.replace(head, **({"error": "OutOfMemoryError: under the cap"} if math.isinf(ms) else ran))
+                dataclasses.replace(head, **({"error": "OutOfMemoryError: under the cap", "out_of_memory": True}
+                                             if math.isinf(ms) else ran))  # fmt: skip
             )
         return out
 
@@ -236,9 +239,38 @@ def test_finalists_keep_the_fastest_prediction_where_none_ran_or_the_measurement
     assert (failed.compile_note or "").endswith(
         "; measuring finalists failed: RuntimeError: CUDA error: device-side assert; the fastest prediction is served"
     )
+    seen: list[list[str]] = []
+    short = {regions: math.inf, eager: math.inf}
     _, none = _tuned(client, db, tiny, "tiny-finalists-none", lambda *_a: _scaled(measured, 0.8),
-                     _measured_at({regions: math.inf, eager: math.inf}))  # fmt: skip
-    assert "finalists measured, none ran under the budget (" in (none.compile_note or "")
+                     _measured_at(short, seen, rest=math.inf))  # fmt: skip
+    # everything fits this tiny model's budget: each search's front is its best alone, so no fallback is left
+    assert seen == [[regions, eager]]
+    assert "finalists and fallbacks measured, none ran under the budget (" in (none.compile_note or "")
     for done in (failed, none):
         assert done.progress.best is not None
         assert done.progress.best.name == "compiled regions depth 1 at activation budget 1"
+
+
+def test_where_no_finalist_runs_fallbacks_run_one_at_a_time_and_the_first_that_runs_is_served(
+    client: MemtuneClient, db: Database, tiny: bytes, measured: list[RegionProfile], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memtune.tuner.finalists
+
+    regions, eager = "optuna (3 compiled regions, budget 1)", "optuna (eager stages)"
+    given: list[list[str]] = []
+
+    def stand_in(results: Sequence[Any], tried: Sequence[Any], limit: int = 3) -> list[tuple[str, Any, Candidate]]:
+        # test values: the finalists again under other names, as the fallbacks (NOTE [ Measured finalists ], step 5)
+        given.append([f.name for _, f in tried])
+        assert limit == FINALIST_LIMIT
+        return [(f"fallback {k}", r, c) for k, ((_, r, c), _) in enumerate(tried)]
+
+    monkeypatch.setattr(memtune.tuner.finalists, "fallbacks", stand_in)
+    seen: list[list[str]] = []
+    steps = {regions: math.inf, eager: math.inf, "fallback 0": math.inf, "fallback 1": 3.0}
+    _, done = _tuned(client, db, tiny, "tiny-fallbacks", lambda *_a: _scaled(measured, 0.8), _measured_at(steps, seen))
+    assert given == [[regions, eager]]
+    assert seen == [[regions, eager], ["fallback 0"], ["fallback 1"]]  # one at a time, stopping at the first that ran
+    note = done.compile_note or ""
+    assert "fallback 1: predicted " in note and "measured 3.00 ms" in note and note.endswith("  <- served")
+    assert done.progress.best is not None

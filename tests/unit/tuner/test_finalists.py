@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from memtune.profiler import zoo
 from memtune.profiler._profile import CompilerPoint, Profile
 from memtune.profiler.modeled import modeled_profile
-from memtune.tuner.finalists import SPREAD, Finalist, fastest_measured, finalists, served
+from memtune.tuner.finalists import SPREAD, Finalist, fallbacks, fastest_measured, finalists, served
 from memtune.tuner.measure.compiler_points import with_compiler_points
 from memtune.tuner.plan import Plan
 from memtune.tuner.search import TuneResult, tune
@@ -107,13 +108,86 @@ def test_the_printout_lists_the_finalists_measured(resnet: Profile) -> None:
     assert "measured before serving" not in str(Tuned(result, None))
 
 
-def test_a_warning_names_every_finalist_that_did_not_run_when_none_did() -> None:
+def test_a_warning_names_every_plan_that_did_not_run_when_none_did() -> None:
     from memtune.tuner.finalists import none_ran
 
     failed = (Finalist("a", 10.0, 1, error="PlanOutOfMemoryError: stage 3"), Finalist("b", 11.0, 1, error="X: y"))
-    assert none_ran(failed) == (
-        "no finalist ran under the budget (a: PlanOutOfMemoryError: stage 3; b: X: y); the simulator's fastest plan "
-        "is served"
-    )
+    note = none_ran(failed)
+    assert note is not None
+    assert note.startswith("no plan ran under the budget (a: PlanOutOfMemoryError: stage 3; b: X: y); none is served")
+    assert "finalists=0" in note
     assert none_ran(()) is None
     assert none_ran((dataclasses.replace(failed[0], error=None, step_ms=1.0, reserved_bytes=1, served=True),)) is None
+
+
+def _measured(chosen: list[tuple[str, TuneResult, object]], *, short: bool) -> list[tuple[object, Finalist]]:
+    """Each of ``chosen`` with a finalist that did not run: out of memory where ``short``, else another error."""
+    return [((name, r, c), Finalist(name, c.step_ms, c.peak_bytes, error="E: e", out_of_memory=short))  # type: ignore[attr-defined]
+            for name, r, c in chosen]  # fmt: skip
+
+
+def test_fallbacks_are_pareto_plans_below_every_finalist_that_ran_out_of_memory(resnet: Profile) -> None:
+    result = _searched(resnet, share=0.5)
+    chosen = finalists([result])
+    assert [c for _, _, c in chosen] == [result.best] and result.best is not None
+    fitting = [c for c in result.pareto if c.feasible and c.plan != result.best.plan]
+    assert len(fitting) >= 2, "the modeled search should leave more than one fitting plan on its front"
+    # out of memory: only plans predicted to peak below the finalist's peak, fastest prediction first
+    extra = fallbacks([result], _measured(chosen, short=True), limit=10)  # type: ignore[arg-type]
+    below = sorted((c for c in fitting if c.peak_bytes < result.best.peak_bytes), key=lambda c: c.step_ms)
+    assert [c.plan for _, _, c in extra] == [c.plan for c in below]
+    assert all(r is result for _, r, _ in extra)
+    assert [c.step_ms for _, _, c in extra] == sorted(c.step_ms for _, _, c in extra)
+    assert fallbacks([result], _measured(chosen, short=True), limit=1) == extra[:1]  # type: ignore[arg-type]
+    # another failure (a compiler error): every fitting plan of the front not measured
+    other = fallbacks([result], _measured(chosen, short=False), limit=10)  # type: ignore[arg-type]
+    assert sorted(c.plan.model_dump_json() for _, _, c in other) == sorted(c.plan.model_dump_json() for c in fitting)
+    with pytest.raises(ValueError, match="limit >= 1"):
+        fallbacks([result], [], limit=0)
+
+
+def _stand_in(outcomes: dict[str, float | None]):  # type: ignore[no-untyped-def]
+    """A ``run_finalist`` that gives each plan, by its predicted step rounded to a ms, the step in ``outcomes`` (None:
+    out of memory under the cap); the plans run, in order, are appended to its ``ran``."""
+
+    def run(model, inputs, name, candidate, budget, loss_fn, **_):  # type: ignore[no-untyped-def]
+        run.ran.append(candidate.plan)  # type: ignore[attr-defined]
+        step = outcomes.get(name)
+        head = Finalist(name, candidate.step_ms, candidate.peak_bytes)
+        if step is None:
+            return dataclasses.replace(head, error="PlanOutOfMemoryError: stage 6", out_of_memory=True)
+        return dataclasses.replace(head, step_ms=step, reserved_bytes=candidate.peak_bytes, peak_bytes=1)
+
+    run.ran = []  # type: ignore[attr-defined]
+    return run
+
+
+def test_where_no_finalist_runs_fallbacks_run_in_turn_and_else_no_plan_is_served(
+    resnet: Profile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memtune
+    from memtune.tuner import PlanError
+    from memtune.tuner.measure import finalists as measuring
+    from memtune.tuner.measure.tune_module import _measured as measured_in_tune
+
+    result = _searched(resnet, share=0.5)
+    tuned = Tuned(result, None, searched=(result,))
+    extra = fallbacks([result], _measured(finalists([result]), short=True), limit=3)  # type: ignore[arg-type]
+    assert len(extra) >= 2
+    model = torch.nn.Linear(2, 2)
+    names = [name for name, _, _ in (*finalists([result]), *extra)]
+    # the finalist runs out of memory, the first fallback too, the second runs: it is served and the third not tried
+    run = _stand_in({names[2]: 50.0})
+    monkeypatch.setattr(measuring, "run_finalist", run)
+    out = measuring.measure_finalists(model, None, tuned, lambda y: y, optimizer="sgd", output_held=True)
+    assert [f.name for f in out.measured] == names[:3]
+    assert [f.served for f in out.measured] == [False, False, True]
+    assert out.result.best is extra[1][2] and out.plan == extra[1][2].plan
+    # nothing runs: every fallback tried, none served, and planning it is refused naming each
+    run = _stand_in({})
+    monkeypatch.setattr(measuring, "run_finalist", run)
+    with pytest.warns(UserWarning, match="no plan ran under the budget"):
+        none = measured_in_tune(model, None, tuned, None, "sgd", True, 3, False)
+    assert len(none.measured) == 1 + len(extra) and none.plan is None and none.result.best is None
+    with pytest.raises(PlanError, match=r"no plan ran within .* on this GPU: .*did not run \(PlanOutOfMemoryError"):
+        memtune.planned(model, none)
