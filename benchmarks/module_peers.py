@@ -96,6 +96,9 @@ MODELS = (*LANGUAGE, *VISION)
 FRACTIONS = (0.9, 0.75, 0.6, 0.45, 0.3)
 #: plans measured at each budget before one is served, as ``memtune.tune`` does (NOTE [ Measured finalists ])
 FINALISTS = 3
+#: the fastest fitting plans of the searches' Pareto fronts kept with each budget, for the fallbacks where no finalist
+#: runs (NOTE [ Measured finalists ], step 5)
+FALLBACK_POOL = 12
 
 
 def build(name: str) -> tuple[Any, Any, Callable[[Any], Any], str, int]:
@@ -325,8 +328,10 @@ class _Run:
         from memtune.tuner.runtime import budget_guard, planned
 
         args, budget = self.args, entry["budget_bytes"]
-        if len(entry.get("finalists", [])) > 1:
+        if entry.get("finalists"):
             self._finalists(model, inputs, loss, opt, entry)
+        if "plan_json" not in entry:  # no finalist nor fallback ran: none is served
+            return
         plan = Plan.model_validate(entry["plan_json"])
         entry["compiled"] = plan.whole_compile is not None or plan.compile_budget is not None
         pm = planned(model, plan)
@@ -347,31 +352,53 @@ class _Run:
         torch.cuda.empty_cache()
 
     def _finalists(self, model: Any, inputs: Any, loss: Callable[[Any], Any], opt: str, entry: dict[str, Any]) -> None:
-        """Each finalist of ``entry`` run under its budget (``run_finalist``), its measure kept in it; the entry's plan
-        becomes the fastest that ran."""
+        """Each finalist of ``entry`` run under its budget (``run_finalist``), its measure kept in it; where none ran,
+        the fallbacks in turn until one runs (NOTE [ Measured finalists ], step 5), each added to the finalists; the
+        entry's plan becomes the fastest that ran, and where none ran the entry serves none (its ``error`` says so)."""
+        from memtune.tuner import Candidate, Plan
+        from memtune.tuner.finalists import fallbacks, fastest_measured
+
+        def candidate(f: dict[str, Any]) -> Any:
+            return Candidate(f["name"], Plan.model_validate(f["plan_json"]), f["predicted"]["step_ms"],
+                             f["predicted"]["peak_bytes"], True)  # fmt: skip
+
+        chosen = entry["finalists"]
+        ran = [self._finalist(model, inputs, loss, opt, entry, f, candidate(f), k, len(chosen))
+               for k, f in enumerate(chosen)]  # fmt: skip
+        if fastest_measured(ran) is None:
+            pool = [(f["name"], f, candidate(f)) for f in entry.get("fallbacks", [])]
+            tried = [(candidate(f), got) for f, got in zip(chosen, ran, strict=True)]
+            for _, f, c in fallbacks(pool, tried, FINALISTS):
+                chosen.append({**f, "name": f"{f['name']} (fallback)"})
+                ran.append(self._finalist(model, inputs, loss, opt, entry, chosen[-1], c, len(ran), len(ran) + 1))
+                if ran[-1].step_ms is not None:
+                    break
+        k = fastest_measured(ran)
+        if k is None:
+            entry["error"] = "no plan ran under the budget: " + "; ".join(f"{g.name}: {g.error}" for g in ran)
+            for key in ("plan", "plan_json", "predicted"):
+                entry.pop(key, None)
+            self.save()
+            return
+        won = chosen[k]
+        won["served"] = True
+        entry.update(plan=won["plan"], plan_json=won["plan_json"], predicted=won["predicted"])
+
+    def _finalist(self, model: Any, inputs: Any, loss: Callable[[Any], Any], opt: str, entry: dict[str, Any],
+                  f: dict[str, Any], c: Any, k: int, total: int) -> Any:  # fmt: skip
+        """Finalist ``f`` (candidate ``c``, the ``k``-th of ``total``) run under the entry's budget, its measure kept in
+        ``f`` and the row saved; the ``Finalist``."""
         import dataclasses
 
-        from memtune.tuner import Candidate, Plan
-        from memtune.tuner.finalists import fastest_measured
         from memtune.tuner.measure.finalists import run_finalist
 
-        ran = []
-        for i, f in enumerate(entry["finalists"]):
-            print(f"{self.name}: {entry['fraction']:.0%} finalist {i + 1} of {len(entry['finalists'])}: {f['name']}",
-                  flush=True)  # fmt: skip
-            c = Candidate(f["name"], Plan.model_validate(f["plan_json"]), f["predicted"]["step_ms"],
-                          f["predicted"]["peak_bytes"], True)  # fmt: skip
-            got = run_finalist(model, inputs, f["name"], c, entry["budget_bytes"], loss, optimizer=opt,
-                               output_held=True, dtype="float32")  # fmt: skip
-            ran.append(got)
-            kept = ("step_ms", "reserved_bytes", "error")
-            f["measured"] = {k: v for k, v in dataclasses.asdict(got).items() if k in kept and v is not None}
-            self.save()
-        k = fastest_measured(ran)
-        if k is not None:
-            won = entry["finalists"][k]
-            won["served"] = True
-            entry.update(plan=won["plan"], plan_json=won["plan_json"], predicted=won["predicted"])
+        print(f"{self.name}: {entry['fraction']:.0%} finalist {k + 1} of {total}: {f['name']}", flush=True)
+        got = run_finalist(model, inputs, f["name"], c, entry["budget_bytes"], loss, optimizer=opt, output_held=True,
+                           dtype="float32")  # fmt: skip
+        kept = ("step_ms", "reserved_bytes", "error")
+        f["measured"] = {key: v for key, v in dataclasses.asdict(got).items() if key in kept and v is not None}
+        self.save()
+        return got
 
     def _math(self, model: Any, inputs: Any, loss: Callable[[Any], Any]) -> None:
         """Every measured plan's gradients against the unplanned compiled run's (NOTE [ Plans' gradients ]), each kept
@@ -592,7 +619,7 @@ def _tune(job: tuple[str, int, float, int, str, list[dict[str, Any]]]) -> dict[s
     """One search in a worker process: ``(profile JSON, budget bytes, headroom, trials, optimizer, region entries)``;
     with region entries, every region profile is searched too and the fastest plan of them all is served."""
     from memtune.profiler import Profile
-    from memtune.tuner.finalists import finalists
+    from memtune.tuner.finalists import fallback_pool, finalists
     from memtune.tuner.pipeline import tune_profiles
 
     profile_json, budget, headroom, trials, optimizer, regions = job
@@ -607,6 +634,9 @@ def _tune(job: tuple[str, int, float, int, str, list[dict[str, Any]]]) -> dict[s
         "candidates": candidates,
         "finalists": [  # NOTE [ Measured finalists ] in memtune.tuner.finalists
             {"name": name, **_served_words(c)} for name, _, c in finalists(tuned.searched, limit=FINALISTS)
+        ],
+        "fallbacks": [  # what is measured in turn where no finalist runs (step 5)
+            {"name": name, **_served_words(c)} for name, _, c in fallback_pool(tuned.searched)[:FALLBACK_POOL]
         ],
     }
 

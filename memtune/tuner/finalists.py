@@ -40,11 +40,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from memtune.tuner._search_results import Candidate, TuneResult
 from memtune.tuner.plan import Plan
 
-__all__ = ["SPREAD", "Finalist", "fallbacks", "fastest_measured", "finalists", "none_ran", "served"]
+__all__ = ["SPREAD", "Finalist", "fallback_pool", "fallbacks", "fastest_measured", "finalists", "none_ran", "served"]
+
+T = TypeVar("T")
 
 SPREAD = 1.25
 """Finalists are predicted within this factor of the fastest prediction (NOTE [ Measured finalists ])."""
@@ -124,31 +127,36 @@ def finalists(
     return near
 
 
+def fallback_pool(results: Sequence[TuneResult]) -> list[tuple[str, TuneResult, Candidate]]:
+    """Every plan that fits on the Pareto fronts of ``results``, labelled as ``finalists`` labels them, each plan once,
+    fastest prediction first (ties: the smaller peak): what ``fallbacks`` chooses from."""
+    every = [(r, c) for r in results for c in r.pareto if c.feasible]
+    every.sort(key=lambda rc: (rc[1].step_ms, rc[1].peak_bytes))
+    seen: list[Plan] = []
+    pool: list[tuple[str, TuneResult, Candidate]] = []
+    for r, c in every:
+        if c.plan not in seen:
+            seen.append(c.plan)
+            pool.append((_label(r, c), r, c))
+    return pool
+
+
 def fallbacks(
-    results: Sequence[TuneResult],
-    measured: Sequence[tuple[tuple[str, TuneResult, Candidate], Finalist]],
-    limit: int = 3,
-) -> list[tuple[str, TuneResult, Candidate]]:
-    """The plans to measure where no finalist in ``measured`` (each chosen finalist with what it gave) ran (NOTE [
-    Measured finalists ], step 5): the fitting plans of every search's Pareto front not measured yet, each predicted
-    to peak below every finalist that ran out of memory, fastest prediction first (ties: the smaller peak), at most
-    ``limit``, labelled as ``finalists`` labels them.
+    pool: Sequence[tuple[str, T, Candidate]], measured: Sequence[tuple[Candidate, Finalist]], limit: int = 3
+) -> list[tuple[str, T, Candidate]]:
+    """The plans of ``pool`` (``fallback_pool``'s, in its order) to measure where no finalist in ``measured`` (each
+    chosen finalist's candidate with what it gave) ran (NOTE [ Measured finalists ], step 5): those not measured yet,
+    each predicted to peak below every finalist that ran out of memory, at most ``limit``.
 
     Raises:
         ValueError: ``limit`` below 1.
     """
     if limit < 1:
         raise ValueError(f"fallbacks need limit >= 1, not {limit}")
-    seen: list[Plan] = [c.plan for (_, _, c), _ in measured]
-    ceiling = min((c.peak_bytes for (_, _, c), f in measured if f.out_of_memory), default=None)
-    every = [(r, c) for r in results for c in r.pareto if c.feasible and (ceiling is None or c.peak_bytes < ceiling)]
-    every.sort(key=lambda rc: (rc[1].step_ms, rc[1].peak_bytes))
-    pool: list[tuple[str, TuneResult, Candidate]] = []
-    for r, c in every:
-        if c.plan not in seen:
-            seen.append(c.plan)
-            pool.append((_label(r, c), r, c))
-    return pool[:limit]
+    tried = [c.plan for c, _ in measured]
+    ceiling = min((c.peak_bytes for c, f in measured if f.out_of_memory), default=None)
+    fits = [t for t in pool if t[2].plan not in tried and (ceiling is None or t[2].peak_bytes < ceiling)]
+    return fits[:limit]
 
 
 def served(chosen: tuple[str, TuneResult, Candidate]) -> TuneResult:

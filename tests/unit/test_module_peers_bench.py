@@ -22,6 +22,27 @@ def _peer(name: str, family: str, step_ms: float, reserved_gib: float, **more: A
             "first_step_s": 2.0, **more}  # fmt: skip
 
 
+def _finalists_run(monkeypatch: pytest.MonkeyPatch, steps: dict[str, float | None] | None = None) -> list[str]:
+    """Stand in for ``run_finalist`` (which needs CUDA): a finalist runs in 10 ms, or in ``steps[name]`` where given
+    (None: out of memory under the cap); the names run, in order, are returned as they are run."""
+    import dataclasses
+
+    import memtune.tuner.measure.finalists
+    from memtune.tuner.finalists import Finalist
+
+    names: list[str] = []
+
+    def run(model: Any, inputs: Any, name: str, c: Any, budget: int, loss: Any, **_k: Any) -> Finalist:
+        names.append(name)
+        head, ms = Finalist(name, c.step_ms, c.peak_bytes), (steps or {}).get(name, 10.0)
+        if ms is None:
+            return dataclasses.replace(head, error="PlanOutOfMemoryError: stage 6", out_of_memory=True)
+        return dataclasses.replace(head, step_ms=ms, reserved_bytes=c.peak_bytes, peak_bytes=c.peak_bytes)
+
+    monkeypatch.setattr(memtune.tuner.measure.finalists, "run_finalist", run)
+    return names
+
+
 def _row() -> dict[str, Any]:
     return {
         "model": "resnet50",
@@ -107,6 +128,7 @@ def test_one_model_runs_on_the_cpu_and_a_second_run_continues_it(
     monkeypatch.setattr(memtune.tuner.measure.module_bench, "measure_step", measure_step)
     monkeypatch.setattr(memtune.tuner.runtime, "budget_guard", lambda *_a, **_k: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
+    _finalists_run(monkeypatch)
     args = argparse.Namespace(out=tmp_path, fresh=False, warmup=1, steps=1, trials=10, compiler_sweep=[],
                               fractions=[0.9, 0.5], region_depths=[], region_budgets=[1.0], rules=[],
                               math=False, cache="default", replan=False, math_again=False)  # fmt: skip
@@ -167,6 +189,7 @@ def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeyp
         "update_ms": 1.0})  # fmt: skip
     monkeypatch.setattr(memtune.tuner.runtime, "budget_guard", lambda *_a, **_k: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "CPU stand-in")
+    _finalists_run(monkeypatch)
     args = argparse.Namespace(out=tmp_path, fresh=False, warmup=0, steps=1, trials=10, compiler_sweep=[],
                               fractions=[1.0], region_depths=[1], region_budgets=[1.0], rules=["compute"],
                               math=True, cache="default", replan=False, math_again=False)  # fmt: skip
@@ -452,3 +475,38 @@ def test_the_compilers_noise_is_read_from_its_points_measured_again_and_judges_t
     assert "| 1.06 | yes (noise 34%) |" in text  # the compiler's own point served at 75%: a tie within the noise
     assert "| 1.35 | no (noise 34%) |" in text  # the same point at 60%, capped: just outside the noise
     assert "## The compiler's points measured more than once" in text
+
+
+def test_where_no_finalist_runs_fallbacks_run_in_turn_and_else_the_budget_serves_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE [ Measured finalists ], step 5, as the benchmark runs it: the finalists, then the fallbacks of smaller
+    predicted peak in turn until one runs (it is served); where none runs, the budget serves no plan and says why."""
+    from memtune.profiler import zoo
+    from memtune.profiler.modeled import modeled_profile
+    from memtune.tuner import Plan, simulate
+    from memtune.tuner.finalists import fallback_pool, finalists
+    from memtune.tuner.search import tune
+
+    prof = modeled_profile(zoo.build("resnet50"), 64, "float32", "h100")
+    result = tune(prof, int(simulate(prof, Plan.uniform(prof.n_stages)).peak_bytes * 0.5), trials=20, seed=0)
+    words = module_peers._served_words
+    entry = {"fraction": 0.5, "budget_bytes": result.budget_bytes,
+             "finalists": [{"name": n, **words(c)} for n, _, c in finalists([result])],
+             "fallbacks": [{"name": n, **words(c)} for n, _, c in fallback_pool([result])]}  # fmt: skip
+    first = entry["finalists"][0]
+    below = [f for f in entry["fallbacks"] if f["predicted"]["peak_bytes"] < first["predicted"]["peak_bytes"]]
+    assert len(entry["finalists"]) == 1 and len(below) >= 2
+    run = module_peers._Run("resnet50", argparse.Namespace(out=tmp_path, fresh=True))
+    fb = [f"{f['name']} (fallback)" for f in below]
+    ran = _finalists_run(monkeypatch, {first["name"]: None, fb[0]: None})
+    served = json.loads(json.dumps(entry))
+    run._finalists(None, None, None, "sgd", served)
+    assert ran == [first["name"], fb[0], fb[1]]  # stops at the first that ran
+    assert [f.get("served", False) for f in served["finalists"]] == [False, False, True]
+    assert served["plan_json"] == below[1]["plan_json"] and "error" not in served
+    ran = _finalists_run(monkeypatch, {first["name"]: None} | {f"{f['name']} (fallback)": None for f in below})
+    none = json.loads(json.dumps(entry))
+    run._finalists(None, None, None, "sgd", none)
+    assert len(ran) == 1 + min(len(below), module_peers.FINALISTS) and "plan_json" not in none
+    assert none["error"].startswith(f"no plan ran under the budget: {first['name']}: PlanOutOfMemoryError: stage 6; ")

@@ -91,7 +91,7 @@ def job_finalists(
     finalist, the job is cancelled, no finalist ran or the measurement failed (the compile
     note says which). ``searched``: every search of the job, its own first, each with the name its best is stored
     under (None: the job's own, stored as ``optuna``). Raises LeaseLost."""
-    from memtune.tuner.finalists import fallbacks, fastest_measured, finalists
+    from memtune.tuner.finalists import fallback_pool, fallbacks, fastest_measured, finalists
 
     chosen = finalists([r for r, _ in searched], FINALIST_LIMIT)
     if len(chosen) < 2 or watch.should_stop():
@@ -112,7 +112,8 @@ def job_finalists(
     try:
         ran = run(chosen, "finalists")
         if fastest_measured(ran) is None:  # NOTE [ Measured finalists ], step 5: fallbacks in turn until one runs
-            for extra in fallbacks([r for r, _ in searched], list(zip(chosen, ran, strict=True)), FINALIST_LIMIT):
+            tried = [(c, f) for (_, _, c), f in zip(chosen, ran, strict=True)]
+            for extra in fallbacks(fallback_pool([r for r, _ in searched]), tried, FINALIST_LIMIT):
                 chosen.append(extra)
                 ran.extend(run([extra], "fallbacks"))
                 if ran[-1].step_ms is not None:

@@ -13,7 +13,7 @@ from torch import nn
 
 from memtune.profiler.module_profile import as_inputs, left_as_found
 from memtune.tuner._search_results import Candidate
-from memtune.tuner.finalists import Finalist, fallbacks, fastest_measured, finalists, served
+from memtune.tuner.finalists import Finalist, fallback_pool, fallbacks, fastest_measured, finalists, served
 from memtune.tuner.measure.module_bench import measure_step
 from memtune.tuner.measure.step_timing import training_step
 from memtune.tuner.runtime._planned import planned
@@ -77,7 +77,8 @@ def measure_finalists(
         for k, (name, _, candidate) in enumerate(chosen):
             run(k, len(chosen), name, candidate)
         if fastest_measured(ran) is None:  # NOTE [ Measured finalists ], step 5: in turn until one runs
-            extra = fallbacks(searched, list(zip(chosen, ran, strict=True)), limit)
+            tried = [(c, f) for (_, _, c), f in zip(chosen, ran, strict=True)]
+            extra = fallbacks(fallback_pool(searched), tried, limit)
             total = len(chosen) + len(extra)
             for name, result, candidate in extra:
                 chosen.append((name, result, candidate))

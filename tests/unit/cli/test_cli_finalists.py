@@ -64,4 +64,6 @@ def test_where_no_plan_ran_the_command_serves_none_and_says_why(
     got, measured = _finalists(("net", "batch"), result, [result], "sgd", True, 3)
     assert got.best is None and measured == failed
     err = capsys.readouterr().err
-    assert "no plan ran under the budget (optuna: PlanOutOfMemoryError: stage 6); none is served" in " ".join(err.split())
+    assert "no plan ran under the budget (optuna: PlanOutOfMemoryError: stage 6); none is served" in " ".join(
+        err.split()
+    )

@@ -197,10 +197,8 @@ def _measured_at(
             ms = (steps or {}).get(name, c.step_ms if rest is None else rest)
             head = Finalist(name, c.step_ms, c.peak_bytes)
             ran = dict(step_ms=ms, reserved_bytes=c.peak_bytes, peak_bytes=c.peak_bytes)
-            out.append(
-                dataclasses.replace(head, **({"error": "OutOfMemoryError: under the cap", "out_of_memory": True}
-                                             if math.isinf(ms) else ran))  # fmt: skip
-            )
+            short = {"error": "OutOfMemoryError: under the cap", "out_of_memory": True}
+            out.append(dataclasses.replace(head, **(short if math.isinf(ms) else ran)))
         return out
 
     return measure
@@ -259,11 +257,12 @@ def test_where_no_finalist_runs_fallbacks_run_one_at_a_time_and_the_first_that_r
     regions, eager = "optuna (3 compiled regions, budget 1)", "optuna (eager stages)"
     given: list[list[str]] = []
 
-    def stand_in(results: Sequence[Any], tried: Sequence[Any], limit: int = 3) -> list[tuple[str, Any, Candidate]]:
+    def stand_in(pool: Sequence[Any], tried: Sequence[Any], limit: int = 3) -> list[tuple[str, Any, Candidate]]:
         # test values: the finalists again under other names, as the fallbacks (NOTE [ Measured finalists ], step 5)
         given.append([f.name for _, f in tried])
         assert limit == FINALIST_LIMIT
-        return [(f"fallback {k}", r, c) for k, ((_, r, c), _) in enumerate(tried)]
+        assert len(pool) >= 2, "each search's best is on its front"
+        return [(f"fallback {k}", r, c) for k, (_, r, c) in enumerate(pool)]
 
     monkeypatch.setattr(memtune.tuner.finalists, "fallbacks", stand_in)
     seen: list[list[str]] = []

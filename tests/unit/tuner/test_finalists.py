@@ -12,10 +12,10 @@ import torch
 from memtune.profiler import zoo
 from memtune.profiler._profile import CompilerPoint, Profile
 from memtune.profiler.modeled import modeled_profile
-from memtune.tuner.finalists import SPREAD, Finalist, fallbacks, fastest_measured, finalists, served
+from memtune.tuner.finalists import SPREAD, Finalist, fallback_pool, fallbacks, fastest_measured, finalists, served
 from memtune.tuner.measure.compiler_points import with_compiler_points
 from memtune.tuner.plan import Plan
-from memtune.tuner.search import TuneResult, tune
+from memtune.tuner.search import Candidate, TuneResult, tune
 from memtune.tuner.simulator import simulate
 from memtune.tuner.tuned import Tuned
 
@@ -120,10 +120,9 @@ def test_a_warning_names_every_plan_that_did_not_run_when_none_did() -> None:
     assert none_ran((dataclasses.replace(failed[0], error=None, step_ms=1.0, reserved_bytes=1, served=True),)) is None
 
 
-def _measured(chosen: list[tuple[str, TuneResult, object]], *, short: bool) -> list[tuple[object, Finalist]]:
+def _measured(chosen: list[tuple[str, TuneResult, Candidate]], *, short: bool) -> list[tuple[Candidate, Finalist]]:
     """Each of ``chosen`` with a finalist that did not run: out of memory where ``short``, else another error."""
-    return [((name, r, c), Finalist(name, c.step_ms, c.peak_bytes, error="E: e", out_of_memory=short))  # type: ignore[attr-defined]
-            for name, r, c in chosen]  # fmt: skip
+    return [(c, Finalist(name, c.step_ms, c.peak_bytes, error="E: e", out_of_memory=short)) for name, _, c in chosen]
 
 
 def test_fallbacks_are_pareto_plans_below_every_finalist_that_ran_out_of_memory(resnet: Profile) -> None:
@@ -133,17 +132,17 @@ def test_fallbacks_are_pareto_plans_below_every_finalist_that_ran_out_of_memory(
     fitting = [c for c in result.pareto if c.feasible and c.plan != result.best.plan]
     assert len(fitting) >= 2, "the modeled search should leave more than one fitting plan on its front"
     # out of memory: only plans predicted to peak below the finalist's peak, fastest prediction first
-    extra = fallbacks([result], _measured(chosen, short=True), limit=10)  # type: ignore[arg-type]
+    extra = fallbacks(fallback_pool([result]), _measured(chosen, short=True), limit=10)
     below = sorted((c for c in fitting if c.peak_bytes < result.best.peak_bytes), key=lambda c: c.step_ms)
     assert [c.plan for _, _, c in extra] == [c.plan for c in below]
     assert all(r is result for _, r, _ in extra)
     assert [c.step_ms for _, _, c in extra] == sorted(c.step_ms for _, _, c in extra)
-    assert fallbacks([result], _measured(chosen, short=True), limit=1) == extra[:1]  # type: ignore[arg-type]
+    assert fallbacks(fallback_pool([result]), _measured(chosen, short=True), limit=1) == extra[:1]
     # another failure (a compiler error): every fitting plan of the front not measured
-    other = fallbacks([result], _measured(chosen, short=False), limit=10)  # type: ignore[arg-type]
+    other = fallbacks(fallback_pool([result]), _measured(chosen, short=False), limit=10)
     assert sorted(c.plan.model_dump_json() for _, _, c in other) == sorted(c.plan.model_dump_json() for c in fitting)
     with pytest.raises(ValueError, match="limit >= 1"):
-        fallbacks([result], [], limit=0)
+        fallbacks(fallback_pool([result]), [], limit=0)
 
 
 def _stand_in(outcomes: dict[str, float | None]):  # type: ignore[no-untyped-def]
@@ -172,7 +171,7 @@ def test_where_no_finalist_runs_fallbacks_run_in_turn_and_else_no_plan_is_served
 
     result = _searched(resnet, share=0.5)
     tuned = Tuned(result, None, searched=(result,))
-    extra = fallbacks([result], _measured(finalists([result]), short=True), limit=3)  # type: ignore[arg-type]
+    extra = fallbacks(fallback_pool([result]), _measured(finalists([result]), short=True), limit=3)
     assert len(extra) >= 2
     model = torch.nn.Linear(2, 2)
     names = [name for name, _, _ in (*finalists([result]), *extra)]
