@@ -317,8 +317,8 @@ class _Run:
 
     def _served(self, model: Any, inputs: Any, loss: Callable[[Any], Any], opt: str, entry: dict[str, Any]) -> None:
         """The entry's finalists measured and the fastest served (NOTE [ Measured finalists ] in
-        ``memtune.tuner.finalists``; the simulator's fastest where none ran), then the served plan measured without the
-        cap and under it."""
+        ``memtune.tuner.finalists``; the fallbacks where none ran, and none served where none of them ran either), then
+        the served plan measured without the cap and under it."""
         import gc
 
         import torch
