@@ -64,9 +64,10 @@ gathers the whole parameter into a plain tensor of its own storage and registers
 The offload runtime must leave parameters on the device (it would copy weights to the host and back each step, and
 FSDP2 frees the gathered storage after the forward and gathers it again for the backward), so a stage's
 parameters are taken as the stage runs them, gathered ones included, and added to what the pack hook passes
-through. A recompute re-runs the stage inside the backward, after FSDP2's pre-backward hook has gathered its
-parameters again, so it reads the same values. FSDP2 averages gradients over the ranks; a plan changes none of
-them (``tests/unit/runtime/test_fsdp_plans.py``, gloo on CPU).
+through, in a step whose forward began with sharded parameters; otherwise the model's own parameters, taken when its
+forward began, are all there are. A recompute re-runs the stage inside the backward, after FSDP2's pre-backward hook
+has gathered its parameters again, so it reads the same values. FSDP2 averages gradients over the ranks; a plan
+changes none of them (``tests/unit/runtime/test_fsdp_plans.py``, gloo on CPU).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.distributed.tensor import DTensor
 
 from memtune.profiler import ProfilerError
 from memtune.profiler.chain import may_write_input
@@ -87,6 +88,7 @@ from memtune.profiler.region_layout import regions_channels_last
 from memtune.profiler.region_tree import RegionForward, install_region
 from memtune.tuner._tuner_errors import PlanError
 from memtune.tuner.plan import Action, Plan, PlanKind
+from memtune.tuner.runtime._buffers import buffers_kept
 from memtune.tuner.runtime._module_tensors import ModuleTensors
 from memtune.tuner.runtime._planned_base import PlannedBase
 from memtune.tuner.runtime._rng import RandomState
@@ -152,6 +154,8 @@ class PlannedModule(PlannedBase):
         self._stage_tensors = [ModuleTensors(m) for m in modules]
         self._clone = [may_write_input(m) if clone_stage_inputs is None else clone_stage_inputs for m in modules]
         self._step_now: StepState | None = None
+        #: whether the model's parameters were sharded (FSDP2's ``DTensor``) when this step's forward began
+        self._sharded = False
         #: each stage module's wrapper, installed once (NOTE [ Stage modules are wrapped once ]); empty once released
         self._forwards: list[RegionForward] = []
         #: per wrapper (by id): its stage index and the call that runs the stage (eager, or the compiled region)
@@ -239,6 +243,8 @@ class PlannedModule(PlannedBase):
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
         tensors = [*self._tensors.parameters(), *self._tensors.buffers()]
+        # NOTE [ Sharded parameters ]: only a sharded model gathers parameters a stage's call alone shows
+        self._sharded = any(isinstance(t, DTensor) for t in tensors)
         device = tensors[0].device if tensors else torch.device("cpu")
         exclude = resident_storage_ptrs([*tensors, *tensor_leaves((args, kwargs))])  # the inputs: always resident
         if not self._forwards:
@@ -276,8 +282,8 @@ class PlannedModule(PlannedBase):
         def run(*args: Any, **kwargs: Any) -> Any:
             step.forward_stage = k
             offloading = action is Action.OFFLOAD
-            # NOTE [ Sharded parameters ]: the parameters as the stage runs them, gathered ones included
-            step.exclude_ptrs.update(resident_storage_ptrs(self._stage_tensors[k].parameters()))
+            if self._sharded:  # NOTE [ Sharded parameters ]: the parameters as the stage runs them, gathered ones
+                step.exclude_ptrs.update(resident_storage_ptrs(self._stage_tensors[k].parameters()))
             with step.hooks(k, k) if offloading else contextlib.nullcontext():
                 if checkpointed:
                     out = self._checkpointed(k, fn, args, kwargs, selective=action is Action.SELECTIVE)
@@ -306,16 +312,8 @@ class PlannedModule(PlannedBase):
         rng = RandomState.capture([*inputs, *own.parameters(), *own.buffers()])
 
         def rerun(call: Callable[[], Any]) -> Any:
-            # NOTE [ Buffers during recompute ]; outside selective checkpointing's dispatch mode
-            with _disable_current_modes():
-                snapshot = [(b, b.clone()) for b in own.buffers()]
-            try:
-                with rng.replayed():
-                    return call()
-            finally:
-                with torch.no_grad(), _disable_current_modes():
-                    for b, old in snapshot:
-                        b.copy_(old)
+            with buffers_kept(own.buffers()), rng.replayed():  # NOTE [ Buffers during recompute ]
+                return call()
 
         versions = [t._version for t in inputs]
         try:  # NOTE [ State threaded between stages ]: the re-run gets a copy of the state as the first run got it

@@ -43,12 +43,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
 from memtune.profiler.chain import may_write_input
 from memtune.profiler.selective import selective_context
 from memtune.tuner._tuner_errors import PlanError
+from memtune.tuner.runtime._buffers import buffers_kept
 
 __all__ = ["Segment"]
 
@@ -124,16 +124,8 @@ class Segment:
             calls += 1
             if calls == 1:
                 return self._run(inp, mine, on_stage_output, on_stage_start)
-            # NOTE [ Buffers during recompute ]; outside selective checkpointing's dispatch mode, which refuses
-            # operations the first forward did not run
-            with _disable_current_modes():
-                snapshot = [(b, b.clone()) for m in mine for b in m.buffers()]
-            try:
+            with buffers_kept(b for m in mine for b in m.buffers()):  # NOTE [ Buffers during recompute ]
                 return self._run(inp, mine, None, None)
-            finally:
-                with torch.no_grad(), _disable_current_modes():
-                    for b, saved in snapshot:
-                        b.copy_(saved)
 
         version = x._version
         if self.selective:
