@@ -106,7 +106,8 @@ class Tuned:
         searched: every search's result, the eager profile's first, then each compiled-region profile's; empty
             where only ``result`` was searched.
         measured: the finalists measured on the GPU before one was served (NOTE [ Measured finalists ] in
-            ``memtune.tuner.finalists``), fastest prediction first; empty where none were measured.
+            ``memtune.tuner.finalists``), fastest prediction first, then any fallback measured; empty where none were
+            measured. Where none of them ran, ``result`` has no best.
     """
 
     result: TuneResult
@@ -191,6 +192,8 @@ class Tuned:
         """The best plan stage by stage, with its allocator retries where priced; or that no plan fits."""
         r, best = self.result, self.result.best
         if best is None:
+            if self.measured:  # NOTE [ Measured finalists ], step 5: plans fit in simulation, none ran under the cap
+                return [f"no plan ran within {fmt(r.budget_bytes)} on this GPU (below), so none is served"]
             fit = fmt(search_budget(r.budget_bytes, r.headroom))
             return [f"no plan fits {fit}" + (", the budget less its headroom" if r.headroom else "")]
         lines = [

@@ -190,3 +190,6 @@ def test_where_no_finalist_runs_fallbacks_run_in_turn_and_else_no_plan_is_served
     assert len(none.measured) == 1 + len(extra) and none.plan is None and none.result.best is None
     with pytest.raises(PlanError, match=r"no plan ran within .* on this GPU: .*did not run \(PlanOutOfMemoryError"):
         memtune.planned(model, none)
+    text = str(none)
+    assert "no plan ran within" in text and "so none is served" in text and "no plan fits" not in text
+    assert text.count("did not run (PlanOutOfMemoryError: stage 6)") == len(none.measured)
