@@ -16,6 +16,16 @@ float64 copy of the model (``float64_step``); random draws (dropout) must match 
 also keeps the float64 loss's relative error against the reference's (``loss_error``): where dropout drew other masks
 in float64 it is of the size of the loss itself, and the judgement is not comparable (``comparable``).
 
+NOTE [ Float32 draws in the float64 step ]
+A CUDA kernel that draws random numbers maps them to elements by how it unrolls its loop, which depends on the dtype:
+EfficientNet-B0's dropout and stochastic depth drew other masks in its float64 step than in float32 on an H200 (the
+float64 loss 6.0e-4 off), so none of its plans could be judged. So the float64 step draws as float32 does
+(``Float32Draws``, a dispatch mode around it): a ``bernoulli`` on a float64 tensor draws on a float32 tensor of its
+shape and device and is copied back; a ``native_dropout`` of a float64 input (CUDA's dropout) draws its mask by a
+float32 ``native_dropout`` of ones of the input's shape and scales the float64 input by it. The draws then consume the
+generator as the float32 run's did, op for op and shape for shape; the loss check above still decides whether they
+matched. On the CPU, whose draws do not depend on the dtype, nothing changes.
+
 NOTE: ``torch._dynamo.utils.same(ref, res, fp64_ref=..., tol=..., log_error=...)`` and ``rmse``, read in torch 2.13's
 ``torch/_dynamo/utils.py``; its float64 rule and these arguments date from torch 2.1, so torch 2.11 (the GPU image)
 has them.
@@ -31,12 +41,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
 from memtune.tuner.runtime.verify import ReferenceStep, reference_step, relative_error
 
 __all__ = [
     "COMPARABLE_LOSS_ERROR",
+    "Float32Draws",
     "Float64Judgement",
     "fitting_float64_step",
     "float64_step",
@@ -86,7 +98,8 @@ def float64_step(
     model's parameters and buffers and ``seed``; the model itself is untouched. Its memory is freed when it returns but
     for the gradients and buffers it records."""
     twin = copy.deepcopy(model).double()
-    return reference_step(twin, tree_map_only(torch.Tensor, _float64, inputs), loss_fn=loss_fn, seed=seed)
+    with Float32Draws():  # NOTE [ Float32 draws in the float64 step ]
+        return reference_step(twin, tree_map_only(torch.Tensor, _float64, inputs), loss_fn=loss_fn, seed=seed)
 
 
 def fitting_float64_step(
@@ -99,6 +112,46 @@ def fitting_float64_step(
     except torch.cuda.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         return None, f"the float64 step does not fit the GPU: {str(exc).splitlines()[0][:200]}"
+
+
+_aten = torch.ops.aten
+_DRAWN_IN_PLACE = (_aten.bernoulli_.float, _aten.bernoulli_.Tensor)
+_DRAWN = (_aten.bernoulli.default, _aten.bernoulli.p)
+
+
+class Float32Draws(TorchDispatchMode):
+    """Random draws on float64 tensors made as on float32 ones (NOTE [ Float32 draws in the float64 step ]).
+
+    Attributes:
+        drawn: how many draws it made in float32 for a float64 tensor.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drawn = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        first = args[0] if args else None
+        if not isinstance(first, torch.Tensor) or first.dtype != torch.float64:
+            return func(*args, **kwargs)
+        if func in _DRAWN_IN_PLACE:
+            self.drawn += 1
+            draw = torch.empty(first.shape, dtype=torch.float32, device=first.device)
+            rest = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args[1:]]
+            func(draw, *rest, **kwargs)
+            return first.copy_(draw)
+        if func in _DRAWN:
+            self.drawn += 1
+            return func(first.float(), *args[1:], **kwargs).to(torch.float64)
+        if func is _aten.native_dropout.default:
+            p = float(args[1] if len(args) > 1 else kwargs["p"])
+            train = args[2] if len(args) > 2 else kwargs.get("train")
+            if train is not False and p > 0:  # aten drops where ``train`` is None or True
+                self.drawn += 1
+                _, mask = func(torch.ones(first.shape, dtype=torch.float32, device=first.device), p, train)
+                return first * mask * (0.0 if p >= 1 else 1.0 / (1.0 - p)), mask
+        return func(*args, **kwargs)
 
 
 def _float64(t: torch.Tensor) -> torch.Tensor:

@@ -100,3 +100,43 @@ def test_a_float64_step_that_does_not_fit_the_gpu_says_so_instead_of_failing(mon
     truth, error = f64.fitting_float64_step(model, x, loss_fn=_loss)
     assert truth is None
     assert error == "the float64 step does not fit the GPU: CUDA out of memory. Tried to allocate 20.00 GiB"
+
+
+class _Dropping(nn.Module):
+    """Dropout, a stochastic depth's per-sample draw (``bernoulli_`` in place) and ``torch.bernoulli`` of
+    probabilities, the draws a float64 step must make as float32 does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.dropout(torch.relu(self.a(x)), 0.3, self.training)
+        keep = torch.empty(x.shape[0], 1, dtype=x.dtype, device=x.device).bernoulli_(0.8)
+        gate = torch.bernoulli(torch.full_like(y, 0.6))
+        return self.b(y * keep / 0.8 * gate)
+
+
+def test_float64_draws_are_made_as_float32_makes_them_and_the_judgement_stays_comparable() -> None:
+    """NOTE [ Float32 draws in the float64 step ]: every draw of the float64 step is made on a float32 tensor; on the
+    CPU, whose draws do not depend on the dtype, its values are what they were, so the masks match either way."""
+    from memtune.tuner.runtime.float64 import Float32Draws
+
+    x = torch.randn(64, 32, dtype=torch.float64)
+    torch.manual_seed(3)
+    plain = nn.functional.dropout(x, 0.3, True)
+    torch.manual_seed(3)
+    with Float32Draws() as mode:
+        drawn = nn.functional.dropout(x, 0.3, True)
+        unchanged = nn.functional.dropout(x, 0.3, False)  # not training: no draw
+        kept = torch.ones(8, dtype=torch.float64).bernoulli_(torch.full((8,), 0.5, dtype=torch.float64))
+    assert mode.drawn == 2 and drawn.dtype == torch.float64 and kept.dtype == torch.float64
+    assert torch.equal(drawn, plain) and torch.equal(unchanged, x)
+    torch.manual_seed(0)
+    model = _Dropping()
+    names = [n for n, _ in model.named_parameters()]
+    inputs = torch.randn(16, 32)
+    truth = float64_step(model, inputs, loss_fn=_loss)
+    ref = reference_step(model, inputs, loss_fn=_loss)
+    judged = judge_against_float64(ref.grads, ref, truth, names)
+    assert judged.comparable and judged.within, judged.summary()
