@@ -82,20 +82,23 @@ def job_finalists(
     watch: LeaseWatch,
     result: TuneResult,
     searched: Sequence[tuple[TuneResult, str | None]],
+    rows: list[ResultIn],
     *,
     measure: FinalistsFn,
 ) -> tuple[TuneResult, list[ResultIn]]:
-    """``result`` (the job's, its best the fastest predicted of ``searched``) with the fastest measured finalist as its
-    best, and a ``measured`` row per finalist that ran (NOTE [ Finalists in the service ]; where none ran, the
-    fallbacks of NOTE [ Measured finalists ] in turn until one runs); ``result`` and no rows where one plan alone is a
-    finalist, the job is cancelled, no finalist ran or the measurement failed (the compile
-    note says which). ``searched``: every search of the job, its own first, each with the name its best is stored
-    under (None: the job's own, stored as ``optuna``). Raises LeaseLost."""
+    """``result`` (the job's, its best the fastest predicted of ``searched``) and ``rows`` (the rows to store) after
+    the finalists ran (NOTE [ Finalists in the service ]): the fastest measured finalist as the best, and a
+    ``measured`` row added per finalist that ran; where none ran, the fallbacks of NOTE [ Measured finalists ] in
+    turn until one runs, and where none of those runs either, no best (the job's error says why) and every row of a
+    plan that ran out of memory under the budget stored as not fitting. ``result`` and ``rows`` as given where one plan
+    alone is a finalist, the job is cancelled or the measurement failed (the compile note says which). ``searched``:
+    every search of the job, its own first, each with the name its best is stored under (None: the job's own, stored
+    as ``optuna``). Raises LeaseLost."""
     from memtune.tuner.finalists import fallback_pool, fallbacks, fastest_measured, finalists
 
     chosen = finalists([r for r, _ in searched], FINALIST_LIMIT)
     if len(chosen) < 2 or watch.should_stop():
-        return result, []
+        return result, rows
     model = stored_model(db, job)
     with db.session() as s:
         archive = ModelRepository(s).program(model.id)
@@ -123,12 +126,10 @@ def job_finalists(
     except Exception as e:
         log.warning("job %s: measuring finalists failed: %s", job.id, e, exc_info=True)
         note(f"measuring finalists failed: {type(e).__name__}: {e}; the fastest prediction is served")
-        return result, []
+        return result, rows
     won = fastest_measured(ran)
     if won is None:
-        note(f"finalists and fallbacks measured, none ran under the budget ({'; '.join(f.line() for f in ran)}); "
-             "the fastest prediction is served")  # fmt: skip
-        return result, []
+        return _none_served(result, rows, chosen, ran, note)
     ran[won] = dataclasses.replace(ran[won], served=True)
     note(f"finalists measured on this worker's GPU: {'; '.join(f.line() for f in ran)}")
     own = searched[0][0]
@@ -139,7 +140,25 @@ def job_finalists(
     if source is not own and source.best is best:  # a region search's best, under its row's name
         best = dataclasses.replace(best, name=names[id(source)])
     served = dataclasses.replace(result, best=best)
-    return served, [r for r in stored if r is not None]
+    return served, rows + [r for r in stored if r is not None]
+
+
+def _none_served(
+    result: TuneResult,
+    rows: list[ResultIn],
+    chosen: Sequence[tuple[str, TuneResult, Candidate]],
+    ran: Sequence[Finalist],
+    note: Callable[[str], None],
+) -> tuple[TuneResult, list[ResultIn]]:
+    """No finalist nor fallback ran (NOTE [ Measured finalists ], step 5): ``result`` with no best, its ``extra``'s
+    ``no_plan`` the job's error, and each row whose plan ran out of memory under the budget marked as not fitting."""
+    said = "; ".join(f.line() for f in ran)
+    note(f"finalists and fallbacks measured, none ran under the budget ({said}); none is served")
+    short = [c.plan.model_dump(mode="json") for (_, _, c), f in zip(chosen, ran, strict=True) if f.out_of_memory]
+    why = (f"no plan ran under the budget on this worker's GPU ({said}); the simulator's plans fit it, so give the "
+           "budget more room")  # fmt: skip
+    none = dataclasses.replace(result, best=None, no_choice=None, extra={**result.extra, "no_plan": why[:4000]})
+    return none, [dataclasses.replace(r, feasible=False) if r.plan in short else r for r in rows]
 
 
 def _stored(job: Job, c: Candidate, row: str | None, ran: Finalist) -> ResultIn | None:

@@ -77,10 +77,12 @@ timed steps under ``budget_guard`` at the job's budget, with the job's optimizer
 (``memtune.api.service._job_finalists``). The fastest that ran is the job's best plan, under the name its row is
 stored with; the compile note says what each finalist predicted and measured (the events stream shows each start).
 Where only one plan is a finalist there is nothing to choose and nothing runs; where none runs under the budget, the
-fallbacks of NOTE [ Measured finalists ] run one at a time until one runs; where none of those runs either, or the
-measurement fails, the note says so and the fastest prediction stands (``memtune.tune`` then serves no plan; a job
-keeps its simulated rows). Exported programs are not validated
-under ``validate_top_k`` yet (NOTE [ Measured validation ]): their finalists are what is measured of them.
+fallbacks of NOTE [ Measured finalists ] run one at a time until one runs; where none of those runs either, the job
+serves no plan, as ``memtune.tune`` does: it has no best, its error says that no plan ran under the budget (each
+plan's error named), and the rows of the plans that ran out of memory are stored as not fitting, so ``best`` never
+answers with them. Where the measurement fails (not a plan: the worker's GPU, the program's loading), the note says
+so and the fastest prediction stands. Exported programs are not validated under ``validate_top_k`` yet (NOTE
+[ Measured validation ]): their finalists are what is measured of them.
 
 # NOTE [ Measured validation ]
 A job with ``validate_top_k`` > 0 asks the worker to measure its best plans on the GPU after the search:
@@ -399,10 +401,9 @@ class Worker:
                 result, region_rows, searched = self._weigh_regions(job, lease, watch, result, regions, cal)
                 rows += region_rows
                 # NOTE [ Finalists in the service ]
-                result, measured = job_finalists(
-                    self.db, job, lease, watch, result, searched, measure=self.finalists_fn
+                result, rows = job_finalists(
+                    self.db, job, lease, watch, result, searched, rows, measure=self.finalists_fn
                 )
-                rows += measured
             validation = None
             if job.validate_top_k > 0:
                 validation = validate_job(
@@ -529,7 +530,8 @@ class Worker:
                 best_peak_bytes=best.peak_bytes if best else None,
                 unconstrained_step_ms=result.unconstrained.step_ms,
                 unconstrained_peak_bytes=result.unconstrained.peak_bytes,
-                error=None if best is not None else no_plan_fits(job),
+                error=None if best is not None else result.extra.get("no_plan") or no_plan_fits(job),
+                no_best=best is None and not cancelled,
                 validation_state=v.state if v else None,
                 validation_device=v.device if v else None,
                 validation_note=v.note if v else None,

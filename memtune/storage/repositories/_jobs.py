@@ -353,10 +353,12 @@ class JobRepository:
         validation_note: str | None = None,
         measured_unconstrained_step_ms: float | None = None,
         measured_unconstrained_peak_bytes: int | None = None,
+        no_best: bool = False,
     ) -> bool:
         """Move the job to a terminal ``state``; False when the lease was lost (nothing written).
 
-        The ``validation_*`` and ``measured_unconstrained_*`` values (ms, bytes) are written when given."""
+        The ``validation_*`` and ``measured_unconstrained_*`` values (ms, bytes) are written when given. ``no_best``:
+        the job serves no plan, so the best its search reported so far is cleared."""
         if state not in TERMINAL_STATES:
             raise ValueError(f"finish() needs a terminal state {sorted(TERMINAL_STATES)}, got {state!r}")
         now = utcnow()
@@ -368,7 +370,7 @@ class JobRepository:
         }
         if trials_done is not None:
             values["trials_done"] = trials_done
-        if best_step_ms is not None:
+        if best_step_ms is not None or no_best:
             values.update(
                 best_name=best_name,
                 best_step_ms=best_step_ms,

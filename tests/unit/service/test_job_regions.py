@@ -225,7 +225,7 @@ def test_finalists_run_on_the_gpu_and_the_fastest_measured_is_served(
     assert best.source == "measured" and best.step_ms == 2.0 and best.plan.get("compile_budget") is None
 
 
-def test_finalists_keep_the_fastest_prediction_where_none_ran_or_the_measurement_failed(
+def test_where_the_measurement_fails_the_fastest_prediction_stands_and_where_no_plan_runs_none_is_served(
     client: MemtuneClient, db: Database, tiny: bytes, measured: list[RegionProfile]
 ) -> None:
     regions, eager = "optuna (3 compiled regions, budget 1)", "optuna (eager stages)"
@@ -237,16 +237,25 @@ def test_finalists_keep_the_fastest_prediction_where_none_ran_or_the_measurement
     assert (failed.compile_note or "").endswith(
         "; measuring finalists failed: RuntimeError: CUDA error: device-side assert; the fastest prediction is served"
     )
+    assert failed.progress.best is not None
+    assert failed.progress.best.name == "compiled regions depth 1 at activation budget 1"
     seen: list[list[str]] = []
     short = {regions: math.inf, eager: math.inf}
-    _, none = _tuned(client, db, tiny, "tiny-finalists-none", lambda *_a: _scaled(measured, 0.8),
-                     _measured_at(short, seen, rest=math.inf))  # fmt: skip
+    model_id, none = _tuned(client, db, tiny, "tiny-finalists-none", lambda *_a: _scaled(measured, 0.8),
+                            _measured_at(short, seen, rest=math.inf))  # fmt: skip
     # everything fits this tiny model's budget: each search's front is its best alone, so no fallback is left
     assert seen == [[regions, eager]]
+    assert (none.compile_note or "").endswith("none is served")
     assert "finalists and fallbacks measured, none ran under the budget (" in (none.compile_note or "")
-    for done in (failed, none):
-        assert done.progress.best is not None
-        assert done.progress.best.name == "compiled regions depth 1 at activation budget 1"
+    # NOTE [ Measured finalists ], step 5: no plan served, the error says why, the plans measured short never answer
+    assert none.progress.best is None
+    assert (none.error or "").startswith("no plan ran under the budget on this worker's GPU (" + regions)
+    rows = _rows(db, none.id)
+    assert not rows["optuna"].feasible and not rows["compiled regions depth 1 at activation budget 1"].feasible
+    assert not any(r.source == "measured" and r.predicted_step_ms is not None for r in rows.values())
+    answer = client.best("h200", model=model_id, batch=4, budget="100MiB")  # the same program: other jobs' rows too
+    short = (rows["optuna"].plan, rows["compiled regions depth 1 at activation budget 1"].plan)
+    assert answer.job_id != none.id or answer.plan not in short
 
 
 def test_where_no_finalist_runs_fallbacks_run_one_at_a_time_and_the_first_that_runs_is_served(
