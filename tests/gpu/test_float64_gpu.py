@@ -7,28 +7,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from memtune.tuner.runtime import float64_step, judge_against_float64, reference_step
+from tests.unit.runtime.test_float64 import Dropping
 
 pytestmark = pytest.mark.gpu
 
 
-class _Dropping(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(256, 1024), nn.Linear(1024, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = nn.functional.dropout(torch.relu(self.a(x)), 0.3, self.training)
-        keep = torch.empty(x.shape[0], 1, dtype=x.dtype, device=x.device).bernoulli_(0.8)
-        gate = torch.bernoulli(torch.full_like(y, 0.6))
-        return self.b(y * keep / 0.8 * gate)
-
-
 def test_a_model_with_dropout_is_judged_against_float64_on_cuda() -> None:
     torch.manual_seed(0)
-    model = _Dropping().cuda()
+    model = Dropping(256, 1024).cuda()
     names = [n for n, _ in model.named_parameters()]
     inputs = torch.randn(512, 256, device="cuda")
     loss = lambda out: out.square().mean()  # noqa: E731

@@ -102,13 +102,13 @@ def test_a_float64_step_that_does_not_fit_the_gpu_says_so_instead_of_failing(mon
     assert error == "the float64 step does not fit the GPU: CUDA out of memory. Tried to allocate 20.00 GiB"
 
 
-class _Dropping(nn.Module):
+class Dropping(nn.Module):
     """Dropout, a stochastic depth's per-sample draw (``bernoulli_`` in place) and ``torch.bernoulli`` of
-    probabilities, the draws a float64 step must make as float32 does."""
+    probabilities, the draws a float64 step must make as float32 does (``tests/gpu/test_float64_gpu.py`` too)."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 32, hidden: int = 32) -> None:
         super().__init__()
-        self.a, self.b = nn.Linear(32, 32), nn.Linear(32, 4)
+        self.a, self.b = nn.Linear(width, hidden), nn.Linear(hidden, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = nn.functional.dropout(torch.relu(self.a(x)), 0.3, self.training)
@@ -133,7 +133,7 @@ def test_float64_draws_are_made_as_float32_makes_them_and_the_judgement_stays_co
     assert mode.drawn == 2 and drawn.dtype == torch.float64 and kept.dtype == torch.float64
     assert torch.equal(drawn, plain) and torch.equal(unchanged, x)
     torch.manual_seed(0)
-    model = _Dropping()
+    model = Dropping()
     names = [n for n, _ in model.named_parameters()]
     inputs = torch.randn(16, 32)
     truth = float64_step(model, inputs, loss_fn=_loss)
