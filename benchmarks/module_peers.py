@@ -356,23 +356,24 @@ class _Run:
         the fallbacks in turn until one runs (NOTE [ Measured finalists ], step 5), each added to the finalists; the
         entry's plan becomes the fastest that ran, and where none ran the entry serves none (its ``error`` says so)."""
         from memtune.tuner import Candidate, Plan
-        from memtune.tuner.finalists import fallbacks, fastest_measured
+        from memtune.tuner.finalists import fastest_measured, measured_in_turn
 
         def candidate(f: dict[str, Any]) -> Any:
             return Candidate(f["name"], Plan.model_validate(f["plan_json"]), f["predicted"]["step_ms"],
                              f["predicted"]["peak_bytes"], True)  # fmt: skip
 
-        chosen = entry["finalists"]
-        ran = [self._finalist(model, inputs, loss, opt, entry, f, candidate(f), k, len(chosen))
-               for k, f in enumerate(chosen)]  # fmt: skip
-        if fastest_measured(ran) is None:
-            pool = [(f["name"], f, candidate(f)) for f in entry.get("fallbacks", [])]
-            tried = [(candidate(f), got) for f, got in zip(chosen, ran, strict=True)]
-            for _, f, c in fallbacks(pool, tried, FINALISTS):
-                chosen.append({**f, "name": f"{f['name']} (fallback)"})
-                ran.append(self._finalist(model, inputs, loss, opt, entry, chosen[-1], c, len(ran), len(ran) + 1))
-                if ran[-1].step_ms is not None:
-                    break
+        kept = entry["finalists"]
+        chosen = [(f["name"], f, candidate(f)) for f in kept]
+        pool = [(f"{f['name']} (fallback)", {**f, "name": f"{f['name']} (fallback)"}, candidate(f))
+                for f in entry.get("fallbacks", [])]  # fmt: skip
+
+        def run(plans: Any, total: int) -> list[Any]:
+            if plans is not chosen:  # a fallback joins the entry's finalists
+                kept.extend(f for _, f, _ in plans)
+            return [self._finalist(model, inputs, loss, opt, entry, f, c, next(k for k, g in enumerate(kept) if g is f),
+                                   total) for _, f, c in plans]  # fmt: skip
+
+        ran = measured_in_turn(chosen, pool, run, FINALISTS)
         k = fastest_measured(ran)
         if k is None:
             entry["error"] = "no plan ran under the budget: " + "; ".join(f"{g.name}: {g.error}" for g in ran)
@@ -380,7 +381,7 @@ class _Run:
                 entry.pop(key, None)
             self.save()
             return
-        won = chosen[k]
+        won = kept[k]
         won["served"] = True
         entry.update(plan=won["plan"], plan_json=won["plan_json"], predicted=won["predicted"])
 

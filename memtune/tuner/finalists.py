@@ -38,14 +38,24 @@ keeps every finalist for the printout.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from memtune.tuner._search_results import Candidate, TuneResult
 from memtune.tuner.plan import Plan
 
-__all__ = ["SPREAD", "Finalist", "fallback_pool", "fallbacks", "fastest_measured", "finalists", "none_ran", "served"]
+__all__ = [
+    "SPREAD",
+    "Finalist",
+    "fallback_pool",
+    "fallbacks",
+    "fastest_measured",
+    "finalists",
+    "measured_in_turn",
+    "none_ran",
+    "served",
+]
 
 T = TypeVar("T")
 
@@ -157,6 +167,28 @@ def fallbacks(
     ceiling = min((c.peak_bytes for c, f in measured if f.out_of_memory), default=None)
     fits = [t for t in pool if t[2].plan not in tried and (ceiling is None or t[2].peak_bytes < ceiling)]
     return fits[:limit]
+
+
+def measured_in_turn(
+    chosen: list[tuple[str, T, Candidate]],
+    pool: Sequence[tuple[str, T, Candidate]],
+    run: Callable[[Sequence[tuple[str, T, Candidate]], int], Sequence[Finalist]],
+    limit: int = 3,
+) -> list[Finalist]:
+    """The finalists ``chosen`` measured by ``run(plans, total)``, then, where none ran, the ``fallbacks`` of ``pool``
+    one at a time until one runs, each appended to ``chosen`` (NOTE [ Measured finalists ], steps 3 to 5); what each
+    gave, in ``chosen``'s order. ``run`` gives one ``Finalist`` per plan, in order; ``total`` is how many plans are
+    measured at most so far, for its progress."""
+    ran = list(run(chosen, len(chosen)))
+    if fastest_measured(ran) is None:
+        extra = fallbacks(pool, [(c, f) for (_, _, c), f in zip(chosen, ran, strict=True)], limit)
+        total = len(chosen) + len(extra)
+        for plan in extra:
+            chosen.append(plan)
+            ran.extend(run([plan], total))
+            if ran[-1].step_ms is not None:
+                break
+    return ran
 
 
 def served(chosen: tuple[str, TuneResult, Candidate]) -> TuneResult:

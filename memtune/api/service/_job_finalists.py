@@ -94,7 +94,7 @@ def job_finalists(
     alone is a finalist, the job is cancelled or the measurement failed (the compile note says which). ``searched``:
     every search of the job, its own first, each with the name its best is stored under (None: the job's own, stored
     as ``optuna``). Raises LeaseLost."""
-    from memtune.tuner.finalists import fallback_pool, fallbacks, fastest_measured, finalists
+    from memtune.tuner.finalists import fallback_pool, fastest_measured, finalists, measured_in_turn
 
     chosen = finalists([r for r, _ in searched], FINALIST_LIMIT)
     if len(chosen) < 2 or watch.should_stop():
@@ -108,19 +108,13 @@ def job_finalists(
     def note(text: str) -> None:
         compile_note(db, job, lease, watch, f"{lead}{text}"[:2000])
 
-    def run(plans: Sequence[tuple[str, TuneResult, Candidate]], what: str) -> list[Finalist]:
-        return list(measure(model, archive, job.dtype, [(name, c) for name, _, c in plans], job.budget_bytes,
-                            job.optimizer, lambda done: note(f"measuring {what}: {done}")))  # fmt: skip
+    def run(plans: Sequence[tuple[str, TuneResult, Candidate]], _total: int) -> Sequence[Finalist]:
+        what = "finalists" if plans is chosen else "fallbacks"
+        return measure(model, archive, job.dtype, [(name, c) for name, _, c in plans], job.budget_bytes,
+                       job.optimizer, lambda done: note(f"measuring {what}: {done}"))  # fmt: skip
 
-    try:
-        ran = run(chosen, "finalists")
-        if fastest_measured(ran) is None:  # NOTE [ Measured finalists ], step 5: fallbacks in turn until one runs
-            tried = [(c, f) for (_, _, c), f in zip(chosen, ran, strict=True)]
-            for extra in fallbacks(fallback_pool([r for r, _ in searched]), tried, FINALIST_LIMIT):
-                chosen.append(extra)
-                ran.extend(run([extra], "fallbacks"))
-                if ran[-1].step_ms is not None:
-                    break
+    try:  # NOTE [ Measured finalists ], step 5: fallbacks in turn until one runs
+        ran = measured_in_turn(chosen, fallback_pool([r for r, _ in searched]), run, FINALIST_LIMIT)
     except LeaseLost:
         raise
     except Exception as e:

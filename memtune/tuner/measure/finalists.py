@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from memtune.profiler.module_profile import as_inputs, left_as_found
-from memtune.tuner._search_results import Candidate
-from memtune.tuner.finalists import Finalist, fallback_pool, fallbacks, fastest_measured, finalists, served
+from memtune.tuner._search_results import Candidate, TuneResult
+from memtune.tuner.finalists import Finalist, fallback_pool, fastest_measured, finalists, measured_in_turn, served
 from memtune.tuner.measure.module_bench import measure_step
 from memtune.tuner.measure.step_timing import training_step
 from memtune.tuner.runtime._planned import planned
@@ -64,26 +64,19 @@ def measure_finalists(
     device = next(p.device for p in model.parameters())
     budget = tuned.result.budget_bytes
     dtype = tuned.result.profile.dtype
-    ran: list[Finalist] = []
 
-    def run(k: int, total: int, name: str, candidate: Candidate) -> Finalist:
-        if progress is not None:
-            progress(k, total, name)
-        ran.append(run_finalist(model, example_inputs, name, candidate, budget, loss_fn, optimizer=optimizer,
-                                output_held=output_held, dtype=dtype))  # fmt: skip
-        return ran[-1]
+    done: list[Finalist] = []
 
-    with left_as_found(model, device):
-        for k, (name, _, candidate) in enumerate(chosen):
-            run(k, len(chosen), name, candidate)
-        if fastest_measured(ran) is None:  # NOTE [ Measured finalists ], step 5: in turn until one runs
-            tried = [(c, f) for (_, _, c), f in zip(chosen, ran, strict=True)]
-            extra = fallbacks(fallback_pool(searched), tried, limit)
-            total = len(chosen) + len(extra)
-            for name, result, candidate in extra:
-                chosen.append((name, result, candidate))
-                if run(len(ran), total, name, candidate).step_ms is not None:
-                    break
+    def run(plans: Sequence[tuple[str, TuneResult, Candidate]], total: int) -> list[Finalist]:
+        for name, _, candidate in plans:
+            if progress is not None:
+                progress(len(done), total, name)
+            done.append(run_finalist(model, example_inputs, name, candidate, budget, loss_fn, optimizer=optimizer,
+                                     output_held=output_held, dtype=dtype))  # fmt: skip
+        return done[-len(plans) :]
+
+    with left_as_found(model, device):  # NOTE [ Measured finalists ], step 5: fallbacks in turn until one runs
+        ran = measured_in_turn(chosen, fallback_pool(searched), run, limit)
     if progress is not None:
         progress(len(chosen), len(chosen), "done")
     won = fastest_measured(ran)

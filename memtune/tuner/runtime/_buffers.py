@@ -1,10 +1,6 @@
 """Buffers kept as they were across a recompute's re-run (NOTE [ Buffers during recompute ] in
-``memtune.tuner.runtime._segments``): one piece of code for a chain's segments and a module's stages.
-
-Each buffer is cloned before the re-run and copied back after it. Taking the buffers of one dtype as one concatenation
-and restoring them with one multi-tensor copy (``torch._foreach_copy_``) was tried: on the CPU it took 2.5× as long
-as a clone and a copy per buffer (56 against 25 µs for the 9 buffers of three batch norms, 384 against 151 µs for
-90), and what it saves in a GPU's kernel launches was not measured, so the plain copies stay.
+``memtune.tuner.runtime._segments``): one piece of code for a chain's segments and a module's stages. Each buffer is
+cloned before the re-run and copied back after it.
 """
 
 from __future__ import annotations
