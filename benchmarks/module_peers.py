@@ -223,9 +223,9 @@ class _Run:
             row["plans_error"] = _error(exc)
         self.save()
         if args.math:
-            if args.math_again:  # NOTE [ Gradients against float64 ]: the checks made before it, made again
+            if args.math_again:  # NOTE [ Gradients against float64 ]: the checks it could not judge, made again
                 for e in row.get("plans", []):
-                    if "math" in e and "float64" not in e["math"]:
+                    if "math" in e and not judged(e["math"]):
                         del e["math"]
             try:
                 self._math(model, inputs, loss)
@@ -542,6 +542,13 @@ def ran_in_layout(entry: dict[str, Any], channels_last: bool, alone: bool) -> bo
     return alone
 
 
+def judged(math: dict[str, Any]) -> bool:
+    """Whether a plan's gradient check (its row entry's ``math``) was judged against float64 with the same random
+    numbers as the float32 runs (NOTE [ Gradients against float64 ]): False where it was checked before that judgement
+    existed, or where its float64 step drew other numbers (``comparable`` False), as before ``Float32Draws``."""
+    return bool(math.get("float64", {}).get("comparable", False))
+
+
 def noise_gradients(*spreads: Any) -> list[int]:
     """The indices of the gradients that carry no signal (NOTE [ Plans' gradients ]): those whose relative error is 1
     or more in any of ``spreads`` (``memtune.tuner.runtime.Equivalence`` with per-gradient ``grads``)."""
@@ -695,7 +702,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-math", dest="math", action="store_false",
                         help="skip the plans' gradient check (NOTE [ Plans' gradients ])")  # fmt: skip
     parser.add_argument("--math-again", action="store_true", help="check again the gradients of the plans checked "
-                        "before they were judged against float64 (NOTE [ Gradients against float64 ])")  # fmt: skip
+                        "before they were judged against float64, or whose float64 step drew other random numbers "
+                        "(its judgement not comparable; NOTE [ Gradients against float64 ])")  # fmt: skip
     parser.add_argument("--fresh", action="store_true", help="start over instead of continuing what --out holds")
     parser.add_argument("--replan", action="store_true", help="search and measure again, with their gradient check, "
                         "the plans searched at another commit, over what the rows hold (their peers, profiles and "

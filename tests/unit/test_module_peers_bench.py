@@ -220,6 +220,11 @@ def test_region_candidates_are_profiled_kept_and_weighed(tmp_path: Path, monkeyp
     args.math_again = True
     rechecked = module_peers.run_model("blocks", args)
     assert rechecked["plans"][0]["math"]["float64"]["within"], rechecked["plans"][0]["math"]
+    checked = json.loads((tmp_path / "blocks.json").read_text())
+    checked["plans"][0]["math"]["float64"].update(comparable=False, ratio=-1.0)  # its float64 step drew other masks
+    (tmp_path / "blocks.json").write_text(json.dumps(checked))
+    judged_again = module_peers.run_model("blocks", args)["plans"][0]["math"]["float64"]
+    assert judged_again["comparable"] and judged_again["ratio"] != -1.0, judged_again
 
 
 def test_auto_depths_are_the_depths_of_the_partitions_tune_measures() -> None:
