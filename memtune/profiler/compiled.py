@@ -73,7 +73,9 @@ def budget_backend(budget: float, saves: str | None = None, channels_last: bool 
     """Inductor, partitioning under ``activation_memory_budget = budget``: one backend object per budget and save rule,
     so that dynamo's cache (which checks the backend, not the functorch config) keeps one compiled graph per policy.
 
-    With ``saves`` (one of ``memtune.profiler.saved_tags.SAVE_RULES``) the partitioner is memtune's: the rule's tags on
+    The partitioner keeps the forward's random draws or replays them, never draws them again in the backward (``KeptDraws``,
+    NOTE [ Random draws kept in a compiled region ] in ``memtune.profiler.saved_tags``). With ``saves`` (one of
+    ``memtune.profiler.saved_tags.SAVE_RULES``) the partitioner is memtune's: the rule's tags on
     the joint graph, then the min-cut under ``budget`` (NOTE [ Saved tensors chosen inside a compiled region ] in
     ``memtune.profiler.saved_tags``).
 
@@ -89,10 +91,10 @@ def budget_backend(budget: float, saves: str | None = None, channels_last: bool 
     patches: dict[str, Any] = {"keep_output_stride": False}
     if channels_last:
         patches["force_layout_optimization"] = True
-    if saves is not None:
-        from memtune.profiler.saved_tags import SavedTags
+    from memtune.profiler.saved_tags import KeptDraws, SavedTags
 
-        patches["custom_partitioner_fn"] = SavedTags(saves)
+    # NOTE [ Random draws kept in a compiled region ]: the forward's draws are never drawn again in the backward
+    patches["custom_partitioner_fn"] = SavedTags(saves) if saves is not None else KeptDraws()
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
         import torch._functorch.config as functorch_config

@@ -19,9 +19,28 @@ what is kept. The rules (``SAVE_RULES``):
   everything else the forward computed (normalisations, activations, additions, views), which the backward's own
   kernels fuse in: selective checkpointing's policy with the compiler's fusions on both sides.
 
-Rules leave three kinds of node untagged, for the partitioner to decide as it always does: random operations (their
-re-make would need the generator's state, which this rule does not carry), nodes of the backward (everything that
-depends on a tangent), and the getter of one output of a multi-output operation (the operation itself is tagged).
+Rules leave two kinds of node untagged, for the partitioner to decide as it always does: nodes of the backward
+(everything that depends on a tangent), and the getter of one output of a multi-output operation (the operation itself
+is tagged). Random operations take the tag of NOTE [ Random draws kept in a compiled region ].
+
+NOTE [ Random draws kept in a compiled region ]
+Under an activation budget below 1 the partitioner may re-make a random operation in the backward, and re-made, it
+draws new numbers: the backward then differentiates another mask than the forward applied. Its ban on recomputing
+random operations names ``native_dropout``, ``rand_like`` and ``randn_like`` only, not ``bernoulli`` or ``rand`` (what
+torchvision's stochastic depth, ``torch.empty(...).bernoulli_(p)``, becomes), and its budget search may lift any ban
+but ``MUST_SAVE``; at budget 0 it keeps the graph's inputs alone. On an H200, EfficientNet-B0 compiled whole at budget
+0.5 gave its blocks' last normalisation biases gradients off by their own size against float64 (root-mean-square error
+5.6e-4 on gradients of 9.3e-4), where budget 1 and eager were 5.6e-10 off; on the CPU a stochastic-depth block shows it
+too (``tests/unit/modules/test_saved_tags.py``). PyTorch replays a re-made draw only where it is tagged for recompute,
+as a checkpoint under the compiler tags it: it saves the generator's state in the forward and draws from it again in
+the backward (``functionalize_rng_ops`` in ``torch._functorch.partitioners``).
+
+So every graph memtune compiles tags its forward's random operations itself (``KeptDraws``, the partitioner of every
+``memtune.profiler.compiled.budget_backend``): ``MUST_SAVE`` (the backward keeps the draw, a mask of the size the
+operation drew, as the partitioner's ban intends) where the budget is above 0, and ``MUST_RECOMPUTE`` at budget 0, where
+the partitioner keeps nothing but inputs and PyTorch then replays the draw from the saved state. A node already tagged (a
+checkpoint inside the region) keeps its tag. The compiler's own points that memtune measures and serves are compiled
+this way too: their times and peaks are the stock compiler's but for the masks kept, and their gradients are right.
 
 Where torch calls it (read in torch 2.11, the GPU image, and 2.13, CI, before relying on it): inductor's
 ``compile_fx.partition_fn`` calls ``config.custom_partitioner_fn`` in place of ``min_cut_rematerialization_partition``
@@ -49,7 +68,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from memtune.profiler._profile import SaveRule
 from memtune.profiler.selective import SAVED_OPS
 
-__all__ = ["SAVE_RULES", "SavedTags", "forward_nodes"]
+__all__ = ["SAVE_RULES", "KeptDraws", "SavedTags", "forward_nodes", "tag_draws"]
 
 #: the save rules memtune measures compiled regions under (NOTE [ Saved tensors chosen inside a compiled region ])
 SAVE_RULES: tuple[str, ...] = get_args(SaveRule)
@@ -71,7 +90,47 @@ def forward_nodes(graph: fx.Graph) -> list[fx.Node]:
     return [n for n in graph.nodes if n.op == "call_function" and n not in backward]
 
 
-class SavedTags(CustomPartitionerFn):
+def tag_draws(graph: fx.Graph, budget: float) -> collections.Counter[str]:
+    """Tag the random operations of ``graph``'s forward that carry no tag yet, for the partitioner at activation budget
+    ``budget`` (NOTE [ Random draws kept in a compiled region ]); returns the tags placed, by policy name."""
+    policy = CheckpointPolicy.MUST_RECOMPUTE if budget <= 0 else CheckpointPolicy.MUST_SAVE
+    placed: collections.Counter[str] = collections.Counter()
+    for node in forward_nodes(graph):
+        if _is_random(node) and node.meta.get("recompute") is None:
+            node.meta["recompute"] = policy
+            placed[policy.name] += 1
+    return placed
+
+
+class KeptDraws(CustomPartitionerFn):
+    """Inductor's min-cut partitioner with the forward's random draws kept or replayed, never drawn again (NOTE
+    [ Random draws kept in a compiled region ]); the partitioner of every graph memtune compiles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: tags placed in the graphs partitioned so far, by policy name (for tests and reports)
+        self.tagged: collections.Counter[str] = collections.Counter()
+
+    def tag(self, graph: fx.Graph) -> None:
+        """Tag ``graph``'s forward random operations for the activation budget it is partitioned under."""
+        import torch._functorch.config as functorch_config
+
+        self.tagged.update(tag_draws(graph, float(functorch_config.activation_memory_budget)))
+
+    def __call__(
+        self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
+    ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        self.tag(gm.graph)
+        return min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
+
+    def uuid(self) -> Any:
+        """This file: inductor's cache keeps graphs partitioned by another version of these tags apart."""
+        return ("draws", get_hash_for_files((__file__,)))
+
+
+class SavedTags(KeptDraws):
     """Inductor's partitioner under one of memtune's save rules (NOTE [ Saved tensors chosen inside a compiled
     region ]): tag the joint graph's forward, then run the min-cut partitioner, which honours the tags.
 
@@ -87,25 +146,16 @@ class SavedTags(CustomPartitionerFn):
         if rule not in SAVE_RULES:
             raise ValueError(f"save rule {rule!r} is not one of {', '.join(SAVE_RULES)}")
         self.rule = rule
-        #: tags placed in the graphs partitioned so far, by policy name (for tests and reports)
-        self.tagged: collections.Counter[str] = collections.Counter()
 
     def tag(self, graph: fx.Graph) -> None:
-        """Put this rule's tags on ``graph``'s forward nodes."""
+        """Put this rule's tags on ``graph``'s forward nodes, and the draws' (``KeptDraws``)."""
+        super().tag(graph)
         for node in forward_nodes(graph):
             if node.target is operator.getitem or _is_random(node):
                 continue
             policy = CheckpointPolicy.MUST_SAVE if node.target in SAVED_OPS else CheckpointPolicy.MUST_RECOMPUTE
             node.meta["recompute"] = policy
             self.tagged[policy.name] += 1
-
-    def __call__(
-        self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
-    ) -> tuple[fx.GraphModule, fx.GraphModule]:
-        from torch._functorch.partitioners import min_cut_rematerialization_partition
-
-        self.tag(gm.graph)
-        return min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
 
     def uuid(self) -> Any:
         """This file and the rule: inductor's cache keeps graphs of one rule apart from another's."""

@@ -125,3 +125,12 @@ def test_attention_under_the_compute_rule_keeps_the_fused_kernels_outputs_and_ma
     assert saved["compute"] < saved[None], saved
     for name, grad in grads["compute"].items():
         torch.testing.assert_close(grad, grads[None][name], rtol=2e-2, atol=2e-3, msg=name)
+
+
+@pytest.mark.parametrize(("budget", "saves"), [(1.0, None), (0.5, None), (0.0, None), (1.0, "compute")])
+def test_a_compiled_region_never_draws_its_random_numbers_again_on_cuda(budget: float, saves: str | None) -> None:
+    # NOTE [ Random draws kept in a compiled region ]: stochastic depth and dropout on CUDA, at budgets the stock
+    # partitioner re-made the draws under
+    from tests.unit.modules.test_saved_tags import drawn_once
+
+    drawn_once(budget, saves, "cuda")

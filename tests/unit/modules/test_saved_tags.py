@@ -150,3 +150,46 @@ def test_profile_regions_measures_each_rule_after_the_budgets(monkeypatch: pytes
     assert [r.policy for r in runs] == ["activation budget 1", "activation budget 0.5", "save rule 'compute'"]
     with pytest.raises(ValueError, match=r"save rules \['other'\] are not among \['compute'\]"):
         profile_regions(nn.Linear(2, 2), torch.zeros(1, 2), (1.0,), rules=("other",))
+
+
+class _Drawing(nn.Module):
+    """A residual block with torchvision's stochastic depth (a per-sample ``bernoulli_``) and a dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.drop = nn.Linear(64, 64), nn.Linear(64, 64), nn.Dropout(0.3)
+        self.w = nn.Parameter(torch.randn(64))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keep = torch.empty(x.shape[0], 1, device=x.device).bernoulli_(0.8) / 0.8
+        out = self.drop(x + keep * self.b(torch.relu(self.a(x))).sin())
+        return out, (out * self.w).sum()
+
+
+@pytest.mark.parametrize(("budget", "saves"), [(1.0, None), (0.5, None), (0.25, None), (0.0, None), (1.0, "compute")])
+def test_a_compiled_region_never_draws_its_random_numbers_again(budget: float, saves: str | None) -> None:
+    # NOTE [ Random draws kept in a compiled region ]: under a budget below 1 the stock partitioner re-made the draws
+    # in the backward (the gradient of ``w`` then was not the sum of the forward's output)
+    drawn_once(budget, saves, "cpu")
+
+
+def drawn_once(budget: float, saves: str | None, device: str) -> None:
+    """A compiled ``_Drawing`` under ``budget`` and ``saves``: its gradients are those of the forward's own draws, and
+    eager's (inductor's fallback_random draws as eager does)."""
+    from memtune.profiler.compiled import budget_backend
+
+    torch.manual_seed(0)
+    model, x = _Drawing().to(device), torch.randn(256, 64, device=device)
+    torch.manual_seed(1)
+    _, loss = model(x)
+    loss.backward()
+    eager = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fallback_random=True):
+        torch.manual_seed(1)
+        out, loss = torch.compile(model, dynamic=False, backend=budget_backend(budget, saves))(x)
+        loss.backward()
+    torch.testing.assert_close(model.w.grad, out.detach().sum(0), rtol=1e-5, atol=1e-5)  # the forward's own mask
+    for got, want in zip((p.grad for p in model.parameters()), eager, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
