@@ -441,14 +441,17 @@ class _Run:
             row["spread"] = {**{k: errors(v) for k, v in spreads.items()}, "noise": noise}
             if truth is not None:  # the spreads' runs against float64 too, the plans' measure beside them
                 for k, v in steps.items():
-                    row["spread"][k]["float64"] = judge_against_float64(v.grads, ref, truth, names).summary()
+                    row["spread"][k]["float64"] = judge_against_float64(
+                        v.grads, ref, truth, names, run_loss_error=spreads[k].loss
+                    ).summary()
             del steps
             for e in todo:
                 print(f"{self.name}: gradients of the plan at {e['fraction']:g}", flush=True)
                 eq, pm = check_equivalence(model, Plan.model_validate(e["plan_json"]), inputs, loss_fn=loss,
                                            reference=ref, steps=1)  # fmt: skip
                 grads = [p.grad for p in params]
-                judged = None if truth is None else judge_against_float64(grads, ref, truth, names)
+                judged = None if truth is None else judge_against_float64(grads, ref, truth, names,
+                                                                          run_loss_error=eq.loss)  # fmt: skip
                 pm.release()
                 del pm
                 e["math"] = {**errors(eq), **within_spread(eq, list(spreads.values()), names)}

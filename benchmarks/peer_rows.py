@@ -17,6 +17,7 @@ __all__ = [
     "RECUT_BUDGET",
     "GiB",
     "cell",
+    "draws_differ",
     "compiled_top",
     "fastest_peer_within",
     "lower_bounds",
@@ -327,14 +328,29 @@ def _math_rows(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def draws_differ(f: dict[str, Any], check: dict[str, Any]) -> str:
+    """Why a run's float64 judgement ``f`` (within its check ``check``) is not comparable under today's line
+    (``COMPARABLE_LOSS_ERROR``, NOTE [ Gradients against float64 ]), judged again from the losses it stored (a row
+    checked before the run's own loss entered the judgement keeps it as the check's ``loss``); empty where it is."""
+    from memtune.tuner.runtime.float64 import COMPARABLE_LOSS_ERROR
+
+    run = float(f.get("run_loss_error", check.get("loss", 0.0)))
+    if f["loss_error"] > COMPARABLE_LOSS_ERROR:
+        return f"the float64 loss is {f['loss_error']:.1e} off"
+    if run > COMPARABLE_LOSS_ERROR:
+        return f"its loss is {run:.1e} off the compiled run's"
+    return ""
+
+
 def _float64_cells(check: dict[str, Any]) -> str:
     """A run's judgement against float64, two cells: its largest RMSE ratio and whether it passes; ``-`` where the
     row did not measure it."""
     f = check.get("float64")
     if f is None:
         return "- | -"
-    if not f["comparable"]:
-        return f"not comparable: the float64 loss is {f['loss_error']:.1e} off (other random draws) | -"
+    drew = draws_differ(f, check)
+    if drew:
+        return f"not comparable: {drew} (other random draws) | -"
     return f"{f['ratio']:.2f} ({f['worst']}) | {'yes' if f['within'] else 'no'}"
 
 

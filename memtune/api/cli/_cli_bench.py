@@ -287,7 +287,8 @@ def float64_text(row: dict[str, Any]) -> str:
     if "error" in f:
         return f"; not judged against float64: {f['error']}"
     if not f["comparable"]:
-        return f"; not judged against float64: its loss is {f['loss_error']:.1e} off (dropout drew otherwise)"
+        off = max(f["loss_error"], f.get("run_loss_error", 0.0))
+        return f"; not judged against float64: a loss is {off:.1e} off (dropout drew otherwise)"
     verdict = "within" if f["within"] else "NOT within"
     return (
         f"; against float64 its largest gradient error is {f['ratio']:.2f}x the unplanned step's ({f['worst']}): "

@@ -142,17 +142,18 @@ def bench_module(
     row["spread"] = {"loss": same.loss, "grad": same.grad, "buffer": same.buffer}
     row["equality"] = {"loss": eq.loss, "grad": eq.grad, "buffer": eq.buffer, "worst": eq.worst_grad}
     note("gradients against float64")
-    row["float64"] = _against_float64(model, inputs, loss, ref)
+    row["float64"] = _against_float64(model, inputs, loss, ref, eq.loss)
     for name, peer in (builtins or {}).items():
         note(name)
         row[name] = measure_step(model, peer, inputs, loss, warmup=warmup, steps=steps)
     return row
 
 
-def _against_float64(model: nn.Module, inputs: Any, loss: Loss, ref: Any) -> dict[str, Any]:
-    """The planned step whose gradients ``model`` holds, judged against a float64 step beside the unplanned step
-    ``ref`` (NOTE [ Gradients against float64 ] in ``memtune.tuner.runtime.float64``): a JSON-ready dict, or its
-    ``error`` where the float64 step does not fit the GPU (it holds twice the unplanned step's activations)."""
+def _against_float64(model: nn.Module, inputs: Any, loss: Loss, ref: Any, loss_error: float) -> dict[str, Any]:
+    """The planned step whose gradients ``model`` holds (its loss ``loss_error`` off the reference's, relative),
+    judged against a float64 step beside the unplanned step ``ref`` (NOTE [ Gradients against float64 ] in
+    ``memtune.tuner.runtime.float64``): a JSON-ready dict, or its ``error`` where the float64 step does not fit the GPU
+    (it holds twice the unplanned step's activations)."""
     from memtune.tuner.runtime.float64 import fitting_float64_step, judge_against_float64
 
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -160,7 +161,7 @@ def _against_float64(model: nn.Module, inputs: Any, loss: Loss, ref: Any) -> dic
     truth, error = fitting_float64_step(model, inputs, loss_fn=loss, seed=ref.seed)
     if truth is None:
         return {"error": error}
-    return judge_against_float64(grads, ref, truth, [n for n, _ in params]).summary()
+    return judge_against_float64(grads, ref, truth, [n for n, _ in params], run_loss_error=loss_error).summary()
 
 
 def _planned_rows(

@@ -13,8 +13,12 @@ RMSE against a float64 eager step of the same parameters, buffers, inputs and se
 unplanned compiled step's RMSE (``same(reference, plan, fp64_ref=truth, tol=0)``: no absolute tolerance, so only
 the ratio decides). A plan within it rounds no worse than the compiler does. The float64 step is an eager run of a
 float64 copy of the model (``float64_step``); random draws (dropout) must match the float32 runs', so the judgement
-also keeps the float64 loss's relative error against the reference's (``loss_error``): where dropout drew other masks
-in float64 it is of the size of the loss itself, and the judgement is not comparable (``comparable``).
+also keeps the float64 loss's relative error against the reference's (``loss_error``) and the judged run's own loss
+error against the reference's (``run_loss_error``): where either drew other masks the loss moves by far more than
+rounding, and the judgement is not comparable (``comparable``). On an H200 rounding moved the loss by 1.0e-8 to 5.5e-8
+(BERT, EfficientNet-B0, ViT-B/16 against float64), other draws by 9.9e-5 (BERT's eager attention, whose fused kernel
+draws its dropout itself, against the compiled run) and 6.0e-4 (EfficientNet-B0 before ``Float32Draws``); the line
+(``COMPARABLE_LOSS_ERROR``) lies between.
 
 NOTE [ Float32 draws in the float64 step ]
 A CUDA kernel that draws random numbers maps them to elements by how it unrolls its loop, which depends on the dtype:
@@ -55,9 +59,10 @@ __all__ = [
     "judge_against_float64",
 ]
 
-COMPARABLE_LOSS_ERROR = 1e-4
-"""The float64 loss's largest relative error against the float32 reference's for the judgement to stand: rounding is
-orders of magnitude below it, other dropout masks orders above (NOTE [ Gradients against float64 ])."""
+COMPARABLE_LOSS_ERROR = 1e-6
+"""The largest relative error of the float64 loss, and of the judged run's loss, against the float32 reference's for
+the judgement to stand: rounding is more than ten times below it, other dropout masks more than ten times above (NOTE
+[ Gradients against float64 ])."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class Float64Judgement:
             names its parameter.
         errors: each gradient's RMSE against float64, in the parameters' order; ``reference_errors`` the reference's.
         loss_error: the reference loss's relative error against the float64 loss.
+        run_loss_error: the judged run's loss, relative error against the reference's (0 where not given).
     """
 
     within: bool
@@ -78,17 +84,19 @@ class Float64Judgement:
     errors: tuple[float, ...]
     reference_errors: tuple[float, ...]
     loss_error: float
+    run_loss_error: float = 0.0
 
     @property
     def comparable(self) -> bool:
-        """Whether the float64 step drew the float32 runs' random numbers (``COMPARABLE_LOSS_ERROR``)."""
-        return self.loss_error <= COMPARABLE_LOSS_ERROR
+        """Whether the float64 step and the judged run drew the reference's random numbers
+        (``COMPARABLE_LOSS_ERROR``)."""
+        return max(self.loss_error, self.run_loss_error) <= COMPARABLE_LOSS_ERROR
 
     def summary(self) -> dict[str, Any]:
-        """The judgement without its per-gradient errors, JSON-ready: ``within``, ``ratio``, ``worst``, ``loss_error``
-        and ``comparable``."""
+        """The judgement without its per-gradient errors, JSON-ready: ``within``, ``ratio``, ``worst``, ``loss_error``,
+        ``run_loss_error`` and ``comparable``."""
         return {"within": self.within, "ratio": self.ratio, "worst": self.worst, "loss_error": self.loss_error,
-                "comparable": self.comparable}  # fmt: skip
+                "run_loss_error": self.run_loss_error, "comparable": self.comparable}  # fmt: skip
 
 
 def float64_step(
@@ -159,10 +167,17 @@ def _float64(t: torch.Tensor) -> torch.Tensor:
 
 
 def judge_against_float64(
-    grads: Sequence[torch.Tensor | None], reference: ReferenceStep, truth: ReferenceStep, names: Sequence[str]
+    grads: Sequence[torch.Tensor | None],
+    reference: ReferenceStep,
+    truth: ReferenceStep,
+    names: Sequence[str],
+    *,
+    run_loss_error: float = 0.0,
 ) -> Float64Judgement:
     """``grads`` (a planned step's, in the parameters' order) judged against ``truth`` (``float64_step``) beside
-    ``reference`` (the unplanned step), by ``torch._dynamo.utils.same`` with no absolute tolerance.
+    ``reference`` (the unplanned step), by ``torch._dynamo.utils.same`` with no absolute tolerance. ``run_loss_error``:
+    the planned step's loss, relative error against the reference's (``check_equivalence``'s ``loss``), which decides
+    with the float64 loss's whether the judgement is comparable.
 
     Raises:
         ValueError: the steps hold different numbers of gradients.
@@ -188,4 +203,4 @@ def judge_against_float64(
         if not worst or share > ratio:
             ratio, worst = share, name
     loss_error = relative_error(reference.loss.double(), truth.loss)
-    return Float64Judgement(within, ratio, worst, tuple(errors), tuple(reference_errors), loss_error)
+    return Float64Judgement(within, ratio, worst, tuple(errors), tuple(reference_errors), loss_error, run_loss_error)
