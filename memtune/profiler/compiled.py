@@ -73,10 +73,10 @@ def budget_backend(budget: float, saves: str | None = None, channels_last: bool 
     """Inductor, partitioning under ``activation_memory_budget = budget``: one backend object per budget and save rule,
     so that dynamo's cache (which checks the backend, not the functorch config) keeps one compiled graph per policy.
 
-    The partitioner keeps the forward's random draws or replays them, never draws them again in the backward (``KeptDraws``,
-    NOTE [ Random draws kept in a compiled region ] in ``memtune.profiler.saved_tags``). With ``saves`` (one of
-    ``memtune.profiler.saved_tags.SAVE_RULES``) the partitioner is memtune's: the rule's tags on
-    the joint graph, then the min-cut under ``budget`` (NOTE [ Saved tensors chosen inside a compiled region ] in
+    The partitioner keeps or replays the forward's random draws, never draws them again in the backward
+    (``KeptDraws``, NOTE [ Random draws kept in a compiled region ] in ``memtune.profiler.saved_tags``). With ``saves``
+    (one of ``memtune.profiler.saved_tags.SAVE_RULES``) the partitioner is memtune's: the rule's tags on the joint
+    graph, then the min-cut under ``budget`` (NOTE [ Saved tensors chosen inside a compiled region ] in
     ``memtune.profiler.saved_tags``).
 
     Outputs keep the layout inductor chose (``keep_output_stride=False``): a stage whose convolutions it ran in

@@ -21,7 +21,7 @@ what is kept. The rules (``SAVE_RULES``):
 
 Rules leave two kinds of node untagged, for the partitioner to decide as it always does: nodes of the backward
 (everything that depends on a tangent), and the getter of one output of a multi-output operation (the operation itself
-is tagged). Random operations take the tag of NOTE [ Random draws kept in a compiled region ].
+is tagged). Random operations are tagged as NOTE [ Random draws kept in a compiled region ] says.
 
 NOTE [ Random draws kept in a compiled region ]
 Under an activation budget below 1 the partitioner may re-make a random operation in the backward, and re-made, it
@@ -35,12 +35,20 @@ too (``tests/unit/modules/test_saved_tags.py``). PyTorch replays a re-made draw 
 as a checkpoint under the compiler tags it: it saves the generator's state in the forward and draws from it again in
 the backward (``functionalize_rng_ops`` in ``torch._functorch.partitioners``).
 
-So every graph memtune compiles tags its forward's random operations itself (``KeptDraws``, the partitioner of every
-``memtune.profiler.compiled.budget_backend``): ``MUST_SAVE`` (the backward keeps the draw, a mask of the size the
-operation drew, as the partitioner's ban intends) where the budget is above 0, and ``MUST_RECOMPUTE`` at budget 0, where
-the partitioner keeps nothing but inputs and PyTorch then replays the draw from the saved state. A node already tagged (a
-checkpoint inside the region) keeps its tag. The compiler's own points that memtune measures and serves are compiled
-this way too: their times and peaks are the stock compiler's but for the masks kept, and their gradients are right.
+So every graph memtune compiles lets the partitioner choose as it would, then keeps or replays what it would draw
+again (``KeptDraws``, the partitioner of every ``memtune.profiler.compiled.budget_backend``): a trial partition of a
+copy of the joint graph names the random operations of the forward that the backward would re-make; a small one
+(``SAVED_DRAW_BYTES``: inductor's seeds, which its own random kernels draw from, or a per-sample mask) is tagged
+``MUST_SAVE``, a large one (a dropout's mask) ``MUST_RECOMPUTE``, and the graph is partitioned for real: PyTorch then
+saves the generator's state for each in the forward and replays it in the backward (``tag_redrawn``; the trial repeats
+while the tags move the cut onto other draws, and after three trials every untagged draw is tagged). At budget 0 the
+partitioner keeps the inputs alone and reads no tag, so a graph with draws is partitioned just above it
+(``NEAR_ZERO``), where everything else it may re-make is still re-made. The rest of
+what the backward keeps is the partitioner's own choice, so the compiler's points that memtune measures and serves
+keep about the stock compiler's peaks and times, with right gradients. A node already tagged (a save rule's, or a
+checkpoint's inside the region) keeps its tag. NOTE: ``has_recomputable_rng_ops`` and ``functionalize_rng_ops`` (the
+replay), ``choose_saved_values_set`` (the budget search that keeps ``MUST_SAVE`` nodes) read in torch 2.13; the CPU
+tests of the replay passed on torch 2.11 (the GPU image) too.
 
 Where torch calls it (read in torch 2.11, the GPU image, and 2.13, CI, before relying on it): inductor's
 ``compile_fx.partition_fn`` calls ``config.custom_partitioner_fn`` in place of ``min_cut_rematerialization_partition``
@@ -49,13 +57,15 @@ when it is set, with the joint graph, its inputs and the keyword arguments it wo
 ``torch._inductor.custom_graph_pass.CustomPartitionerFn`` (an ``ABC`` in 2.11, a ``CustomPassBase`` in 2.13, both
 with ``__call__`` and ``uuid``), whose ``uuid`` keys inductor's cache of compiled graphs. ``must_recompute`` reads
 ``MUST_RECOMPUTE`` and ``PREFER_RECOMPUTE`` alike, and ``should_ban_recomputation`` answers "marked MUST_SAVE", in both
-versions. memtune sets the partitioner through ``compile_fx``'s ``config_patches`` for the graphs of one backend
-(``memtune.profiler.compiled.budget_backend(1.0, saves=rule)``) and nowhere else.
+versions. memtune sets the partitioner through ``compile_fx``'s ``config_patches`` for the graphs of its own backends
+(``memtune.profiler.compiled.budget_backend``: a save rule's ``SavedTags`` at budget 1, ``KeptDraws`` otherwise) and
+nowhere else.
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 import operator
 from collections.abc import Sequence
 from typing import Any, get_args
@@ -68,7 +78,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from memtune.profiler._profile import SaveRule
 from memtune.profiler.selective import SAVED_OPS
 
-__all__ = ["SAVE_RULES", "KeptDraws", "SavedTags", "forward_nodes", "tag_draws"]
+__all__ = ["NEAR_ZERO", "SAVED_DRAW_BYTES", "SAVE_RULES", "KeptDraws", "SavedTags", "forward_nodes", "tag_redrawn"]
 
 #: the save rules memtune measures compiled regions under (NOTE [ Saved tensors chosen inside a compiled region ])
 SAVE_RULES: tuple[str, ...] = get_args(SaveRule)
@@ -90,21 +100,54 @@ def forward_nodes(graph: fx.Graph) -> list[fx.Node]:
     return [n for n in graph.nodes if n.op == "call_function" and n not in backward]
 
 
-def tag_draws(graph: fx.Graph, budget: float) -> collections.Counter[str]:
-    """Tag the random operations of ``graph``'s forward that carry no tag yet, for the partitioner at activation budget
-    ``budget`` (NOTE [ Random draws kept in a compiled region ]); returns the tags placed, by policy name."""
-    policy = CheckpointPolicy.MUST_RECOMPUTE if budget <= 0 else CheckpointPolicy.MUST_SAVE
+_TRIALS = 3
+
+#: a draw of at most this many bytes that the backward would re-make is kept instead of replayed: inductor's seeds (a
+#: few int64s, what its own random kernels draw from), a stochastic depth's per-sample mask
+SAVED_DRAW_BYTES = 64 * 1024
+
+
+#: the activation budget a graph with random draws is partitioned under where 0 is asked: at 0 the partitioner keeps
+#: the graph's inputs alone and honours no tag, just above it everything it may re-make is re-made but what is tagged
+NEAR_ZERO = 1e-9
+
+
+def _draw_bytes(node: fx.Node) -> int:
+    vals = node.meta.get("val")
+    vals = vals if isinstance(vals, (tuple, list)) else (vals,)
+    return sum(v.numel() * v.element_size() for v in vals if isinstance(v, torch.Tensor))
+
+
+def tag_redrawn(gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any) -> collections.Counter[str]:
+    """Tag every untagged random operation of ``gm``'s forward that the min-cut partitioner, as ``gm`` is tagged now,
+    would re-make in the backward: ``MUST_SAVE`` where it draws at most ``SAVED_DRAW_BYTES``, else ``MUST_RECOMPUTE``,
+    which PyTorch replays from the generator's saved state (NOTE [ Random draws kept in a compiled region ]); returns
+    the tags placed, by policy name. Trial partitions run on copies of the graph until one re-makes no untagged draw;
+    after ``_TRIALS`` of them every untagged draw of the forward is tagged."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
     placed: collections.Counter[str] = collections.Counter()
-    for node in forward_nodes(graph):
-        if _is_random(node) and node.meta.get("recompute") is None:
+    for trial in range(_TRIALS + 1):
+        untagged = [n for n in forward_nodes(gm.graph) if _is_random(n) and n.meta.get("recompute") is None]
+        if untagged and trial < _TRIALS:
+            copy_ = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+            _, backward = min_cut_rematerialization_partition(copy_, joint_inputs, **kwargs)
+            again = {n.name for n in backward.graph.nodes if n.op == "call_function" and _is_random(n)}
+            untagged = [n for n in untagged if n.name in again]
+        if not untagged:
+            break
+        for node in untagged:
+            small = _draw_bytes(node) <= SAVED_DRAW_BYTES
+            policy = CheckpointPolicy.MUST_SAVE if small else CheckpointPolicy.MUST_RECOMPUTE
             node.meta["recompute"] = policy
             placed[policy.name] += 1
     return placed
 
 
 class KeptDraws(CustomPartitionerFn):
-    """Inductor's min-cut partitioner with the forward's random draws kept or replayed, never drawn again (NOTE
-    [ Random draws kept in a compiled region ]); the partitioner of every graph memtune compiles."""
+    """Inductor's min-cut partitioner with the random draws it would re-make in the backward kept or replayed, never
+    drawn again
+    (NOTE [ Random draws kept in a compiled region ]); the partitioner of every graph memtune compiles."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -112,18 +155,21 @@ class KeptDraws(CustomPartitionerFn):
         self.tagged: collections.Counter[str] = collections.Counter()
 
     def tag(self, graph: fx.Graph) -> None:
-        """Tag ``graph``'s forward random operations for the activation budget it is partitioned under."""
-        import torch._functorch.config as functorch_config
-
-        self.tagged.update(tag_draws(graph, float(functorch_config.activation_memory_budget)))
+        """A save rule's tags on ``graph``'s forward, placed before the draws'; none here."""
 
     def __call__(
         self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        import torch._functorch.config as functorch_config
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         self.tag(gm.graph)
-        return min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
+        budget = functorch_config.activation_memory_budget
+        drawn = any(_is_random(n) for n in forward_nodes(gm.graph))
+        # at budget 0 the partitioner keeps the inputs alone, tags or not: just above it, it honours MUST_SAVE
+        with functorch_config.patch(activation_memory_budget=NEAR_ZERO if drawn and budget <= 0 else budget):
+            self.tagged.update(tag_redrawn(gm, joint_inputs, **kwargs))
+            return min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
 
     def uuid(self) -> Any:
         """This file: inductor's cache keeps graphs partitioned by another version of these tags apart."""
@@ -148,8 +194,7 @@ class SavedTags(KeptDraws):
         self.rule = rule
 
     def tag(self, graph: fx.Graph) -> None:
-        """Put this rule's tags on ``graph``'s forward nodes, and the draws' (``KeptDraws``)."""
-        super().tag(graph)
+        """Put this rule's tags on ``graph``'s forward nodes (random operations are ``KeptDraws``')."""
         for node in forward_nodes(graph):
             if node.target is operator.getitem or _is_random(node):
                 continue

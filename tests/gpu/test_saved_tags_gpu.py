@@ -133,4 +133,5 @@ def test_a_compiled_region_never_draws_its_random_numbers_again_on_cuda(budget: 
     # partitioner re-made the draws under
     from tests.unit.modules.test_saved_tags import drawn_once
 
-    drawn_once(budget, saves, "cuda")
+    drawn_once(budget, saves, "cuda")  # eager draws: the gradients are eager's
+    drawn_once(budget, saves, "cuda", eager_draws=False)  # inductor's own draws: the forward's mask differentiated

@@ -167,15 +167,18 @@ class _Drawing(nn.Module):
 
 
 @pytest.mark.parametrize(("budget", "saves"), [(1.0, None), (0.5, None), (0.25, None), (0.0, None), (1.0, "compute")])
-def test_a_compiled_region_never_draws_its_random_numbers_again(budget: float, saves: str | None) -> None:
+@pytest.mark.parametrize("eager_draws", [True, False])
+def test_a_compiled_region_never_draws_its_random_numbers_again(
+    budget: float, saves: str | None, eager_draws: bool
+) -> None:
     # NOTE [ Random draws kept in a compiled region ]: under a budget below 1 the stock partitioner re-made the draws
     # in the backward (the gradient of ``w`` then was not the sum of the forward's output)
-    drawn_once(budget, saves, "cpu")
+    drawn_once(budget, saves, "cpu", eager_draws)
 
 
-def drawn_once(budget: float, saves: str | None, device: str) -> None:
-    """A compiled ``_Drawing`` under ``budget`` and ``saves``: its gradients are those of the forward's own draws, and
-    eager's (inductor's fallback_random draws as eager does)."""
+def drawn_once(budget: float, saves: str | None, device: str, eager_draws: bool = True) -> None:
+    """A compiled ``_Drawing`` under ``budget`` and ``saves``: its gradients are those of the forward's own draws and,
+    with ``eager_draws`` (inductor's fallback_random, which draws as eager does), eager's."""
     from memtune.profiler.compiled import budget_backend
 
     torch.manual_seed(0)
@@ -186,10 +189,38 @@ def drawn_once(budget: float, saves: str | None, device: str) -> None:
     eager = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     torch._dynamo.reset()
-    with torch._inductor.config.patch(fallback_random=True):
+    with torch._inductor.config.patch(fallback_random=eager_draws):
         torch.manual_seed(1)
         out, loss = torch.compile(model, dynamic=False, backend=budget_backend(budget, saves))(x)
         loss.backward()
     torch.testing.assert_close(model.w.grad, out.detach().sum(0), rtol=1e-5, atol=1e-5)  # the forward's own mask
-    for got, want in zip((p.grad for p in model.parameters()), eager, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    if eager_draws:
+        for got, want in zip((p.grad for p in model.parameters()), eager, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("budget", [0.5, 0.0])
+def test_kept_and_replayed_draws_keep_about_the_stock_partitions_saved_bytes(budget: float) -> None:
+    # NOTE [ Random draws kept in a compiled region ]: the small draw (stochastic depth's per-sample mask) is kept,
+    # the dropout replayed from a saved generator state; the rest is what the stock partitioner keeps
+    import torch._functorch.config as functorch_config
+
+    from memtune.profiler.compiled import budget_backend
+    from memtune.profiler.saved_tags import SAVED_DRAW_BYTES
+
+    def stock(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        from torch._inductor.compile_fx import compile_fx
+
+        with functorch_config.patch(activation_memory_budget=budget):
+            return compile_fx(gm, example_inputs, config_patches={"keep_output_stride": False})
+
+    def saved_bytes(backend: object) -> int:
+        torch.manual_seed(0)
+        model, x = _Drawing(), torch.randn(256, 64)
+        torch._dynamo.reset()
+        fn = torch.compile(model, dynamic=False, backend=backend)
+        return sum(t.nbytes for t in _saved(lambda t: fn(t)[1], x))  # type: ignore[arg-type]
+
+    with torch._inductor.config.patch(fallback_random=True):
+        theirs, mine = saved_bytes(stock), saved_bytes(budget_backend(budget))
+    assert abs(mine - theirs) <= SAVED_DRAW_BYTES, (mine, theirs)
