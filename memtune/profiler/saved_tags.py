@@ -47,8 +47,10 @@ partitioner keeps the inputs alone and reads no tag, so a graph with draws is pa
 what the backward keeps is the partitioner's own choice, so the compiler's points that memtune measures and serves
 keep about the stock compiler's peaks and times, with right gradients. A node already tagged (a save rule's, or a
 checkpoint's inside the region) keeps its tag. NOTE: ``has_recomputable_rng_ops`` and ``functionalize_rng_ops`` (the
-replay), ``choose_saved_values_set`` (the budget search that keeps ``MUST_SAVE`` nodes) read in torch 2.13; the CPU
-tests of the replay passed on torch 2.11 (the GPU image) too.
+replay), ``choose_saved_values_set`` (the budget search that keeps ``MUST_SAVE`` nodes, and returns the inputs alone
+at budget 0) read in torch 2.13. On torch 2.11 (the GPU image) the CPU tests passed for an earlier form that tagged
+every draw (``MUST_SAVE`` at budgets 0.25 to 1, ``MUST_RECOMPUTE`` at 0), which uses the same two mechanisms; this
+form's trial partitions have not run on 2.11 yet.
 
 Where torch calls it (read in torch 2.11, the GPU image, and 2.13, CI, before relying on it): inductor's
 ``compile_fx.partition_fn`` calls ``config.custom_partitioner_fn`` in place of ``min_cut_rematerialization_partition``
