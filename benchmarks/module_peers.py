@@ -410,7 +410,6 @@ class _Run:
             check_equivalence,
             compare_steps,
             fitting_float64_step,
-            judge_against_float64,
             reference_step,
         )
 
@@ -441,22 +440,18 @@ class _Run:
             row["spread"] = {**{k: errors(v) for k, v in spreads.items()}, "noise": noise}
             if truth is not None:  # the spreads' runs against float64 too, the plans' measure beside them
                 for k, v in steps.items():
-                    row["spread"][k]["float64"] = judge_against_float64(
-                        v.grads, ref, truth, names, run_loss_error=spreads[k].loss
-                    ).summary()
+                    row["spread"][k]["float64"] = against_float64(v.grads, ref, truth, names, spreads[k].loss)
             del steps
             for e in todo:
                 print(f"{self.name}: gradients of the plan at {e['fraction']:g}", flush=True)
                 eq, pm = check_equivalence(model, Plan.model_validate(e["plan_json"]), inputs, loss_fn=loss,
                                            reference=ref, steps=1)  # fmt: skip
                 grads = [p.grad for p in params]
-                judged = None if truth is None else judge_against_float64(grads, ref, truth, names,
-                                                                          run_loss_error=eq.loss)  # fmt: skip
+                e["math"] = {**errors(eq), **within_spread(eq, list(spreads.values()), names)}
+                if truth is not None:
+                    e["math"]["float64"] = against_float64(grads, ref, truth, names, eq.loss)
                 pm.release()
                 del pm
-                e["math"] = {**errors(eq), **within_spread(eq, list(spreads.values()), names)}
-                if judged is not None:
-                    e["math"]["float64"] = judged.summary()
                 self.save()
 
     def _regions(self, model: Any, inputs: Any, loss: Callable[[Any], Any]) -> list[dict[str, Any]]:
@@ -550,6 +545,14 @@ def judged(math: dict[str, Any]) -> bool:
     numbers as the float32 runs (NOTE [ Gradients against float64 ]): False where it was checked before that judgement
     existed, or where its float64 step drew other numbers (``comparable`` False), as before ``Float32Draws``."""
     return bool(math.get("float64", {}).get("comparable", False))
+
+
+def against_float64(grads: Sequence[Any], ref: Any, truth: Any, names: Sequence[str], loss_error: float) -> Any:
+    """A run's gradients ``grads`` (its loss ``loss_error`` off the reference's, relative) judged against the float64
+    step ``truth`` beside the reference ``ref``, JSON-ready (NOTE [ Gradients against float64 ])."""
+    from memtune.tuner.runtime import judge_against_float64
+
+    return judge_against_float64(grads, ref, truth, names, run_loss_error=loss_error).summary()
 
 
 def noise_gradients(*spreads: Any) -> list[int]:
