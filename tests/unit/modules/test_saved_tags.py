@@ -224,3 +224,37 @@ def test_kept_and_replayed_draws_keep_about_the_stock_partitions_saved_bytes(bud
     with torch._inductor.config.patch(fallback_random=True):
         theirs, mine = saved_bytes(stock), saved_bytes(budget_backend(budget))
     assert abs(mine - theirs) <= SAVED_DRAW_BYTES, (mine, theirs)
+
+
+@pytest.mark.slow  # CPU inductor with its caches off: about 3 s a case
+@pytest.mark.parametrize(
+    ("budget", "eager_draws", "tags"),
+    [
+        (1.0, True, {}),  # the stock partition keeps its draws: nothing to tag
+        (0.5, True, {"MUST_SAVE": 1, "MUST_RECOMPUTE": 1}),  # the per-sample mask kept, the dropout replayed
+        (0.0, True, {"MUST_SAVE": 1, "MUST_RECOMPUTE": 1}),
+        (0.5, False, {"MUST_SAVE": 2}),  # inductor's seeds kept: its random kernels draw from them again alike
+    ],
+)
+def test_only_the_draws_the_backward_would_make_again_are_tagged(
+    budget: float, eager_draws: bool, tags: dict[str, int]
+) -> None:
+    # NOTE [ Random draws kept in a compiled region ]: small draws kept, large ones replayed, the rest untouched
+    import torch._functorch.config as functorch_config
+    from torch._inductor.compile_fx import compile_fx
+
+    from memtune.profiler.saved_tags import KeptDraws
+
+    partitioner = KeptDraws()
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        with functorch_config.patch(activation_memory_budget=budget):
+            return compile_fx(gm, example_inputs, config_patches={"custom_partitioner_fn": partitioner})
+
+    torch.manual_seed(0)
+    model, x = _Drawing(), torch.randn(256, 64)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fallback_random=eager_draws, force_disable_caches=True):
+        _, loss = torch.compile(model, dynamic=False, backend=backend)(x)
+        loss.backward()
+    assert dict(partitioner.tagged) == tags
