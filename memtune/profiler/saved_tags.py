@@ -45,10 +45,10 @@ copy of the joint graph names the random operations of the forward that the back
 saves the generator's state for each in the forward and replays it in the backward (``tag_redrawn``; the trial repeats
 while the tags move the cut onto other draws, and after three trials every untagged draw is tagged). At budget 0 the
 partitioner keeps the inputs alone and reads no tag, so a graph with draws is partitioned just above it
-(``NEAR_ZERO``), where everything else it may re-make is still re-made. The rest of
-what the backward keeps is the partitioner's own choice, so the compiler's points that memtune measures and serves
-keep about the stock compiler's peaks and times, with right gradients. A node already tagged (a save rule's, or a
-checkpoint's inside the region) keeps its tag. NOTE: ``has_recomputable_rng_ops`` and ``functionalize_rng_ops`` (the
+(``NEAR_ZERO``), where everything else it may re-make is still re-made. The rest of what the backward keeps is the
+partitioner's own choice, so the compiler's points that memtune measures and serves keep about the stock compiler's
+peaks and times, with right gradients. A node already tagged (a save rule's, or a checkpoint's inside the region)
+keeps its tag. NOTE: ``has_recomputable_rng_ops`` and ``functionalize_rng_ops`` (the
 replay), ``choose_saved_values_set`` (the budget search that keeps ``MUST_SAVE`` nodes, and returns the inputs alone
 at budget 0) read in torch 2.13. On torch 2.11 (the GPU image) the CPU tests passed for an earlier form that tagged
 every draw (``MUST_SAVE`` at budgets 0.25 to 1, ``MUST_RECOMPUTE`` at 0), which uses the same two mechanisms; this
@@ -150,8 +150,7 @@ def tag_redrawn(gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: An
 
 class KeptDraws(CustomPartitionerFn):
     """Inductor's min-cut partitioner with the random draws it would re-make in the backward kept or replayed, never
-    drawn again
-    (NOTE [ Random draws kept in a compiled region ]); the partitioner of every graph memtune compiles."""
+    drawn again (NOTE [ Random draws kept in a compiled region ]); the partitioner of every graph memtune compiles."""
 
     def __init__(self) -> None:
         super().__init__()
