@@ -287,6 +287,7 @@ KEPT: tuple[Kept, ...] = (
     Kept(f"{_R}/h100/compiled/*.txt", "GPU test log on the H100"),
     Kept(f"{_R}/h100/module-peers/*.json", "`benchmarks.module_peers` on the H100: measurement (one row per model)"),
     Kept(f"{_R}/h200/module-peers/*.json", "`benchmarks.module_peers` on H200s: measurement (one row per model)"),
+    Kept(f"{_R}/h200/float64-gradients/*", "`benchmarks.float64_gradients` on the H200: per-gradient errors, log"),
     Kept(f"{_R}/h200/host-issue/*", "`benchmarks.host_issue` on the H200: step times and Python's profiler tables"),
     Kept(f"{_R}/h200/host-prices/*.json", "`benchmarks.host_price_check` on the H200: plans' host times, priced"),
     Kept(f"{_R}/runtime-overhead/*.json", "`benchmarks.runtime_overhead`: timed on the 2-core CPU machine"),

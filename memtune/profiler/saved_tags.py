@@ -31,11 +31,11 @@ torchvision's stochastic depth, ``torch.empty(...).bernoulli_(p)``, becomes), an
 but ``MUST_SAVE``; at budget 0 it keeps the graph's inputs alone. On an H200, EfficientNet-B0 compiled whole at budget
 0.5 gave its blocks' last normalisation biases gradients off by their own size against float64 (root-mean-square error
 5.6e-4 on gradients of 9.3e-4), where budget 1 and eager were 5.6e-10 off (its random numbers drawn as eager draws
-them, as memtune's gradient checks run). On the CPU a block with stochastic depth and a dropout shows it at budgets
-0.5, 0.25 and 0 with inductor's own random kernels too: the backward's mask is not the forward's
-(``tests/unit/modules/test_saved_tags.py``). PyTorch replays a re-made draw only where it is tagged for recompute,
-as a checkpoint under the compiler tags it: it saves the generator's state in the forward and draws from it again in
-the backward (``functionalize_rng_ops`` in ``torch._functorch.partitioners``).
+them, as memtune's gradient checks run; ``benchmarks.float64_gradients``). On the CPU a block with stochastic depth
+and a dropout shows it at budgets 0.5, 0.25 and 0 with inductor's own random kernels too: the backward's mask is not
+the forward's (``tests/unit/modules/test_saved_tags.py``). PyTorch replays a re-made draw only where it is tagged
+for recompute, as a checkpoint under the compiler tags it: it saves the generator's state in the forward and draws
+from it again in the backward (``functionalize_rng_ops`` in ``torch._functorch.partitioners``).
 
 So every graph memtune compiles lets the partitioner choose as it would, then keeps or replays what it would draw
 again (``KeptDraws``, the partitioner of every ``memtune.profiler.compiled.budget_backend``): a trial partition of a
